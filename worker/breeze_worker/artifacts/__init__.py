@@ -1,0 +1,1 @@
+"""The artifact store: WAV files written while streaming, committed atomically, served by id."""

@@ -1,0 +1,1 @@
+"""Subcommands of `breeze-worker`, one module each (`add_arguments(parser)`, `run(args) -> int`)."""

@@ -1,0 +1,1 @@
+"""The engine: request semantics, sessions, the scheduler and the decode paths. Imports no gRPC."""

@@ -1,0 +1,122 @@
+"""Sync-free sampling shared by the eager reference and the fast path.
+
+Everything here is element-wise or fixed-shape tensor work: no `.item()`, no `torch.multinomial`, no
+data-dependent shapes, so one frame's sampling can live inside a CUDA graph.
+
+Sampling uses the exponential race (Gumbel-max): `argmax(logits - log(q))` with `q ~ Exp(1)` draws a
+token with probability `softmax(logits)`. The noise comes from a counter-based generator: a hash of
+(request seed, frame index, codebook, token id), computed with 32-bit lanes inside int64 so no product
+overflows. Each request therefore owns its own random stream, independent of its row in a batch, of the
+other requests beside it, and of the device (CPU and CUDA compute the same integers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+_MUL_A = 0x7FEB352D  # odd multipliers below 2**31: a 32-bit lane times one stays below 2**63
+_MUL_B = 0x2C1B3C6D
+_GOLDEN = 0x61C88647
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche mixer on int64 tensors holding values in [0, 2**32)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * _MUL_A) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _MUL_B) & _M32
+    x = x ^ (x >> 16)
+    return x
+
+
+def exponential_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [R, vocab] (float32) for rows with `seed` [R] and `frame` [R] (int64), one codebook.
+
+    The same (seed, frame, codebook) always gives the same noise, on any device and in any batch row.
+    """
+    seed = seed.to(torch.int64)
+    row = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
+    row = _mix32(row ^ ((frame.to(torch.int64) * 16 + codebook) & _M32))
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
+    x = _mix32(row[:, None] ^ ((ids[None, :] * _GOLDEN) & _M32))
+    x = _mix32(x + _GOLDEN)
+    uniform = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # (0, 1), 24 bits
+    return -torch.log(uniform)
+
+
+@dataclass
+class RowSampling:
+    """Per-row sampling settings as device tensors, one row per stream (CFG rows are combined first)."""
+
+    temperature: torch.Tensor  # float32 [R]; 0 means greedy
+    top_k: torch.Tensor  # int64 [R]; 0 means no top-k
+    top_p: torch.Tensor  # float32 [R]; 1 means no nucleus filter
+    repetition_penalty: torch.Tensor  # float32 [R]; 1 disables
+    seed: torch.Tensor  # int64 [R]
+
+    @classmethod
+    def from_params(cls, params: list, seeds: list[int], device: torch.device | str) -> "RowSampling":
+        """Build from `SamplingParams`-like objects (temperature, top_k, top_p, repetition_penalty)."""
+        return cls(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            repetition_penalty=torch.tensor(
+                [p.repetition_penalty for p in params], dtype=torch.float32, device=device
+            ),
+            seed=torch.tensor(seeds, dtype=torch.int64, device=device),
+        )
+
+    def copy_(self, other: "RowSampling") -> None:
+        """Copy another instance's values into these tensors in place (static buffers for graphs)."""
+        for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+            getattr(self, name).copy_(getattr(other, name))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """CTRL-style penalty on tokens already in the row's history (`seen` bool [R, V]): divide positive
+    logits by the penalty, multiply negative ones."""
+    p = penalty[:, None]
+    penalized = torch.where(logits > 0, logits / p, logits * p)
+    return torch.where(seen, penalized, logits)
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    rows: RowSampling,
+    frame: torch.Tensor,
+    codebook: int,
+    blocked: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sample one token per row from float32 `logits` [R, V]: mask `blocked` ids (bool [V]), then
+    temperature, top-k, top-p, exponential race. Greedy rows take the argmax. Returns int64 [R]."""
+    logits = logits.float()
+    if blocked is not None:
+        logits = logits.masked_fill(blocked[None, :], float("-inf"))
+    greedy = rows.temperature <= 0
+    temperature = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
+    scaled = logits / temperature[:, None]
+
+    vocab = scaled.shape[-1]
+    sorted_logits, _ = torch.sort(scaled, dim=-1, descending=True)
+    k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
+    kth = sorted_logits.gather(-1, (k - 1)[:, None])
+    keep = scaled >= kth
+    # nucleus: keep the smallest prefix of the sorted distribution whose mass reaches top_p
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(sorted_logits < kth, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    in_nucleus = mass_before < rows.top_p[:, None]
+    in_nucleus[:, 0] = True
+    # the smallest logit still inside the nucleus, per row
+    nucleus_floor = torch.where(in_nucleus, sorted_logits, torch.full_like(sorted_logits, float("inf")))
+    keep = keep & (scaled >= nucleus_floor.min(dim=-1, keepdim=True).values)
+    filtered = scaled.masked_fill(~keep, float("-inf"))
+
+    noise = exponential_noise(rows.seed, frame, codebook, vocab)
+    drawn = torch.argmax(filtered - torch.log(noise), dim=-1)
+    best = torch.argmax(filtered, dim=-1)
+    return torch.where(greedy, best, drawn)

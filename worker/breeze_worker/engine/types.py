@@ -1,0 +1,174 @@
+"""Plain types shared by the engine and the transport edge (which converts them to and from protobuf).
+
+A `SynthesisRequest` is what the caller asked for (unset fields are None). `resolve_request`
+(engine/request.py) validates it and fills defaults, giving a `ResolvedRequest`: the parameters actually
+used, reported back to the caller in the stream's start message.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Template(str, enum.Enum):
+    """Which of the model's four prompt templates a request uses (chosen from which inputs it has)."""
+
+    PLAIN = "plain"  # text only; no negative branch, cfg_scale must be 1
+    INSTRUCTION = "instruction"  # instruction, no reference (voice design); negative = plain prompt
+    CLONE = "clone"  # reference audio + exact transcript; no negative branch, cfg_scale must be 1
+    DIRECTION = "direction"  # reference + transcript + instruction; negative = the clone prompt
+
+
+class EndReason(str, enum.Enum):
+    END_OF_SPEECH = "end_of_speech"  # the backbone sampled the end-of-speech class (2051)
+    FRAME_LIMIT = "frame_limit"  # the request's frame limit was reached
+    CANCELLED = "cancelled"  # the caller went away or its deadline passed
+    ERROR = "error"  # the job failed; see the error
+
+
+class PcmEncoding(str, enum.Enum):
+    S16LE = "s16le"
+    F32LE = "f32le"
+
+    @property
+    def sample_width(self) -> int:
+        return 2 if self is PcmEncoding.S16LE else 4
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """Per-request sampling settings; None means "the checkpoint's default" (generation_config.json)."""
+
+    temperature: float | None = None  # 0 means greedy (argmax everywhere)
+    top_k: int | None = None  # 0 means no top-k filter
+    top_p: float | None = None  # 1.0 means no nucleus filter
+    repetition_penalty: float | None = None  # on the codebook-0 history only; 1.0 disables
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings actually used (backbone codebook 0 and every depth step)."""
+
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class ReferenceInput:
+    """Reference audio for cloning: raw file bytes + exact transcript, or the id of one the worker holds."""
+
+    audio: bytes | None = None
+    transcript: str | None = None
+    reference_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    text: str
+    instruction: str | None = None
+    cfg_scale: float | None = None  # None: 1.0 for plain/clone, the checkpoint default otherwise
+    seed: int | None = None  # None: the worker draws one and reports it
+    reference: ReferenceInput | None = None
+    sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+    max_frames: int | None = None  # None: follows the text's length (see engine/request.py)
+    encoding: PcmEncoding = PcmEncoding.S16LE
+    frames_per_chunk: int = 1
+    request_id: str | None = None  # for logs; the worker assigns the job id
+
+
+@dataclass(frozen=True)
+class ResolvedReference:
+    """A reference after intake: the id the worker holds it under, its transcript and its codes [T, 16]."""
+
+    reference_id: str
+    transcript: str
+    codes: "np.ndarray"  # int64 [T, 16]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """The parameters actually used for one job (reported back in the start message)."""
+
+    text: str
+    instruction: str | None
+    cfg_scale: float
+    seed: int
+    template: Template
+    sampling: SamplingParams
+    max_frames: int
+    encoding: PcmEncoding
+    frames_per_chunk: int
+    reference: ResolvedReference | None = None
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+
+# ---- events the engine yields for one job, in order: JobStarted, AudioChunk*, JobFinished ----
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    job_id: str
+    params: ResolvedRequest
+    sample_rate: int
+    queue_wait_s: float
+    started_at_ns: int  # server wall clock (time.time_ns)
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    sequence: int  # 0, 1, 2, ...
+    sample_offset: int  # index of this chunk's first sample in the job's audio
+    pcm: bytes  # encoded as the request's PcmEncoding, little endian, mono
+    num_samples: int
+    emitted_at_ns: int  # server wall clock when the chunk left the engine
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds spent per stage of one job."""
+
+    text_encode_s: float = 0.0
+    prefill_s: float = 0.0
+    generate_s: float = 0.0  # backbone + depth decoder + sampling, all frames
+    codec_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobStats:
+    frames: int
+    audio_seconds: float
+    wall_seconds: float  # from job start (after queue) to job done
+    rtf: float  # wall / audio (lower is better)
+    ttfa_s: float  # job start -> first audio chunk emitted
+    stages: StageTimes
+    end_reason: EndReason
+    nonfinite_events: int = 0
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    artifact_id: str
+    size_bytes: int
+    sha256: str
+    committed_at_ns: int
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    job_id: str
+    done_at_ns: int  # server wall clock when generation finished (before the artifact commit)
+    stats: JobStats
+    artifact: ArtifactInfo | None
