@@ -1,0 +1,129 @@
+"""Typed, validated worker settings: the one source of configuration.
+
+`WorkerSettings.from_env()` is the only place environment variables are read (never at import time);
+CLI flags override them. Each validation message says what to change.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+ENV_PREFIX = "BREEZE_"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    model_dir: Path | None = None  # None: the tiny embedded default (its audio is not speech)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16-mixed
+    force_precision: bool = False  # allow bf16 on a device without native bf16 (emulated, slow)
+    fast_path: str = "auto"  # auto | eager | fast   (auto: fast on CUDA, eager on CPU)
+    max_active_streams: int = 8  # streams decoding at once
+    max_queue: int = 32  # requests waiting for a slot
+    max_queue_wait_s: float = 30.0  # a request waiting longer gets RESOURCE_EXHAUSTED
+    max_text_chars: int = 2000
+    max_reference_seconds: float = 30.0
+    reference_cache_entries: int = 64
+
+    def validate(self) -> None:
+        if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16-mixed"):
+            raise ValueError(f"precision must be auto, fp32, bf16 or fp16-mixed, not {self.precision!r}")
+        if self.fast_path not in ("auto", "eager", "fast"):
+            raise ValueError(f"fast_path must be auto, eager or fast, not {self.fast_path!r}")
+        for name in ("max_active_streams", "max_queue", "max_text_chars", "reference_cache_entries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.max_queue_wait_s <= 0 or self.max_reference_seconds <= 0:
+            raise ValueError("max_queue_wait_s and max_reference_seconds must be positive")
+        if self.model_dir is not None and not Path(self.model_dir).is_dir():
+            raise ValueError(f"model directory {self.model_dir} does not exist: pass a checkpoint directory")
+
+
+@dataclass(frozen=True)
+class ArtifactSettings:
+    directory: Path = Path("artifacts")
+    max_age_s: float = 24 * 3600.0  # artifacts older than this are deleted
+    max_total_bytes: int = 10 * 1024**3  # oldest artifacts are deleted beyond this total
+    # test-only fault injection (used by the diagnosis tests): delays in seconds, 0 = off
+    fault_commit_delay_s: float = 0.0
+    fault_first_byte_delay_s: float = 0.0
+
+    def validate(self) -> None:
+        if self.max_age_s <= 0 or self.max_total_bytes <= 0:
+            raise ValueError("artifact retention limits must be positive")
+        if self.fault_commit_delay_s < 0 or self.fault_first_byte_delay_s < 0:
+            raise ValueError("fault delays must be >= 0")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 50051  # Synthesize (0 = pick a free port)
+    artifact_port: int = 50052  # Artifacts (0 = pick a free port)
+    auth_token: str | None = None  # if set, every call needs `authorization: Bearer <token>`
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_request_bytes: int = 16 * 1024 * 1024  # largest accepted request message
+    grace_s: float = 5.0  # shutdown grace for in-flight calls
+
+    def validate(self) -> None:
+        for name in ("port", "artifact_port"):
+            v = getattr(self, name)
+            if not 0 <= v <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, not {v}")
+        if self.port == self.artifact_port and self.port != 0:
+            raise ValueError("the artifact channel needs its own port: --artifact-port must differ from --port")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+
+    def validate(self) -> "WorkerSettings":
+        self.engine.validate()
+        self.artifacts.validate()
+        self.server.validate()
+        return self
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "WorkerSettings":
+        """Read BREEZE_<SECTION>_<FIELD> variables (e.g. BREEZE_ENGINE_DEVICE=cuda:0)."""
+        env = dict(os.environ if environ is None else environ)
+        sections = {}
+        for section_name, section in (("engine", EngineSettings()), ("artifacts", ArtifactSettings()),
+                                      ("server", ServerSettings())):
+            changes = {}
+            for f in fields(section):
+                key = f"{ENV_PREFIX}{section_name.upper()}_{f.name.upper()}"
+                if key in env:
+                    changes[f.name] = _parse(env[key], getattr(section, f.name), f.type, key)
+            sections[section_name] = replace(section, **changes)
+        return cls(**sections)
+
+
+def _parse(raw: str, default, type_name, key: str):
+    text = str(type_name)
+    try:
+        if "Path" in text:
+            return Path(raw) if raw else None
+        if "bool" in text:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if "int" in text and "float" not in text:
+            return int(raw)
+        if "float" in text:
+            return float(raw)
+        return raw or (None if default is None else raw)
+    except ValueError:
+        raise ValueError(f"environment variable {key}={raw!r} is not a valid {text}") from None
