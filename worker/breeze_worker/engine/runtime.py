@@ -1,0 +1,122 @@
+"""What the engine thread runs on: the loaded model and codec, the device, and the decode path.
+
+`Runtime.load(settings)` loads once per process (the tiny embedded default when no checkpoint is given),
+picks the device and the decode path (fast on CUDA, eager on the CPU), and warms up. The scheduler then
+asks it for a frame source per job and a codec stream per job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from breeze_worker.config import EngineSettings
+from breeze_worker.engine.types import PcmEncoding, ResolvedRequest, SamplingParams, Template
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto` takes the first CUDA device when there is one, else the CPU; `cuda[:N]` must exist."""
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: no CUDA device is visible on this host; use --device cpu")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
+
+
+class Runtime:
+    """The loaded model, codec and decode path for one worker process."""
+
+    def __init__(self, model, device: torch.device, decode_path: str, description: str):
+        self.model = model  # breeze_worker.model.loaded.LoadedModel
+        self.codec = model.codec
+        self.device = device
+        self.decode_path = decode_path  # "eager" or "fast"
+        self.description = description
+        self.sample_rate = int(self.codec.sample_rate)
+        self.warmup_s = 0.0
+
+    @property
+    def is_tiny_default(self) -> bool:
+        return bool(self.model.is_tiny_default)
+
+    @classmethod
+    def load(cls, settings: EngineSettings) -> "Runtime":
+        device = pick_device(settings.device)
+        t0 = time.perf_counter()
+        if settings.model_dir is None:
+            from breeze_worker.model.tiny import tiny_model
+
+            model = tiny_model(seed=0, device=device)
+            description = "tiny embedded default (random weights: its audio is NOT speech)"
+        else:
+            from breeze_worker.model.loader import load_checkpoint
+
+            dtype = _lm_dtype(settings, device)
+            model = load_checkpoint(settings.model_dir, device=device, dtype=dtype)
+            description = f"Breeze TTS 2 checkpoint {settings.model_dir} ({dtype})"
+        decode_path = settings.fast_path
+        if decode_path == "auto":
+            decode_path = "fast" if device.type == "cuda" else "eager"
+        runtime = cls(model, device, decode_path, description)
+        log.info("model loaded in %.2f s on %s: %s; decode path %s", time.perf_counter() - t0, device,
+                 description, decode_path)
+        runtime.warm_up()
+        return runtime
+
+    # ---- per job ----
+    def open_frames(self, params: ResolvedRequest):
+        """An iterator of int64 [16] frames with `.end_reason` and `.timings` (eager or fast path)."""
+        if self.decode_path == "fast":
+            from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+
+            return FastFrameGenerator(self.model, params, self.device)
+        from breeze_worker.engine.eager import EagerFrameGenerator
+
+        return EagerFrameGenerator(self.model, params, self.device)
+
+    def new_codec_stream(self):
+        return self.codec.new_stream(1)
+
+    def decode_frame(self, stream, frame) -> np.ndarray:
+        """One 16-code frame -> float32 PCM samples (1920 at 24 kHz)."""
+        codes = torch.as_tensor(frame, dtype=torch.long).reshape(1, -1, 1)
+        with torch.inference_mode():
+            pcm = self.codec.decode_stream(codes, stream)
+        return pcm.reshape(-1).float().cpu().numpy()
+
+    # ---- start-up ----
+    def warm_up(self, frames: int = 3) -> None:
+        """Run a short job through the whole path so the first real request pays no first-call costs."""
+        t0 = time.perf_counter()
+        params = ResolvedRequest(
+            text="warm up", instruction=None, cfg_scale=1.0, seed=1, template=Template.PLAIN,
+            sampling=SamplingParams(), max_frames=frames, encoding=PcmEncoding.S16LE, frames_per_chunk=1,
+        )
+        stream = self.new_codec_stream()
+        for frame in self.open_frames(params):
+            self.decode_frame(stream, frame)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.warmup_s = time.perf_counter() - t0
+        log.info("warm-up done in %.2f s", self.warmup_s)
+
+
+def _lm_dtype(settings: EngineSettings, device: torch.device) -> torch.dtype:
+    """The dtype the checkpoint's weights load in, from the precision policy."""
+    if device.type != "cuda":
+        return torch.float32
+    try:
+        from breeze_worker.engine.precision import choose_policy
+    except ImportError:
+        return torch.float32
+    return choose_policy(settings.precision, device, force=settings.force_precision).weight_dtype

@@ -1,0 +1,205 @@
+"""The engine thread: admission control, stepping active streams one frame at a time, finishing jobs.
+
+All model work happens here, off the event loop. Streams join and leave at frame boundaries: each pass
+of the loop admits waiting jobs into free slots, drops cancelled or expired ones, and gives every active
+stream one frame. A job that ends hands its artifact commit (fsync + rename) to a small I/O pool so the
+other streams never wait on the disk.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from breeze_worker.engine.session import Job
+from breeze_worker.engine.types import EndReason
+from breeze_worker.errors import BreezeError, Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
+
+log = logging.getLogger(__name__)
+
+_NO_SAMPLES = np.zeros(0, dtype=np.float32)
+
+
+class Scheduler:
+    """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
+
+    def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float):
+        self.runtime = runtime
+        self.artifact_store = artifact_store
+        self.max_active = max_active
+        self.max_queue = max_queue
+        self.max_queue_wait_s = max_queue_wait_s
+        self._pending: collections.deque[Job] = collections.deque()
+        self._active: list[Job] = []
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="artifact-io")
+        self.steps = 0  # engine loop passes that stepped at least one stream (for tests and metrics)
+
+    # ---- event-loop side ----
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="breeze-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._io.shutdown(wait=True)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._stopping:
+                raise Unavailable("the worker is shutting down; retry on another worker")
+            if len(self._pending) >= self.max_queue:
+                raise ResourceExhausted(
+                    f"the request queue is full ({self.max_queue} waiting, {len(self._active)} active streams "
+                    f"of max {self.max_active}); retry later or raise --max-queue"
+                )
+            self._pending.append(job)
+            self._lock.notify_all()
+
+    def wake(self) -> None:
+        """Called after a cancellation so the loop notices it even while idle."""
+        with self._lock:
+            self._lock.notify_all()
+
+    def load(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._active), len(self._pending)
+
+    # ---- engine thread ----
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._active and not self._pending:
+                    self._lock.wait()
+                if self._stopping:
+                    break
+                admitted = self._take_admissible()
+            for job in admitted:
+                self._admit(job)
+            if self._active:
+                self._step_all()
+            elif not admitted:
+                with self._lock:  # only expired or cancelled jobs are waiting: sleep briefly
+                    self._lock.wait(0.01)
+        for job in list(self._active) + list(self._pending):
+            self._fail(job, Unavailable("the worker shut down before this job finished; retry"))
+        self._active.clear()
+        self._pending.clear()
+
+    def _take_admissible(self) -> list[Job]:
+        """Pop jobs that may start now; fail those that waited too long or went away (lock held)."""
+        now = time.monotonic()
+        taken = []
+        kept = collections.deque()
+        while self._pending:
+            job = self._pending.popleft()
+            if job.cancelled:
+                job.sink.close()
+            elif job.expired(now):
+                self._fail(job, DeadlineExceeded("the deadline passed while the request waited for a slot"))
+            elif now - job.submitted_at > self.max_queue_wait_s:
+                self._fail(job, ResourceExhausted(
+                    f"waited {now - job.submitted_at:.1f} s for a free stream slot (max_queue_wait_s="
+                    f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
+            elif len(self._active) + len(taken) < self.max_active:
+                taken.append(job)
+            else:
+                kept.append(job)
+        self._pending = kept
+        return taken
+
+    def _admit(self, job: Job) -> None:
+        job.started_at = time.monotonic()
+        job.started_at_ns = time.time_ns()
+        try:
+            job.artifact = self.artifact_store.begin(job.job_id, self.runtime.sample_rate, job.params.encoding)
+            job.frames_source = self.runtime.open_frames(job.params)
+            job.codec_stream = self.runtime.new_codec_stream()
+        except BaseException as exc:  # bad input found late, or the model failed: this job only
+            self._fail(job, exc)
+            return
+        job.sink.put(job.started_event(self.runtime.sample_rate))
+        self._active.append(job)
+
+    def _step_all(self) -> None:
+        now = time.monotonic()
+        self.steps += 1
+        for job in list(self._active):
+            if job.cancelled:
+                self._drop(job, Cancelled("the caller cancelled the request"))
+            elif job.expired(now):
+                self._drop(job, DeadlineExceeded(
+                    f"the deadline passed after {job.frames} frames; raise the timeout or lower the frame limit"))
+            else:
+                try:
+                    self._step(job)
+                except BaseException as exc:
+                    self._drop(job, exc)
+
+    def _step(self, job: Job) -> None:
+        t0 = time.perf_counter()
+        frame = next(job.frames_source, None)
+        t1 = time.perf_counter()
+        job.timers.generate_s += t1 - t0
+        if frame is None:
+            self._finish(job, job.frames_source.end_reason or EndReason.FRAME_LIMIT)
+            return
+        job.frames += 1
+        pcm = self.runtime.decode_frame(job.codec_stream, frame)
+        job.timers.codec_s += time.perf_counter() - t1
+        chunk = job.add_audio(pcm, flush=False)
+        if chunk is not None:
+            job.sink.put(chunk)
+
+    def _finish(self, job: Job, end_reason: EndReason) -> None:
+        self._active.remove(job)
+        chunk = job.add_audio(_NO_SAMPLES, flush=True)
+        if chunk is not None:
+            job.sink.put(chunk)
+        timings = getattr(job.frames_source, "timings", {}) or {}
+        job.timers.text_encode_s = float(timings.get("text_encode_s", 0.0))
+        job.timers.prefill_s = float(timings.get("prefill_s", 0.0))
+        # generation time excludes the prefill the first next() call paid for
+        job.timers.generate_s = max(0.0, job.timers.generate_s - job.timers.text_encode_s - job.timers.prefill_s)
+        job.nonfinite_events = int(getattr(job.frames_source, "nonfinite_events", 0))
+        done_at = time.monotonic()
+        done_at_ns = time.time_ns()
+        stats = job.stats(end_reason, self.runtime.sample_rate, done_at)
+        self._io.submit(self._commit, job, stats, done_at_ns)
+
+    def _commit(self, job: Job, stats, done_at_ns: int) -> None:
+        try:
+            info = job.artifact.commit()
+        except BaseException as exc:
+            log.exception("job %s: artifact commit failed", job.job_id)
+            self._fail(job, exc)
+            return
+        job.sink.put(job.finished_event(stats, done_at_ns, info))
+        job.sink.close()
+
+    def _drop(self, job: Job, exc: BaseException) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        self._fail(job, exc)
+
+    def _fail(self, job: Job, exc: BaseException) -> None:
+        if job.artifact is not None:
+            try:
+                job.artifact.abort()
+            except Exception:
+                log.exception("job %s: artifact abort failed", job.job_id)
+        if not isinstance(exc, BreezeError):
+            log.error("job %s failed", job.job_id, exc_info=exc)
+        job.sink.put(exc)
+        job.sink.close()

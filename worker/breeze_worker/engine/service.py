@@ -1,0 +1,135 @@
+"""The engine as the transport sees it: `start`, `synthesize` (an async stream of events), `stop`.
+
+Request lifecycle: validate and resolve the request (reference intake runs in a thread: it decodes and
+encodes audio), admit it into the scheduler's queue, then relay the engine thread's events. Closing the
+stream early (the caller hung up, or its task was cancelled) cancels the job; the engine thread frees
+its slot at the next frame boundary and discards its unfinished artifact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import AsyncIterator
+
+from breeze_worker.config import EngineSettings
+from breeze_worker.engine.session import EventSink, Job
+from breeze_worker.engine.types import SynthesisRequest
+from breeze_worker.errors import InvalidRequest, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(12)
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings, artifact_store):
+        settings.validate()
+        self.settings = settings
+        self.artifact_store = artifact_store
+        self.runtime = None
+        self.references = None
+        self.scheduler = None
+        self.ready = False
+        self.load_s = 0.0
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        """Load and warm the model off the event loop; afterwards `ready` is True."""
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self._load)
+        self.load_s = time.perf_counter() - t0
+        self.scheduler.start()
+        self.ready = True
+        if self.is_tiny_default:
+            log.warning("serving the TINY EMBEDDED DEFAULT model: random weights, its audio is NOT speech. "
+                        "Pass --model DIR with a Breeze TTS 2 checkpoint for real synthesis.")
+        log.info("engine ready in %.2f s (%s)", self.load_s, self.model_description)
+
+    def _load(self) -> None:
+        from breeze_worker.engine.reference import ReferenceStore
+        from breeze_worker.engine.runtime import Runtime
+        from breeze_worker.engine.scheduler import Scheduler
+
+        self.runtime = Runtime.load(self.settings)
+        self.references = ReferenceStore(
+            self.runtime.codec,
+            max_entries=self.settings.reference_cache_entries,
+            max_seconds=self.settings.max_reference_seconds,
+        )
+        self.scheduler = Scheduler(
+            self.runtime,
+            self.artifact_store,
+            max_active=self.settings.max_active_streams,
+            max_queue=self.settings.max_queue,
+            max_queue_wait_s=self.settings.max_queue_wait_s,
+        )
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self.scheduler is not None:
+            await asyncio.to_thread(self.scheduler.stop)
+
+    # ---- facts for health / info ----
+    @property
+    def sample_rate(self) -> int:
+        return self.runtime.sample_rate if self.runtime else 24000
+
+    @property
+    def is_tiny_default(self) -> bool:
+        return self.runtime is not None and self.runtime.is_tiny_default
+
+    @property
+    def model_description(self) -> str:
+        return self.runtime.description if self.runtime else "not loaded"
+
+    # ---- requests ----
+    async def synthesize(self, request: SynthesisRequest, *, timeout_s: float | None = None) -> AsyncIterator:
+        """Yield JobStarted, AudioChunk..., JobFinished; raise breeze_worker.errors.* on failure."""
+        if not self.ready:
+            raise Unavailable("the model is still loading; wait for the health check to report SERVING")
+        params = await self._resolve(request)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        job = Job(job_id=new_job_id(), params=params, sink=EventSink(asyncio.get_running_loop()),
+                  deadline=deadline)
+        self.scheduler.submit(job)
+        log.info("job %s queued (request %s, template %s, cfg %.3g, seed %d)", job.job_id,
+                 request.request_id or "-", params.template.value, params.cfg_scale, params.seed)
+        finished = False
+        try:
+            while True:
+                item = await job.sink.get()
+                if item is None:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:
+                job.cancel()
+                self.scheduler.wake()
+                log.info("job %s cancelled by the caller", job.job_id)
+
+    async def _resolve(self, request: SynthesisRequest):
+        from breeze_worker.engine.request import resolve_request
+
+        reference = None
+        ref = request.reference
+        if ref is not None and ref.reference_id:
+            reference = self.references.get(ref.reference_id)
+            if ref.transcript and ref.transcript != reference.transcript:
+                raise InvalidRequest(
+                    f"reference {ref.reference_id} is held with a different transcript; send no transcript with "
+                    "a reference id, or send the audio again with the new transcript")
+            if ref.audio:
+                raise InvalidRequest("send either reference audio or a reference id, not both")
+        elif ref is not None and ref.audio and ref.transcript:
+            reference = await asyncio.to_thread(self.references.intake, ref.audio, ref.transcript)
+        return resolve_request(request, self.runtime.model.generation_defaults, reference,
+                               max_text_chars=self.settings.max_text_chars, tokenizer=self.runtime.model.tokenizer)

@@ -1,0 +1,161 @@
+"""One synthesis job's state inside the engine: its frame source, codec stream, artifact and counters.
+
+A `Job` lives on the engine thread once admitted. The event loop side only sees its event queue and
+its `cancel()`; everything else is touched by the engine thread alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from breeze_worker.engine.types import (
+    AudioChunk,
+    EndReason,
+    JobFinished,
+    JobStarted,
+    JobStats,
+    PcmEncoding,
+    ResolvedRequest,
+    StageTimes,
+)
+
+log = logging.getLogger(__name__)
+
+
+def encode_pcm(samples: np.ndarray, encoding: PcmEncoding) -> bytes:
+    """Float samples in [-1, 1] -> little-endian PCM bytes (s16 rounds and clips; f32 is bit-exact)."""
+    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if encoding is PcmEncoding.F32LE:
+        return samples.astype("<f4").tobytes()
+    scaled = np.clip(np.round(samples * 32767.0), -32768, 32767)
+    return scaled.astype("<i2").tobytes()
+
+
+class EventSink:
+    """Delivers events from the engine thread to the asyncio consumer of one job."""
+
+    _DONE = object()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def close(self) -> None:
+        self.put(self._DONE)
+
+    async def get(self):
+        """The next event, an exception to raise, or None at the end of the stream."""
+        item = await self._queue.get()
+        return None if item is self._DONE else item
+
+
+@dataclass
+class JobTimers:
+    text_encode_s: float = 0.0
+    prefill_s: float = 0.0
+    generate_s: float = 0.0
+    codec_s: float = 0.0
+
+
+@dataclass
+class Job:
+    """A request in the engine: queued, then active, then finished (or cancelled / failed)."""
+
+    job_id: str
+    params: ResolvedRequest
+    sink: EventSink
+    deadline: float | None  # time.monotonic() seconds, or None
+    submitted_at: float = field(default_factory=time.monotonic)
+    started_at: float = 0.0  # monotonic, when admitted
+    started_at_ns: int = 0
+    first_audio_at: float | None = None
+    frames: int = 0
+    samples_emitted: int = 0
+    chunks_emitted: int = 0
+    nonfinite_events: int = 0
+    timers: JobTimers = field(default_factory=JobTimers)
+    pending_pcm: list = field(default_factory=list)  # float32 pieces not yet emitted as a chunk
+    pending_frames: int = 0
+    # engine-thread state, set on admission
+    frames_source: object = None  # an iterator of int64 [16] frames (eager or fast path)
+    codec_stream: object = None
+    artifact: object = None  # ArtifactWriter
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+
+    # ---- called from the event loop ----
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline
+
+    # ---- called from the engine thread ----
+    def started_event(self, sample_rate: int) -> JobStarted:
+        return JobStarted(
+            job_id=self.job_id,
+            params=self.params,
+            sample_rate=sample_rate,
+            queue_wait_s=self.started_at - self.submitted_at,
+            started_at_ns=self.started_at_ns,
+        )
+
+    def add_audio(self, samples: np.ndarray, *, flush: bool) -> AudioChunk | None:
+        """Buffer one frame's samples; return a chunk when `frames_per_chunk` frames are in (or on flush)."""
+        if samples.size:
+            self.pending_pcm.append(samples)
+            self.pending_frames += 1
+        if not self.pending_pcm or (self.pending_frames < self.params.frames_per_chunk and not flush):
+            return None
+        pcm = np.concatenate(self.pending_pcm)
+        self.pending_pcm.clear()
+        self.pending_frames = 0
+        data = encode_pcm(pcm, self.params.encoding)
+        if self.artifact is not None:
+            self.artifact.append(data)  # the artifact holds exactly the bytes the client streams
+        chunk = AudioChunk(
+            sequence=self.chunks_emitted,
+            sample_offset=self.samples_emitted,
+            pcm=data,
+            num_samples=int(pcm.size),
+            emitted_at_ns=time.time_ns(),
+        )
+        if self.first_audio_at is None:
+            self.first_audio_at = time.monotonic()
+        self.chunks_emitted += 1
+        self.samples_emitted += int(pcm.size)
+        return chunk
+
+    def stats(self, end_reason: EndReason, sample_rate: int, done_at: float) -> JobStats:
+        wall = max(done_at - self.started_at, 1e-9)
+        audio = self.samples_emitted / sample_rate
+        ttfa = (self.first_audio_at - self.started_at) if self.first_audio_at is not None else 0.0
+        t = self.timers
+        return JobStats(
+            frames=self.frames,
+            audio_seconds=audio,
+            wall_seconds=wall,
+            rtf=wall / audio if audio > 0 else float("inf"),
+            ttfa_s=ttfa,
+            stages=StageTimes(t.text_encode_s, t.prefill_s, t.generate_s, t.codec_s),
+            end_reason=end_reason,
+            nonfinite_events=self.nonfinite_events,
+        )
+
+    def finished_event(self, stats: JobStats, done_at_ns: int, artifact_info) -> JobFinished:
+        return JobFinished(job_id=self.job_id, done_at_ns=done_at_ns, stats=stats, artifact=artifact_info)
