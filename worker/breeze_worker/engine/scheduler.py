@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import Job
 from breeze_worker.engine.types import EndReason
 from breeze_worker.errors import BreezeError, Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
@@ -28,8 +29,10 @@ _NO_SAMPLES = np.zeros(0, dtype=np.float32)
 class Scheduler:
     """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
 
-    def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float):
+    def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
+                 metrics: EngineMetrics | None = None):
         self.runtime = runtime
+        self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
         self.max_active = max_active
         self.max_queue = max_queue
@@ -87,6 +90,7 @@ class Scheduler:
                 admitted = self._take_admissible()
             for job in admitted:
                 self._admit(job)
+            self.metrics.set_load(len(self._active), len(self._pending))
             if self._active:
                 self._step_all()
             elif not admitted:
@@ -129,7 +133,9 @@ class Scheduler:
         except BaseException as exc:  # bad input found late, or the model failed: this job only
             self._fail(job, exc)
             return
-        job.sink.put(job.started_event(self.runtime.sample_rate))
+        started = job.started_event(self.runtime.sample_rate)
+        self.metrics.job_started(started.queue_wait_s)
+        job.sink.put(started)
         self._active.append(job)
 
     def _step_all(self) -> None:
@@ -176,6 +182,7 @@ class Scheduler:
         done_at = time.monotonic()
         done_at_ns = time.time_ns()
         stats = job.stats(end_reason, self.runtime.sample_rate, done_at)
+        self.metrics.job_ended(end_reason.value, stats)
         self._io.submit(self._commit, job, stats, done_at_ns)
 
     def _commit(self, job: Job, stats, done_at_ns: int) -> None:
@@ -194,6 +201,7 @@ class Scheduler:
         self._fail(job, exc)
 
     def _fail(self, job: Job, exc: BaseException) -> None:
+        self.metrics.job_ended("cancelled" if isinstance(exc, Cancelled) else "error")
         if job.artifact is not None:
             try:
                 job.artifact.abort()

@@ -15,6 +15,7 @@ import time
 from typing import AsyncIterator
 
 from breeze_worker.config import EngineSettings
+from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import EventSink, Job
 from breeze_worker.engine.types import SynthesisRequest
 from breeze_worker.errors import InvalidRequest, Unavailable
@@ -36,6 +37,7 @@ class Engine:
         self.scheduler = None
         self.ready = False
         self.load_s = 0.0
+        self.metrics = EngineMetrics()
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -67,6 +69,7 @@ class Engine:
             max_active=self.settings.max_active_streams,
             max_queue=self.settings.max_queue,
             max_queue_wait_s=self.settings.max_queue_wait_s,
+            metrics=self.metrics,
         )
 
     async def stop(self) -> None:
