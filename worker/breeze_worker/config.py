@@ -69,6 +69,8 @@ class ServerSettings:
     tls_key: Path | None = None
     max_request_bytes: int = 16 * 1024 * 1024  # largest accepted request message
     grace_s: float = 5.0  # shutdown grace for in-flight calls
+    metrics_port: int | None = None  # Prometheus text on GET /metrics (+ /healthz); None: off
+    advertised_artifact_address: str | None = None  # host:port clients use for artifacts (None: host:artifact_port)
 
     def validate(self) -> None:
         for name in ("port", "artifact_port"):

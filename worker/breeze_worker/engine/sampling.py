@@ -91,9 +91,13 @@ def sample_rows(
     frame: torch.Tensor,
     codebook: int,
     blocked: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sample one token per row from float32 `logits` [R, V]: mask `blocked` ids (bool [V]), then
-    temperature, top-k, top-p, exponential race. Greedy rows take the argmax. Returns int64 [R]."""
+    temperature, top-k, top-p, exponential race. Greedy rows take the argmax. Returns int64 [R].
+
+    `noise` [R, V], if given, must equal `exponential_noise(rows.seed, frame, codebook, V)` (the fast path
+    computes all codebooks' noise of a frame in one batch, see `frame_noise`)."""
     logits = logits.float()
     if blocked is not None:
         logits = logits.masked_fill(blocked[None, :], float("-inf"))
@@ -116,7 +120,22 @@ def sample_rows(
     keep = keep & (scaled >= nucleus_floor.min(dim=-1, keepdim=True).values)
     filtered = scaled.masked_fill(~keep, float("-inf"))
 
-    noise = exponential_noise(rows.seed, frame, codebook, vocab)
+    if noise is None:
+        noise = exponential_noise(rows.seed, frame, codebook, vocab)
     drawn = torch.argmax(filtered - torch.log(noise), dim=-1)
     best = torch.argmax(filtered, dim=-1)
     return torch.where(greedy, best, drawn)
+
+
+def frame_noise(seed: torch.Tensor, frame: torch.Tensor, codebooks: int, vocab: int) -> torch.Tensor:
+    """`exponential_noise` for codebooks 0..codebooks-1 at once: [R, codebooks, vocab], bit-identical to
+    calling it per codebook (same integer hash), in one batch of element-wise kernels."""
+    seed = seed.to(torch.int64)
+    row = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
+    book = torch.arange(codebooks, device=seed.device, dtype=torch.int64)
+    row = _mix32(row[:, None] ^ ((frame.to(torch.int64)[:, None] * 16 + book[None, :]) & _M32))
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
+    x = _mix32(row[:, :, None] ^ ((ids[None, None, :] * _GOLDEN) & _M32))
+    x = _mix32(x + _GOLDEN)
+    uniform = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    return -torch.log(uniform)

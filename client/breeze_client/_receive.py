@@ -1,0 +1,220 @@
+"""Receiving state machines shared by the sync and asyncio clients (no I/O of their own but the sink).
+
+`SynthesisReceiver` turns Synthesize messages into typed events and, at the end, a SynthesisResult.
+`FetchReceiver` writes Fetch chunks to a sink (decompressing, checking offsets, hashing) across
+resumed attempts and builds the FetchResult.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+import zstandard
+
+from breeze_tts_proto.v1 import artifacts_pb2, synthesis_pb2
+from breeze_client import _convert
+from breeze_client.clock import ClockMapping
+from breeze_client.errors import IntegrityError, ProtocolError
+from breeze_client.types import (AudioChunk, FetchResult, FetchTiming, JobInfo, SynthesisResult,
+                                 SynthesisTiming)
+
+
+class SynthesisReceiver:
+    def __init__(self, clock: ClockMapping, request_sent_ns: int, collect_audio: bool = True) -> None:
+        self.clock = clock
+        self.request_sent_ns = request_sent_ns
+        self.collect_audio = collect_audio
+        self.job: JobInfo | None = None
+        self._audio = bytearray()
+        self._chunks = 0
+        self._started_ns = self._first_ns = self._final_ns = self._server_first = None
+        self._finished: synthesis_pb2.JobFinished | None = None
+
+    def on_message(self, msg: synthesis_pb2.SynthesizeResponse, received_ns: int) -> JobInfo | AudioChunk | None:
+        kind = msg.WhichOneof("event")
+        if kind == "started":
+            self._started_ns = received_ns
+            self.job = _convert.job_from_pb(msg.started, self.clock)
+            return self.job
+        if kind == "chunk":
+            c = msg.chunk
+            if self._first_ns is None:
+                self._first_ns = received_ns
+                self._server_first = self.clock.to_client(c.emitted_unix_ns)
+            self._chunks += 1
+            if self.collect_audio:
+                self._audio += c.pcm
+            return AudioChunk(c.sequence, c.sample_offset, c.pcm, c.num_samples,
+                              self.clock.to_client(c.emitted_unix_ns), received_ns)
+        if kind == "finished":
+            self._final_ns = received_ns
+            self._finished = msg.finished
+        return None
+
+    @property
+    def done(self) -> bool:
+        return self._finished is not None
+
+    def result(self) -> SynthesisResult:
+        if self.job is None or self._finished is None:
+            raise ProtocolError("the Synthesize stream ended without its start or final message")
+        f = self._finished
+        artifact = _convert.artifact_from_pb(f.artifact, self.clock) if f.HasField("artifact") else None
+        c = self.clock
+        timing = SynthesisTiming(
+            request_sent_ns=self.request_sent_ns, started_received_ns=self._started_ns,
+            first_chunk_received_ns=self._first_ns, final_received_ns=self._final_ns,
+            server_started_ns=self.job.server_started_ns, server_first_chunk_ns=self._server_first,
+            server_done_ns=c.to_client(f.done_unix_ns),
+            server_committed_ns=artifact.server_committed_ns if artifact else None,
+            clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns)
+        return SynthesisResult(job=self.job, stats=_convert.stats_from_pb(f.stats), artifact=artifact,
+                               timing=timing, chunks=self._chunks, audio=bytes(self._audio))
+
+
+class FetchReceiver:
+    """Writes one artifact's bytes to `dest` (a path, a binary file, or None for memory)."""
+
+    def __init__(self, artifact_id: str, dest: str | Path | BinaryIO | None, offset: int, limit: int,
+                 chunk_size: int, compression: str, clock: ClockMapping, endpoint: str) -> None:
+        if compression not in _convert.COMPRESSIONS:
+            raise ValueError(f"compression must be one of {sorted(_convert.COMPRESSIONS)}, not {compression!r}")
+        self.artifact_id, self.offset, self.limit = artifact_id, offset, limit
+        self.chunk_size, self.compression, self.clock, self.endpoint = chunk_size, compression, clock, endpoint
+        self.path: str | None = str(dest) if isinstance(dest, (str, Path)) else None
+        self._owns_file = self.path is not None
+        self._dest = dest
+        self._file: BinaryIO | None = None  # opened at the first message: a failed call leaves no file behind
+        self._hash = None
+        self.position = offset
+        self.received = self.wire = self.chunks = self.resumes = 0
+        self.write_ns = 0
+        self.info = None
+        self._t: dict[str, int | None] = {k: None for k in (
+            "request_sent", "received", "opened", "first_sent", "first_recv", "last_sent", "last_recv", "fsynced")}
+        self._decompressor = zstandard.ZstdDecompressor()
+
+    def _open(self) -> None:
+        self._hash = self._hash_prefix(self.offset)  # before the file is opened (and maybe truncated)
+        if self._dest is None:
+            self._file = io.BytesIO()
+        elif self._owns_file:
+            resume = self.offset > 0 and os.path.exists(self.path)
+            self._file = open(self.path, "r+b" if resume else "wb")
+            if resume:  # continue right after the bytes already on disk
+                self._file.seek(self.offset)
+                self._file.truncate(self.offset)
+        else:
+            self._file = self._dest
+
+    def _hash_prefix(self, offset: int):
+        """sha256 over bytes [0, offset) already in the destination file (None if they cannot be read)."""
+        h = hashlib.sha256()
+        if offset == 0:
+            return h
+        if self.path is None or not os.path.exists(self.path) or os.path.getsize(self.path) < offset:
+            return None
+        with open(self.path, "rb") as f:
+            remaining = offset
+            while remaining:
+                block = f.read(min(remaining, 1 << 20))
+                h.update(block)
+                remaining -= len(block)
+        return h
+
+    def next_request(self) -> artifacts_pb2.FetchArtifactRequest:
+        """The request for the next attempt: continue from the bytes already received."""
+        if self._t["request_sent"] is None:
+            self._t["request_sent"] = time.time_ns()
+        limit = 0 if self.limit == 0 else self.limit - (self.position - self.offset)
+        return artifacts_pb2.FetchArtifactRequest(artifact_id=self.artifact_id, offset=self.position, limit=limit,
+                                                  chunk_size=self.chunk_size,
+                                                  compression=_convert.COMPRESSIONS[self.compression])
+
+    def on_message(self, msg: artifacts_pb2.FetchArtifactResponse, received_ns: int) -> int:
+        """Handle one message; returns the file bytes it carried."""
+        if self._file is None:
+            self._open()
+        if msg.HasField("info") and self.info is None:
+            self.info = msg.info
+            c = self.clock
+            self._t["received"] = c.to_client(msg.request_received_unix_ns)
+            self._t["opened"] = c.to_client(msg.file_opened_unix_ns)
+            self._t["first_sent"] = c.to_client(msg.first_byte_sent_unix_ns)
+        if msg.last:
+            self._t["last_sent"] = self.clock.to_client(msg.last_byte_sent_unix_ns)
+            if self._t["last_recv"] is None:
+                self._t["last_recv"] = received_ns
+            return 0
+        if not msg.data and not msg.uncompressed_size:
+            return 0
+        if msg.offset != self.position:
+            raise IntegrityError(f"chunk at offset {msg.offset} arrived where {self.position} was expected")
+        data = msg.data
+        if self.compression == "zstd":
+            data = self._decompressor.decompress(data, max_output_size=msg.uncompressed_size)
+        if len(data) != msg.uncompressed_size:
+            raise IntegrityError(f"chunk at offset {msg.offset} has {len(data)} bytes, not {msg.uncompressed_size}")
+        if self._t["first_recv"] is None:
+            self._t["first_recv"] = received_ns
+        t0 = time.perf_counter_ns()
+        self._file.write(data)
+        self.write_ns += time.perf_counter_ns() - t0
+        if self._hash is not None:
+            self._hash.update(data)
+        self.position += len(data)
+        self.received += len(data)
+        self.wire += len(msg.data)
+        self.chunks += 1
+        self._t["last_recv"] = received_ns
+        return len(data)
+
+    def resumed(self) -> None:
+        self.resumes += 1
+        self._t["last_sent"] = None
+
+    def finish(self, verify: bool = True) -> FetchResult:
+        if self.info is None:
+            raise ProtocolError(f"the Fetch stream of {self.artifact_id} ended without its first message")
+        self._file.flush()
+        if not isinstance(self._file, io.BytesIO):
+            try:
+                os.fsync(self._file.fileno())
+            except (OSError, io.UnsupportedOperation, AttributeError, ValueError):
+                pass  # a pipe or an in-memory file: nothing to sync
+        complete = self.limit == 0 and self.position == self.info.size_bytes and self._hash is not None
+        verified = False
+        if verify and complete:
+            digest = self._hash.hexdigest()
+            if digest != self.info.sha256:
+                self._close()
+                raise IntegrityError(f"artifact {self.artifact_id}: SHA-256 {digest} of the fetched bytes does not "
+                                     f"match the worker's {self.info.sha256}; fetch it again from offset 0")
+            verified = True
+        self._t["fsynced"] = time.time_ns()
+        data = self._file.getvalue() if isinstance(self._file, io.BytesIO) else None
+        self._close()
+        c, t = self.clock, self._t
+        timing = FetchTiming(
+            request_sent_ns=t["request_sent"], server_request_received_ns=t["received"],
+            server_file_opened_ns=t["opened"], server_first_byte_sent_ns=t["first_sent"],
+            first_byte_received_ns=t["first_recv"], server_last_byte_sent_ns=t["last_sent"],
+            last_byte_received_ns=t["last_recv"], file_fsynced_ns=t["fsynced"], write_ns=self.write_ns,
+            clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns)
+        return FetchResult(
+            artifact_id=self.artifact_id, path=self.path, offset=self.offset, bytes_received=self.received,
+            wire_bytes=self.wire, size_bytes=self.info.size_bytes, sha256=self.info.sha256, verified=verified,
+            chunks=self.chunks, chunk_size=self.chunk_size, compression=self.compression, resumes=self.resumes,
+            endpoint=self.endpoint, timing=timing, data=data)
+
+    def _close(self) -> None:
+        if self._owns_file and self._file is not None:
+            self._file.close()
+
+    def abandon(self) -> None:
+        self._close()

@@ -1,0 +1,210 @@
+"""The asyncio client: `AsyncBreezeClient`, the same API as `BreezeClient` with awaitables.
+
+    async with AsyncBreezeClient("gpu-host:50051") as client:
+        stream = await client.stream("Hello there.")
+        async for chunk in stream:
+            play(chunk.pcm)
+        fetched = await client.fetch(stream.result.artifact, "hello.wav")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import AsyncIterator, BinaryIO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2
+from breeze_tts_proto.v1 import synthesis_pb2_grpc
+from breeze_client import _convert, clock as clock_exchange
+from breeze_client._receive import FetchReceiver, SynthesisReceiver
+from breeze_client.channel import ConnectionOptions, open_aio_channel
+from breeze_client.clock import ClockMapping
+from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
+from breeze_client.sdk import HEALTH_NAMES, make_request
+from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisRequest, SynthesisResult, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+
+class AsyncSynthesisStream:
+    """`async for` AudioChunk as they arrive; `job` once started, `result` once the stream ended."""
+
+    def __init__(self, call, receiver: SynthesisReceiver) -> None:
+        self._call = call
+        self._receiver = receiver
+        self._result: SynthesisResult | None = None
+
+    async def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        try:
+            async for msg in self._call:
+                event = self._receiver.on_message(msg, time.time_ns())
+                if isinstance(event, AudioChunk):
+                    yield event
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        self._result = self._receiver.result()
+
+    @property
+    def job(self):
+        return self._receiver.job
+
+    @property
+    def result(self) -> SynthesisResult:
+        if self._result is None:
+            raise RuntimeError("the stream has not finished: iterate it to the end first")
+        return self._result
+
+    def cancel(self) -> None:
+        """Hang up; the worker cancels the job and frees its slot."""
+        self._call.cancel()
+
+
+class AsyncBreezeClient:
+    def __init__(self, target: str | None = None, *, options: ConnectionOptions | None = None, **option_kw) -> None:
+        opts = options or ConnectionOptions(**option_kw)
+        self.options = opts if target is None else opts.with_target(target)
+        self._channel = open_aio_channel(self.options.target, self.options)
+        self._artifact_channels: dict[str, grpc.aio.Channel] = {}
+        self._clocks: dict[str, ClockMapping] = {}
+        self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
+        self._info: WorkerInfo | None = None
+
+    async def close(self) -> None:
+        await self._channel.close()
+        for ch in self._artifact_channels.values():
+            await ch.close()
+
+    async def __aenter__(self) -> "AsyncBreezeClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _kw(self, timeout_s: float | None = None) -> dict:
+        return self.options.call_kwargs(timeout_s)
+
+    # ---- channels and clocks ----
+    async def artifact_target(self, endpoint: str | None = None) -> str:
+        return self.options.artifact_target or endpoint or (await self.worker_info()).artifact_endpoint
+
+    def _channel_for(self, target: str) -> grpc.aio.Channel:
+        if target == self.options.target:
+            return self._channel
+        if target not in self._artifact_channels:
+            self._artifact_channels[target] = open_aio_channel(target, self.options)
+        return self._artifact_channels[target]
+
+    async def sync_clock(self, target: str | None = None,
+                         samples: int = clock_exchange.DEFAULT_SAMPLES) -> ClockMapping:
+        target = target or self.options.target
+        try:
+            mapping = await clock_exchange.exchange_async(clock_pb2_grpc.ClockStub(self._channel_for(target)),
+                                                          samples, **self._kw())
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        self._clocks[target] = mapping
+        return mapping
+
+    async def clock(self, target: str | None = None) -> ClockMapping:
+        target = target or self.options.target
+        return self._clocks.get(target) or await self.sync_clock(target)
+
+    # ---- worker ----
+    async def worker_info(self, refresh: bool = False) -> WorkerInfo:
+        if self._info is None or refresh:
+            try:
+                reply = await self._synthesis.GetWorkerInfo(synthesis_pb2.GetWorkerInfoRequest(), **self._kw())
+            except grpc.RpcError as err:
+                raise from_rpc_error(err) from None
+            self._info = _convert.worker_info_from_pb(reply)
+        return self._info
+
+    async def health(self, service: str = "", target: str | None = None) -> str:
+        stub = health_pb2_grpc.HealthStub(self._channel_for(target or self.options.target))
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), **self._kw())
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        return HEALTH_NAMES.get(reply.status, str(reply.status))
+
+    async def wait_until_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if await self.health() == "SERVING":
+                    return
+            except Unavailable:
+                pass
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the worker at {self.options.target} was not ready within {timeout_s:.0f} s")
+            await asyncio.sleep(0.2)
+
+    # ---- synthesis ----
+    async def stream(self, text: str | SynthesisRequest, *, collect_audio: bool = True,
+                     timeout_s: float | None = None, **options) -> AsyncSynthesisStream:
+        request = _convert.request_to_pb(make_request(text, options))
+        mapping = await self.clock()
+        sent = time.time_ns()
+        call = self._synthesis.Synthesize(request, **self._kw(timeout_s))
+        return AsyncSynthesisStream(call, SynthesisReceiver(mapping, sent, collect_audio))
+
+    async def synthesize(self, text: str | SynthesisRequest, *, timeout_s: float | None = None,
+                         **options) -> SynthesisResult:
+        stream = await self.stream(text, timeout_s=timeout_s, **options)
+        async for _ in stream:
+            pass
+        return stream.result
+
+    # ---- artifacts ----
+    async def _artifacts(self, endpoint: str | None) -> tuple[str, artifacts_pb2_grpc.ArtifactsStub]:
+        target = await self.artifact_target(endpoint)
+        return target, artifacts_pb2_grpc.ArtifactsStub(self._channel_for(target))
+
+    async def stat(self, artifact_id: str, endpoint: str | None = None) -> ArtifactRef:
+        target, stub = await self._artifacts(endpoint)
+        try:
+            reply = await stub.Stat(artifacts_pb2.StatArtifactRequest(artifact_id=artifact_id), **self._kw())
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        return _convert.artifact_from_pb(reply, await self.clock(target))
+
+    async def delete(self, artifact_id: str, endpoint: str | None = None) -> int:
+        _, stub = await self._artifacts(endpoint)
+        try:
+            reply = await stub.Delete(artifacts_pb2.DeleteArtifactRequest(artifact_id=artifact_id), **self._kw())
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        return reply.freed_bytes
+
+    async def fetch(self, artifact: str | ArtifactRef, dest: str | Path | BinaryIO | None = None, *,
+                    offset: int = 0, limit: int = 0, chunk_size: int = 0, compression: str = "none",
+                    verify: bool = True, max_resumes: int = 3, endpoint: str | None = None,
+                    timeout_s: float | None = None) -> FetchResult:
+        """See BreezeClient.fetch. File writes are small and sequential; they run on the event loop."""
+        if isinstance(artifact, ArtifactRef):
+            endpoint = endpoint or artifact.endpoint
+            artifact = artifact.artifact_id
+        target, stub = await self._artifacts(endpoint)
+        mapping = await self.clock(target)
+        receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target)
+        try:
+            while True:
+                try:
+                    async for msg in stub.Fetch(receiver.next_request(), **self._kw(timeout_s)):
+                        receiver.on_message(msg, time.time_ns())
+                    break
+                except grpc.RpcError as err:
+                    if err.code() is not grpc.StatusCode.UNAVAILABLE or receiver.resumes >= max_resumes:
+                        raise from_rpc_error(err) from None
+                    log.warning("fetch of %s broke at byte %d (%s); resuming", artifact, receiver.position,
+                                err.details())
+                    receiver.resumed()
+            return receiver.finish(verify)
+        except BreezeClientError:
+            receiver.abandon()
+            raise

@@ -1,0 +1,87 @@
+"""`breeze-client`: one entry point, one module per subcommand under `breeze_client.commands`.
+
+Every subcommand gets the same connection flags (--target, --artifact-target, --tls-ca, --tls,
+--tls-server-name, --token, --timeout) and --json. A subcommand module defines `add_arguments(parser)`
+and `run(args, options) -> int`; to add one, write the module and add a line to COMMANDS. A failed call
+prints `error: CODE: message` on stderr and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from breeze_client.channel import DEFAULT_TARGET, ConnectionOptions
+
+# subcommand -> (module under breeze_client.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "synth": ("synth", "synthesize text; stream the audio to a WAV file; print TTFA, RTF, job and artifact ids"),
+    "fetch": ("fetch", "download an artifact over the artifact channel; print the retrieval timestamps"),
+    "health": ("health", "check both ports' health and describe the worker"),
+    "diagnose": ("diagnose", "time N jobs' retrievals phase by phase; name the slow phase, its evidence and the fix"),
+}
+
+EXIT_OK, EXIT_FAILED_CALL, EXIT_USAGE = 0, 1, 2
+
+
+def _load(name: str):
+    return importlib.import_module(f"breeze_client.commands.{COMMANDS[name][0]}")
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("connection (the same on every subcommand)")
+    g.add_argument("--target", default=os.environ.get("BREEZE_TARGET", DEFAULT_TARGET),
+                   help="host:port of the worker's Synthesize endpoint (env BREEZE_TARGET; default %(default)s)")
+    g.add_argument("--artifact-target", default=os.environ.get("BREEZE_ARTIFACT_TARGET"),
+                   help="host:port of the Artifacts endpoint (default: the address the worker advertises)")
+    g.add_argument("--tls-ca", type=Path, default=None, help="PEM roots to trust; turns TLS on")
+    g.add_argument("--tls", action="store_true", help="TLS with the system's trusted roots")
+    g.add_argument("--tls-server-name", default=None, help="name to check in the worker's certificate")
+    g.add_argument("--token", default=os.environ.get("BREEZE_TOKEN"),
+                   help="bearer token (prefer the environment variable BREEZE_TOKEN)")
+    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="deadline per call")
+    g.add_argument("--json", action="store_true", help="print one JSON object for machines")
+
+
+def connection_options(args: argparse.Namespace) -> ConnectionOptions:
+    return ConnectionOptions(target=args.target, artifact_target=args.artifact_target, tls_ca=args.tls_ca,
+                             tls=args.tls, tls_server_name=args.tls_server_name, token=args.token,
+                             timeout_s=args.timeout)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="breeze-client", description="Client for the Breeze TTS 2 worker")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ...)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # only the chosen command's module is imported
+            _load(name).add_arguments(p)
+            add_connection_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from breeze_client.errors import BreezeClientError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        return int(_load(args.command).run(args, connection_options(args)) or 0)
+    except BreezeClientError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED_CALL
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

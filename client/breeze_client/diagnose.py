@@ -1,0 +1,289 @@
+"""Retrieval diagnostics on a live worker: run jobs (or take artifact ids), fetch, time, attribute.
+
+    with BreezeClient(target) as client:
+        run = run_diagnosis(client, DiagnoseSettings(jobs=3, configs=sweep_configs([65536, 0], ["none", "zstd"])))
+        print(format_text(run))                  # per-phase p50/p95/max, dominant phase, evidence, fix
+        write_report("diag.html", run.diagnosis, run.timelines, sweep=run.sweep_pairs())
+
+Each job is fetched as soon as its final message arrives, with the first fetch configuration; this is
+the run the verdict is about. Further configurations (chunk size x compression) re-fetch the same
+artifacts and are compared on the fetch phases only. Files are written through `TimedFile`, which
+records when each write call ran, so write time inside the transfer is attributed to the client write
+phase (see phases.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Sequence
+
+from breeze_client.phases import (
+    FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, PHASES, Timeline, format_phase_value, format_seconds, phases_dict,
+    summarize, transfer_rate,
+)
+from breeze_client.clock import ClockMapping
+from breeze_client.types import ArtifactRef, FetchResult, SynthesisResult
+from breeze_client.verdict import Diagnosis, diagnose
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog, then rests in the shade by the river."
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    chunk_size: int = 0  # 0 = the worker's default
+    compression: str = "none"  # none | zstd
+
+    @property
+    def label(self) -> str:
+        chunk = "default" if not self.chunk_size else f"{self.chunk_size // 1024} KiB"
+        return f"chunk {chunk}, {self.compression}"
+
+
+def sweep_configs(chunk_sizes: Sequence[int] = (0,), compressions: Sequence[str] = ("none",)) -> tuple[FetchConfig, ...]:
+    return tuple(FetchConfig(c, z) for z in compressions for c in chunk_sizes)
+
+
+@dataclass(frozen=True)
+class DiagnoseSettings:
+    jobs: int = 3  # synthesis jobs to run (ignored when artifact_ids are given)
+    text: str = DEFAULT_TEXT
+    artifact_ids: tuple[str, ...] = ()  # diagnose existing artifacts instead of running jobs
+    max_frames: int | None = None
+    seed: int | None = 1
+    configs: tuple[FetchConfig, ...] = (FetchConfig(),)  # the first one is the diagnosed run
+    out_dir: Path | None = None  # where fetched files go (None: a temporary directory, removed after)
+    parallel: bool = False  # with artifact ids: fetch them all at once (per configuration)
+
+
+class TimedFile:
+    """A binary file that records the interval of each write call (client clock, ns)."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self._inner = inner
+        self.writes: list[tuple[int, int]] = []  # (start, end) of each write call
+        self.first_write_bytes = 0
+
+    def write(self, data) -> int:
+        t0 = time.time_ns()
+        n = self._inner.write(data)
+        if not self.writes:
+            self.first_write_bytes = len(data)
+        self.writes.append((t0, time.time_ns()))
+        return n
+
+    def write_time_within(self, start: int | None, end: int | None) -> int:
+        if start is None or end is None:
+            return 0
+        return sum(max(0, min(b, end) - max(a, start)) for a, b in self.writes)
+
+    def __getattr__(self, name):  # flush, fileno, seek, truncate, close ... of the real file
+        return getattr(self._inner, name)
+
+
+@dataclass
+class SweepResult:
+    config: FetchConfig
+    diagnosis: Diagnosis
+    timelines: list[Timeline]
+
+    def fetch_seconds(self) -> list[float]:
+        return [(t.events["file_fsynced"] - t.events["request_sent"]) / 1e9 for t in self.timelines
+                if "file_fsynced" in t.events and "request_sent" in t.events]
+
+    def to_dict(self) -> dict:
+        s = summarize("fetch", self.fetch_seconds())
+        rates = [r for t in self.timelines if (r := transfer_rate(t))]
+        return {"config": {"chunk_size": self.config.chunk_size, "compression": self.config.compression},
+                "label": self.config.label, "request_to_disk": s.to_dict(),
+                "transfer": self.diagnosis.summaries["transfer"].to_dict(),
+                "mb_per_s_p50": summarize("rate", rates).p50_s / 1e6 if rates else None,
+                "wire_bytes": sum(t.wire_bytes for t in self.timelines)}
+
+
+@dataclass
+class DiagnoseRun:
+    diagnosis: Diagnosis
+    timelines: list[Timeline]
+    sweep: list[SweepResult] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def sweep_pairs(self) -> list[tuple[str, Diagnosis]]:
+        return [(s.config.label, s.diagnosis) for s in self.sweep]
+
+    def to_dict(self) -> dict:
+        return {"meta": self.meta, "diagnosis": self.diagnosis.to_dict(),
+                "runs": [{**t.to_dict(), "phases": phases_dict(t)} for t in self.timelines],
+                "sweep": [s.to_dict() for s in self.sweep]}
+
+
+def timeline_from_results(label: str, fetch: FetchResult, *, synthesis: SynthesisResult | None = None,
+                          artifact: ArtifactRef | None = None, timed_file: TimedFile | None = None,
+                          clock: ClockMapping | None = None, **extra) -> Timeline:
+    """One retrieval's Timeline from the SDK's records.
+
+    The SDK maps worker times with the mapping of the channel they came on. Both ports report the same
+    worker clock, so every worker time is re-mapped with the most certain of the mappings at hand (the
+    synthesis channel's, the artifact channel's, or `clock`), which keeps a slow or asymmetric artifact
+    path from blurring the phases around it.
+    """
+    ft = fetch.timing
+    mappings = [(ft.clock_offset_ns, ft.clock_uncertainty_ns)]
+    if synthesis is not None:
+        mappings.append((synthesis.timing.clock_offset_ns, synthesis.timing.clock_uncertainty_ns))
+    if clock is not None and clock.samples:
+        mappings.append((clock.offset_ns, clock.uncertainty_ns))
+    best_offset, uncertainty = min(mappings, key=lambda m: m[1])
+
+    def remap(ns: int | None, own_offset: int) -> int | None:
+        return None if not ns else ns + own_offset - best_offset
+
+    fo = ft.clock_offset_ns
+    events = {"request_sent": ft.request_sent_ns, "request_received": remap(ft.server_request_received_ns, fo),
+              "first_byte_sent": remap(ft.server_first_byte_sent_ns, fo),
+              "first_byte_received": ft.first_byte_received_ns, "last_byte_received": ft.last_byte_received_ns,
+              "file_fsynced": ft.file_fsynced_ns}
+    if synthesis is not None:
+        st = synthesis.timing
+        events.update(generation_done=remap(st.server_done_ns, st.clock_offset_ns),
+                      artifact_committed=remap(st.server_committed_ns, st.clock_offset_ns),
+                      final_received=st.final_received_ns)
+    elif artifact is not None:  # Stat came on the artifact channel
+        events["artifact_committed"] = remap(artifact.server_committed_ns, fo)
+    events = {k: int(v) for k, v in events.items() if v}
+    overlap = (timed_file.write_time_within(events.get(FIRST_BYTE_RECEIVED), events.get(LAST_BYTE_RECEIVED))
+               if timed_file is not None else 0)
+    return Timeline(label=label, events=events, clock_uncertainty_ns=uncertainty, file_bytes=fetch.bytes_received,
+                    wire_bytes=fetch.wire_bytes, chunk_size=fetch.chunk_size, chunks=fetch.chunks,
+                    compression=fetch.compression, rtt_ns=ft.clock_rtt_ns or None, resumes=fetch.resumes,
+                    write_during_transfer_ns=overlap,
+                    first_chunk_bytes=timed_file.first_write_bytes if timed_file is not None else 0,
+                    extra=dict(extra, verified=fetch.verified))
+
+
+DestFactory = Callable[[str, Path], BinaryIO]
+
+
+def _open_dest(path: Path) -> BinaryIO:
+    return open(path, "wb")
+
+
+def fetch_timed(client, artifact: ArtifactRef | str, path: Path, config: FetchConfig,
+                dest_factory: DestFactory | None = None) -> tuple[FetchResult, TimedFile]:
+    """Fetch one artifact into `path` through a TimedFile; the SDK fsyncs and verifies the SHA-256."""
+    artifact_id = artifact if isinstance(artifact, str) else artifact.artifact_id
+    raw = (dest_factory or (lambda _id, p: _open_dest(p)))(artifact_id, path)
+    timed = TimedFile(raw)
+    try:
+        result = client.fetch(artifact, timed, chunk_size=config.chunk_size, compression=config.compression)
+    finally:
+        raw.close()
+    return result, timed
+
+
+def fetch_many(client, refs: Sequence[ArtifactRef | str], out_dir: Path, config: FetchConfig, *,
+               parallel: bool = True, dest_factory: DestFactory | None = None) -> list[tuple[FetchResult, TimedFile]]:
+    """Fetch several artifacts into out_dir (in parallel over the one artifact channel, or one by one)."""
+    def one(ref):
+        artifact_id = ref if isinstance(ref, str) else ref.artifact_id
+        return fetch_timed(client, ref, out_dir / f"{artifact_id}.wav", config, dest_factory)
+
+    if not parallel or len(refs) < 2:
+        return [one(r) for r in refs]
+    with ThreadPoolExecutor(max_workers=len(refs), thread_name_prefix="fetch") as pool:
+        return list(pool.map(one, refs))
+
+
+def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFactory | None = None) -> DiagnoseRun:
+    """Run the jobs (or take the artifacts), fetch them per configuration, and diagnose the first one."""
+    if not settings.configs:
+        raise ValueError("at least one fetch configuration is needed")
+    tmp = None
+    out_dir = settings.out_dir
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="breeze-diagnose-")
+        out_dir = Path(tmp.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        synthesis_clock = client.clock()  # warm both channels and their clock mappings before anything is timed
+        artifact_target = client.artifact_target()
+        client.clock(artifact_target)
+        primary, *others = settings.configs
+        timelines: list[Timeline] = []
+        refs: list[ArtifactRef | str] = []
+        if settings.artifact_ids:
+            refs = [client.stat(a) for a in settings.artifact_ids]
+            for ref, (fetched, timed) in zip(refs, fetch_many(client, refs, out_dir, primary,
+                                                             parallel=settings.parallel, dest_factory=dest_factory)):
+                timelines.append(timeline_from_results(ref.artifact_id, fetched, artifact=ref, timed_file=timed,
+                                                       clock=synthesis_clock, config=primary.label))
+        else:
+            for i in range(settings.jobs):
+                result = client.synthesize(settings.text, seed=None if settings.seed is None else settings.seed + i,
+                                           max_frames=settings.max_frames, collect_audio=False)
+                if result.artifact is None:
+                    raise RuntimeError(f"job {result.job.job_id} ended without an artifact ({result.stats.end_reason})")
+                fetched, timed = fetch_timed(client, result.artifact, out_dir / f"{result.artifact.artifact_id}.wav",
+                                             primary, dest_factory)
+                refs.append(result.artifact)
+                timelines.append(timeline_from_results(result.artifact.artifact_id, fetched, synthesis=result,
+                                                       timed_file=timed, clock=synthesis_clock, config=primary.label,
+                                                       job=result.job.job_id,
+                                                       audio_seconds=result.stats.audio_seconds))
+        run = DiagnoseRun(diagnose(timelines), timelines, meta={
+            "target": client.options.target, "artifact_target": artifact_target, "runs": len(timelines),
+            "primary_config": primary.label, "date_unix_s": int(time.time()),
+        })
+        for config in others:
+            sweep_timelines = [timeline_from_results(f"{fr.artifact_id} ({config.label})", fr, timed_file=tf,
+                                                     clock=synthesis_clock, config=config.label)
+                               for fr, tf in fetch_many(client, refs, out_dir, config,
+                                                        parallel=settings.parallel, dest_factory=dest_factory)]
+            run.sweep.append(SweepResult(config, diagnose(sweep_timelines), sweep_timelines))
+        if run.sweep:  # the primary configuration, on the same footing (fetch phases only)
+            first = SweepResult(primary, run.diagnosis, timelines)
+            run.sweep.insert(0, first)
+        return run
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def format_text(run: DiagnoseRun) -> str:
+    """The human summary: phase table, the verdict with evidence and fix, the sweep."""
+    d = run.diagnosis
+    unc = max((t.clock_uncertainty_ns for t in run.timelines), default=0) / 1e9
+    lines = [f"retrieval diagnosis: {d.runs} run(s), {run.meta.get('primary_config', '')}, "
+             f"clock mapping ±{format_seconds(unc)}",
+             f"{'phase':<22}{'where':<9}{'p50':>11}{'p95':>11}{'max':>11}"]
+    for phase in PHASES:
+        s = d.summaries[phase.name]
+        u = s.uncertainty_s
+        lines.append(f"{phase.title:<22}{phase.where:<9}{format_phase_value(s.p50_s, u):>11}"
+                     f"{format_phase_value(s.p95_s, u):>11}{format_phase_value(s.max_s, u):>11}")
+    t = d.summaries["total"]
+    lines.append(f"{'generation done -> disk':<31}{format_seconds(t.p50_s):>11}{format_seconds(t.p95_s):>11}"
+                 f"{format_seconds(t.max_s):>11}")
+    rates = [r for tl in run.timelines if (r := transfer_rate(tl))]
+    if rates:
+        lines.append(f"transfer rate p50: {summarize('rate', rates).p50_s / 1e6:.2f} MB/s")
+    v = d.verdict
+    lines += ["", f"dominant phase: {v.title} ({v.share:.0%} of the total)", f"cause: {v.explanation}"]
+    lines += [f"  - {e}" for e in v.evidence]
+    lines.append(f"fix: {v.fix}")
+    if run.sweep:
+        lines += ["", f"{'sweep':<26}{'request->disk p50':>18}{'transfer p50':>14}{'MB/s':>8}{'wire MB':>9}"]
+        for s in run.sweep:
+            row = s.to_dict()
+            rate = row["mb_per_s_p50"]
+            lines.append(f"{s.config.label:<26}{format_seconds(row['request_to_disk']['p50_s']):>18}"
+                         f"{format_seconds(row['transfer']['p50_s']):>14}{'-' if rate is None else f'{rate:.1f}':>8}"
+                         f"{row['wire_bytes'] / 1e6:>9.2f}")
+    return "\n".join(lines)
+

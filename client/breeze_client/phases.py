@@ -1,0 +1,288 @@
+"""The retrieval phase model: one definition used by the SDK, the CLI, the JSON output and the HTML report.
+
+A retrieval is a chain of nine events, each a nanosecond timestamp on the *client's* wall clock
+(`time.time_ns`). Four of them happen on the worker; their worker-clock values are mapped onto the client
+clock with the clock exchange (`client_ns = server_ns - offset_ns`), which is uncertain by up to
+`clock_uncertainty_ns` (half the fastest exchange's round trip). The eight phases between consecutive
+events are what a slow retrieval is split into:
+
+    generation_done --commit--> artifact_committed --notify--> final_received --client_gap--> request_sent
+    --request--> request_received --server_first_byte--> first_byte_sent --first_byte_transit-->
+    first_byte_received --transfer--> last_byte_received --client_write--> file_fsynced
+
+A phase whose two ends are on the same machine does not depend on the clock mapping; a phase that
+crosses between the machines is uncertain by the mapping's uncertainty, and one shorter than that is
+labelled as such (it may even come out negative).
+
+A client that writes each chunk as it arrives spends part of the transfer span inside write calls. That
+time (`Timeline.write_during_transfer_ns`) is attributed to the client write phase, not to the transfer:
+a phase's `duration_ns` is its event span with that correction, `span_ns` the raw span.
+
+Everything here is a pure function of `Timeline` records: no I/O, no gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+# ---- events, in order ----
+GENERATION_DONE = "generation_done"  # worker: the engine produced the job's last frame
+ARTIFACT_COMMITTED = "artifact_committed"  # worker: the WAV is fsynced and renamed into place
+FINAL_RECEIVED = "final_received"  # client: the Synthesize stream's final message arrived
+REQUEST_SENT = "request_sent"  # client: the Fetch call was issued
+REQUEST_RECEIVED = "request_received"  # worker: the Fetch call reached the handler
+FIRST_BYTE_SENT = "first_byte_sent"  # worker: the first chunk was handed to gRPC
+FIRST_BYTE_RECEIVED = "first_byte_received"  # client: the first chunk arrived
+LAST_BYTE_RECEIVED = "last_byte_received"  # client: the last chunk arrived
+FILE_FSYNCED = "file_fsynced"  # client: the file is written, fsynced and verified on disk
+
+EVENTS: tuple[str, ...] = (
+    GENERATION_DONE, ARTIFACT_COMMITTED, FINAL_RECEIVED, REQUEST_SENT, REQUEST_RECEIVED,
+    FIRST_BYTE_SENT, FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, FILE_FSYNCED,
+)
+SERVER_EVENTS: frozenset[str] = frozenset({GENERATION_DONE, ARTIFACT_COMMITTED, REQUEST_RECEIVED, FIRST_BYTE_SENT})
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One span between two consecutive events."""
+
+    name: str
+    start: str
+    end: str
+    title: str  # short human label
+    where: str  # "server", "client" or "network" (crosses the machines)
+    meaning: str
+
+    @property
+    def crosses_clocks(self) -> bool:
+        return (self.start in SERVER_EVENTS) != (self.end in SERVER_EVENTS)
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase("commit", GENERATION_DONE, ARTIFACT_COMMITTED, "artifact commit", "server",
+          "worker: last frame -> WAV fsynced and renamed into place"),
+    Phase("notify", ARTIFACT_COMMITTED, FINAL_RECEIVED, "final message", "network",
+          "worker commit -> the client receives the job's final message"),
+    Phase("client_gap", FINAL_RECEIVED, REQUEST_SENT, "client gap", "client",
+          "client: final message -> artifact request issued"),
+    Phase("request", REQUEST_SENT, REQUEST_RECEIVED, "request transit", "network",
+          "artifact request sent -> received by the worker's handler"),
+    Phase("server_first_byte", REQUEST_RECEIVED, FIRST_BYTE_SENT, "server first byte", "server",
+          "worker: request received -> file opened, first chunk handed to gRPC"),
+    Phase("first_byte_transit", FIRST_BYTE_SENT, FIRST_BYTE_RECEIVED, "first byte transit", "network",
+          "first chunk sent -> first chunk received by the client"),
+    Phase("transfer", FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, "transfer", "client",
+          "first chunk received -> last chunk received (bytes after the first chunk / time = MB/s)"),
+    Phase("client_write", LAST_BYTE_RECEIVED, FILE_FSYNCED, "client write", "client",
+          "last chunk received -> file written, fsynced and verified"),
+)
+PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
+PHASES_BY_NAME: dict[str, Phase] = {p.name: p for p in PHASES}
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One artifact retrieval: its events on the client clock and what was moved."""
+
+    label: str  # e.g. the artifact id, or "artifact 2 / chunk 64 KiB"
+    events: Mapping[str, int]  # event name -> client-clock ns (server events already mapped); missing = unknown
+    clock_uncertainty_ns: int = 0  # the mapping's uncertainty (>= 0)
+    file_bytes: int = 0  # bytes of the file delivered (uncompressed)
+    wire_bytes: int = 0  # payload bytes that crossed the wire (compressed size if compressed)
+    chunk_size: int = 0  # requested uncompressed bytes per chunk (0 = the worker's default)
+    chunks: int = 0  # data messages received
+    compression: str = "none"
+    rtt_ns: int | None = None  # the fastest clock-exchange round trip (a measure of the path's RTT)
+    resumes: int = 0  # how many times the fetch resumed after a broken stream
+    write_during_transfer_ns: int = 0  # client time inside write calls between first and last byte
+    first_chunk_bytes: int = 0  # file bytes of the first chunk (they arrive before the transfer phase starts)
+    extra: Mapping[str, object] = field(default_factory=dict)  # free-form facts (e.g. run index, config)
+
+    def event(self, name: str) -> int | None:
+        return self.events.get(name)
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label, "events_ns": {k: self.events[k] for k in EVENTS if k in self.events},
+            "clock_uncertainty_ns": self.clock_uncertainty_ns, "file_bytes": self.file_bytes,
+            "wire_bytes": self.wire_bytes, "chunk_size": self.chunk_size, "chunks": self.chunks,
+            "compression": self.compression, "rtt_ns": self.rtt_ns, "resumes": self.resumes,
+            "write_during_transfer_ns": self.write_during_transfer_ns, "first_chunk_bytes": self.first_chunk_bytes,
+            "extra": dict(self.extra),
+        }
+
+
+def map_timeline(label: str, client_events: Mapping[str, int], server_events: Mapping[str, int], *,
+                 offset_ns: int, uncertainty_ns: int, **facts) -> Timeline:
+    """Build a Timeline from raw clocks: `offset_ns` = worker clock - client clock (clock.proto's formula)."""
+    unknown = (set(client_events) | set(server_events)) - set(EVENTS)
+    if unknown:
+        raise ValueError(f"unknown retrieval events {sorted(unknown)}; the events are {list(EVENTS)}")
+    misplaced = (set(client_events) & SERVER_EVENTS) | (set(server_events) - SERVER_EVENTS)
+    if misplaced:
+        raise ValueError(f"events {sorted(misplaced)} are on the wrong side (worker events: {sorted(SERVER_EVENTS)})")
+    events = {k: int(v) for k, v in client_events.items() if v}
+    events.update({k: int(v) - int(offset_ns) for k, v in server_events.items() if v})
+    return Timeline(label=label, events=events, clock_uncertainty_ns=abs(int(uncertainty_ns)), **facts)
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """One phase of one retrieval."""
+
+    phase: Phase
+    duration_ns: int | None  # attributed time; None when an end event is unknown
+    uncertainty_ns: int  # 0 for same-machine phases, the clock mapping's for crossing ones
+    span_ns: int | None = None  # end event - start event (differs from duration_ns for transfer / client write)
+
+    @property
+    def known(self) -> bool:
+        return self.duration_ns is not None
+
+    @property
+    def below_uncertainty(self) -> bool:
+        """True when the phase is too short to tell from the clock mapping's error."""
+        return self.known and self.uncertainty_ns > 0 and abs(self.duration_ns) <= self.uncertainty_ns
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.duration_ns is None else self.duration_ns / 1e9
+
+
+def phase_times(timeline: Timeline) -> list[PhaseTime]:
+    """The eight phases of one retrieval, in order."""
+    out = []
+    for phase in PHASES:
+        a, b = timeline.event(phase.start), timeline.event(phase.end)
+        span = None if a is None or b is None else b - a
+        duration = span
+        if span is not None and phase.name in ("transfer", "client_write"):
+            moved = _write_overlap(timeline)
+            duration = span - moved if phase.name == "transfer" else span + moved
+        out.append(PhaseTime(phase, duration, timeline.clock_uncertainty_ns if phase.crosses_clocks else 0, span))
+    return out
+
+
+def _write_overlap(timeline: Timeline) -> int:
+    """Write time inside the transfer span (bounded by the span, 0 if the span is unknown)."""
+    a, b = timeline.event(FIRST_BYTE_RECEIVED), timeline.event(LAST_BYTE_RECEIVED)
+    if a is None or b is None:
+        return 0
+    return max(0, min(timeline.write_during_transfer_ns, b - a))
+
+
+def phases_dict(timeline: Timeline) -> dict:
+    """One run's phases for JSON: attributed duration, raw span, uncertainty and the below-uncertainty label."""
+    out = {}
+    for pt in phase_times(timeline):
+        out[pt.phase.name] = {
+            "duration_s": pt.seconds, "span_s": None if pt.span_ns is None else pt.span_ns / 1e9,
+            "uncertainty_s": pt.uncertainty_ns / 1e9, "below_uncertainty": pt.below_uncertainty,
+        }
+    total = total_ns(timeline)
+    out["total"] = {"duration_s": None if total is None else total / 1e9}
+    if (rate := transfer_rate(timeline)) is not None:
+        out["transfer"]["mb_per_s"] = rate / 1e6
+    return out
+
+
+def total_ns(timeline: Timeline) -> int | None:
+    """Generation done -> file on disk (None if either end is unknown)."""
+    a, b = timeline.event(GENERATION_DONE), timeline.event(FILE_FSYNCED)
+    return None if a is None or b is None else b - a
+
+
+def _rate(timeline: Timeline, index: int, nbytes: int) -> float | None:
+    duration = phase_times(timeline)[index].duration_ns
+    if duration is None or duration <= 0 or nbytes <= 0:
+        return None
+    return nbytes / (duration / 1e9)
+
+
+def transfer_bytes(timeline: Timeline) -> int:
+    """File bytes that arrived during the transfer phase (all but the first chunk's)."""
+    return max(0, timeline.file_bytes - timeline.first_chunk_bytes)
+
+
+def transfer_rate(timeline: Timeline) -> float | None:
+    """File bytes per second over the transfer phase, client write time excluded (None if unknown)."""
+    return _rate(timeline, PHASE_NAMES.index("transfer"), transfer_bytes(timeline))
+
+
+def write_rate(timeline: Timeline) -> float | None:
+    """File bytes per second over the client write phase (writes during the transfer included)."""
+    return _rate(timeline, PHASE_NAMES.index("client_write"), timeline.file_bytes)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty sequence."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """p50 / p95 / max of one phase (or the total) over several retrievals, in seconds."""
+
+    name: str
+    count: int
+    p50_s: float | None
+    p95_s: float | None
+    max_s: float | None
+    uncertainty_s: float  # the largest mapping uncertainty among the runs (0 for same-machine phases)
+    below_uncertainty: bool  # the p50 is within the uncertainty
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "count": self.count, "p50_s": self.p50_s, "p95_s": self.p95_s,
+                "max_s": self.max_s, "uncertainty_s": self.uncertainty_s,
+                "below_uncertainty": self.below_uncertainty}
+
+
+def summarize(name: str, seconds: Iterable[float | None], uncertainty_s: float = 0.0) -> Summary:
+    values = [v for v in seconds if v is not None]
+    if not values:
+        return Summary(name, 0, None, None, None, uncertainty_s, False)
+    p50 = percentile(values, 50)
+    return Summary(name, len(values), p50, percentile(values, 95), max(values), uncertainty_s,
+                   uncertainty_s > 0 and abs(p50) <= uncertainty_s)
+
+
+def summarize_phases(timelines: Sequence[Timeline]) -> dict[str, Summary]:
+    """Per-phase p50/p95/max over the runs, plus "total" (generation done -> file on disk)."""
+    per_run = [phase_times(t) for t in timelines]
+    out: dict[str, Summary] = {}
+    for i, phase in enumerate(PHASES):
+        times = [run[i] for run in per_run]
+        unc = max((pt.uncertainty_ns for pt in times), default=0) / 1e9
+        out[phase.name] = summarize(phase.name, (pt.seconds for pt in times), unc)
+    totals = [total_ns(t) for t in timelines]
+    out["total"] = summarize("total", (None if v is None else v / 1e9 for v in totals))
+    return out
+
+
+def format_seconds(s: float | None) -> str:
+    """Human duration: 1.23 s, 45.6 ms, 789 us, or '-' when unknown."""
+    if s is None:
+        return "-"
+    a = abs(s)
+    if a >= 1.0:
+        return f"{s:.2f} s"
+    if a >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} us"
+
+
+def format_phase_value(summary_value: float | None, uncertainty_s: float) -> str:
+    """A duration, labelled `< +-U` when it is within the clock mapping's uncertainty U."""
+    if summary_value is None:
+        return "-"
+    if uncertainty_s > 0 and abs(summary_value) <= uncertainty_s:
+        return f"<±{format_seconds(uncertainty_s)}"
+    return format_seconds(summary_value)

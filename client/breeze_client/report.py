@@ -1,0 +1,168 @@
+"""A self-contained HTML report of retrieval diagnostics: the verdict, the phase table, a waterfall per run.
+
+The page needs no network: CSS, SVG and a few lines of JavaScript are inline. Each run's waterfall has one
+bar per phase (`rect.phase-bar`, `data-phase=<name>`), placed from the run's generation-done instant; a
+phase within the clock mapping's uncertainty is drawn hatched and labelled `<±U`. The script only checks
+the page (bars per run, errors) and records the result on `<html data-render=... data-bars=...>`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Sequence
+
+from breeze_client.phases import (
+    EVENTS, PHASES, Timeline, format_phase_value, format_seconds, phase_times, transfer_rate,
+)
+from breeze_client.verdict import Diagnosis
+
+COLORS = {
+    "commit": "#8e44ad", "notify": "#2980b9", "client_gap": "#f39c12", "request": "#16a085",
+    "server_first_byte": "#c0392b", "first_byte_transit": "#27ae60", "transfer": "#2c3e50",
+    "client_write": "#d35400",
+}
+ROW_H, LABEL_W, PLOT_W, PAD = 18, 170, 640, 8
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:24px 0 8px}
+table{border-collapse:collapse} td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
+td:first-child,th:first-child{text-align:left}
+.verdict{border-left:5px solid #c0392b;background:#fbeeee;padding:8px 14px;max-width:900px}
+.verdict ul{margin:4px 0} .muted{color:#777} .swatch{display:inline-block;width:10px;height:10px;margin-right:6px}
+.run{margin:10px 0 18px} .run h3{font-size:14px;margin:0 0 4px;font-weight:600}
+svg text{font:11px system-ui,sans-serif}
+"""
+
+_JS = """
+(function(){
+  var errors=[];
+  window.addEventListener('error',function(e){errors.push(String(e.message));
+    document.documentElement.setAttribute('data-errors',errors.join(' | '));});
+  window.addEventListener('load',function(){
+    var runs=document.querySelectorAll('.run'), counts=[];
+    for(var i=0;i<runs.length;i++){counts.push(runs[i].querySelectorAll('rect.phase-bar').length);}
+    var root=document.documentElement;
+    root.setAttribute('data-bars',counts.join(','));
+    root.setAttribute('data-render',errors.length?'error':'ok');
+    var bars=document.querySelectorAll('rect.phase-bar');
+    for(var j=0;j<bars.length;j++){bars[j].addEventListener('mouseenter',function(ev){
+      var t=ev.target.querySelector('title'); if(t){ev.target.setAttribute('data-hover',t.textContent);}});}
+  });
+})();
+"""
+
+
+def _esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _waterfall(timeline: Timeline, index: int) -> str:
+    times = phase_times(timeline)
+    known = [timeline.events[e] for e in EVENTS if e in timeline.events]
+    t0 = timeline.events.get("generation_done", min(known) if known else 0)
+    t_end = max(known) if known else t0
+    span = max(t_end - t0, 1)
+    height = len(PHASES) * ROW_H + 2 * PAD + 16
+    width = LABEL_W + PLOT_W + 120
+    parts = [f'<svg class="waterfall" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="waterfall of run {index + 1}">',
+             '<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" '
+             'patternTransform="rotate(45)"><rect width="2" height="4" fill="#999"/></pattern></defs>']
+    for row, pt in enumerate(times):
+        y = PAD + row * ROW_H
+        parts.append(f'<text x="4" y="{y + 12}">{_esc(pt.phase.title)}</text>')
+        parts.append(f'<line x1="{LABEL_W}" x2="{LABEL_W + PLOT_W}" y1="{y + ROW_H - 1}" y2="{y + ROW_H - 1}" '
+                     'stroke="#eee"/>')
+        start = timeline.events.get(pt.phase.start)
+        if start is None or pt.span_ns is None:
+            x, w, text = LABEL_W, 2.0, "unknown"
+        else:
+            x = LABEL_W + PLOT_W * (start - t0) / span
+            w = max(PLOT_W * max(pt.span_ns, 0) / span, 2.0)
+            text = format_phase_value(pt.seconds, pt.uncertainty_ns / 1e9)
+            if pt.phase.name == "transfer" and (rate := transfer_rate(timeline)):
+                text += f" · {rate / 1e6:.2f} MB/s"
+            if pt.span_ns != pt.duration_ns:
+                text += f" (span {format_seconds(pt.span_ns / 1e9)})"
+        x = min(max(x, LABEL_W), LABEL_W + PLOT_W - w)
+        fill = "url(#hatch)" if pt.below_uncertainty else COLORS[pt.phase.name]
+        tip = f"{pt.phase.title}: {text} — {pt.phase.meaning}"
+        parts.append(f'<rect class="phase-bar" data-phase="{pt.phase.name}" x="{x:.1f}" y="{y + 2}" '
+                     f'width="{w:.1f}" height="{ROW_H - 5}" fill="{fill}" stroke="{COLORS[pt.phase.name]}">'
+                     f'<title>{_esc(tip)}</title></rect>')
+        if pt.phase.name == "transfer" and pt.span_ns and pt.duration_ns is not None and pt.span_ns > pt.duration_ns:
+            ow = w * (pt.span_ns - pt.duration_ns) / pt.span_ns  # client write time inside the transfer span
+            parts.append(f'<rect class="write-overlap" x="{x + w - ow:.1f}" y="{y + 6}" width="{ow:.1f}" '
+                         f'height="{ROW_H - 13}" fill="{COLORS["client_write"]}" opacity="0.8"><title>'
+                         f'client write calls inside the transfer: {_esc(format_seconds((pt.span_ns - pt.duration_ns) / 1e9))}'
+                         '</title></rect>')
+        parts.append(f'<text x="{min(x + w + 4, LABEL_W + PLOT_W + 4):.1f}" y="{y + 12}">{_esc(text)}</text>')
+    axis_y = PAD + len(PHASES) * ROW_H + 12
+    parts.append(f'<text x="{LABEL_W}" y="{axis_y}" class="muted">0</text>')
+    parts.append(f'<text x="{LABEL_W + PLOT_W}" y="{axis_y}" text-anchor="end">{_esc(format_seconds(span / 1e9))}'
+                 '</text></svg>')
+    return "".join(parts)
+
+
+def _phase_table(diagnosis: Diagnosis) -> str:
+    rows = ["<table class='phases'><tr><th>phase</th><th>where</th><th>p50</th><th>p95</th><th>max</th>"
+            "<th>clock ±</th></tr>"]
+    for phase in PHASES:
+        s = diagnosis.summaries[phase.name]
+        u = s.uncertainty_s
+        rows.append(f"<tr><td><span class='swatch' style='background:{COLORS[phase.name]}'></span>"
+                    f"{_esc(phase.title)}</td><td>{phase.where}</td>"
+                    f"<td>{_esc(format_phase_value(s.p50_s, u))}</td><td>{_esc(format_phase_value(s.p95_s, u))}</td>"
+                    f"<td>{_esc(format_phase_value(s.max_s, u))}</td><td>{_esc(format_seconds(u) if u else '0')}"
+                    "</td></tr>")
+    t = diagnosis.summaries["total"]
+    rows.append(f"<tr><th>generation done → on disk</th><th></th><th>{_esc(format_seconds(t.p50_s))}</th>"
+                f"<th>{_esc(format_seconds(t.p95_s))}</th><th>{_esc(format_seconds(t.max_s))}</th><th></th></tr>")
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _verdict(diagnosis: Diagnosis) -> str:
+    v = diagnosis.verdict
+    items = "".join(f"<li>{_esc(e)}</li>" for e in v.evidence)
+    return (f"<div class='verdict'><b>Dominant phase: {_esc(v.title)}</b> ({_esc(v.phase)}, "
+            f"{v.share:.0%} of the p50 total)<br>Cause: {_esc(v.explanation)}<ul>{items}</ul>"
+            f"<b>Fix:</b> {_esc(v.fix)}</div>")
+
+
+def render_report(diagnosis: Diagnosis, timelines: Sequence[Timeline], *, title: str = "Retrieval diagnosis",
+                  sweep: Sequence[tuple[str, Diagnosis]] = (), meta: dict | None = None) -> str:
+    """The whole page as one string (write it with `write_report`)."""
+    body = [f"<h1>{_esc(title)}</h1>"]
+    if meta:
+        body.append("<p class='muted'>" + " · ".join(f"{_esc(k)}: {_esc(v)}" for k, v in meta.items()) + "</p>")
+    body += ["<h2>Verdict</h2>", _verdict(diagnosis), "<h2>Phases</h2>", _phase_table(diagnosis)]
+    if sweep:
+        body.append("<h2>Sweep</h2><table><tr><th>configuration</th><th>total p50</th><th>transfer p50</th>"
+                    "<th>dominant</th></tr>")
+        for label, d in sweep:
+            body.append(f"<tr><td>{_esc(label)}</td><td>{_esc(format_seconds(d.summaries['total'].p50_s))}</td>"
+                        f"<td>{_esc(format_seconds(d.summaries['transfer'].p50_s))}</td>"
+                        f"<td>{_esc(d.verdict.title)}</td></tr>")
+        body.append("</table>")
+    body.append("<h2>Waterfall per run</h2>")
+    for i, t in enumerate(timelines):
+        body.append(f"<div class='run' data-run='{i}'><h3>run {i + 1}: {_esc(t.label)} "
+                    f"<span class='muted'>({t.file_bytes / 1e6:.2f} MB, chunk {t.chunk_size or 'default'}, "
+                    f"{_esc(t.compression)}, clock ±{_esc(format_seconds(t.clock_uncertainty_ns / 1e9))})</span>"
+                    f"</h3>{_waterfall(t, i)}</div>")
+    data = json.dumps({"diagnosis": diagnosis.to_dict(), "runs": [t.to_dict() for t in timelines]})
+    data = data.replace("</", "<\\/")
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>{''.join(body)}"
+            f"<script type='application/json' id='diagnosis-data'>{data}</script>"
+            f"<script>{_JS}</script></body></html>")
+
+
+def write_report(path: str | Path, diagnosis: Diagnosis, timelines: Sequence[Timeline], **kwargs) -> Path:
+    path = Path(path)
+    path.write_text(render_report(diagnosis, timelines, **kwargs), encoding="utf-8")
+    return path

@@ -1,0 +1,229 @@
+"""The synchronous client: `BreezeClient` (synthesis channel + artifact channel).
+
+    with BreezeClient("gpu-host:50051") as client:
+        result = client.synthesize("Hello there.", seed=7)          # SynthesisResult (audio collected)
+        for chunk in (stream := client.stream("Hello again.")):     # AudioChunk as they arrive
+            play(chunk.pcm)
+        fetched = client.fetch(stream.result.artifact.artifact_id, "hello.wav")   # FetchResult, sha256 checked
+
+Errors are `breeze_client.errors.BreezeClientError` subclasses. Worker timestamps are mapped onto the
+local clock by a clock exchange made once per channel (before the first timed call; `sync_clock` redoes it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2
+from breeze_tts_proto.v1 import synthesis_pb2_grpc
+from breeze_client import _convert, clock as clock_exchange
+from breeze_client._receive import FetchReceiver, SynthesisReceiver
+from breeze_client.channel import ConnectionOptions, open_channel
+from breeze_client.clock import ClockMapping
+from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
+from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisRequest, SynthesisResult, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+HEALTH_NAMES = {v: k for k, v in health_pb2.HealthCheckResponse.ServingStatus.items()}
+
+
+def make_request(text_or_request: str | SynthesisRequest, options: dict) -> SynthesisRequest:
+    if isinstance(text_or_request, SynthesisRequest):
+        return text_or_request if not options else SynthesisRequest(**{**text_or_request.__dict__, **options})
+    return SynthesisRequest(text=text_or_request, **options)
+
+
+class SynthesisStream:
+    """Iterate for AudioChunk as they arrive; `job` once started, `result` once the stream ended."""
+
+    def __init__(self, call, receiver: SynthesisReceiver) -> None:
+        self._call = call
+        self._receiver = receiver
+        self._result: SynthesisResult | None = None
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        try:
+            for msg in self._call:
+                event = self._receiver.on_message(msg, time.time_ns())
+                if isinstance(event, AudioChunk):
+                    yield event
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        self._result = self._receiver.result()
+
+    @property
+    def job(self):
+        return self._receiver.job
+
+    @property
+    def result(self) -> SynthesisResult:
+        if self._result is None:
+            raise RuntimeError("the stream has not finished: iterate it to the end first")
+        return self._result
+
+    def cancel(self) -> None:
+        """Hang up; the worker cancels the job and frees its slot."""
+        self._call.cancel()
+
+
+class BreezeClient:
+    def __init__(self, target: str | None = None, *, options: ConnectionOptions | None = None, **option_kw) -> None:
+        opts = options or ConnectionOptions(**option_kw)
+        self.options = opts if target is None else opts.with_target(target)
+        self._channel = open_channel(self.options.target, self.options)
+        self._artifact_channels: dict[str, grpc.Channel] = {}
+        self._clocks: dict[str, ClockMapping] = {}
+        self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
+        self._info: WorkerInfo | None = None
+
+    # ---- lifecycle ----
+    def close(self) -> None:
+        self._channel.close()
+        for ch in self._artifact_channels.values():
+            ch.close()
+
+    def __enter__(self) -> "BreezeClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _kw(self, timeout_s: float | None = None) -> dict:
+        return self.options.call_kwargs(timeout_s)
+
+    # ---- channels and clocks ----
+    def artifact_target(self, endpoint: str | None = None) -> str:
+        """--artifact-target if given, else the endpoint named by the artifact, else what the worker advertises."""
+        return self.options.artifact_target or endpoint or self.worker_info().artifact_endpoint
+
+    def _artifact_channel(self, target: str) -> grpc.Channel:
+        if target not in self._artifact_channels:
+            self._artifact_channels[target] = open_channel(target, self.options)
+        return self._artifact_channels[target]
+
+    def _channel_for(self, target: str) -> grpc.Channel:
+        return self._channel if target == self.options.target else self._artifact_channel(target)
+
+    def sync_clock(self, target: str | None = None, samples: int = clock_exchange.DEFAULT_SAMPLES) -> ClockMapping:
+        """Measure (again) how the worker's clock at `target` maps onto ours."""
+        target = target or self.options.target
+        try:
+            mapping = clock_exchange.exchange(clock_pb2_grpc.ClockStub(self._channel_for(target)), samples,
+                                              **self._kw())
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        self._clocks[target] = mapping
+        return mapping
+
+    def clock(self, target: str | None = None) -> ClockMapping:
+        target = target or self.options.target
+        return self._clocks.get(target) or self.sync_clock(target)
+
+    # ---- worker ----
+    def worker_info(self, refresh: bool = False) -> WorkerInfo:
+        if self._info is None or refresh:
+            try:
+                self._info = _convert.worker_info_from_pb(
+                    self._synthesis.GetWorkerInfo(synthesis_pb2.GetWorkerInfoRequest(), **self._kw()))
+            except grpc.RpcError as err:
+                raise from_rpc_error(err) from None
+        return self._info
+
+    def health(self, service: str = "", target: str | None = None) -> str:
+        """grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...) of `service` at `target`."""
+        stub = health_pb2_grpc.HealthStub(self._channel_for(target or self.options.target))
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), **self._kw())
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        return HEALTH_NAMES.get(reply.status, str(reply.status))
+
+    def wait_until_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self.health() == "SERVING":
+                    return
+            except Unavailable:
+                pass
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the worker at {self.options.target} was not ready within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    # ---- synthesis ----
+    def stream(self, text: str | SynthesisRequest, *, collect_audio: bool = True, timeout_s: float | None = None,
+               **options) -> SynthesisStream:
+        """Start a job; iterate the returned stream for audio chunks as they are generated."""
+        request = _convert.request_to_pb(make_request(text, options))
+        mapping = self.clock()
+        sent = time.time_ns()
+        call = self._synthesis.Synthesize(request, **self._kw(timeout_s))
+        return SynthesisStream(call, SynthesisReceiver(mapping, sent, collect_audio))
+
+    def synthesize(self, text: str | SynthesisRequest, *, timeout_s: float | None = None,
+                   **options) -> SynthesisResult:
+        """Run a job to the end; the result holds all audio (PCM), the stats, the artifact and the timing."""
+        stream = self.stream(text, timeout_s=timeout_s, **options)
+        for _ in stream:
+            pass
+        return stream.result
+
+    # ---- artifacts ----
+    def _artifacts(self, endpoint: str | None) -> tuple[str, artifacts_pb2_grpc.ArtifactsStub]:
+        target = self.artifact_target(endpoint)
+        return target, artifacts_pb2_grpc.ArtifactsStub(self._artifact_channel(target))
+
+    def stat(self, artifact_id: str, endpoint: str | None = None) -> ArtifactRef:
+        target, stub = self._artifacts(endpoint)
+        try:
+            reply = stub.Stat(artifacts_pb2.StatArtifactRequest(artifact_id=artifact_id), **self._kw())
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+        return _convert.artifact_from_pb(reply, self.clock(target))
+
+    def delete(self, artifact_id: str, endpoint: str | None = None) -> int:
+        """Delete an artifact on the worker; returns the bytes freed."""
+        _, stub = self._artifacts(endpoint)
+        try:
+            return stub.Delete(artifacts_pb2.DeleteArtifactRequest(artifact_id=artifact_id), **self._kw()).freed_bytes
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
+    def fetch(self, artifact: str | ArtifactRef, dest: str | Path | BinaryIO | None = None, *, offset: int = 0,
+              limit: int = 0, chunk_size: int = 0, compression: str = "none", verify: bool = True,
+              max_resumes: int = 3, endpoint: str | None = None, timeout_s: float | None = None) -> FetchResult:
+        """Download an artifact (or a byte range) to `dest` (None: into FetchResult.data).
+
+        A stream that breaks (UNAVAILABLE) is resumed from the bytes already received, up to `max_resumes`
+        times. With `offset` > 0 and a path, the bytes go after the first `offset` bytes already in the file
+        (resuming an earlier download); the whole file's SHA-256 is verified when it is complete.
+        """
+        if isinstance(artifact, ArtifactRef):
+            endpoint = endpoint or artifact.endpoint
+            artifact = artifact.artifact_id
+        target, stub = self._artifacts(endpoint)
+        mapping = self.clock(target)
+        receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target)
+        try:
+            while True:
+                try:
+                    for msg in stub.Fetch(receiver.next_request(), **self._kw(timeout_s)):
+                        receiver.on_message(msg, time.time_ns())
+                    break
+                except grpc.RpcError as err:
+                    if err.code() is not grpc.StatusCode.UNAVAILABLE or receiver.resumes >= max_resumes:
+                        raise from_rpc_error(err) from None
+                    log.warning("fetch of %s broke at byte %d (%s); resuming", artifact, receiver.position,
+                                err.details())
+                    receiver.resumed()
+            return receiver.finish(verify)
+        except BreezeClientError:
+            receiver.abandon()
+            raise

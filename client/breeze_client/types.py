@@ -1,0 +1,217 @@
+"""Typed results of the SDK. Every timestamp is nanoseconds on the *client's* clock (`time.time_ns`).
+
+Worker timestamps (fields named server_*) are mapped through the clock exchange; each timing record
+carries the mapping's offset (worker - client) and uncertainty so a reader can judge them. Unknown
+timestamps are None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+def _ms(a: int | None, b: int | None) -> float | None:
+    return None if a is None or b is None else (b - a) / 1e6
+
+
+class _Dict:
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SynthesisRequest(_Dict):
+    """What to synthesize; None means "the worker's default"."""
+
+    text: str
+    instruction: str | None = None
+    cfg_scale: float | None = None
+    seed: int | None = None
+    reference_audio: bytes | None = None  # a whole audio file (WAV/FLAC/OGG)
+    reference_text: str | None = None  # its exact transcript
+    reference_id: str | None = None  # or: the id a previous job reported (JobInfo.reference_id)
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_frames: int | None = None
+    encoding: str = "s16le"  # s16le | f32le
+    frames_per_chunk: int = 1
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SamplingParams(_Dict):
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+
+
+@dataclass(frozen=True)
+class JobInfo(_Dict):
+    """The start message: the job's id and the parameters actually used."""
+
+    job_id: str
+    template: str  # plain | instruction | clone | direction
+    seed: int
+    cfg_scale: float
+    instruction: str
+    sampling: SamplingParams
+    max_frames: int
+    encoding: str  # s16le | f32le
+    frames_per_chunk: int
+    sample_rate: int
+    queue_wait_s: float
+    reference_id: str  # "" without a reference; send it as reference_id next time
+    reference_seconds: float
+    server_started_ns: int | None  # worker's job start, mapped to the client clock
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    sequence: int
+    sample_offset: int
+    pcm: bytes
+    num_samples: int
+    server_emitted_ns: int | None  # worker clock, mapped
+    received_ns: int  # client clock
+
+
+@dataclass(frozen=True)
+class StageTimes(_Dict):
+    text_encode_s: float
+    prefill_s: float
+    generate_s: float
+    codec_s: float
+
+
+@dataclass(frozen=True)
+class JobStats(_Dict):
+    frames: int
+    audio_seconds: float
+    wall_seconds: float
+    rtf: float  # wall / audio, lower is better
+    ttfa_s: float  # worker: job start -> first chunk emitted
+    stages: StageTimes
+    end_reason: str  # end_of_speech | frame_limit | cancelled | error
+    nonfinite_events: int
+
+
+@dataclass(frozen=True)
+class ArtifactRef(_Dict):
+    artifact_id: str
+    size_bytes: int
+    sha256: str
+    endpoint: str  # host:port of the Artifacts endpoint holding it
+    server_committed_ns: int | None  # mapped to the client clock
+
+
+@dataclass(frozen=True)
+class SynthesisTiming(_Dict):
+    """One Synthesize call. Client events are measured here; server_* are mapped worker events."""
+
+    request_sent_ns: int
+    started_received_ns: int | None  # the start message arrived
+    first_chunk_received_ns: int | None
+    final_received_ns: int | None  # the final message (with the artifact) arrived
+    server_started_ns: int | None  # job start on the worker (after its queue)
+    server_first_chunk_ns: int | None  # first chunk left the engine
+    server_done_ns: int | None  # generation done
+    server_committed_ns: int | None  # artifact committed (fsync + rename)
+    clock_offset_ns: int  # worker clock - client clock
+    clock_uncertainty_ns: int  # +- on every server_* value
+    clock_rtt_ns: int
+    audio_written_ns: int | None = None  # the caller's own output file was complete (CLI -o)
+
+    @property
+    def ttfa_ms(self) -> float | None:
+        """Client-side time to first audio: request sent -> first chunk received."""
+        return _ms(self.request_sent_ns, self.first_chunk_received_ns)
+
+    @property
+    def total_ms(self) -> float | None:
+        return _ms(self.request_sent_ns, self.final_received_ns)
+
+
+@dataclass(frozen=True)
+class SynthesisResult(_Dict):
+    job: JobInfo
+    stats: JobStats
+    artifact: ArtifactRef | None
+    timing: SynthesisTiming
+    chunks: int
+    audio: bytes = field(default=b"", repr=False)  # the streamed PCM (empty if not collected)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("audio")
+        d["audio_bytes"] = len(self.audio)
+        d["timing"]["ttfa_ms"] = self.timing.ttfa_ms
+        return d
+
+
+@dataclass(frozen=True)
+class FetchTiming(_Dict):
+    """One Fetch (all attempts, if it resumed). Client events measured here; server_* mapped."""
+
+    request_sent_ns: int  # the first attempt's request
+    server_request_received_ns: int | None
+    server_file_opened_ns: int | None
+    server_first_byte_sent_ns: int | None
+    first_byte_received_ns: int | None
+    server_last_byte_sent_ns: int | None  # of the last attempt
+    last_byte_received_ns: int | None
+    file_fsynced_ns: int | None  # written, flushed, fsynced (and verified) on disk
+    write_ns: int  # time spent inside write calls while receiving (a slow disk shows here)
+    clock_offset_ns: int
+    clock_uncertainty_ns: int
+    clock_rtt_ns: int
+
+    @property
+    def transfer_ms(self) -> float | None:
+        return _ms(self.first_byte_received_ns, self.last_byte_received_ns)
+
+
+@dataclass(frozen=True)
+class FetchResult(_Dict):
+    artifact_id: str
+    path: str | None  # where the bytes were written (None: kept in `data`)
+    offset: int  # first byte fetched
+    bytes_received: int  # file bytes received (uncompressed), all attempts
+    wire_bytes: int  # payload bytes received (compressed size with zstd)
+    size_bytes: int  # the whole artifact's size
+    sha256: str  # the artifact's SHA-256 (as the worker reports it)
+    verified: bool  # True: the complete file's SHA-256 was checked and matches
+    chunks: int
+    chunk_size: int
+    compression: str
+    resumes: int  # how many times the stream broke and was resumed
+    endpoint: str
+    timing: FetchTiming
+    data: bytes | None = field(default=None, repr=False)
+
+    @property
+    def mb_per_s(self) -> float | None:
+        ms = self.timing.transfer_ms
+        return None if not ms or ms <= 0 else self.bytes_received / 1e6 / (ms / 1e3)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("data")
+        d["mb_per_s"] = self.mb_per_s
+        return d
+
+
+@dataclass(frozen=True)
+class WorkerInfo(_Dict):
+    model_description: str
+    is_tiny_default: bool
+    warning: str
+    sample_rate: int
+    artifact_endpoint: str
+    ready: bool
+    max_text_chars: int
+    max_request_bytes: int
+    version: str

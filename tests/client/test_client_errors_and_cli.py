@@ -1,0 +1,85 @@
+"""Status codes -> SDK exceptions; the CLI's shared connection flags; the streaming WAV writer."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import soundfile as sf
+
+from breeze_client import cli, errors
+from breeze_client.wav import StreamingWavWriter
+
+
+class _Err(grpc.RpcError):
+    def __init__(self, code, details):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+@pytest.mark.parametrize("code,cls", [
+    (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument), (grpc.StatusCode.NOT_FOUND, errors.NotFound),
+    (grpc.StatusCode.OUT_OF_RANGE, errors.OutOfRange), (grpc.StatusCode.UNAVAILABLE, errors.Unavailable),
+    (grpc.StatusCode.UNAUTHENTICATED, errors.Unauthenticated), (grpc.StatusCode.INTERNAL, errors.Internal),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted)])
+def test_each_status_becomes_its_exception_with_code_and_message(code, cls):
+    exc = errors.from_rpc_error(_Err(code, "change this"))
+    assert type(exc) is cls and exc.code == code.name and exc.message == "change this"
+    assert str(exc) == f"{code.name}: change this"
+
+
+def test_oversized_request_says_what_to_change():
+    exc = errors.from_rpc_error(_Err(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (9 vs. 4)"))
+    assert isinstance(exc, errors.RequestTooLarge) and "shorter reference" in exc.message
+
+
+def test_unknown_status_keeps_its_name():
+    exc = errors.from_rpc_error(_Err(grpc.StatusCode.ABORTED, "x"))
+    assert type(exc) is errors.BreezeClientError and exc.code == "ABORTED"
+
+
+def _subparser(command: str):
+    parser = cli.build_parser([command])
+    action = next(a for a in parser._actions if a.dest == "command")
+    return action.choices[command]
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_registered_subcommand_gets_the_connection_flags(command):
+    flags = set(_subparser(command)._option_string_actions)
+    assert {"--target", "--artifact-target", "--tls-ca", "--token", "--timeout", "--json"} <= flags
+
+
+@pytest.mark.parametrize("command", ["synth", "fetch", "health"])
+def test_every_subcommand_parses_the_same_connection_flags(command):
+    extra = {"synth": ["hello"], "fetch": ["art-x", "-o", "f.wav"], "health": []}[command]
+    argv = [command, *extra, "--target", "h:1", "--artifact-target", "h:2", "--tls-ca", "ca.pem",
+            "--token", "t", "--timeout", "3", "--json"]
+    args = cli.build_parser(argv).parse_args(argv)
+    opts = cli.connection_options(args)
+    assert (opts.target, opts.artifact_target, str(opts.tls_ca), opts.token, opts.timeout_s, args.json) == \
+        ("h:1", "h:2", "ca.pem", "t", 3.0, True)
+    assert opts.uses_tls and opts.metadata == (("authorization", "Bearer t"),)
+
+
+def test_a_failed_call_exits_non_zero_with_code_and_message(capsys):
+    code = cli.main(["health", "--target", "127.0.0.1:1", "--timeout", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: UNAVAILABLE: ")
+
+
+@pytest.mark.parametrize("encoding", ["s16le", "f32le"])
+def test_streaming_wav_writer_produces_a_valid_wav_of_the_exact_pcm(tmp_path, encoding):
+    x = np.linspace(-0.5, 0.5, 999, dtype=np.float32)
+    pcm = (x * 32767).astype("<i2").tobytes() if encoding == "s16le" else x.astype("<f4").tobytes()
+    w = StreamingWavWriter(tmp_path / "a.wav", encoding, 24000)
+    for i in range(0, len(pcm), 100 * (2 if encoding == "s16le" else 4)):
+        w.write(pcm[i:i + 100 * (2 if encoding == "s16le" else 4)])
+    assert w.close() > 0
+    data, rate = sf.read(tmp_path / "a.wav", dtype="int16" if encoding == "s16le" else "float32")
+    assert rate == 24000 and data.tobytes() == pcm

@@ -1,0 +1,39 @@
+"""Shared fixtures of the codec tests: the tiny codec and real speech made with espeak-ng + sox."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from breeze_worker.model.codec import Codec, tiny_codec
+
+SPEECH_TEXT = "Please call Stella. Ask her to bring these things with her from the store."
+
+
+@pytest.fixture(scope="session")
+def codec() -> Codec:
+    torch.set_num_threads(1)
+    return tiny_codec(seed=0)
+
+
+def _need(tool: str) -> str:
+    path = shutil.which(tool)
+    assert path, f"{tool} is not installed: apt-get install -y espeak-ng sox"
+    return path
+
+
+@pytest.fixture(scope="session")
+def speech_files(tmp_path_factory) -> dict[str, Path]:
+    """espeak-ng speech (22.05 kHz mono) converted by sox to 16 kHz stereo WAV and 44.1 kHz mono FLAC."""
+    folder = tmp_path_factory.mktemp("speech")
+    source = folder / "espeak.wav"
+    subprocess.run([_need("espeak-ng"), "-w", str(source), SPEECH_TEXT], check=True, timeout=60)
+    files = {"espeak": source, "stereo16k": folder / "stereo16k.wav", "mono44k": folder / "mono44k.flac"}
+    sox = _need("sox")
+    subprocess.run([sox, str(source), "-r", "16000", "-c", "2", str(files["stereo16k"])], check=True, timeout=60)
+    subprocess.run([sox, str(source), "-r", "44100", "-c", "1", str(files["mono44k"])], check=True, timeout=60)
+    return files

@@ -1,0 +1,104 @@
+"""A small TCP proxy for tests: forwards to a target, can add latency and drop a connection mid-transfer.
+
+    with TcpProxy("127.0.0.1:50052", drop_after_bytes=20_000) as proxy:
+        client.fetch(..., endpoint=proxy.address)   # the first connection breaks after 20 000 bytes
+
+Runs its own event loop in a thread. `drop_after_bytes` cuts the first `drops` connections once that
+many bytes went from the target to the client; `delay_s` holds every forwarded piece that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+
+class TcpProxy:
+    def __init__(self, target: str, *, drop_after_bytes: int | None = None, drops: int = 1,
+                 delay_s: float = 0.0) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self.drop_after_bytes, self.drops_left, self.delay_s = drop_after_bytes, drops, delay_s
+        self.connections = 0
+        self.dropped = 0
+        self.address = ""
+        self._tasks: set[asyncio.Task] = set()
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tcp-proxy", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+        self._started.set()
+        self._loop.run_forever()
+
+    async def _serve(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            await self._forward(client_r, client_w)
+        finally:
+            self._tasks.discard(task)
+
+    async def _forward(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        limit = None
+        if self.drop_after_bytes is not None and self.drops_left > 0:
+            self.drops_left -= 1
+            limit = self.drop_after_bytes
+        try:
+            target_r, target_w = await asyncio.open_connection(*self._target)
+        except OSError:
+            client_w.close()
+            return
+        done = asyncio.Event()
+
+        async def pump(reader, writer, cap):
+            sent = 0
+            try:
+                while not done.is_set():
+                    data = await reader.read(4096)
+                    if not data:
+                        break
+                    if self.delay_s:
+                        await asyncio.sleep(self.delay_s)
+                    if cap is not None and sent + len(data) >= cap:
+                        writer.write(data[:max(cap - sent, 0)])
+                        self.dropped += 1
+                        for w in (client_w, target_w):
+                            w.transport.abort()
+                        break
+                    writer.write(data)
+                    await writer.drain()
+                    sent += len(data)
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                done.set()
+                for w in (client_w, target_w):
+                    if not w.is_closing():
+                        w.close()
+
+        await asyncio.gather(pump(client_r, target_w, None), pump(target_r, client_w, limit))
+
+    def __enter__(self) -> "TcpProxy":
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        async def close():
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()

@@ -1,0 +1,94 @@
+"""The real commands as subprocesses: `breeze-worker serve` on port 0, then `breeze-client synth --stream`,
+`fetch`, `health`, a failed call, and a graceful stop on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / d) for d in ("worker", "client", "protos")),
+           PYTHONUNBUFFERED="1")
+READY = re.compile(r"breeze-worker ready: synthesis=(\S+):(\d+) artifacts=(\S+):(\d+) model=(.*)")
+
+
+def _client(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "breeze_client.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    artifacts = tmp_path_factory.mktemp("cli-artifacts")
+    proc = subprocess.Popen([sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--port", "0",
+                             "--artifact-port", "0", "--artifact-dir", str(artifacts)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    stderr_lines: list[str] = []
+    threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
+    line = proc.stdout.readline()  # blocks until ready (or the process dies)
+    match = READY.match(line.strip())
+    assert match, f"no ready line, got {line!r}; stderr: {''.join(stderr_lines)[-2000:]}"
+    yield proc, f"127.0.0.1:{match.group(2)}", f"127.0.0.1:{match.group(4)}", match.group(5), stderr_lines
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_serve_says_loudly_that_the_tiny_default_is_not_speech(served):
+    _, target, _, model, stderr_lines = served
+    assert "NOT speech" in model
+    assert any("WARNING" in line and "NOT speech" in line for line in stderr_lines)
+    health = _client("health", "--target", target)
+    assert health.returncode == 0, health.stderr
+    assert "SERVING" in health.stdout and "NOT speech" in health.stdout
+
+
+def test_synth_stream_then_fetch(served, tmp_path):
+    _, target, artifact_target, _, _ = served
+    out = tmp_path / "out.wav"
+    synth = _client("synth", "Hello from the command line.", "--stream", "-o", str(out), "--max-frames", "6",
+                    "--seed", "5", "--target", target, "--json")
+    assert synth.returncode == 0, synth.stderr
+    report = json.loads(synth.stdout)
+    assert report["job"]["seed"] == 5 and report["timing"]["ttfa_ms"] > 0 and report["stats"]["rtf"] > 0
+    artifact_id = report["artifact"]["artifact_id"]
+    streamed, rate = sf.read(out, dtype="int16")
+    assert rate == 24000 and len(streamed) == round(report["stats"]["audio_seconds"] * 24000)
+
+    fetched = tmp_path / "fetched.wav"
+    fetch = _client("fetch", artifact_id, "-o", str(fetched), "--target", target, "--artifact-target",
+                    artifact_target, "--compression", "zstd")
+    assert fetch.returncode == 0, fetch.stderr
+    for label in ("request sent", "first byte received", "last byte received", "file fsynced", "sha256 verified"):
+        assert label in fetch.stdout
+    again, _ = sf.read(fetched, dtype="int16")
+    assert np.array_equal(again, streamed)
+
+    human = _client("synth", "Once more.", "--max-frames", "3", "--target", target)
+    assert human.returncode == 0, human.stderr
+    for label in ("TTFA", "RTF", "job-", "art-"):
+        assert label in human.stdout
+
+
+def test_a_failed_call_exits_non_zero_with_status_and_message(served):
+    _, target, _, _, _ = served
+    bad = _client("synth", "", "--target", target)
+    assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr and "text" in bad.stderr
+    missing = _client("fetch", "art-" + "0" * 32, "-o", "/dev/null", "--target", target)
+    assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr
+
+
+def test_sigterm_stops_the_worker_gracefully(served):
+    proc = served[0]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0

@@ -1,0 +1,188 @@
+"""Retrieval diagnosis against a real worker (tiny embedded default, CPU, in-process on port 0).
+
+A delay is injected into one phase at a time; the verdict must name that phase and the measured phase
+must match the injected delay within tolerance: the worker's test-only fault settings (artifact commit,
+first byte), a client that writes slowly, one-way latency from the delaying proxy, a tbf bandwidth limit
+on a veth pair between two namespaces made here (root + iproute2; CI runs as root, so this runs there),
+and a mid-transfer connection drop that the fetch must survive with its SHA-256 verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pytest
+
+from breeze_client import cli
+from breeze_client.diagnose import DiagnoseSettings, FetchConfig, run_diagnosis, sweep_configs
+from breeze_client.phases import PHASE_NAMES, phase_times
+from breeze_client.sdk import BreezeClient
+from netpath.netns import VethLink, namespaces
+from netpath.proxy import DelayProxy, ProxyThread
+from netpath.worker import InProcessWorker
+from test_retrieval_report import check_report_renders
+
+FRAMES = 12  # 0.96 s of 24 kHz s16le audio per job: 46,124 bytes
+DELAY = 0.4  # seconds injected into one phase
+TOL = 0.15  # measured - injected must lie in [-0.02, TOL] (the phase also holds its own normal time)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with InProcessWorker() as w:
+        yield w
+
+
+@pytest.fixture
+def clean_faults(worker):
+    yield worker
+    worker.set_faults()
+
+
+def diagnose_jobs(worker, *, artifact_target=None, jobs=2, frames=FRAMES, configs=(FetchConfig(),), **kw):
+    dest_factory = kw.pop("dest_factory", None)
+    with BreezeClient(worker.target, artifact_target=artifact_target or worker.artifact_target) as client:
+        return run_diagnosis(client, DiagnoseSettings(jobs=jobs, max_frames=frames, configs=configs, **kw),
+                             dest_factory=dest_factory)
+
+
+def assert_injected(run, phase: str, injected_s: float, tol: float = TOL) -> None:
+    verdict = run.diagnosis.verdict
+    assert verdict.phase == phase, f"verdict {verdict.phase}, expected {phase}: {verdict.evidence}"
+    for t in run.timelines:
+        measured = {pt.phase.name: pt for pt in phase_times(t)}[phase]
+        assert not measured.below_uncertainty
+        assert injected_s - 0.02 <= measured.seconds <= injected_s + tol, (phase, measured.seconds, injected_s)
+        assert t.extra["verified"], "the fetched file's SHA-256 was not verified"
+
+
+def test_commit_delay_is_named(clean_faults):
+    clean_faults.set_faults(commit_delay_s=DELAY)
+    run = diagnose_jobs(clean_faults)
+    assert_injected(run, "commit", DELAY)
+    assert run.diagnosis.verdict.cause in ("storage_lag", "teardown")
+
+
+def test_first_byte_delay_is_named(clean_faults):
+    clean_faults.set_faults(first_byte_delay_s=DELAY)
+    run = diagnose_jobs(clean_faults)
+    assert_injected(run, "server_first_byte", DELAY)
+    assert run.diagnosis.verdict.cause == "storage_lag"
+
+
+class SlowFile:
+    """A client disk that takes `delay_s` per write call."""
+
+    def __init__(self, path, delay_s: float):
+        self._f = open(path, "wb")
+        self.delay_s, self.writes = delay_s, 0
+
+    def write(self, data):
+        time.sleep(self.delay_s)
+        self.writes += 1
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def test_slow_client_write_is_named(worker, tmp_path):
+    files: list[SlowFile] = []
+
+    def slow(_artifact_id, path):
+        files.append(SlowFile(path, 0.06))
+        return files[-1]
+
+    chunk = 8 * 1024  # 46 KB -> 6 writes -> 0.36 s of writing per file
+    run = diagnose_jobs(worker, configs=(FetchConfig(chunk_size=chunk),), dest_factory=slow, out_dir=tmp_path)
+    assert [f.writes for f in files] == [6, 6]
+    assert_injected(run, "client_write", 6 * 0.06)
+    assert run.diagnosis.verdict.cause == "slow_client_disk"
+    for t in run.timelines:  # the writes happened during the transfer: it keeps only the network's share
+        transfer = {pt.phase.name: pt for pt in phase_times(t)}["transfer"]
+        assert transfer.span_ns - transfer.duration_ns >= 4 * 0.06 * 1e9
+
+
+@pytest.mark.parametrize("direction,phase", [("up", "request"), ("down", "first_byte_transit")])
+def test_one_way_latency_from_the_proxy_is_named(worker, direction, phase):
+    host, port = worker.artifact_target.rsplit(":", 1)
+    delays = {"up_delay_s": DELAY, "down_delay_s": 0.0} if direction == "up" else {"up_delay_s": 0.0,
+                                                                                   "down_delay_s": DELAY}
+    with ProxyThread([DelayProxy((host, int(port)), **delays)]) as proxies:
+        run = diagnose_jobs(worker, artifact_target=proxies.proxies[0].address)
+    assert_injected(run, phase, DELAY, tol=0.1)
+    assert run.diagnosis.verdict.cause in ("network_latency", "per_file_overhead")
+    # the artifact path's own clock exchange saw the delay; the synthesis channel's mapping was used instead
+    assert all(t.clock_uncertainty_ns < 0.05e9 for t in run.timelines)
+
+
+def test_mid_transfer_drop_resumes_and_verifies(worker, tmp_path):
+    host, port = worker.artifact_target.rsplit(":", 1)
+    one_way = 0.05  # the reconnect after the drop costs at least a round trip of the path
+    proxy = DelayProxy((host, int(port)), up_delay_s=0.0, down_delay_s=one_way, drop_after_bytes=20_000,
+                       max_drops=1)
+    with ProxyThread([proxy]):
+        run = diagnose_jobs(worker, artifact_target=proxy.address, jobs=1, configs=(FetchConfig(chunk_size=4096),),
+                            out_dir=tmp_path)
+    assert proxy.stats.drops == 1 and proxy.stats.connections >= 2
+    (t,) = run.timelines
+    assert t.resumes == 1 and t.extra["verified"]
+    fetched = (tmp_path / f"{t.label}.wav").read_bytes()
+    on_worker = worker.store.wav_path(t.label).read_bytes()
+    assert fetched == on_worker and len(fetched) == t.file_bytes
+    assert hashlib.sha256(fetched).hexdigest() == worker.store.stat(t.label).sha256
+    verdict = run.diagnosis.verdict
+    assert verdict.phase == "transfer" and verdict.cause == "connection_drops", verdict.evidence
+    assert run.diagnosis.summaries["transfer"].p50_s >= 2 * one_way
+    assert json.loads(json.dumps(run.to_dict()))["runs"][0]["resumes"] == 1
+
+
+@pytest.mark.root
+def test_tbf_bandwidth_limit_between_namespaces_is_named(worker):
+    rate_mbit, chunk, frames = 4.0, 32 * 1024, 40
+    host, port = worker.artifact_target.rsplit(":", 1)
+    with VethLink(rate_mbit=rate_mbit) as link:
+        made = {link.client_ns, link.server_ns}
+        assert made <= set(namespaces())
+        # worker (loopback) <- relay listening in the server namespace <- veth + tbf <- proxy connecting from
+        # the client namespace <- the client (loopback)
+        relay = DelayProxy((host, int(port)), listen_host=link.server_addr, listen_netns=link.server_ns)
+        with ProxyThread([relay]) as relay_thread:
+            entry = DelayProxy((link.server_addr, relay.port), upstream_netns=link.client_ns)
+            with ProxyThread([entry]):
+                run = diagnose_jobs(worker, artifact_target=entry.address, frames=frames,
+                                    configs=(FetchConfig(chunk_size=chunk),))
+            assert relay_thread.proxies[0].stats.bytes_down >= 2 * run.timelines[0].file_bytes
+        qdisc = link.qdisc("server")
+    assert not made & set(namespaces()), "the test's namespaces were not torn down"
+    assert "tbf" in qdisc
+    verdict = run.diagnosis.verdict
+    assert verdict.phase == "transfer" and verdict.cause == "bandwidth", verdict.evidence
+    for t in run.timelines:
+        expected = (t.file_bytes - chunk) * 8 / (rate_mbit * 1e6)  # after the first chunk, at the tbf rate
+        measured = {pt.phase.name: pt for pt in phase_times(t)}["transfer"].seconds
+        assert 0.75 * expected <= measured <= 1.35 * expected, (measured, expected, qdisc)
+        assert t.first_chunk_bytes == chunk
+        assert t.extra["verified"]
+
+
+def test_cli_diagnose_json_sweep_and_report(worker, tmp_path, capsys):
+    report = tmp_path / "diagnosis.html"
+    code = cli.main(["diagnose", "--target", worker.target, "--artifact-target", worker.artifact_target,
+                     "-n", "2", "--max-frames", "8", "--chunk-sizes", "16k,0", "--compressions", "none,zstd",
+                     "--json", "--report", str(report)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["diagnosis"]["verdict"]["phase"] in PHASE_NAMES and out["diagnosis"]["verdict"]["fix"]
+    assert len(out["runs"]) == 2 and all(set(PHASE_NAMES) <= set(r["phases"]) for r in out["runs"])
+    assert [s["label"] for s in out["sweep"]] == [c.label for c in sweep_configs([16384, 0], ["none", "zstd"])]
+    zstd = [s for s in out["sweep"] if s["config"]["compression"] == "zstd"]
+    assert all(s["request_to_disk"]["count"] == 2 for s in out["sweep"]) and zstd
+    check_report_renders(report, 2, tmp_path)
+
+    code = cli.main(["diagnose", *out["runs"][0]["label"].split()[:1], "--target", worker.target,
+                     "--artifact-target", worker.artifact_target])
+    text = capsys.readouterr().out
+    assert code == 0 and "dominant phase:" in text and "fix:" in text and "artifact commit" in text

@@ -1,0 +1,26 @@
+"""Fixtures for transport tests: the real grpc.aio servers on port 0 around an engine double."""
+
+from __future__ import annotations
+
+import pytest_asyncio
+
+from breeze_worker.artifacts.store import ArtifactStore
+from breeze_worker.config import ArtifactSettings, ServerSettings, WorkerSettings
+from breeze_worker.transport.server import create_server
+from fake_engine import FakeEngine
+
+
+def worker_settings(tmp_path, **server) -> WorkerSettings:
+    return WorkerSettings(artifacts=ArtifactSettings(directory=tmp_path / "artifacts"),
+                          server=ServerSettings(port=0, artifact_port=0, **server))
+
+
+@pytest_asyncio.fixture
+async def fake_worker(tmp_path):
+    """(servers, engine): a started pair of servers around a FakeEngine."""
+    settings = worker_settings(tmp_path)
+    store = ArtifactStore(settings.artifacts)
+    engine = FakeEngine(store, frame_delay_s=0.01)
+    servers = await create_server(settings, engine, store)
+    yield servers, engine
+    await servers.stop(0)

@@ -1,0 +1,277 @@
+"""The artifact store: one WAV per job, written while streaming, committed atomically, served by id.
+
+Layout of the store directory:
+    art-<32 hex>.wav      the committed WAV (header + exactly the PCM streamed to the client)
+    art-<32 hex>.json     its sidecar: size, sha256, commit time, job id, sample rate, encoding
+    .art-<32 hex>.partial a job still writing (never served; removed by abort or by retention)
+
+An artifact exists for readers once its sidecar exists; the sidecar is written (temp file, fsync,
+rename) only after the WAV itself was fsynced and renamed into place. Ids are unguessable
+("art-" + 128 random bits) and every id is checked against the pattern before any file-system access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from breeze_worker.artifacts.wav import header_size, wav_header
+from breeze_worker.config import ArtifactSettings
+from breeze_worker.engine.types import ArtifactInfo, PcmEncoding
+from breeze_worker.errors import InvalidRequest, NotFound
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_ID_PATTERN = re.compile(r"art-[0-9a-f]{32}")
+_ORPHAN_GRACE_S = 60.0  # a WAV without sidecar younger than this may be mid-commit
+
+
+def new_artifact_id() -> str:
+    return "art-" + secrets.token_hex(16)
+
+
+def check_artifact_id(artifact_id: str) -> str:
+    """Return the id if well formed; raise InvalidRequest (before touching the file system) otherwise."""
+    if not isinstance(artifact_id, str) or ARTIFACT_ID_PATTERN.fullmatch(artifact_id) is None:
+        shown = repr(artifact_id)[:60]
+        raise InvalidRequest(
+            f"artifact id {shown} is malformed: pass the id from the job's final message "
+            "('art-' followed by 32 lowercase hex digits)"
+        )
+    return artifact_id
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ArtifactWriter:
+    """Writes one job's WAV while it streams; `commit` makes it visible, `abort` discards it."""
+
+    def __init__(self, store: "ArtifactStore", artifact_id: str, job_id: str, sample_rate: int,
+                 encoding: PcmEncoding) -> None:
+        self.artifact_id = artifact_id
+        self.job_id = job_id
+        self.sample_rate = sample_rate
+        self.encoding = PcmEncoding(encoding)
+        self._store = store
+        self._temp_path = store.directory / f".{artifact_id}.partial"
+        self._file: BinaryIO | None = open(self._temp_path, "x+b")
+        self._file.write(b"\0" * header_size(self.encoding))  # reserved; filled in at commit
+        self._data_bytes = 0
+        self._info: ArtifactInfo | None = None
+
+    @property
+    def data_bytes(self) -> int:
+        return self._data_bytes
+
+    def append(self, pcm: bytes) -> None:
+        """Append PCM exactly as it was streamed to the client."""
+        if self._file is None:
+            raise RuntimeError(f"artifact {self.artifact_id} is already committed or aborted")
+        self._file.write(pcm)
+        self._data_bytes += len(pcm)
+
+    def commit(self) -> ArtifactInfo:
+        """Fix the header, fsync, rename into place, record the sha256; returns the committed info."""
+        if self._info is not None:
+            return self._info
+        if self._file is None:
+            raise RuntimeError(f"artifact {self.artifact_id} was aborted")
+        delay = self._store.settings.fault_commit_delay_s
+        if delay > 0:  # test-only fault injection (diagnosis tests)
+            time.sleep(delay)
+        f = self._file
+        try:
+            f.seek(0)
+            f.write(wav_header(self.encoding, self.sample_rate, self._data_bytes))
+            f.flush()
+            os.fsync(f.fileno())
+            f.seek(0)
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+            size = f.seek(0, os.SEEK_END)
+        except BaseException:
+            self.abort()
+            raise
+        f.close()
+        self._file = None
+        store = self._store
+        try:
+            os.replace(self._temp_path, store.wav_path(self.artifact_id))
+            info = ArtifactInfo(artifact_id=self.artifact_id, size_bytes=size, sha256=digest,
+                                committed_at_ns=0)
+            info = store._write_sidecar(info, job_id=self.job_id, sample_rate=self.sample_rate,
+                                        encoding=self.encoding)
+        except BaseException:
+            store._remove_quietly(store.wav_path(self.artifact_id))
+            self._remove_temp()
+            raise
+        self._info = info
+        log.info("artifact %s committed for job %s: %d bytes, sha256 %s", info.artifact_id, self.job_id,
+                 size, digest)
+        return info
+
+    def abort(self) -> None:
+        """Discard the temporary file; a committed artifact is left alone."""
+        if self._info is not None:
+            return
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._remove_temp()
+
+    def _remove_temp(self) -> None:
+        self._store._remove_quietly(self._temp_path)
+
+    def __enter__(self) -> "ArtifactWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or self._info is None:
+            self.abort()
+
+
+class ArtifactStore:
+    """Committed WAV artifacts under one directory, with retention by age and total size."""
+
+    def __init__(self, settings: ArtifactSettings) -> None:
+        settings.validate()
+        self.settings = settings
+        self.directory = Path(settings.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    # ---- paths (only ever built from checked ids) ----
+    def wav_path(self, artifact_id: str) -> Path:
+        return self.directory / f"{check_artifact_id(artifact_id)}.wav"
+
+    def sidecar_path(self, artifact_id: str) -> Path:
+        return self.directory / f"{check_artifact_id(artifact_id)}.json"
+
+    # ---- writing ----
+    def begin(self, job_id: str, sample_rate: int, encoding: PcmEncoding) -> ArtifactWriter:
+        return ArtifactWriter(self, new_artifact_id(), job_id, sample_rate, encoding)
+
+    def _write_sidecar(self, info: ArtifactInfo, **extra) -> ArtifactInfo:
+        committed = ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns())
+        record = {
+            "artifact_id": committed.artifact_id, "size_bytes": committed.size_bytes,
+            "sha256": committed.sha256, "committed_at_ns": committed.committed_at_ns,
+            **{k: (v.value if isinstance(v, PcmEncoding) else v) for k, v in extra.items()},
+        }
+        final = self.sidecar_path(info.artifact_id)
+        temp = self.directory / f".{info.artifact_id}.json.partial"
+        with open(temp, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, final)
+        _fsync_dir(self.directory)
+        return committed
+
+    # ---- reading ----
+    def _read_sidecar(self, artifact_id: str) -> dict:
+        path = self.sidecar_path(artifact_id)  # checks the id first
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise NotFound(f"artifact {artifact_id} does not exist on this worker (it may have expired: "
+                           f"retention keeps artifacts {self.settings.max_age_s:.0f} s)") from None
+
+    def stat(self, artifact_id: str) -> ArtifactInfo:
+        record = self._read_sidecar(artifact_id)
+        return ArtifactInfo(record["artifact_id"], int(record["size_bytes"]), record["sha256"],
+                            int(record["committed_at_ns"]))
+
+    def describe(self, artifact_id: str) -> dict:
+        """The whole sidecar record (job id, sample rate, encoding besides the ArtifactInfo fields)."""
+        return self._read_sidecar(artifact_id)
+
+    def open_for_read(self, artifact_id: str) -> tuple[BinaryIO, ArtifactInfo]:
+        info = self.stat(artifact_id)
+        try:
+            f = open(self.wav_path(artifact_id), "rb")
+        except FileNotFoundError:
+            raise NotFound(f"artifact {artifact_id} does not exist on this worker") from None
+        if os.fstat(f.fileno()).st_size != info.size_bytes:
+            f.close()
+            raise NotFound(f"artifact {artifact_id} is damaged on the worker (size mismatch); synthesize again")
+        return f, info
+
+    def list_ids(self) -> list[str]:
+        return sorted(p.stem for p in self.directory.glob("art-*.json")
+                      if ARTIFACT_ID_PATTERN.fullmatch(p.stem))
+
+    # ---- deleting ----
+    def delete(self, artifact_id: str) -> None:
+        sidecar = self.sidecar_path(artifact_id)
+        with self._lock:
+            if not sidecar.exists():
+                raise NotFound(f"artifact {artifact_id} does not exist on this worker")
+            self._remove_quietly(sidecar)  # readers lose sight of it first
+            self._remove_quietly(self.wav_path(artifact_id))
+        log.info("artifact %s deleted", artifact_id)
+
+    def enforce_retention(self) -> list[str]:
+        """Delete artifacts older than max_age_s, then the oldest beyond max_total_bytes; returns their ids."""
+        now = time.time_ns()
+        max_age_ns = int(self.settings.max_age_s * 1e9)
+        records = []
+        for artifact_id in self.list_ids():
+            try:
+                records.append(self.describe(artifact_id))
+            except (NotFound, ValueError, KeyError):
+                continue
+        records.sort(key=lambda r: int(r["committed_at_ns"]))
+        doomed = [r for r in records if now - int(r["committed_at_ns"]) > max_age_ns]
+        kept = [r for r in records if r not in doomed]
+        total = sum(int(r["size_bytes"]) for r in kept)
+        while kept and total > self.settings.max_total_bytes:
+            oldest = kept.pop(0)
+            total -= int(oldest["size_bytes"])
+            doomed.append(oldest)
+        deleted = []
+        for r in doomed:
+            try:
+                self.delete(r["artifact_id"])
+                deleted.append(r["artifact_id"])
+            except NotFound:
+                pass
+        self._remove_stale_files(now)
+        if deleted:
+            log.info("retention deleted %d artifacts (%d bytes kept)", len(deleted), total)
+        return deleted
+
+    def _remove_stale_files(self, now_ns: int) -> None:
+        """Partial files older than max_age_s and WAVs whose sidecar never appeared (crash mid-commit)."""
+        for path in self.directory.iterdir():
+            name = path.name
+            try:
+                age_s = (now_ns - path.stat().st_mtime_ns) / 1e9
+            except FileNotFoundError:
+                continue
+            if name.startswith(".art-") and name.endswith(".partial") and age_s > self.settings.max_age_s:
+                self._remove_quietly(path)
+            elif (name.endswith(".wav") and ARTIFACT_ID_PATTERN.fullmatch(name[:-4])
+                  and not (self.directory / f"{name[:-4]}.json").exists() and age_s > _ORPHAN_GRACE_S):
+                self._remove_quietly(path)
+
+    @staticmethod
+    def _remove_quietly(path: Path) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass

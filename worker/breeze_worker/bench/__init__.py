@@ -1,0 +1,1 @@
+"""Engine benchmark: models with random weights, measuring instruments, variants, report."""

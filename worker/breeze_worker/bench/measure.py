@@ -1,0 +1,131 @@
+"""Measuring instruments for the engine benchmark: clocks, host-sync counting, GPU-busy fraction, memory,
+copy bandwidth. Each works on the CPU too (returning what it can), so the bench runs in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now(device: torch.device) -> float:
+    """A host clock read after the device's queued work has finished (perf_counter seconds)."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+class SyncCounter:
+    """Counts device-to-host synchronizations (`.item()`, `.cpu()`, `.tolist()`, nonzero, multinomial, ...)
+    using PyTorch's CUDA sync debug mode, which warns on every synchronizing ATen call. On the CPU there is
+    nothing to count and `count` stays None."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.count: int | None = None
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator["SyncCounter"]:
+        if self.device.type != "cuda":
+            yield self
+            return
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield self
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        self.count = sum(1 for w in caught if "synchroniz" in str(w.message))
+
+
+def gpu_busy_fraction(device: torch.device, work: Callable[[], object]) -> dict:
+    """Run `work()` under torch.profiler; return kernel time, wall time and their ratio.
+
+    Near 1: the GPU is kept busy, kernels and dtypes are what to improve. Small: host overhead (launches,
+    syncs, Python) is. Kernels replayed from CUDA graphs are counted too. None on the CPU.
+    """
+    if device.type != "cuda":
+        return {"kernel_s": None, "wall_s": None, "busy_fraction": None}
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        work()
+        synchronize(device)
+        wall = time.perf_counter() - t0
+    kernel_us = 0.0
+    intervals = []
+    try:
+        for event in prof.profiler.kineto_results.events():
+            if event.device_type() == torch.autograd.DeviceType.CUDA:
+                start = event.start_ns() if hasattr(event, "start_ns") else event.start_us() * 1000
+                intervals.append((start, start + event.duration_ns()))
+    except Exception as exc:  # profiler internals differ between releases: fall back to averages
+        log.debug("kineto events unavailable (%s); using key averages", exc)
+        intervals = []
+        kernel_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
+    if intervals:  # merge overlaps so concurrent kernels are not counted twice
+        intervals.sort()
+        busy_ns, cur_start, cur_end = 0, intervals[0][0], intervals[0][1]
+        for start, end in intervals[1:]:
+            if start > cur_end:
+                busy_ns += cur_end - cur_start
+                cur_start, cur_end = start, end
+            else:
+                cur_end = max(cur_end, end)
+        busy_ns += cur_end - cur_start
+        kernel_us = busy_ns / 1000.0
+    kernel_s = kernel_us / 1e6
+    return {"kernel_s": kernel_s, "wall_s": wall, "busy_fraction": kernel_s / wall if wall > 0 else None}
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 10) -> float | None:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    n = megabytes * 1024 * 1024 // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000.0 / repeats
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 4 / seconds
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()})"

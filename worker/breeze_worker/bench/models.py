@@ -1,0 +1,85 @@
+"""Models for the engine benchmark: the Breeze architecture at full, mid or tiny size with seeded random
+weights built directly on the device (no download), or a real checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from breeze_worker.engine.precision import PrecisionPolicy, apply_policy
+from breeze_worker.model.lm.breeze import BreezeLM
+from breeze_worker.model.lm.config import BreezeConfig
+from breeze_worker.model.loaded import GenerationDefaults, LoadedModel
+from breeze_worker.model.tokenizer import BreezeTokenizer
+
+log = logging.getLogger(__name__)
+
+SIZES = ("full", "mid", "tiny")
+
+
+def config_for(size: str) -> BreezeConfig:
+    """full: the released sizes; mid: full widths with few layers (a fast GPU correctness check); tiny."""
+    if size == "full":
+        return BreezeConfig.full_size()
+    if size == "tiny":
+        return BreezeConfig.tiny()
+    if size == "mid":
+        full = BreezeConfig.full_size()
+        te = replace(full.text_encoder, num_hidden_layers=2, layer_types=("sliding_attention", "full_attention"))
+        return replace(full, text_encoder=te, backbone=replace(full.backbone, num_hidden_layers=4),
+                       depth=replace(full.depth, num_hidden_layers=3))
+    raise ValueError(f"model size must be one of {SIZES}, not {size!r}")
+
+
+@torch.no_grad()
+def randomize_on_device(lm: BreezeLM, seed: int, std: float = 0.02) -> None:
+    """Seeded normal(0, std) weights drawn on the model's device (norm gains 1 + 0.1 noise, text-encoder
+    gains 0.1 noise: Gemma norms scale by 1 + w), the same recipe as the tiny default."""
+    device = lm.lm_head.weight.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, param in sorted(lm.named_parameters()):
+        noise = torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            param.copy_((0.0 if name.startswith("text_encoder.") else 1.0) + 0.1 * noise)
+        else:
+            param.copy_(std * noise)
+
+
+def random_model(size: str, seed: int, device: torch.device, policy: PrecisionPolicy,
+                 keep_fp32: tuple[str, ...] = (), with_codec: bool = True) -> LoadedModel:
+    config = config_for(size)
+    with torch.device(device):
+        lm = BreezeLM(config)
+    lm.reset_buffers()
+    randomize_on_device(lm, seed)
+    lm.eval().requires_grad_(False)
+    apply_policy(lm, policy, keep_fp32)
+    codec = _codec(size, seed, device) if with_codec else None
+    return LoadedModel(config=config, lm=lm, tokenizer=BreezeTokenizer.tiny(config),
+                       generation_defaults=GenerationDefaults(), codec=codec, is_tiny_default=(size == "tiny"))
+
+
+def _codec(size: str, seed: int, device: torch.device):
+    """Full-size decoder for the full model (a tiny encoder: the bench never encodes), tiny otherwise."""
+    try:
+        from breeze_worker.model.codec import CodecConfig, DecoderConfig, tiny_codec, tiny_codec_config
+        from breeze_worker.model.codec.tiny import codec_from_config
+
+        if size == "tiny":
+            return tiny_codec(seed, device)
+        tiny = tiny_codec_config()
+        return codec_from_config(CodecConfig(decoder=DecoderConfig(), encoder=tiny.encoder), seed, device)
+    except Exception as exc:  # the codec is measured when it can be built; the LM numbers stand alone
+        log.warning("no codec for the bench (%s: %s); the codec stage is not measured", type(exc).__name__, exc)
+        return None
+
+
+def checkpoint_model(directory: str, device: torch.device, policy: PrecisionPolicy) -> LoadedModel:
+    from breeze_worker.model.loader import load_checkpoint
+
+    model = load_checkpoint(directory, device=device, dtype=policy.weight_dtype)
+    apply_policy(model.lm, policy)
+    return model

@@ -1,0 +1,163 @@
+"""Run one benchmark variant (decode path x CFG) on a loaded model and measure it.
+
+End of speech is masked (its logit set to a large finite negative, so CFG stays finite) for both paths,
+so every request runs exactly `frames` frames and the paths do the same work.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from breeze_worker.bench.measure import (SyncCounter, gpu_busy_fraction, now, peak_memory_bytes,
+                                         reset_peak_memory)
+from breeze_worker.engine.request import resolve_request
+from breeze_worker.engine.types import SynthesisRequest
+from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
+
+log = logging.getLogger(__name__)
+
+SENTENCE = "The quick brown fox jumps over the lazy dog, and the weather today is bright and clear."
+INSTRUCTION = "Speak clearly and naturally."
+
+
+def mask_end_of_speech(model: LoadedModel) -> None:
+    """Make end of speech unreachable: its backbone logit becomes float32.min / 4 (finite)."""
+    lm = model.lm
+    if getattr(lm, "_bench_eos_masked", False):
+        return
+    original = lm.backbone_logits
+    eos = model.config.end_of_speech_id
+    low = torch.finfo(torch.float32).min / 4
+
+    def masked(hidden: torch.Tensor) -> torch.Tensor:
+        logits = original(hidden)
+        return torch.cat((logits[..., :eos], torch.full_like(logits[..., eos:eos + 1], low), logits[..., eos + 1:]),
+                         dim=-1)
+
+    lm.backbone_logits = masked
+    lm._bench_eos_masked = True
+
+
+def make_request(model: LoadedModel, cfg: bool, frames: int, seed: int, text: str = SENTENCE):
+    req = SynthesisRequest(text=text, instruction=INSTRUCTION if cfg else None,
+                           cfg_scale=(2.0 if cfg else None), seed=seed, max_frames=frames)
+    return resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer)
+
+
+def open_generator(path: str, model: LoadedModel, request, device: torch.device):
+    if path == "fast":
+        from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+
+        return FastFrameGenerator(model, request, device)
+    from breeze_worker.engine.eager import EagerFrameGenerator
+
+    return EagerFrameGenerator(model, request, device)
+
+
+@dataclass
+class RunResult:
+    frames: list[torch.Tensor]
+    wall_s: float
+    ttfa_s: float
+    stages: dict
+    frame_times_s: list[float] = field(default_factory=list)
+    syncs_per_frame: float | None = None
+    host_reads_per_frame: float | None = None
+    warmup_s: float | None = None
+    fallback_reason: str | None = None
+
+
+def run_once(path: str, model: LoadedModel, request, device: torch.device, count_syncs: bool = False) -> RunResult:
+    """One request: frames, wall time, time to first audio (first frame decoded by the codec when there is
+    one), stage split, per-frame times and (optionally) host syncs per frame after the first."""
+    codec = model.codec
+    stream = codec.new_stream(1) if codec is not None else None
+    codec_s = 0.0
+    frames, frame_times = [], []
+    counter = SyncCounter(device)
+    t0 = now(device)
+    gen = open_generator(path, model, request, device)
+    it = iter(gen)
+    first = next(it)
+    frames.append(first)
+    if codec is not None:
+        c0 = time.perf_counter()
+        with torch.inference_mode():
+            codec.decode_stream(first.reshape(1, -1, 1).to(codec.device), stream).cpu()
+        codec_s += time.perf_counter() - c0
+    ttfa = time.perf_counter() - t0
+    with counter.counting():
+        last = time.perf_counter()
+        for frame in it:
+            frames.append(frame)
+            t = time.perf_counter()
+            frame_times.append(t - last)
+            if codec is not None:
+                with torch.inference_mode():
+                    codec.decode_stream(frame.reshape(1, -1, 1).to(codec.device), stream).cpu()
+                codec_s += time.perf_counter() - t
+            last = time.perf_counter()
+    wall = now(device) - t0
+    stages = dict(gen.timings)
+    stages["codec_s"] = codec_s if codec is not None else None
+    n = max(len(frames) - 1, 1)
+    runner = getattr(gen, "runner", None)
+    return RunResult(
+        frames=frames, wall_s=wall, ttfa_s=ttfa, stages=stages, frame_times_s=frame_times,
+        syncs_per_frame=None if counter.count is None else counter.count / n,
+        host_reads_per_frame=(gen.host_reads / len(frames)) if hasattr(gen, "host_reads") else None,
+        fallback_reason=getattr(runner, "fallback_reason", None),
+    )
+
+
+def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
+                    repeats: int, seed: int, profile_frames: int = 8) -> dict:
+    """Warm up once, time `repeats` requests, count syncs, profile GPU busy time; one JSON-able dict."""
+    request = make_request(model, cfg, frames, seed)
+    warm_t0 = time.perf_counter()
+    warm = run_once(path, model, request, device)  # first use: graph capture for the fast path
+    warmup_s = time.perf_counter() - warm_t0
+    reset_peak_memory(device)
+    runs = [run_once(path, model, request, device, count_syncs=True) for _ in range(repeats)]
+    peak = peak_memory_bytes(device)
+    short = make_request(model, cfg, min(profile_frames, frames), seed)
+    busy = gpu_busy_fraction(device, lambda: run_once(path, model, short, device))
+    best = min(runs, key=lambda r: r.wall_s)
+    per_frame = [statistics.median(r.frame_times_s) for r in runs if r.frame_times_s]
+    ms_per_frame = 1000 * statistics.median(per_frame) if per_frame else None
+    gen_per_frame = [r.stages["generate_s"] / len(r.frames) for r in runs]
+    audio_s = len(best.frames) / FRAME_RATE_HZ
+    stages = {k: (None if v is None else statistics.median(r.stages[k] for r in runs))
+              for k, v in best.stages.items()}
+    return {
+        "name": name, "path": path, "cfg": cfg, "cfg_scale": request.cfg_scale, "frames": len(best.frames),
+        "repeats": repeats,
+        "ms_per_frame": ms_per_frame,  # median inter-frame time (frame 2 onwards), codec excluded
+        "generate_ms_per_frame": 1000 * statistics.median(gen_per_frame),
+        "wall_s": statistics.median(r.wall_s for r in runs),
+        "rtf": statistics.median(r.wall_s for r in runs) / audio_s,
+        "rtf_generate": (ms_per_frame / 1000 * FRAME_RATE_HZ) if ms_per_frame else None,
+        "ttfa_ms": 1000 * statistics.median(r.ttfa_s for r in runs),
+        "stages_s": stages,
+        "peak_memory_bytes": peak,
+        "host_syncs_per_frame": best.syncs_per_frame,
+        "host_reads_per_frame": best.host_reads_per_frame,
+        "gpu_busy_fraction": busy["busy_fraction"],
+        "gpu_kernel_s_profiled": busy["kernel_s"],
+        "first_use_s": warmup_s,  # includes graph capture for the fast path
+        "fallback_reason": warm.fallback_reason,
+        "codes_digest": int(sum(int(f.sum()) * (i + 1) for i, f in enumerate(best.frames)) % (2**31)),
+        "_frames": best.frames,
+    }
+
+
+def frames_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict:
+    n = min(len(a), len(b))
+    mismatched = [i for i in range(n) if not torch.equal(a[i], b[i])]
+    return {"compared_frames": n, "equal": len(a) == len(b) and not mismatched,
+            "first_mismatch": mismatched[0] if mismatched else None}

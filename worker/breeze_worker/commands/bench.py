@@ -1,0 +1,125 @@
+"""`breeze-worker bench`: the engine benchmark. Eager reference and fast path in the same run, with and
+without CFG, on the full-size Breeze architecture with seeded random weights built on the device (no
+download), a smaller size, or a real checkpoint (`--model DIR`). End of speech is masked so every request
+runs `--frames` frames. Prints a table; `--json FILE` writes everything (schema in bench/report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import platform
+
+import torch
+
+from breeze_worker.bench import report
+from breeze_worker.bench.measure import copy_bandwidth, device_name
+from breeze_worker.bench.runner import frames_equal, make_request, mask_end_of_speech, measure_variant
+
+log = logging.getLogger("breeze_worker.bench")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: random weights, --size)")
+    parser.add_argument("--size", default="full", choices=("full", "mid", "tiny"),
+                        help="random-weight model size (full = the released architecture)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--precision", default="auto", help="auto | fp32 | bf16 | fp16-mixed (comma list allowed)")
+    parser.add_argument("--force-precision", action="store_true", help="allow a precision this device emulates")
+    parser.add_argument("--paths", default="eager,fast", help="decode paths to run (eager, fast)")
+    parser.add_argument("--cfg", default="off,on", help="CFG settings to run (off, on)")
+    parser.add_argument("--frames", type=int, default=64, help="frames per request (end of speech masked)")
+    parser.add_argument("--eager-frames", type=int, default=None, help="frames per eager request (default: --frames)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed requests per variant (after one warm-up)")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--check", action="store_true", help="also check fast frames == eager frames (FP32 only)")
+    parser.add_argument("--agreement", default="", help="policies to compare against fp32 (e.g. fp16-mixed,bf16)")
+    parser.add_argument("--commit", default=os.environ.get("BREEZE_COMMIT"), help="commit id to record")
+    parser.add_argument("--json", default=None, help="write the results to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from breeze_worker.bench.models import checkpoint_model, random_model
+    from breeze_worker.engine.precision import choose_policy
+    from breeze_worker.engine.runtime import pick_device
+
+    device = pick_device(args.device)
+    torch.manual_seed(args.seed)
+    bandwidth = copy_bandwidth(device)
+    doc: dict = {
+        "schema": report.SCHEMA,
+        "meta": {"device": device_name(device), "device_type": device.type,
+                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "commit": args.commit, "torch": torch.__version__, "python": platform.python_version(),
+                 "model": args.model or f"random-{args.size}", "frames": args.frames, "seed": args.seed},
+        "copy_bandwidth_bytes_per_s": bandwidth, "variants": [], "floor": {}, "checks": {}, "agreement": [],
+    }
+    paths = [p for p in args.paths.split(",") if p]
+    cfgs = [c == "on" for c in args.cfg.split(",") if c]
+    for precision in [p for p in args.precision.split(",") if p]:
+        policy = choose_policy(precision, device, force=args.force_precision)
+        log.info("precision %s (%s)", policy.name, policy.reason)
+        model = (checkpoint_model(args.model, device, policy) if args.model
+                 else random_model(args.size, args.seed, device, policy))
+        if args.agreement and policy.name == "fp32":
+            for other in [p for p in args.agreement.split(",") if p]:
+                doc["agreement"].append(_agreement(model, other, args))
+        mask_end_of_speech(model)
+        weights = report.bytes_per_frame(model.lm)
+        floor = report.floor_ms(weights["total"], bandwidth)
+        doc["floor"][policy.name] = {"bytes_per_frame": weights, "floor_ms": floor}
+        results = {}
+        for cfg in cfgs:
+            for path in paths:
+                frames = args.eager_frames if (path == "eager" and args.eager_frames) else args.frames
+                name = f"{path}/{'cfg' if cfg else 'nocfg'}/{policy.name}"
+                log.info("running %s (%d frames x %d)", name, frames, args.repeats)
+                v = measure_variant(name, path, cfg, model, device, frames=frames, repeats=args.repeats,
+                                    seed=args.seed)
+                v.update(precision=policy.name, floor_ms=floor)
+                results[(path, cfg)] = v
+                doc["variants"].append(v)
+            if args.check and ("eager", cfg) in results and ("fast", cfg) in results:
+                doc["checks"][f"{policy.name}/{'cfg' if cfg else 'nocfg'}"] = frames_equal(
+                    results[("eager", cfg)]["_frames"], results[("fast", cfg)]["_frames"])
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    doc["targets"] = report.targets(doc["variants"])
+    doc["t4_projection"] = _t4(doc)
+    print(report.table(doc))
+    for key, check in doc["checks"].items():
+        print(f"fast == eager [{key}]: {check}")
+    for a in doc["agreement"]:
+        print(f"agreement {a['policy']} vs fp32: codebook0 {a['codebook0']} codebook1 {a['codebook1']} "
+              f"kept_fp32={a['kept_fp32']}")
+    if args.json:
+        report.write_json(doc, args.json)
+    failed = [k for k, c in doc["checks"].items() if not c["equal"]]
+    if failed:
+        log.error("fast path frames differ from the eager reference: %s", failed)
+        return 1
+    return 0
+
+
+def _agreement(model, other: str, args) -> dict:
+    from breeze_worker.bench.agreement import precision_agreement
+
+    request = make_request(model, True, 4, args.seed)
+    return precision_agreement(model, request, other)
+
+
+def _t4(doc: dict) -> dict:
+    """From the fast CFG variant of the half-precision policy measured (fp16-mixed preferred, else bf16)."""
+    for precision in ("fp16-mixed", "bf16"):
+        fast = next((v for v in doc["variants"] if v["path"] == "fast" and v["cfg"] and v["precision"] == precision),
+                    None)
+        if fast is None:
+            continue
+        floor = doc["floor"][precision]
+        out = report.t4_projection(fast["ms_per_frame"], floor["floor_ms"], floor["bytes_per_frame"]["total"])
+        out["from_variant"] = fast["name"]
+        return out
+    return {}

@@ -1,0 +1,144 @@
+"""`breeze-worker serve`: load the model once, serve Synthesize and the artifact channel until SIGTERM.
+
+Flags are generated from the typed settings in `breeze_worker.config` (defaults shown come from there,
+environment variables BREEZE_<SECTION>_<FIELD> are read first and flags override them). When both
+servers listen and the model is warm, one line goes to stdout:
+    breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
+
+log = logging.getLogger("breeze_worker.serve")
+
+_SECTIONS = {"engine": EngineSettings, "artifacts": ArtifactSettings, "server": ServerSettings}
+# (section, field, flag, help); the type and the default come from the settings dataclass
+FLAGS: list[tuple[str, str, str, str]] = [
+    ("engine", "model_dir", "--model", "Breeze TTS 2 checkpoint directory (default: the tiny embedded model, "
+                                       "whose audio is NOT speech)"),
+    ("engine", "device", "--device", "auto | cpu | cuda | cuda:N"),
+    ("engine", "precision", "--precision", "auto | fp32 | bf16 | fp16-mixed"),
+    ("engine", "fast_path", "--fast-path", "auto | eager | fast"),
+    ("engine", "max_active_streams", "--max-active-streams", "streams decoding at once"),
+    ("engine", "max_queue", "--max-queue", "requests waiting for a slot"),
+    ("engine", "max_queue_wait_s", "--max-queue-wait-s", "longest wait for a slot, seconds"),
+    ("engine", "max_text_chars", "--max-text-chars", "longest accepted text"),
+    ("engine", "max_reference_seconds", "--max-reference-seconds", "longest accepted reference audio"),
+    ("server", "host", "--host", "address to listen on (0.0.0.0 for all interfaces)"),
+    ("server", "port", "--port", "Synthesize port (0 = any free port)"),
+    ("server", "artifact_port", "--artifact-port", "Artifacts port (0 = any free port)"),
+    ("server", "advertised_artifact_address", "--advertise-artifact-address",
+     "host:port that clients should use for artifacts (default: host:artifact-port)"),
+    ("server", "auth_token", "--token", "require 'authorization: Bearer TOKEN' on every call but health "
+                                        "(prefer the environment variable BREEZE_SERVER_AUTH_TOKEN)"),
+    ("server", "metrics_port", "--metrics-port", "serve Prometheus metrics on GET /metrics of this port (off by default)"),
+    ("server", "tls_cert", "--tls-cert", "PEM certificate chain (TLS on both ports; needs --tls-key)"),
+    ("server", "tls_key", "--tls-key", "PEM private key"),
+    ("server", "max_request_bytes", "--max-request-bytes", "largest accepted request message"),
+    ("server", "grace_s", "--grace-s", "seconds in-flight calls get to finish on SIGTERM"),
+    ("artifacts", "directory", "--artifact-dir", "where WAV artifacts are written"),
+    ("artifacts", "max_age_s", "--artifact-max-age-s", "artifacts older than this are deleted"),
+    ("artifacts", "max_total_bytes", "--artifact-max-bytes", "oldest artifacts are deleted beyond this total"),
+    ("artifacts", "fault_commit_delay_s", "--fault-commit-delay-s", argparse.SUPPRESS),  # test-only
+    ("artifacts", "fault_first_byte_delay_s", "--fault-first-byte-delay-s", argparse.SUPPRESS),  # test-only
+]
+
+
+def _field_type(section: str, name: str):
+    default = {f.name: f for f in fields(_SECTIONS[section])}[name]
+    text = str(default.type)
+    if "Path" in text:
+        return Path
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for section, name, flag, help_text in FLAGS:
+        default = getattr(_SECTIONS[section](), name)
+        if help_text is not argparse.SUPPRESS:
+            help_text = f"{help_text} (default: {default})" if default is not None else help_text
+        parser.add_argument(flag, dest=f"{section}__{name}", type=_field_type(section, name), default=None,
+                            help=help_text, metavar="DIR" if _field_type(section, name) is Path and "dir" in name + flag else
+                            flag.lstrip("-").split("-")[-1].upper())
+
+
+def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> WorkerSettings:
+    """Environment first, flags over it; validated (ValueError says what to change)."""
+    settings = WorkerSettings.from_env(environ)
+    changes: dict[str, dict] = {s: {} for s in _SECTIONS}
+    for section, name, _, _ in FLAGS:
+        value = getattr(args, f"{section}__{name}", None)
+        if value is not None:
+            changes[section][name] = value
+    settings = WorkerSettings(**{s: replace(getattr(settings, s), **changes[s]) for s in _SECTIONS})
+    return settings.validate()
+
+
+async def serve(settings: WorkerSettings) -> int:
+    from breeze_worker.artifacts.store import ArtifactStore
+    from breeze_worker.engine.service import Engine
+    from breeze_worker.transport.server import create_server
+
+    if settings.engine.model_dir is None:
+        log.warning("no --model given: serving the TINY EMBEDDED DEFAULT (random weights); its audio is NOT "
+                    "speech. Pass --model DIR with a Breeze TTS 2 checkpoint for real synthesis.")
+    store = ArtifactStore(settings.artifacts)
+    engine = Engine(settings.engine, store)
+    servers = await create_server(settings, engine, store)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    metrics = None
+    if settings.server.metrics_port is not None:
+        from breeze_worker.transport.metrics_http import MetricsServer
+
+        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready)
+        port = await metrics.start(settings.server.host, settings.server.metrics_port)
+        log.info("metrics on http://%s:%d/metrics", settings.server.host, port)
+    starting = asyncio.create_task(engine.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if starting.done() and starting.exception() is None and not stop.is_set():
+        await servers.set_serving(True)
+        host = settings.server.host
+        model = "tiny-default (audio is NOT speech)" if engine.is_tiny_default else engine.model_description
+        print(f"breeze-worker ready: synthesis={host}:{servers.synthesis_port} "
+              f"artifacts={host}:{servers.artifact_port} model={model}", flush=True)
+        await stopping
+    elif starting.done() and starting.exception() is not None:
+        log.error("the engine failed to start", exc_info=starting.exception())
+        code = 1
+    log.info("stopping: in-flight calls get %.1f s", settings.server.grace_s)
+    stopping.cancel()
+    await servers.stop(settings.server.grace_s)
+    if metrics is not None:
+        await metrics.stop()
+    if not starting.done():
+        await asyncio.wait({starting}, timeout=settings.server.grace_s)
+    await engine.stop()
+    log.info("stopped")
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"breeze-worker serve: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(settings))

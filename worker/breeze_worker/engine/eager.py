@@ -1,0 +1,202 @@
+"""The eager frame generator: one request, plain PyTorch, a growing KV cache. The numerical reference for
+the fast path, which reuses `prepare_prompt_embeddings` and must reproduce these frames exactly.
+
+Per frame (the official decoding loop):
+1. backbone logits of the last position (FP32); with CFG the two rows (cond, uncond) are combined
+   `u + s*(c - u)`; the repetition penalty divides / multiplies logits of codebook-0 codes this request has
+   already produced; reserved ids (codebook_size .. vocab-1) are masked; `sample_rows` draws codebook 0 with
+   the request's counter-based noise (frame index, codebook 0). The end-of-speech class ends the request.
+2. depth decoder: 2-position prefill (backbone hidden, codebook 0), then one position per codebook; each
+   head's logits are CFG-combined the same way, reserved ids masked, and sampled as codebook 1..15 (no
+   repetition penalty). The sampled code is written to both CFG rows.
+3. the frame is yielded, then fed back to the backbone as its summed embedding (both rows).
+The frame limit is the request's `max_frames`, further capped so prompt + frames stays below the model's
+sequence budget (the official loop stops at max_sequence - 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, sample_rows
+from breeze_worker.engine.types import EndReason, ResolvedRequest
+from breeze_worker.model import prompts
+from breeze_worker.model.lm.layers import additive_mask
+from breeze_worker.model.loaded import LoadedModel
+
+
+@dataclass
+class PromptBatch:
+    """Backbone prefill inputs: row 0 the prompt, row 1 the negative prompt when CFG is on; left padded."""
+
+    inputs_embeds: torch.Tensor  # [R, L, H], model dtype
+    attention_mask: torch.Tensor  # bool [R, L], True on real tokens
+    positions: torch.Tensor  # int64 [R, L]: 0.. over real tokens, 1 on padding (as the official code)
+    lengths: tuple[int, ...]  # unpadded length per row
+
+    @property
+    def length(self) -> int:
+        return int(self.inputs_embeds.shape[1])
+
+
+def prompt_layouts(model: LoadedModel, request: ResolvedRequest) -> list[prompts.PromptLayout]:
+    """[positive] or [positive, negative] token layouts of a request."""
+    ref = request.reference
+    frames = 0 if ref is None else int(ref.codes.shape[0])
+    transcript = None if ref is None else ref.transcript
+    args = (request.template.value, request.text, request.instruction, transcript, frames)
+    branches = [prompts.positive_segments(*args)]
+    if request.uses_cfg:
+        negative = prompts.negative_segments(*args)
+        if negative is None:
+            raise ValueError(f"cfg_scale {request.cfg_scale} on the {request.template.value} template, which has no "
+                             "negative prompt (resolve_request rejects this)")
+        branches.append(negative)
+    return [prompts.build_prompt(model.tokenizer, segments) for segments in branches]
+
+
+@torch.no_grad()
+def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest) -> PromptBatch:
+    lm, config = model.lm, model.config
+    device = model.device
+    layouts = prompt_layouts(model, request)
+    segments = [torch.tensor(seg, dtype=torch.int64) for layout in layouts for seg in layout.text_segments()]
+    encoded = iter(lm.encode_segments(segments))
+    ref_embeds = eos_embed = None
+    if request.reference is not None:
+        codes = torch.tensor(np.asarray(request.reference.codes), dtype=torch.int64, device=device)  # copy: may be read-only
+        ref_embeds = lm.embed_frames(codes)  # [T, H]
+    eos_frame = torch.full((config.num_codebooks,), config.codebook_eos_token_id, dtype=torch.int64, device=device)
+    eos_embed = lm.embed_frames(eos_frame)[None]  # [1, H]: the all-zero frame
+    rows = []
+    for layout in layouts:
+        pieces = []
+        for span in layout.spans:
+            if span.kind == prompts.TEXT:
+                pieces.append(next(encoded))
+            elif span.kind == prompts.AUDIO:
+                pieces.append(ref_embeds)
+            else:
+                pieces.append(eos_embed)
+        rows.append(torch.cat(pieces, dim=0))
+    longest = max(r.shape[0] for r in rows)
+    hidden = rows[0].shape[1]
+    embeds = torch.zeros(len(rows), longest, hidden, dtype=rows[0].dtype, device=device)
+    valid = torch.zeros(len(rows), longest, dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        embeds[i, longest - row.shape[0]:] = row
+        valid[i, longest - row.shape[0]:] = True
+    positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
+    return PromptBatch(embeds, valid, positions, tuple(r.shape[0] for r in rows))
+
+
+class EagerFrameGenerator:
+    """Iterate to get int64 [16] CPU frames; `.end_reason` is set once the iterator is exhausted."""
+
+    def __init__(self, model: LoadedModel, request: ResolvedRequest, device: torch.device | str | None = None):
+        self.model, self.request = model, request
+        self.device = torch.device(device) if device is not None else model.device
+        self.end_reason: EndReason | None = None
+        self.frames_emitted = 0
+        self.timings = {"text_encode_s": 0.0, "prefill_s": 0.0, "generate_s": 0.0}
+        self._frames = self._run()
+
+    def __iter__(self) -> "EagerFrameGenerator":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        return next(self._frames)
+
+    def close(self) -> None:
+        self._frames.close()
+
+    # ---- the loop ----
+    def _combine(self, logits: torch.Tensor) -> torch.Tensor:
+        """[R, V] -> [1, V]: CFG rows (cond, uncond) combined u + s*(c - u)."""
+        if logits.shape[0] == 1:
+            return logits
+        cond, uncond = logits[:1], logits[1:2]
+        return uncond + self.request.cfg_scale * (cond - uncond)
+
+    @torch.no_grad()
+    def _run(self):
+        model, request = self.model, self.request
+        lm, config = model.lm, model.config
+        t0 = time.perf_counter()
+        prompt = prepare_prompt_embeddings(model, request)
+        t1 = time.perf_counter()
+        self.timings["text_encode_s"] = t1 - t0
+
+        dtype, device = prompt.inputs_embeds.dtype, prompt.inputs_embeds.device
+        n_rows, length = prompt.inputs_embeds.shape[:2]
+        cache = lm.new_backbone_cache()
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        allowed = causal[None, None] & prompt.attention_mask[:, None, None, :]
+        hidden = lm.backbone(prompt.inputs_embeds, prompt.positions, additive_mask(allowed, dtype), cache)[:, -1]
+        logits = lm.backbone_logits(hidden)
+        self.timings["prefill_s"] = time.perf_counter() - t1
+
+        limit = min(request.max_frames, model.generation_defaults.max_sequence - 1 - length)
+        rows = RowSampling.from_params([request.sampling], [request.seed], device)
+        vocab = config.vocab_size
+        blocked = torch.zeros(vocab + 1, dtype=torch.bool, device=device)
+        blocked[list(config.reserved_code_ids)] = True
+        seen = torch.zeros(1, vocab + 1, dtype=torch.bool, device=device)
+        key_valid = prompt.attention_mask
+        next_position = prompt.positions[:, -1:] + 1
+
+        frame_index = 0
+        while True:
+            started = time.perf_counter()
+            if frame_index >= limit:
+                self.end_reason = EndReason.FRAME_LIMIT
+                return
+            frame = torch.tensor([frame_index], dtype=torch.int64, device=device)
+            scores = apply_repetition_penalty(self._combine(logits), seen, rows.repetition_penalty)
+            code0 = sample_rows(scores, rows, frame, 0, blocked)  # [1]
+            if int(code0.item()) == config.end_of_speech_id:
+                self.timings["generate_s"] += time.perf_counter() - started
+                self.end_reason = EndReason.END_OF_SPEECH
+                return
+            codes = self._depth_frame(hidden, code0, rows, frame, blocked[:vocab])
+            self.timings["generate_s"] += time.perf_counter() - started
+            self.frames_emitted += 1
+            yield codes.cpu()
+            started = time.perf_counter()
+            frame_index += 1
+            if frame_index >= limit:
+                self.end_reason = EndReason.FRAME_LIMIT
+                return
+            seen[0, code0] = True
+            embeds = lm.embed_frames(codes.expand(n_rows, -1))[:, None]  # [R, 1, H]
+            key_valid = torch.cat((key_valid, torch.ones(n_rows, 1, dtype=torch.bool, device=device)), dim=1)
+            mask = additive_mask(key_valid[:, None, None, :], dtype)
+            hidden = lm.backbone(embeds, next_position, mask, cache)[:, -1]
+            next_position = next_position + 1
+            logits = lm.backbone_logits(hidden)
+            self.timings["generate_s"] += time.perf_counter() - started
+
+    def _depth_frame(self, backbone_hidden: torch.Tensor, code0: torch.Tensor, rows: RowSampling,
+                     frame: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+        """Codebooks 1..15 for one frame -> int64 [16] (codebook 0 first)."""
+        lm = self.model.lm
+        n_rows, device = backbone_hidden.shape[0], backbone_hidden.device
+        cache = lm.new_depth_cache()
+        inputs = lm.depth_prefill_inputs(backbone_hidden, code0.expand(n_rows))
+        causal = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None], inputs.dtype)
+        hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), causal, cache)[:, -1]
+        codes = [code0]
+        num_codebooks = self.model.config.num_codebooks
+        for position in range(1, num_codebooks):
+            logits = self._combine(lm.depth_logits(hidden, position))
+            code = sample_rows(logits, rows, frame, position, blocked)
+            codes.append(code)
+            if position == num_codebooks - 1:
+                break
+            embed = lm.depth_decoder.code_embedding(code.expand(n_rows), position)[:, None]
+            hidden = lm.depth_decoder(embed, torch.tensor([position + 1], device=device), None, cache)[:, -1]
+        return torch.cat(codes)

@@ -1,0 +1,118 @@
+"""`FastFrameGenerator`: the fast decode path behind the eager generator's interface.
+
+Prompt preparation is the eager path's (`prepare_prompt_embeddings`); the backbone prefill runs once,
+eagerly, into the static cache; then each frame is one replay of the sampling graph, ONE host read
+(16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
+the next frame, queued before the frame is handed out.
+
+Fail-safe: a frame whose logits held NaN/Inf anywhere (codebook 0 or any depth step) is never emitted.
+The event is counted (`nonfinite_events()` for the process, `.nonfinite_events` per generator) and the
+request ends with `NumericalError`: recomputing in the same precision would reproduce the same values, and
+the fp16-mixed policy (engine/precision.py) is the documented safe computation that prevents them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+import torch
+
+from breeze_worker.engine.eager import prepare_prompt_embeddings
+from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
+from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
+from breeze_worker.engine.sampling import RowSampling
+from breeze_worker.engine.types import EndReason, ResolvedRequest
+from breeze_worker.errors import NumericalError
+from breeze_worker.model.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+
+_NONFINITE = itertools.count()
+_NONFINITE_LOCK = threading.Lock()
+_nonfinite_total = 0
+
+
+def nonfinite_events() -> int:
+    """Frames discarded in this process because their logits were not finite."""
+    return _nonfinite_total
+
+
+def _count_nonfinite() -> None:
+    global _nonfinite_total
+    with _NONFINITE_LOCK:
+        _nonfinite_total += 1
+
+
+class FastFrameGenerator:
+    """Iterate to get int64 [16] CPU frames; `.end_reason` is set once the iterator is exhausted."""
+
+    def __init__(self, model: LoadedModel, request: ResolvedRequest, device: torch.device | str | None = None,
+                 *, eos_masked: bool = False):
+        self.model, self.request = model, request
+        self.device = torch.device(device) if device is not None else model.device
+        self.eos_masked = eos_masked  # bench only: never end of speech (the frame limit ends the request)
+        self.end_reason: EndReason | None = None
+        self.frames_emitted = 0
+        self.nonfinite_events = 0
+        self.host_reads = 0
+        self.timings = {"text_encode_s": 0.0, "prefill_s": 0.0, "generate_s": 0.0}
+        self.runner = None
+        self._frames = self._run()
+
+    def __iter__(self) -> "FastFrameGenerator":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        return next(self._frames)
+
+    def close(self) -> None:
+        self._frames.close()
+
+    @torch.no_grad()
+    def _run(self):
+        model, request = self.model, self.request
+        t0 = time.perf_counter()
+        prompt = prepare_prompt_embeddings(model, request)
+        t1 = time.perf_counter()
+        self.timings["text_encode_s"] = t1 - t0
+        rows, length = prompt.inputs_embeds.shape[:2]
+        capacity = model.generation_defaults.max_sequence
+        limit = min(request.max_frames, capacity - 1 - length)
+        runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device)
+        try:
+            step = runner.step
+            sampling = RowSampling.from_params([request.sampling], [request.seed], self.device)
+            step.set_stream(0, cond_row=0, uncond_row=rows - 1, cfg_scale=float(request.cfg_scale),
+                            sampling=sampling, eos_masked=self.eos_masked)
+            step.prefill(slice(0, rows), prompt.inputs_embeds, prompt.positions, prompt.attention_mask)
+            self.timings["prefill_s"] = time.perf_counter() - t1
+            frame_index = 0
+            while frame_index < limit:
+                started = time.perf_counter()
+                readout = runner.sample_frame()[0]
+                self.host_reads += 1
+                if bool(readout[READOUT_NONFINITE]):
+                    self.nonfinite_events += 1
+                    _count_nonfinite()
+                    self.end_reason = EndReason.ERROR
+                    log.error("frame %d of a request produced non-finite logits; it was not emitted", frame_index)
+                    raise NumericalError(
+                        f"non-finite values in the model's logits at frame {frame_index} (precision policy "
+                        "of this worker); the frame was discarded. Retry, or run the worker with --precision fp32")
+                if bool(readout[READOUT_EOS]):
+                    self.timings["generate_s"] += time.perf_counter() - started
+                    self.end_reason = EndReason.END_OF_SPEECH
+                    return
+                frame_index += 1
+                if frame_index < limit:  # the next frame's backbone step runs while the caller decodes this one
+                    runner.backbone_step(length + frame_index - 1)
+                self.timings["generate_s"] += time.perf_counter() - started
+                self.frames_emitted += 1
+                yield readout[:READOUT_EOS].clone()
+            self.end_reason = EndReason.FRAME_LIMIT
+        finally:
+            self.runner = None
+            release_runner(model.lm, runner)

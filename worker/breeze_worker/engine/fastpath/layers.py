@@ -1,0 +1,118 @@
+"""Lean decoder-layer forwards for the fast path, over the model's own weights.
+
+The model's blocks (`breeze_worker.model.lm.layers.DecoderLayer`) are the numerical reference; they launch
+~45-60 small kernels per layer, which inside one CUDA graph still costs ~1.5 us each, ~10,000 per frame.
+`PackedLayer` computes the same function with fewer launches: one GEMM for q/k/v and one for gate/up (the
+module weights are re-pointed at views of the packed tensors, so no memory is duplicated), q/k RMSNorm
+and RoPE applied to q and k together, grouped-query attention without repeating the cache, and FP32
+softmax. Layer inputs and outputs keep the residual stream's dtype; each GEMM runs in its weight's dtype
+(FP16 under `fp16-mixed`, see engine/precision.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A GEMM in the weight's dtype, returning the input's dtype (no casts when they agree)."""
+    if x.dtype == weight.dtype:
+        return F.linear(x, weight, bias)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Same function as the model's RMSNorm (no unit offset): w * (x_hat in float32, cast to x's dtype).
+
+    On CUDA, `F.rms_norm` (one fused kernel instead of seven; it applies the weight before the final
+    cast, a rounding difference only); on the CPU the model's exact formula (the tests' FP32 reference)."""
+    if x.is_cuda and weight.dtype == x.dtype:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight  # per-head gains (q/k norm together)
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def _pack(modules: list[nn.Linear]) -> torch.Tensor | None:
+    """Concatenate the weights of linears along the output axis and re-point each module's weight at its
+    slice of the packed tensor (no extra memory). None when dtypes/devices differ or biases exist."""
+    weights = [m.weight for m in modules]
+    if any(m.bias is not None for m in modules) or len({(w.dtype, w.device) for w in weights}) != 1:
+        return None
+    packed = torch.cat([w.detach() for w in weights], dim=0)
+    start = 0
+    for m in modules:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(packed[start:start + n], requires_grad=False)
+        start += n
+    return packed
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [R, heads, T, D], cos/sin [R, 1, T, D]: x*cos + rotate_half(x)*sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class PackedLayer:
+    """One pre-norm decoder layer (Qwen3 with q/k-norm, or Llama) packed for decoding with a static cache."""
+
+    def __init__(self, layer: nn.Module):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.scale = float(attn.scale)
+        self.eps_in, self.eps_post = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
+        self.w_in, self.w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.attn, self.mlp = attn, mlp
+        self.qkv = _pack([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.gate_up = _pack([mlp.gate_proj, mlp.up_proj])
+        self.act = mlp.act
+        self.qk_norm = None
+        if attn.q_norm is not None:
+            h, kv, d = self.heads, self.kv_heads, self.head_dim
+            self.qk_eps = attn.q_norm.eps
+            # per-head weights of q_norm and k_norm side by side: one normalization for q and k together
+            self.qk_norm = torch.cat([attn.q_norm.weight.detach().expand(h, d),
+                                      attn.k_norm.weight.detach().expand(kv, d)], dim=0)[None, :, None, :]
+        self.intermediate = mlp.down_proj.in_features
+
+    def _qkv(self, h: torch.Tensor) -> torch.Tensor:
+        if self.qkv is not None:
+            return linear(h, self.qkv)
+        a = self.attn
+        return torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is None:
+            m = self.mlp
+            return m.down_proj(self.act(m.gate_proj(h)) * m.up_proj(h))
+        gu = linear(h, self.gate_up)
+        gate, up = gu[..., :self.intermediate], gu[..., self.intermediate:]
+        return self.mlp.down_proj(self.act(gate) * up)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, write_kv, read_kv,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """x [R, T, hidden]; cos/sin [R, 1, T, D]; `write_kv(k, v)` stores [R, kv, T, D]; `read_kv()` returns
+        the cached keys/values [R, kv, L, D] the queries attend to; `mask` additive, [R, 1, T, L] or None."""
+        rows, t, _ = x.shape
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        qkv = self._qkv(rms_norm(x, self.w_in, self.eps_in)).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+        qk, v = qkv[:, :h + kv], qkv[:, h + kv:]
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, self.qk_eps)
+        qk = rotate(qk, cos, sin)
+        write_kv(qk[:, h:], v)
+        keys, values = read_kv()
+        q = qk[:, :h].reshape(rows, kv, (h // kv) * t, d)  # query head i reads kv head i // groups
+        scores = torch.matmul(q, keys.transpose(2, 3)).float() * self.scale
+        if mask is not None:
+            length = keys.shape[2]
+            scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        out = torch.matmul(probs, values).view(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
+        x = x + self.attn.o_proj(out)
+        return x + self._mlp(rms_norm(x, self.w_post, self.eps_post))

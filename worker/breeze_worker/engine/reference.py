@@ -1,0 +1,179 @@
+"""Reference audio intake for voice cloning: decode, check, convert to 24 kHz mono, encode, cache.
+
+`decode_reference_audio(bytes, max_seconds)` accepts WAV, FLAC or OGG (Vorbis/Opus) at any sample rate,
+with any number of channels (averaged to mono), as 8-32 bit integers or floats, and returns 24 kHz
+float32 samples. Every refusal is an `InvalidRequest` whose message says what to change.
+
+`ReferenceStore` encodes a reference once: its codes are cached under a content hash of (audio bytes,
+transcript), which is also the reference id (`ref-` + 32 hex digits) later requests can name instead of
+re-sending the audio. The store is thread-safe; two concurrent intakes of the same reference encode once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+
+import numpy as np
+import soundfile
+
+from breeze_worker.engine.types import ResolvedReference
+from breeze_worker.errors import InvalidRequest, NotFound
+from breeze_worker.model.codec.codec import Codec
+from breeze_worker.model.codec.resample import resample
+
+log = logging.getLogger(__name__)
+
+TARGET_RATE = 24000
+SUPPORTED_FORMATS = {"WAV": "WAV", "WAVEX": "WAV", "RF64": "WAV", "FLAC": "FLAC", "OGG": "OGG"}
+SILENCE_PEAK = 10 ** (-70 / 20)  # below -70 dBFS everywhere counts as silence
+REFERENCE_ID = re.compile(r"^ref-[0-9a-f]{32}$")
+
+
+def reference_id(audio: bytes, transcript: str) -> str:
+    """The content hash of (audio bytes, transcript): equal inputs give equal ids."""
+    digest = hashlib.sha256()
+    digest.update(len(audio).to_bytes(8, "little"))
+    digest.update(audio)
+    digest.update(transcript.encode("utf-8"))
+    return "ref-" + digest.hexdigest()[:32]
+
+
+def decode_reference_audio(audio: bytes, max_seconds: float) -> tuple[np.ndarray, float]:
+    """Audio file bytes -> (float32 mono samples at 24 kHz, duration in seconds of the original)."""
+    if not audio:
+        raise InvalidRequest("reference audio is empty: send a WAV, FLAC or OGG file with a few seconds of speech")
+    try:
+        info = soundfile.info(io.BytesIO(audio))
+    except Exception as exc:  # libsndfile reports unknown or corrupt data as several error types
+        raise InvalidRequest(
+            "reference audio could not be decoded: send a WAV, FLAC or OGG file "
+            f"(8-32 bit integer or float samples) ({_short(exc)})"
+        ) from exc
+    if info.format not in SUPPORTED_FORMATS:
+        raise InvalidRequest(
+            f"reference audio format {info.format_info or info.format} is not supported: convert it to WAV, FLAC or OGG"
+        )
+    if info.frames <= 0 or info.samplerate <= 0:
+        raise InvalidRequest("reference audio has no samples: send a recording with a few seconds of speech")
+    seconds = info.frames / info.samplerate
+    if seconds > max_seconds:
+        raise _too_long(seconds, max_seconds)
+    try:
+        samples, rate = soundfile.read(io.BytesIO(audio), dtype="float32", always_2d=True)
+    except Exception as exc:
+        raise InvalidRequest(
+            f"reference audio could not be decoded ({_short(exc)}): re-export it as 16-bit PCM WAV or FLAC"
+        ) from exc
+    if samples.shape[0] == 0:
+        raise InvalidRequest("reference audio has no samples: send a recording with a few seconds of speech")
+    seconds = samples.shape[0] / rate  # the decoded length; the header's may be approximate (OGG)
+    if seconds > max_seconds:
+        raise _too_long(seconds, max_seconds)
+    mono = samples.mean(axis=1, dtype=np.float32)
+    if not np.isfinite(mono).all():
+        raise InvalidRequest("reference audio contains NaN or infinite samples: re-export it as PCM WAV or FLAC")
+    if float(np.abs(mono).max()) < SILENCE_PEAK:
+        raise InvalidRequest(
+            "reference audio is silent (peak below -70 dBFS): send a recording of the speaker's voice"
+        )
+    return resample(mono, rate, TARGET_RATE), seconds
+
+
+def _too_long(seconds: float, max_seconds: float) -> InvalidRequest:
+    return InvalidRequest(
+        f"reference audio is {seconds:.1f} s long; the limit is {max_seconds:g} s: "
+        f"trim it to at most {max_seconds:g} s of speech"
+    )
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+class ReferenceStore:
+    """Encoded references by content hash, least recently used evicted beyond `max_entries`."""
+
+    def __init__(self, codec: Codec, max_entries: int = 64, max_seconds: float = 30.0):
+        if max_entries < 1 or max_seconds <= 0:
+            raise ValueError("max_entries must be >= 1 and max_seconds > 0")
+        self.codec = codec
+        self.max_entries = max_entries
+        self.max_seconds = max_seconds
+        self._entries: OrderedDict[str, ResolvedReference] = OrderedDict()
+        self._in_flight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._encode_lock = threading.Lock()  # one encode at a time on the codec
+        self.encodes = 0  # how many references were actually encoded (cache misses)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def intake(self, audio: bytes, transcript: str) -> ResolvedReference:
+        """Decode, check, encode and cache a reference; a repeated (audio, transcript) is served from cache."""
+        audio = bytes(audio)
+        transcript = (transcript or "").strip()
+        if not transcript:
+            raise InvalidRequest(
+                "reference transcript is empty: send the exact words spoken in the reference audio"
+            )
+        key = reference_id(audio, transcript)
+        with self._lock:
+            cached = self._entries.get(key)
+            if cached is not None:
+                self._entries.move_to_end(key)
+                return cached
+            pending = self._in_flight.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._in_flight[key] = Future()
+        if not owner:
+            return pending.result()  # another thread is encoding this very reference
+        try:
+            reference = self._encode(key, audio, transcript)
+        except BaseException as exc:
+            with self._lock:
+                del self._in_flight[key]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            del self._in_flight[key]
+            self._entries[key] = reference
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        pending.set_result(reference)
+        return reference
+
+    def get(self, reference_id: str) -> ResolvedReference:
+        """The reference held under `reference_id` (as returned by an earlier intake)."""
+        if not isinstance(reference_id, str) or not REFERENCE_ID.match(reference_id):
+            raise InvalidRequest(
+                f"reference id {reference_id!r} is malformed: expected 'ref-' followed by 32 lowercase hex "
+                "digits, as returned by an earlier request"
+            )
+        with self._lock:
+            reference = self._entries.get(reference_id)
+            if reference is not None:
+                self._entries.move_to_end(reference_id)
+                return reference
+        raise NotFound(
+            f"reference {reference_id} is not held by this worker (evicted, or sent to another worker): "
+            "send the reference audio and transcript again"
+        )
+
+    def _encode(self, key: str, audio: bytes, transcript: str) -> ResolvedReference:
+        samples, seconds = decode_reference_audio(audio, self.max_seconds)
+        with self._encode_lock:
+            codes = self.codec.encode(samples)
+            self.encodes += 1
+        codes = np.ascontiguousarray(codes.numpy(), dtype=np.int64)
+        codes.setflags(write=False)
+        log.info("reference %s encoded: %.2f s -> %d frames", key, seconds, codes.shape[0])
+        return ResolvedReference(reference_id=key, transcript=transcript, codes=codes, seconds=seconds)

@@ -1,0 +1,209 @@
+"""Request semantics: validation, defaults, template choice and the frame limit (`resolve_request`).
+
+Inputs are honoured exactly and never normalized (no trimming, no silent clamping): anything that cannot
+be served as given is an `InvalidRequest` whose message says what to change.
+
+- Template: reference -> clone, reference + instruction -> direction, instruction -> instruction (voice
+  design), otherwise plain.
+- cfg_scale: unset means 1.0 for plain / clone and the checkpoint default for instruction / direction (the
+  official default is 1.0 too: guidance is opt-in). A value other than 1 on a template without a negative
+  prompt is an error, never a silent change; non-finite or <= 0 is an error.
+- Frame limit: unset means a generous multiple of the text's expected speech time (CJK characters ~4/s,
+  other visible characters ~12/s, slow ends of normal speech), x3 plus 3 s, so a random-weight model or a
+  runaway tail stops early; never above the model's 1500-frame cap nor the backbone sequence budget left
+  after the prompt. An explicit limit above that cap is an error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import unicodedata
+
+from breeze_worker.engine.types import (
+    PcmEncoding,
+    ResolvedReference,
+    ResolvedRequest,
+    SamplingOverrides,
+    SamplingParams,
+    SynthesisRequest,
+    Template,
+)
+from breeze_worker.errors import InvalidRequest
+from breeze_worker.model import prompts
+from breeze_worker.model.loaded import GenerationDefaults
+
+MAX_SEED = 2**63
+MAX_FRAMES_PER_CHUNK = 50
+NUM_CODEBOOKS, CODEBOOK_SIZE = 16, 2048  # the codec's frame: 16 codes in [0, 2048)
+CJK_CHARS_PER_S = 4.0
+OTHER_CHARS_PER_S = 12.0
+LIMIT_MULTIPLE = 3.0
+LIMIT_SLACK_S = 3.0
+
+
+def _is_cjk(ch: str) -> bool:
+    code = ord(ch)
+    return (0x3040 <= code <= 0x30FF or 0x3400 <= code <= 0x4DBF or 0x4E00 <= code <= 0x9FFF
+            or 0xAC00 <= code <= 0xD7AF or 0xF900 <= code <= 0xFAFF or 0x20000 <= code <= 0x2FA1F)
+
+
+def expected_speech_seconds(text: str) -> float:
+    """A rough reading time: CJK characters (kana, hangul included) at ~4/s, other letters, digits and
+    punctuation at ~12/s; whitespace and control characters count for nothing."""
+    cjk = other = 0
+    for ch in text:
+        if _is_cjk(ch):
+            cjk += 1
+        elif not ch.isspace() and unicodedata.category(ch)[0] != "C":
+            other += 1
+    return cjk / CJK_CHARS_PER_S + other / OTHER_CHARS_PER_S
+
+
+def default_frame_limit(text: str, frame_rate: float) -> int:
+    return math.ceil((LIMIT_MULTIPLE * expected_speech_seconds(text) + LIMIT_SLACK_S) * frame_rate)
+
+
+def _check_text(name: str, value: str, max_chars: int) -> None:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string")
+    if not value.strip():
+        raise InvalidRequest(f"{name} is empty or only whitespace: give the words to speak" if name == "text"
+                             else f"{name} is empty or only whitespace: give one or leave it unset")
+    if len(value) > max_chars:
+        raise InvalidRequest(f"{name} has {len(value)} characters, more than the limit of {max_chars}: "
+                             "shorten it or split it into several requests")
+    markers = prompts.reserved_markers_in(value)
+    if markers:
+        raise InvalidRequest(f"{name} contains the reserved marker(s) {', '.join(markers)}: remove them")
+
+
+def _finite(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number, not {value!r}")
+    return float(value)
+
+
+def _resolve_sampling(overrides: SamplingOverrides, defaults: GenerationDefaults) -> SamplingParams:
+    o = overrides or SamplingOverrides()
+    temperature = defaults.temperature if o.temperature is None else _finite(o.temperature, "temperature")
+    if temperature < 0:
+        raise InvalidRequest(f"temperature must be >= 0 (0 means greedy), not {temperature}")
+    top_k = defaults.top_k if o.top_k is None else o.top_k
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise InvalidRequest(f"top_k must be an integer >= 0 (0 disables it), not {top_k!r}")
+    top_p = defaults.top_p if o.top_p is None else _finite(o.top_p, "top_p")
+    if not 0 < top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1] (1 disables it), not {top_p}")
+    penalty = (defaults.repetition_penalty if o.repetition_penalty is None
+               else _finite(o.repetition_penalty, "repetition_penalty"))
+    if penalty <= 0:
+        raise InvalidRequest(f"repetition_penalty must be > 0 (1 disables it), not {penalty}")
+    return SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                          repetition_penalty=float(penalty))
+
+
+def _resolve_cfg(req: SynthesisRequest, template: Template, defaults: GenerationDefaults) -> float:
+    guided = prompts.has_negative_branch(template.value)
+    if req.cfg_scale is None:
+        return float(getattr(defaults, "cfg_scale", 1.0)) if guided else 1.0
+    scale = _finite(req.cfg_scale, "cfg_scale")
+    if scale <= 0:
+        raise InvalidRequest(f"cfg_scale must be > 0 (1 means no guidance), not {scale}")
+    if scale != 1.0 and not guided:
+        raise InvalidRequest(
+            f"cfg_scale {scale} needs a negative prompt, and the {template.value} template has none (guidance "
+            "contrasts the prompt with its instruction-free version): set cfg_scale to 1 or leave it unset, or "
+            "add an instruction to use the instruction / direction template")
+    return scale
+
+
+def _resolve_seed(seed) -> int:
+    if seed is None:
+        return int.from_bytes(os.urandom(8), "little") % MAX_SEED
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        raise InvalidRequest(f"seed must be an integer in [0, 2**63), not {seed!r}; leave it unset for a random one")
+    return seed
+
+
+def _check_reference(req: SynthesisRequest, reference: ResolvedReference | None, max_chars: int) -> None:
+    ref = req.reference
+    if ref is None:
+        if reference is not None:
+            raise ValueError("a resolved reference was passed for a request without one")
+        return
+    has_audio = bool(ref.audio) or bool(ref.reference_id)
+    has_transcript = ref.transcript is not None and ref.transcript != ""
+    if ref.audio and ref.reference_id:
+        raise InvalidRequest("send either reference audio or a reference id, not both")
+    if has_audio and not has_transcript and not ref.reference_id:
+        raise InvalidRequest("reference audio needs its exact transcript: add the words spoken in the reference "
+                             "audio, or drop the reference")
+    if has_transcript and not has_audio:
+        raise InvalidRequest("a reference transcript was given without reference audio: add the audio (or a "
+                             "reference id), or drop the transcript")
+    if not has_audio:
+        raise InvalidRequest("the reference is empty: give reference audio with its transcript, or drop it")
+    if reference is None:
+        raise ValueError("the request has a reference but none was resolved: run reference intake first")
+    _check_text("reference transcript", reference.transcript, max_chars)
+    codes = reference.codes
+    if getattr(codes, "ndim", 0) != 2 or codes.shape[0] < 1 or codes.shape[1] != NUM_CODEBOOKS:
+        raise InvalidRequest("the reference audio gave no frames: send a longer reference clip")
+    if codes.min() < 0 or codes.max() >= CODEBOOK_SIZE:
+        raise InvalidRequest(f"the reference codes are out of the codec's range [0, {CODEBOOK_SIZE}): "
+                             "re-send the audio")
+
+
+def prompt_length(template: Template, text: str, instruction: str | None, reference: ResolvedReference | None,
+                  tokenizer, uses_cfg: bool) -> int:
+    """Backbone prompt positions of the request (the longer branch when guidance doubles the batch)."""
+    frames = 0 if reference is None else int(reference.codes.shape[0])
+    transcript = None if reference is None else reference.transcript
+    branches = [prompts.positive_segments(template.value, text, instruction, transcript, frames)]
+    if uses_cfg:
+        branches.append(prompts.negative_segments(template.value, text, instruction, transcript, frames))
+    try:
+        return max(len(prompts.build_prompt(tokenizer, segments)) for segments in branches)
+    except ValueError as exc:
+        raise InvalidRequest(f"the prompt cannot be laid out: {exc}") from exc
+
+
+def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, reference: ResolvedReference | None, *,
+                    max_text_chars: int = 2000, tokenizer=None) -> ResolvedRequest:
+    _check_text("text", req.text, max_text_chars)
+    if req.instruction is not None:
+        _check_text("instruction", req.instruction, max_text_chars)
+    _check_reference(req, reference, max_text_chars)
+    template = Template(prompts.template_for(req.reference is not None, req.instruction is not None))
+    cfg_scale = _resolve_cfg(req, template, defaults)
+    sampling = _resolve_sampling(req.sampling, defaults)
+    seed = _resolve_seed(req.seed)
+    fpc = req.frames_per_chunk
+    if isinstance(fpc, bool) or not isinstance(fpc, int) or not 1 <= fpc <= MAX_FRAMES_PER_CHUNK:
+        raise InvalidRequest(f"frames_per_chunk must be an integer from 1 to {MAX_FRAMES_PER_CHUNK}, not {fpc!r}")
+    if not isinstance(req.encoding, PcmEncoding):
+        raise InvalidRequest(f"encoding must be one of {[e.value for e in PcmEncoding]}, not {req.encoding!r}")
+
+    cap = int(defaults.max_frames)
+    if tokenizer is not None:
+        length = prompt_length(template, req.text, req.instruction, reference, tokenizer, cfg_scale != 1.0)
+        room = int(defaults.max_sequence) - 1 - length  # the official loop stops at prompt + frames = max - 1
+        if room < 1:
+            raise InvalidRequest(f"the prompt takes {length} of the model's {defaults.max_sequence} positions, "
+                                 "leaving no room for audio: shorten the text, instruction or reference")
+        cap = min(cap, room)
+    if req.max_frames is None:
+        max_frames = min(cap, default_frame_limit(req.text, defaults.frame_rate))
+    else:
+        max_frames = req.max_frames
+        if isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1:
+            raise InvalidRequest(f"max_frames must be a positive integer, not {max_frames!r}")
+        if max_frames > cap:
+            raise InvalidRequest(f"max_frames {max_frames} is above this request's cap of {cap} frames "
+                                 f"({cap / defaults.frame_rate:.1f} s; the model allows {defaults.max_frames} frames "
+                                 f"and {defaults.max_sequence} positions with the prompt): lower it or leave it unset")
+    return ResolvedRequest(
+        text=req.text, instruction=req.instruction, cfg_scale=cfg_scale, seed=seed, template=template,
+        sampling=sampling, max_frames=max_frames, encoding=req.encoding, frames_per_chunk=fpc, reference=reference,
+    )

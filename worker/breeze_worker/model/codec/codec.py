@@ -1,0 +1,84 @@
+"""The `Codec` facade the engine uses: decode codes to 24 kHz PCM (one-shot or streaming), encode references.
+
+The codec always runs in FP32, whatever the language model's precision: SnakeBeta's `exp` overflows in
+BF16/FP16. Any other dtype asked for is ignored (and logged); inputs of any float dtype are converted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from breeze_worker.model.codec.config import CodecConfig
+from breeze_worker.model.codec.decoder import CodecDecoder
+from breeze_worker.model.codec.encoder import ReferenceEncoder
+from breeze_worker.model.codec.streaming import DecoderStreamState
+
+log = logging.getLogger(__name__)
+
+
+def require_fp32(dtype: torch.dtype | None, what: str = "codec") -> None:
+    """Log (once per call site) that a non-FP32 dtype request is ignored: the codec stays in FP32."""
+    if dtype is not None and dtype != torch.float32:
+        log.info("the %s runs in float32; ignoring the requested dtype %s", what, dtype)
+
+
+class Codec:
+    """Qwen3-TTS-Tokenizer-12Hz: 16 codebooks per frame, 1920 samples per frame, 24 kHz mono."""
+
+    def __init__(self, config: CodecConfig, decoder: CodecDecoder, encoder: ReferenceEncoder):
+        self.config = config
+        self.decoder = decoder.to(torch.float32).eval()
+        self.encoder = encoder.to(torch.float32).eval()
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.output_sample_rate
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.config.decode_upsample_rate
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.config.decoder.num_quantizers
+
+    @property
+    def codebook_size(self) -> int:
+        return self.config.decoder.codebook_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.device
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Codec:
+        """Move to `device`; the dtype stays float32 (see the module docstring)."""
+        require_fp32(dtype)
+        self.decoder.to(device=device, dtype=torch.float32)
+        self.encoder.to(device=device, dtype=torch.float32)
+        self.encoder.after_load()
+        return self
+
+    def decode(self, codes: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """codes [B, 16, T] -> float32 [B, T * 1920] on the codec's device (every row from silence)."""
+        codes = torch.as_tensor(codes)
+        if codes.dim() != 3 or codes.shape[1] != self.num_codebooks:
+            raise ValueError(f"codes must be [batch, {self.num_codebooks}, frames], got {tuple(codes.shape)}")
+        if codes.dtype.is_floating_point:
+            raise ValueError(f"codes must be integers, got {codes.dtype}")
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise ValueError(f"codes must lie in [0, {self.codebook_size}), got {int(codes.min())}..{int(codes.max())}")
+        return self.decoder.decode(codes)
+
+    def new_stream(self, batch: int = 1) -> DecoderStreamState:
+        return self.decoder.new_stream(batch)
+
+    def decode_stream(self, codes: torch.Tensor, state: DecoderStreamState) -> torch.Tensor:
+        """Next frames of each stream: codes [B, 16, n] -> float32 [B, n * 1920]; no host sync."""
+        return self.decoder.decode_stream(codes, state)
+
+    def encode(self, wav24k: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Mono 24 kHz waveform [N] (any float dtype) -> codes int64 [ceil(N / 1920), 16] on the CPU."""
+        return self.encoder.encode(wav24k)

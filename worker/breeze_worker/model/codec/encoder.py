@@ -1,0 +1,113 @@
+"""Reference audio -> codes [T, 16], with transformers' `MimiModel` (encoder half only).
+
+This matches the reference tokenizer's encoding: the 24 kHz waveform goes through Mimi unchanged (its
+feature extractor is the identity for one mono clip), the split residual quantizer keeps the first
+`encoder_valid_num_quantizers` codebooks (the checkpoint's Mimi has 32; the first 16 do not depend on the
+rest), and the codes are trimmed to ceil(samples / 1920) frames.
+
+The checkpoint stores the encoder under `encoder.*` in the flat layout of transformers 4.x
+(`encoder.encoder.layers`, `encoder.encoder_transformer`, `encoder.downsample`, `encoder.quantizer`);
+transformers 5 nests the SEANet and the transformer under `MimiModel.encoder`. `checkpoint_key` /
+`module_key` translate between the two.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import MimiConfig, MimiModel
+
+from breeze_worker.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+# checkpoint prefix (after "encoder.") -> MimiModel prefix, and back
+_TO_MODULE = (
+    ("encoder.layers.", "encoder.encoder_seanet.layers."),
+    ("encoder_transformer.", "encoder.encoder_transformer."),
+    ("downsample.", "encoder.downsample."),
+    ("quantizer.", "quantizer."),
+)
+
+UNWINDOWED = 1 << 20  # encoder steps (25 Hz): far beyond any reference clip
+
+# keys transformers writes into every config that MimiConfig does not need
+_GENERIC_CONFIG_KEYS = {"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"}
+
+
+def mimi_config(raw: dict[str, Any]) -> MimiConfig:
+    """A transformers `MimiConfig` (encoder half only) from the checkpoint's `encoder_config` block."""
+    values = {k: v for k, v in raw.items() if k not in _GENERIC_CONFIG_KEYS and k != "model_type"}
+    frame_rate = values.pop("_frame_rate", None)
+    if frame_rate is not None:
+        values["frame_rate"] = frame_rate
+    try:
+        config = MimiConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"audio_tokenizer encoder_config is not a valid Mimi config: {exc}") from exc
+    config.decoder_config = None  # drop the Mimi decoder half: only encoding is needed
+    # The reference (transformers 4.57 Mimi with eager/SDPA attention) masks causally over the whole clip:
+    # its `sliding_window` only reached the flash-attention path. transformers 5 applies it everywhere, so
+    # widen it past any reference length to encode as the reference does (it matters beyond 250 steps, 10 s).
+    config.sliding_window = max(int(config.sliding_window or 0), UNWINDOWED)
+    return config
+
+
+class ReferenceEncoder(nn.Module):
+    """Mimi encoder + split residual quantizer; `encode(wav24k) -> int64 [T, valid_quantizers]`."""
+
+    def __init__(self, encoder_config: dict[str, Any], valid_quantizers: int, samples_per_frame: int):
+        super().__init__()
+        self.mimi_config = mimi_config(encoder_config)
+        self.mimi = MimiModel(self.mimi_config)
+        self.mimi.eval()
+        self.valid_quantizers = valid_quantizers
+        self.samples_per_frame = samples_per_frame
+        if self.mimi_config.frame_size != samples_per_frame:
+            raise CheckpointError(
+                f"the Mimi encoder makes a frame every {self.mimi_config.frame_size} samples, "
+                f"but the codec expects {samples_per_frame}"
+            )
+
+    @staticmethod
+    def module_key(checkpoint_key: str) -> str:
+        """`encoder.quantizer.x` (checkpoint) -> `mimi.quantizer.x` (this module)."""
+        inner = checkpoint_key.removeprefix("encoder.")
+        for old, new in _TO_MODULE:
+            if inner.startswith(old):
+                return "mimi." + new + inner[len(old) :]
+        raise CheckpointError(f"unexpected encoder tensor {checkpoint_key!r} in audio_tokenizer/model.safetensors")
+
+    @staticmethod
+    def checkpoint_key(module_key: str) -> str:
+        inner = module_key.removeprefix("mimi.")
+        for old, new in _TO_MODULE:
+            if inner.startswith(new):
+                return "encoder." + old + inner[len(new) :]
+        raise ValueError(f"no checkpoint name for encoder tensor {module_key!r}")
+
+    def after_load(self) -> None:
+        """Drop codebook tables cached from the weights before they were loaded."""
+        for module in self.mimi.modules():
+            if hasattr(module, "_embed"):
+                module._embed = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.mimi.parameters()).device
+
+    @torch.no_grad()
+    def encode(self, wav: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """wav [N] at 24 kHz (any float dtype) -> codes int64 [ceil(N / 1920), valid_quantizers] on the CPU."""
+        samples = torch.as_tensor(np.asarray(wav) if not isinstance(wav, torch.Tensor) else wav)
+        if samples.dim() != 1 or samples.shape[0] == 0:
+            raise ValueError(f"encode expects a non-empty mono waveform [N], got shape {tuple(samples.shape)}")
+        samples = samples.to(device=self.device, dtype=torch.float32).view(1, 1, -1)
+        codes = self.mimi.encode(samples, num_quantizers=self.valid_quantizers).audio_codes  # [1, K, T']
+        frames = math.ceil(samples.shape[-1] / self.samples_per_frame)
+        return codes[0, : self.valid_quantizers, :frames].transpose(0, 1).to("cpu", torch.int64).contiguous()

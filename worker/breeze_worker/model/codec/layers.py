@@ -1,0 +1,131 @@
+"""Convolutional building blocks of the codec decoder: causal convolutions, SnakeBeta, ConvNeXt, residual units.
+
+Every block takes `(x [B, C, T], state)`: with `state=None` it pads with zeros on the left (one-shot
+decode); with a `DecoderStreamState` it uses and updates the left context kept for it (streaming).
+Attribute names follow the checkpoint's tensor names (`conv`, `alpha`, `beta`, `dwconv`, `pwconv1`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from breeze_worker.model.codec.streaming import DecoderStreamState, slide_context
+
+
+class CausalConv1d(nn.Module):
+    """Stride-1 convolution that only looks back: `(kernel - 1) * dilation` samples of left context."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        self.in_channels = in_channels
+        self.context_steps = (kernel_size - 1) * dilation
+        self.stream_slot: int | None = None  # index into DecoderStreamState.contexts, set by the decoder
+
+    def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
+        if self.context_steps == 0:
+            return self.conv(x)
+        if state is None:
+            return self.conv(F.pad(x, (self.context_steps, 0)))
+        slot = self.stream_slot
+        x, state.contexts[slot] = slide_context(state.contexts[slot], x)
+        return self.conv(x)
+
+
+class CausalTransposedConv1d(nn.Module):
+    """Transposed convolution (upsampling by `stride`) trimmed on the right so it stays causal.
+
+    Output sample t depends on input steps floor((t - kernel) / stride) + 1 .. floor(t / stride), so a
+    stream keeps `ceil(kernel / stride) - 1` input steps whose output overlaps the next call's.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
+        super().__init__()
+        if kernel_size < stride:
+            raise ValueError("a causal transposed convolution needs kernel_size >= stride")
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.in_channels = in_channels
+        self.stride = stride
+        self.context_steps = math.ceil(kernel_size / stride) - 1
+        self.stream_slot: int | None = None
+
+    def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
+        steps = x.shape[-1]
+        if state is None or self.context_steps == 0:
+            return self.conv(x)[..., : steps * self.stride]
+        slot = self.stream_slot
+        x, state.contexts[slot] = slide_context(state.contexts[slot], x)
+        start = self.context_steps * self.stride
+        return self.conv(x)[..., start : start + steps * self.stride]
+
+
+class SnakeBeta(nn.Module):
+    """x + sin(a x)^2 / b per channel, with a = exp(alpha), b = exp(beta) (log-scale parameters).
+
+    The `exp` overflows in half precision: the codec always runs in FP32.
+    """
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
+        frequency = torch.exp(self.alpha).view(1, -1, 1)
+        magnitude = torch.exp(self.beta).view(1, -1, 1)
+        return x + torch.sin(x * frequency).pow(2) / (magnitude + 1e-9)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv (7) -> LayerNorm -> 4x MLP (GELU) -> per-channel gain, added to the input."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, kernel_size=7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
+        h = self.dwconv(x, state).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    """SnakeBeta -> dilated causal conv (7) -> SnakeBeta -> 1x1 conv, added to the input."""
+
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, kernel_size=7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
+        h = self.conv1(self.act1(x), state)
+        return x + self.conv2(self.act2(h), state)
+
+
+class UpsampleBlock(nn.Module):
+    """SnakeBeta -> transposed conv (x rate, halving channels) -> residual units with dilations 1, 3, 9."""
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [
+                SnakeBeta(in_dim),
+                CausalTransposedConv1d(in_dim, out_dim, kernel_size=2 * rate, stride=rate),
+                *(ResidualUnit(out_dim, dilation) for dilation in (1, 3, 9)),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
+        for layer in self.block:
+            x = layer(x, state)
+        return x

@@ -1,0 +1,234 @@
+"""Official checkpoint directory <-> `LoadedModel`.
+
+`load_checkpoint` reads config.json (decoy top-level keys ignored), generation_config.json, tokenizer.json
+and the safetensors shards named by model.safetensors.index.json. The model is built on the meta device,
+materialized uninitialized on the target device, and filled one tensor at a time. `safe_open` validates
+the shard headers (names, shapes); the data is read by offset straight into each parameter (through a 16 MB
+staging buffer when the dtype or device differs), never memory-mapped, so peak host memory stays at the
+live weights plus a few MB. Dead tensors (`embed_text_tokens.*`, `codec_model.*`) are never read. The
+backbone's audio embedding is the depth decoder's `embed_tokens` (one module), so the tie holds by
+construction. Any missing, unexpected or mis-shaped tensor is a `CheckpointError` naming it and both shapes.
+
+`write_checkpoint` writes the same official layout (used by tests and to export the tiny default).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from breeze_worker.errors import CheckpointError
+from breeze_worker.model.codec import load_codec, write_codec_checkpoint
+from breeze_worker.model.lm.breeze import BreezeLM
+from breeze_worker.model.lm.config import BreezeConfig
+from breeze_worker.model.loaded import GenerationDefaults, LoadedModel
+from breeze_worker.model.tokenizer import BreezeTokenizer
+
+log = logging.getLogger(__name__)
+
+DEAD_PREFIXES = ("embed_text_tokens.", "codec_model.")
+TIED_ALIAS = "backbone_model.embed_tokens.embed_audio_tokens.weight"  # = depth_decoder.model.embed_tokens.weight
+TIED_NAME = "depth_decoder.model.embed_tokens.weight"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path.name} is missing from {path.parent}: not a Breeze TTS 2 checkpoint") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _weight_map(directory: Path) -> dict[str, str]:
+    """tensor name -> shard file name."""
+    index = directory / INDEX_FILE
+    if index.exists():
+        return dict(_read_json(index)["weight_map"])
+    single = directory / "model.safetensors"
+    if not single.exists():
+        raise CheckpointError(f"{directory} has neither {INDEX_FILE} nor model.safetensors")
+    with safe_open(str(single), framework="pt") as f:
+        return {name: single.name for name in f.keys()}
+
+
+def _shard_shapes(directory: Path, weight_map: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    """Shapes from the shard headers (no tensor data is read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in sorted(set(weight_map.values())):
+        path = directory / shard
+        if not path.exists():
+            raise CheckpointError(f"shard {shard} named by {INDEX_FILE} is missing from {directory}")
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if weight_map.get(name) == shard and not name.startswith(DEAD_PREFIXES):
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def _check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]],
+                   weight_map: dict[str, str]) -> None:
+    problems: list[str] = []
+    for name, shape in expected.items():
+        if name not in found:
+            where = "its shard lacks it" if name in weight_map else "no shard holds it"
+            problems.append(f"missing tensor {name}: expected shape {list(shape)}, checkpoint has none ({where})")
+        elif found[name] != shape:
+            problems.append(f"tensor {name} has shape {list(found[name])} in the checkpoint, "
+                            f"the architecture in config.json expects {list(shape)}")
+    for name, shape in found.items():
+        if name == TIED_ALIAS:
+            if shape != expected[TIED_NAME]:
+                problems.append(f"tensor {name} has shape {list(shape)} in the checkpoint, the architecture "
+                                f"expects {list(expected[TIED_NAME])} (tied to {TIED_NAME})")
+        elif name not in expected:
+            problems.append(f"unexpected tensor {name} with shape {list(shape)}: the architecture in config.json "
+                            "has no such tensor (expected shape: none)")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CheckpointError("checkpoint does not match its config: " + "; ".join(problems[:5]) + more)
+
+
+_CHUNK_BYTES = 16 * 1024 * 1024
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _read_header(file) -> tuple[int, dict]:
+    """A safetensors header: (offset of the data section, {name: {dtype, shape, data_offsets}})."""
+    size = int.from_bytes(file.read(8), "little")
+    return 8 + size, json.loads(file.read(size))
+
+
+def _read_shard_tensors(path: Path, names: list[str], params: dict[str, torch.Tensor], staging: torch.Tensor) -> None:
+    """Read `names` from one shard straight into their parameters, one tensor at a time.
+
+    Plain reads by offset rather than a memory map: a mapped shard's touched pages count as the process's
+    resident memory until it is unmapped, which would add a shard (or at least a tensor) to the peak. A
+    tensor whose dtype and device match is read in place; otherwise it goes through a 16 MB staging buffer."""
+    with open(path, "rb", buffering=0) as file:
+        data_start, header = _read_header(file)
+        for name in names:
+            entry, dest = header[name], params[name]
+            begin, end = entry["data_offsets"]
+            src_dtype = _DTYPES[entry["dtype"]]
+            file.seek(data_start + begin)
+            if dest.device.type == "cpu" and dest.dtype == src_dtype and dest.is_contiguous():
+                view = memoryview(dest.view(torch.uint8).numpy()) if dest.numel() else memoryview(b"")
+                _read_exact(file, view, name)
+                continue
+            shape = list(entry["shape"])
+            flat = dest.view(-1) if not shape else dest.reshape(shape[0], -1)
+            row_bytes = (end - begin) // max(1, flat.shape[0]) if shape else end - begin
+            rows_per_chunk = max(1, _CHUNK_BYTES // max(1, row_bytes))
+            rows = flat.shape[0] if shape else 1
+            for r0 in range(0, rows, rows_per_chunk):
+                r1 = min(rows, r0 + rows_per_chunk)
+                nbytes = (r1 - r0) * row_bytes
+                buf = staging if nbytes <= staging.numel() else torch.empty(nbytes, dtype=torch.uint8)
+                _read_exact(file, memoryview(buf.numpy())[:nbytes], name)
+                chunk = buf[:nbytes].view(src_dtype)
+                if shape:
+                    flat[r0:r1].copy_(chunk.view(r1 - r0, -1))
+                else:
+                    dest.copy_(chunk.view(dest.shape))
+
+
+def _read_exact(file, view: memoryview, name: str) -> None:
+    done = 0
+    while done < len(view):
+        got = file.readinto(view[done:])
+        if not got:
+            raise CheckpointError(f"tensor {name} is truncated in its shard (file shorter than its header says)")
+        done += got
+
+
+def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.float32) -> LoadedModel:
+    directory = Path(directory)
+    config = BreezeConfig.from_dict(_read_json(directory / "config.json"))
+    if not config.tie_codebooks_embeddings:
+        raise CheckpointError("config.json sets tie_codebooks_embeddings false; only tied embeddings are supported")
+    gen_path = directory / "generation_config.json"
+    defaults = GenerationDefaults.from_generation_config(_read_json(gen_path) if gen_path.exists() else {})
+    tokenizer = BreezeTokenizer.from_file(directory / "tokenizer.json", config)
+
+    with torch.device("meta"):
+        lm = BreezeLM(config).to(dtype)
+    expected = {name: tuple(p.shape) for name, p in lm.state_dict().items()}
+    weight_map = _weight_map(directory)
+    found = _shard_shapes(directory, weight_map)
+    _check_tensors(expected, found, weight_map)
+
+    lm = lm.to_empty(device=device)
+    lm.reset_buffers()
+    params = lm.state_dict()
+    by_shard: dict[str, list[str]] = {}
+    for name in expected:
+        by_shard.setdefault(weight_map[name], []).append(name)
+    staging = torch.empty(_CHUNK_BYTES, dtype=torch.uint8)
+    with torch.no_grad():
+        for shard, names in sorted(by_shard.items()):
+            _read_shard_tensors(directory / shard, sorted(names), params, staging)
+    lm.eval().requires_grad_(False)
+    skipped = sum(1 for n in weight_map if n.startswith(DEAD_PREFIXES))
+    log.info("loaded %d tensors from %s (%d dead tensors skipped unread)", len(expected), directory, skipped)
+    return LoadedModel(config=config, lm=lm, tokenizer=tokenizer, generation_defaults=defaults,
+                       codec=_load_codec(directory / "audio_tokenizer", device), is_tiny_default=False)
+
+
+def _load_codec(audio_tokenizer_dir: Path, device):
+    if not audio_tokenizer_dir.is_dir():
+        log.warning("%s is missing: the language model loads without a codec", audio_tokenizer_dir)
+        return None
+    return load_codec(audio_tokenizer_dir, device)
+
+
+def write_checkpoint(model: LoadedModel, directory: str | Path, *, dtype: torch.dtype | None = None,
+                     config_overrides: dict | None = None, dead_tensors: bool = True) -> Path:
+    """Write `model` in the official layout: config.json (decoys included; `config_overrides` are merged
+    into its top level), generation_config.json, tokenizer.json, an index and two shards, the dead tensors
+    present, the tied audio embedding stored once as depth_decoder.model.embed_tokens.weight, and the
+    codec as audio_tokenizer/ when the model has one."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if model.codec is not None:
+        write_codec_checkpoint(model.codec, directory / "audio_tokenizer")
+    raw = model.config.to_dict()
+    raw.update(config_overrides or {})
+    (directory / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
+    gen = model.generation_defaults.to_generation_config()
+    (directory / "generation_config.json").write_text(json.dumps(gen, indent=2), encoding="utf-8")
+    (directory / "tokenizer.json").write_text(model.tokenizer.to_str(), encoding="utf-8")
+
+    tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous() for name, t in model.lm.state_dict().items()}
+    if dead_tensors:
+        cfg = model.config
+        gen_cpu = torch.Generator().manual_seed(0)
+        tensors["embed_text_tokens.weight"] = torch.randn(cfg.text_vocab_size, cfg.hidden_size, generator=gen_cpu)
+        tensors["codec_model.encoder.layers.0.conv.weight"] = torch.randn(8, 1, 7, generator=gen_cpu)
+        tensors["codec_model.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.embed_sum"] = (
+            torch.randn(16, 8, generator=gen_cpu))
+    names = sorted(tensors)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    shards: list[dict[str, torch.Tensor]] = [{}, {}]
+    running = 0
+    for name in names:  # first half of the bytes in shard 1, the rest in shard 2
+        t = tensors[name]
+        shards[0 if running < total / 2 else 1][name] = t
+        running += t.numel() * t.element_size()
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-00002.safetensors"
+        save_file(shard, str(directory / file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2), encoding="utf-8")
+    return directory

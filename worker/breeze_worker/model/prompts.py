@@ -1,0 +1,164 @@
+"""The four prompt templates, their negative (CFG) prompts, and the token layout of a prompt.
+
+| template    | positive prompt                                              | negative prompt |
+|-------------|--------------------------------------------------------------|-----------------|
+| plain       | [S0]{text}                                                   | none            |
+| instruction | [S0]<ins_bos>{instruction}<ins_eos>{text}                    | [S0]{text}      |
+| clone       | [S0]{transcript}, <|AUDIO|> x T, <|audio_eos|>, [S0]{text}   | none            |
+| direction   | [S0]{transcript}, <|AUDIO|> x T, <|audio_eos|>,              | the clone prompt|
+|             | [S0]<ins_bos>{instruction}<ins_eos>{text}                    |                 |
+
+Tokenization follows the official recipe: each text segment is tokenized *with* special tokens (so it
+gains a leading <bos>) and decoded back to a string; an audio segment renders as T `<|AUDIO|>` markers and
+one `<|audio_eos|>`; the strings are concatenated and the whole is tokenized once without special tokens.
+A clone / direction prompt therefore carries a second `<bos>` in the middle, at the start of the text
+segment after the reference audio. Segment lengths are measured by tokenizing each rendered piece alone;
+each text segment (its <bos> included) is encoded by the text encoder on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from breeze_worker.model.tokenizer import AUDIO_EOS_TOKEN, AUDIO_TOKEN, BreezeTokenizer
+
+PLAIN, INSTRUCTION, CLONE, DIRECTION = "plain", "instruction", "clone", "direction"
+TEMPLATES = (PLAIN, INSTRUCTION, CLONE, DIRECTION)
+SPEAKER = "[S0]"
+INS_BOS, INS_EOS = "<ins_bos>", "<ins_eos>"
+# markers whose presence in user text would break the prompt layout
+RESERVED_MARKERS = (AUDIO_TOKEN, AUDIO_EOS_TOKEN)
+
+TEXT, AUDIO, AUDIO_EOS = "text", "audio", "audio_eos"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A text piece (`text`) or the reference audio (`frames` codes, rendered with its end marker)."""
+
+    kind: str  # TEXT or AUDIO
+    text: str = ""
+    frames: int = 0
+
+
+@dataclass(frozen=True)
+class Span:
+    """A run of prompt positions: a text segment (encoded on its own), audio frames or the audio end."""
+
+    kind: str  # TEXT, AUDIO or AUDIO_EOS
+    start: int
+    length: int
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    input_ids: tuple[int, ...]
+    spans: tuple[Span, ...]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def text_segments(self) -> list[tuple[int, ...]]:
+        return [self.input_ids[s.start : s.start + s.length] for s in self.spans if s.kind == TEXT]
+
+
+def template_for(has_reference: bool, has_instruction: bool) -> str:
+    if has_reference:
+        return DIRECTION if has_instruction else CLONE
+    return INSTRUCTION if has_instruction else PLAIN
+
+
+def has_negative_branch(template: str) -> bool:
+    return str(template) in (INSTRUCTION, DIRECTION)
+
+
+def _plain_text(text: str) -> Segment:
+    return Segment(TEXT, f"{SPEAKER}{text}")
+
+
+def _instruction_text(text: str, instruction: str) -> Segment:
+    return Segment(TEXT, f"{SPEAKER}{INS_BOS}{instruction}{INS_EOS}{text}")
+
+
+def _reference_prefix(transcript: str, frames: int) -> list[Segment]:
+    return [Segment(TEXT, f"{SPEAKER}{transcript}"), Segment(AUDIO, frames=frames)]
+
+
+def positive_segments(template: str, text: str, instruction: str | None = None, transcript: str | None = None,
+                      reference_frames: int = 0) -> list[Segment]:
+    template = str(getattr(template, "value", template))
+    if template == PLAIN:
+        return [_plain_text(text)]
+    if template == INSTRUCTION:
+        return [_instruction_text(text, _required(instruction, "instruction"))]
+    prefix = _reference_prefix(_required(transcript, "transcript"), _frames(reference_frames))
+    if template == CLONE:
+        return prefix + [_plain_text(text)]
+    if template == DIRECTION:
+        return prefix + [_instruction_text(text, _required(instruction, "instruction"))]
+    raise ValueError(f"unknown template {template!r}; expected one of {TEMPLATES}")
+
+
+def negative_segments(template: str, text: str, instruction: str | None = None, transcript: str | None = None,
+                      reference_frames: int = 0) -> list[Segment] | None:
+    """The CFG negative prompt, or None where the template has none (plain, clone)."""
+    template = str(getattr(template, "value", template))
+    if template == INSTRUCTION:
+        return positive_segments(PLAIN, text)
+    if template == DIRECTION:
+        return positive_segments(CLONE, text, transcript=transcript, reference_frames=reference_frames)
+    if template in (PLAIN, CLONE):
+        return None
+    raise ValueError(f"unknown template {template!r}; expected one of {TEMPLATES}")
+
+
+def _required(value: str | None, name: str) -> str:
+    if value is None:
+        raise ValueError(f"this template needs a {name}")
+    return value
+
+
+def _frames(frames: int) -> int:
+    if frames < 1:
+        raise ValueError("a reference prompt needs at least one audio frame")
+    return frames
+
+
+def render(tokenizer: BreezeTokenizer, segment: Segment) -> str:
+    if segment.kind == TEXT:
+        return tokenizer.decode(tokenizer.encode(segment.text, add_special_tokens=True), skip_special_tokens=False)
+    return AUDIO_TOKEN * segment.frames + AUDIO_EOS_TOKEN
+
+
+def build_prompt(tokenizer: BreezeTokenizer, segments: list[Segment]) -> PromptLayout:
+    """Token ids of a prompt and which positions are text segments, audio frames and the audio end."""
+    rendered = [render(tokenizer, seg) for seg in segments]
+    ids = tuple(tokenizer.encode("".join(rendered), add_special_tokens=False))
+    spans: list[Span] = []
+    start = 0
+    for seg, piece in zip(segments, rendered):
+        length = len(tokenizer.encode(piece, add_special_tokens=False))
+        if seg.kind == TEXT:
+            spans.append(Span(TEXT, start, length))
+        else:
+            spans.append(Span(AUDIO, start, seg.frames))
+            spans.append(Span(AUDIO_EOS, start + seg.frames, 1))
+            if length != seg.frames + 1:
+                raise ValueError("the audio markers did not tokenize one token per frame")
+        start += length
+    if start != len(ids):
+        raise ValueError(f"prompt segments cover {start} tokens but the prompt has {len(ids)}; "
+                         "a segment boundary merged with its neighbour")
+    for span in spans:
+        want = {AUDIO: tokenizer.audio_token_id, AUDIO_EOS: tokenizer.audio_eos_token_id}.get(span.kind)
+        got = ids[span.start : span.start + span.length]
+        if want is not None and any(t != want for t in got):
+            raise ValueError("reference audio markers are not where the layout puts them")
+        if want is None and any(t in (tokenizer.audio_token_id, tokenizer.audio_eos_token_id) for t in got):
+            raise ValueError(f"text contains an audio marker ({AUDIO_TOKEN} or {AUDIO_EOS_TOKEN})")
+    return PromptLayout(ids, tuple(spans))
+
+
+def reserved_markers_in(text: str) -> list[str]:
+    """The layout-breaking markers present in a user string."""
+    return [m for m in RESERVED_MARKERS if m in text]

@@ -1,0 +1,102 @@
+"""The Artifacts service (its own port): Stat, Fetch (ranged, chunked, optional zstd), Delete.
+
+File reads and compression run in a worker thread; the event loop only moves messages. The first
+Fetch message carries the request-received, file-opened and first-byte-sent times, the last message
+the last-byte-sent time (worker clock; clients map them with the Clock service).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import grpc
+import zstandard
+
+from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, common_pb2
+from breeze_worker.artifacts.store import ArtifactStore
+from breeze_worker.errors import InvalidRequest, NotFound, OutOfRange
+from breeze_worker.transport.convert import artifact_to_pb
+from breeze_worker.transport.status import mapped_errors
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 256 * 1024
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+ZSTD_LEVEL = 3
+
+
+def _read_chunk(fd: int, size: int, offset: int, compress: bool) -> tuple[bytes, int]:
+    """(data to send, uncompressed length) of `size` bytes at `offset`."""
+    raw = os.pread(fd, size, offset)
+    if compress:
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw), len(raw)
+    return raw, len(raw)
+
+
+class ArtifactServicer(artifacts_pb2_grpc.ArtifactsServicer):
+    def __init__(self, store: ArtifactStore, endpoint: str) -> None:
+        self._store = store
+        self._endpoint = endpoint
+
+    async def Stat(self, request, context: grpc.aio.ServicerContext) -> common_pb2.ArtifactInfo:
+        async with mapped_errors(context, f"Stat({request.artifact_id[:40]!r})"):
+            info = await asyncio.to_thread(self._store.stat, request.artifact_id)
+            return artifact_to_pb(info, self._endpoint)
+
+    async def Delete(self, request, context: grpc.aio.ServicerContext) -> artifacts_pb2.DeleteArtifactResponse:
+        async with mapped_errors(context, f"Delete({request.artifact_id[:40]!r})"):
+            info = await asyncio.to_thread(self._store.stat, request.artifact_id)
+            await asyncio.to_thread(self._store.delete, request.artifact_id)
+            return artifacts_pb2.DeleteArtifactResponse(freed_bytes=info.size_bytes)
+
+    async def Fetch(self, request, context: grpc.aio.ServicerContext) -> None:
+        received_ns = time.time_ns()
+        async with mapped_errors(context, f"Fetch({request.artifact_id[:40]!r})"):
+            chunk = request.chunk_size or DEFAULT_CHUNK_BYTES
+            if chunk > MAX_CHUNK_BYTES:
+                raise InvalidRequest(f"chunk_size {chunk} is too large: use at most {MAX_CHUNK_BYTES} bytes "
+                                     "(or 0 for the default)")
+            if request.compression not in (artifacts_pb2.COMPRESSION_UNSPECIFIED, artifacts_pb2.COMPRESSION_NONE,
+                                           artifacts_pb2.COMPRESSION_ZSTD):
+                raise InvalidRequest(f"compression {request.compression} is unknown: use COMPRESSION_NONE or "
+                                     "COMPRESSION_ZSTD")
+            compress = request.compression == artifacts_pb2.COMPRESSION_ZSTD
+            f, info = await asyncio.to_thread(self._store.open_for_read, request.artifact_id)
+            try:
+                await self._send(context, f.fileno(), info, request, chunk, compress, received_ns)
+            finally:
+                f.close()
+
+    async def _send(self, context, fd: int, info, request, chunk: int, compress: bool, received_ns: int) -> None:
+        size = info.size_bytes
+        if request.offset > size:
+            raise OutOfRange(f"offset {request.offset} is past the end of artifact {info.artifact_id} "
+                             f"({size} bytes): fetch from an offset between 0 and {size}")
+        end = size if request.limit == 0 else min(size, request.offset + request.limit)
+        opened_ns = time.time_ns()
+        delay = self._store.settings.fault_first_byte_delay_s
+        if delay > 0:  # test-only fault injection (diagnosis tests)
+            await asyncio.sleep(delay)
+        position = request.offset
+        first = True
+        while first or position < end:
+            n = min(chunk, end - position)
+            data, raw_len = (await asyncio.to_thread(_read_chunk, fd, n, position, compress)) if n else (b"", 0)
+            if raw_len != n:
+                raise NotFound(f"artifact {info.artifact_id} changed while it was being sent: fetch it again")
+            message = artifacts_pb2.FetchArtifactResponse(data=data, offset=position, uncompressed_size=raw_len)
+            if first:
+                message.info.CopyFrom(artifact_to_pb(info, self._endpoint))
+                message.request_received_unix_ns = received_ns
+                message.file_opened_unix_ns = opened_ns
+                message.first_byte_sent_unix_ns = time.time_ns()
+                first = False
+            await context.write(message)
+            position += raw_len
+        await context.write(artifacts_pb2.FetchArtifactResponse(
+            offset=position, last=True, last_byte_sent_unix_ns=time.time_ns()))
+        log.info("artifact %s: sent bytes %d..%d%s", info.artifact_id, request.offset, position,
+                 " (zstd)" if compress else "")

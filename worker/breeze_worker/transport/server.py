@@ -1,0 +1,176 @@
+"""Two grpc.aio servers in one process: synthesis (Synthesis + Clock) and artifacts (Artifacts + Clock).
+
+Both ports carry grpc.health.v1 (the overall "" status and breeze.tts.v1.Synthesis report NOT_SERVING
+until the engine is loaded and warmed; breeze.tts.v1.Artifacts serves as soon as the store is open)
+and server reflection. `create_server` binds, starts and returns the running servers with the ports
+actually bound (port 0 picks a free one); `serve` owns the signal handling and the engine lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+import breeze_worker
+from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2, clock_pb2_grpc
+from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
+from breeze_worker.artifacts.store import ArtifactStore
+from breeze_worker.config import WorkerSettings
+from breeze_worker.transport.artifact_servicer import MAX_CHUNK_BYTES, ArtifactServicer
+from breeze_worker.transport.auth import BearerTokenInterceptor
+from breeze_worker.transport.clock_servicer import ClockServicer
+from breeze_worker.transport.synthesis_servicer import TINY_DEFAULT_WARNING, SynthesisServicer
+
+log = logging.getLogger(__name__)
+
+SYNTHESIS_SERVICE = synthesis_pb2.DESCRIPTOR.services_by_name["Synthesis"].full_name
+ARTIFACTS_SERVICE = artifacts_pb2.DESCRIPTOR.services_by_name["Artifacts"].full_name
+CLOCK_SERVICE = clock_pb2.DESCRIPTOR.services_by_name["Clock"].full_name
+_ARTIFACT_REQUEST_BYTES = 64 * 1024  # Stat / Fetch / Delete requests are tiny
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _options(max_receive: int, max_send: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_receive),
+        ("grpc.max_send_message_length", max_send),
+        ("grpc.so_reuseport", 0),  # a second worker on the same port must fail, not share it
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
+    s = settings.server
+    if s.tls_cert is None:
+        return None
+    return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
+    address = _address(host, port)
+    try:
+        bound = (server.add_secure_port(address, credentials) if credentials is not None
+                 else server.add_insecure_port(address))
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address} ({exc}): is another worker running? pick another port") from exc
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}: is another worker running? pick another port")
+    return bound
+
+
+def advertised_artifact_endpoint(settings: WorkerSettings, artifact_port: int) -> str:
+    s = settings.server
+    if s.advertised_artifact_address:
+        return s.advertised_artifact_address
+    host = s.host
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.getfqdn()
+    return _address(host, artifact_port)
+
+
+@dataclass
+class RunningServers:
+    """The two started servers, their bound ports and the shared health state."""
+
+    synthesis: grpc.aio.Server
+    artifacts: grpc.aio.Server
+    synthesis_port: int
+    artifact_port: int
+    artifact_endpoint: str
+    health: health.aio.HealthServicer
+    store: ArtifactStore
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SYNTHESIS_SERVICE):
+            await self.health.set(service, status)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Report NOT_SERVING, then let in-flight calls finish for `grace` seconds before cutting them."""
+        for task in self._tasks:
+            task.cancel()
+        await self.health.enter_graceful_shutdown()
+        await asyncio.gather(self.synthesis.stop(grace), self.artifacts.stop(grace))
+
+    async def wait_for_termination(self) -> None:
+        await asyncio.gather(self.synthesis.wait_for_termination(), self.artifacts.wait_for_termination())
+
+
+def _worker_info(settings: WorkerSettings, engine, endpoint: str) -> synthesis_pb2.WorkerInfo:
+    tiny = bool(getattr(engine, "is_tiny_default", False))
+    return synthesis_pb2.WorkerInfo(
+        model_description=str(getattr(engine, "model_description", "")),
+        is_tiny_default=tiny,
+        warning=TINY_DEFAULT_WARNING if tiny else "",
+        sample_rate=int(getattr(engine, "sample_rate", 24000)),
+        artifact_endpoint=endpoint,
+        ready=bool(getattr(engine, "ready", False)),
+        max_text_chars=settings.engine.max_text_chars,
+        max_request_bytes=settings.server.max_request_bytes,
+        version=breeze_worker.__version__,
+    )
+
+
+async def _retention_loop(store: ArtifactStore, interval_s: float) -> None:
+    while True:
+        try:
+            await asyncio.to_thread(store.enforce_retention)
+        except Exception:  # noqa: BLE001 - retention must never stop the worker
+            log.exception("artifact retention failed; retrying in %.0f s", interval_s)
+        await asyncio.sleep(interval_s)
+
+
+async def create_server(settings: WorkerSettings, engine, store: ArtifactStore | None = None) -> RunningServers:
+    """Build, bind and start both servers; health is NOT_SERVING until `set_serving(True)` (or engine.ready)."""
+    settings.validate()
+    s = settings.server
+    store = store or getattr(engine, "artifact_store", None) or ArtifactStore(settings.artifacts)
+    interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
+    credentials = _credentials(settings)
+    health_servicer = health.aio.HealthServicer()
+    clock = ClockServicer()
+
+    synthesis_server = grpc.aio.server(interceptors=interceptors,
+                                       options=_options(s.max_request_bytes, 64 * 1024 * 1024))
+    artifact_server = grpc.aio.server(interceptors=interceptors,
+                                      options=_options(_ARTIFACT_REQUEST_BYTES, 2 * MAX_CHUNK_BYTES))
+    synthesis_port = _bind(synthesis_server, s.host, s.port, credentials)
+    artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials)
+    endpoint = advertised_artifact_endpoint(settings, artifact_port)
+
+    synthesis_pb2_grpc.add_SynthesisServicer_to_server(
+        SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint)), synthesis_server)
+    artifacts_pb2_grpc.add_ArtifactsServicer_to_server(ArtifactServicer(store, endpoint), artifact_server)
+    for server, services in ((synthesis_server, (SYNTHESIS_SERVICE, CLOCK_SERVICE)),
+                             (artifact_server, (ARTIFACTS_SERVICE, CLOCK_SERVICE))):
+        clock_pb2_grpc.add_ClockServicer_to_server(clock, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    running = RunningServers(synthesis_server, artifact_server, synthesis_port, artifact_port, endpoint,
+                             health_servicer, store)
+    await running.set_serving(bool(getattr(engine, "ready", False)))
+    for service in (ARTIFACTS_SERVICE, CLOCK_SERVICE):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    await synthesis_server.start()
+    await artifact_server.start()
+    interval = min(60.0, settings.artifacts.max_age_s / 4)
+    running._tasks.append(asyncio.create_task(_retention_loop(store, interval)))
+    log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s",
+             _address(s.host, synthesis_port), _address(s.host, artifact_port), endpoint,
+             ", TLS" if credentials else "", ", bearer token required" if interceptors else "")
+    return running

@@ -1,0 +1,43 @@
+"""The Synthesis service: convert the request, relay the engine's events, convert them back.
+
+The handler writes with `context.write`, so every await of a call runs in the handler's own task:
+when the caller hangs up, the CancelledError lands here and closing the engine's stream cancels the
+job (its slot is freed at the next frame boundary).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import grpc
+
+from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
+from breeze_worker.transport import convert
+from breeze_worker.transport.status import mapped_errors
+
+log = logging.getLogger(__name__)
+
+TINY_DEFAULT_WARNING = ("this worker serves the TINY EMBEDDED DEFAULT model (random weights): its audio is NOT "
+                        "speech; start it with --model DIR for real synthesis")
+
+
+class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
+    def __init__(self, engine, artifact_endpoint: str, info: Callable[[], synthesis_pb2.WorkerInfo]) -> None:
+        self._engine = engine
+        self._artifact_endpoint = artifact_endpoint
+        self._info = info
+
+    async def Synthesize(self, request: synthesis_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
+        what = f"Synthesize(request {request.request_id or '-'} from {context.peer()})"
+        async with mapped_errors(context, what):
+            engine_request = convert.synthesis_request_from_pb(request)
+            events = self._engine.synthesize(engine_request, timeout_s=context.time_remaining())
+            try:
+                async for event in events:
+                    await context.write(convert.event_to_pb(event, self._artifact_endpoint))
+            finally:
+                await events.aclose()  # cancels the job if it did not finish
+
+    async def GetWorkerInfo(self, request, context: grpc.aio.ServicerContext) -> synthesis_pb2.WorkerInfo:
+        return self._info()
