@@ -62,7 +62,7 @@ def one_iteration(client: BreezeClient, config: FetchConfig, seed: int) -> dict:
         fetched = fetch_many(client, [j.artifact for j in jobs], Path(out), config, parallel=True)
         sizes = [os.path.getsize(Path(out) / f"{j.artifact.artifact_id}.wav") for j in jobs]
     synth_clock = client.clock()
-    timelines = [timeline_from_results(label, fr, synthesis=job, timed_file=tf, clock=synth_clock)
+    timelines = [timeline_from_results(label, fr, synthesis=job, timed_file=tf, clock=synth_clock, parallel=len(FILES))
                  for (label, _), job, (fr, tf) in zip(FILES, jobs, fetched)]
     if not all(t.extra["verified"] for t in timelines) or sizes != [t.file_bytes for t in timelines]:
         raise RuntimeError("a fetched file is incomplete or failed its SHA-256 check")

@@ -16,7 +16,7 @@ SIZE = 1_244_292
 
 def make_timeline(label="run", *, slow: str | None = None, extra_ms: float = 0.0, uncertainty_ms: float = 0.2,
                   transfer_ms: float = 8.0, size: int = SIZE, chunks: int = 5, wire: int | None = None,
-                  rtt_ms: float = 0.4):
+                  rtt_ms: float = 0.4, parallel: int = 1):
     """A plausible loopback retrieval; `slow` adds `extra_ms` to one phase."""
     durations = {"commit": 2.0, "notify": 0.5, "client_gap": 0.2, "request": 0.4, "server_first_byte": 0.5,
                  "first_byte_transit": 0.4, "transfer": transfer_ms, "client_write": 1.5}
@@ -31,7 +31,7 @@ def make_timeline(label="run", *, slow: str | None = None, extra_ms: float = 0.0
     server = {k: v + OFFSET for k, v in events.items() if k in SERVER_EVENTS}  # on the worker's clock
     return map_timeline(label, client, server, offset_ns=OFFSET, uncertainty_ns=int(uncertainty_ms * MS),
                         file_bytes=size, wire_bytes=size if wire is None else wire, chunk_size=262144,
-                        chunks=chunks, rtt_ns=int(rtt_ms * MS))
+                        chunks=chunks, rtt_ns=int(rtt_ms * MS), parallel=parallel)
 
 
 def test_phases_chain_the_events_in_order():
@@ -100,6 +100,10 @@ def test_causes_follow_the_evidence():
     bandwidth = diagnose([make_timeline(transfer_ms=SIZE * 8 / 20e6 * 1e3, rtt_ms=50)])
     assert bandwidth.verdict.cause == "bandwidth"
     assert any("Mbit/s" in e for e in bandwidth.verdict.evidence)
+    # three parallel fetches at 1/3 of 20 Mbit/s each: the shared path, not a window, is the limit
+    shared = diagnose([make_timeline(transfer_ms=SIZE * 8 / (20e6 / 3) * 1e3, rtt_ms=50, parallel=3)])
+    assert shared.verdict.cause == "bandwidth"
+    assert any("3 fetches shared the path" in e for e in shared.verdict.evidence)
     tiny_chunks = diagnose([make_timeline(transfer_ms=400, chunks=SIZE // 4096)])
     assert tiny_chunks.verdict.cause == "per_message_overhead"
     base64 = diagnose([make_timeline(transfer_ms=400, wire=SIZE * 4 // 3)])

@@ -125,7 +125,7 @@ class DiagnoseRun:
 
 def timeline_from_results(label: str, fetch: FetchResult, *, synthesis: SynthesisResult | None = None,
                           artifact: ArtifactRef | None = None, timed_file: TimedFile | None = None,
-                          clock: ClockMapping | None = None, **extra) -> Timeline:
+                          clock: ClockMapping | None = None, parallel: int = 1, **extra) -> Timeline:
     """One retrieval's Timeline from the SDK's records.
 
     The SDK maps worker times with the mapping of the channel they came on. Both ports report the same
@@ -164,6 +164,7 @@ def timeline_from_results(label: str, fetch: FetchResult, *, synthesis: Synthesi
                     compression=fetch.compression, rtt_ns=ft.clock_rtt_ns or None, resumes=fetch.resumes,
                     write_during_transfer_ns=overlap,
                     first_chunk_bytes=timed_file.first_write_bytes if timed_file is not None else 0,
+                    parallel=max(1, parallel),
                     extra=dict(extra, verified=fetch.verified))
 
 
@@ -222,7 +223,8 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
             for ref, (fetched, timed) in zip(refs, fetch_many(client, refs, out_dir, primary,
                                                              parallel=settings.parallel, dest_factory=dest_factory)):
                 timelines.append(timeline_from_results(ref.artifact_id, fetched, artifact=ref, timed_file=timed,
-                                                       clock=synthesis_clock, config=primary.label))
+                                                       clock=synthesis_clock, config=primary.label,
+                                                       parallel=len(refs) if settings.parallel else 1))
         else:
             for i in range(settings.jobs):
                 result = client.synthesize(settings.text, seed=None if settings.seed is None else settings.seed + i,
@@ -242,7 +244,8 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
         })
         for config in others:
             sweep_timelines = [timeline_from_results(f"{fr.artifact_id} ({config.label})", fr, timed_file=tf,
-                                                     clock=synthesis_clock, config=config.label)
+                                                     clock=synthesis_clock, config=config.label,
+                                                     parallel=len(refs) if settings.parallel else 1)
                                for fr, tf in fetch_many(client, refs, out_dir, config,
                                                         parallel=settings.parallel, dest_factory=dest_factory)]
             run.sweep.append(SweepResult(config, diagnose(sweep_timelines), sweep_timelines))

@@ -99,6 +99,7 @@ class Timeline:
     resumes: int = 0  # how many times the fetch resumed after a broken stream
     write_during_transfer_ns: int = 0  # client time inside write calls between first and last byte
     first_chunk_bytes: int = 0  # file bytes of the first chunk (they arrive before the transfer phase starts)
+    parallel: int = 1  # fetches that shared the artifact channel at the same time (this one included)
     extra: Mapping[str, object] = field(default_factory=dict)  # free-form facts (e.g. run index, config)
 
     def event(self, name: str) -> int | None:
@@ -111,6 +112,7 @@ class Timeline:
             "wire_bytes": self.wire_bytes, "chunk_size": self.chunk_size, "chunks": self.chunks,
             "compression": self.compression, "rtt_ns": self.rtt_ns, "resumes": self.resumes,
             "write_during_transfer_ns": self.write_during_transfer_ns, "first_chunk_bytes": self.first_chunk_bytes,
+            "parallel": self.parallel,
             "extra": dict(self.extra),
         }
 

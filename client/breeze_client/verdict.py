@@ -202,9 +202,16 @@ def _transfer(timelines, summaries):
         return "payload_encoding", ev
     if chunks and size / chunks < SMALL_CHUNK and chunks >= 8:
         return "per_message_overhead", ev
+    parallel = max(t.parallel for t in timelines)
+    if rate and parallel > 1:
+        ev.append(f"{parallel} fetches shared the path at once: about {rate * parallel / 1e6:.2f} MB/s "
+                  f"({rate * parallel * 8 / 1e6:.1f} Mbit/s) together")
     if rate and rtt is not None:
-        ev.append(f"round trip {format_seconds(rtt)}: {rate * rtt / 1024:.0f} KiB in flight per round trip")
-        if rtt > 0.002 and rate * rtt <= 1.25 * DEFAULT_HTTP2_WINDOW:
+        ev.append(f"round trip {format_seconds(rtt)}: {rate * rtt / 1024:.0f} KiB in flight per round trip"
+                  + (" per fetch" if parallel > 1 else ""))
+        # parallel fetches each have a stream window: only when all of them together keep no more than
+        # about one window in flight is the window (not the path) the limit
+        if rtt > 0.002 and rate * rtt * parallel <= 1.25 * DEFAULT_HTTP2_WINDOW:
             ev.append(f"that is about one {DEFAULT_HTTP2_WINDOW // 1024} KiB HTTP/2 window per round trip")
             return "window_limited", ev
     return "bandwidth", ev

@@ -26,7 +26,8 @@ def _messages(data: bytes, offset: int, chunk: int, zstd: bool):
             data=zstandard.ZstdCompressor().compress(raw) if zstd else raw, offset=pos, uncompressed_size=len(raw))
         if first:
             m.info.CopyFrom(info)
-            m.request_received_unix_ns, m.file_opened_unix_ns, m.first_byte_sent_unix_ns = 2_000_000, 2_100_000, 2_200_000
+            m.request_received_unix_ns = 2_000_000
+            m.file_opened_unix_ns, m.first_byte_sent_unix_ns = 2_100_000, 2_200_000
             first = False
         out.append(m)
         pos += len(raw)

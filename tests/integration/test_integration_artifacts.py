@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from breeze_client.errors import InvalidArgument, NotFound, OutOfRange
-from conftest import assert_still_serving
+from worker_helpers import assert_still_serving
 from tcp_proxy import TcpProxy
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from breeze_client.errors import InvalidArgument, NotFound, RequestTooLarge
-from conftest import MAX_REQUEST_BYTES, assert_still_serving
+from worker_helpers import MAX_REQUEST_BYTES, assert_still_serving
 
 CASES = {
     "empty text": (dict(text=""), "text"),

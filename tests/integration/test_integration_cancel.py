@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import assert_still_serving
+from worker_helpers import assert_still_serving
 
 
 def test_cancel_mid_stream_frees_the_slot(client, worker):

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ def _client(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def served(tmp_path_factory):
     artifacts = tmp_path_factory.mktemp("cli-artifacts")
     proc = subprocess.Popen([sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--port", "0",
-                             "--artifact-port", "0", "--artifact-dir", str(artifacts)],
+                             "--artifact-port", "0", "--artifact-dir", str(artifacts), "--metrics-port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     stderr_lines: list[str] = []
     threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
@@ -48,6 +49,10 @@ def test_serve_says_loudly_that_the_tiny_default_is_not_speech(served):
     _, target, _, model, stderr_lines = served
     assert "NOT speech" in model
     assert any("WARNING" in line and "NOT speech" in line for line in stderr_lines)
+    metrics_line = next(line for line in stderr_lines if "metrics on http://" in line)
+    url = re.search(r"(http://\S+/metrics)", metrics_line).group(1)
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert "breeze_frames_total" in response.read().decode()
     health = _client("health", "--target", target)
     assert health.returncode == 0, health.stderr
     assert "SERVING" in health.stdout and "NOT speech" in health.stdout

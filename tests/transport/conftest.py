@@ -5,14 +5,9 @@ from __future__ import annotations
 import pytest_asyncio
 
 from breeze_worker.artifacts.store import ArtifactStore
-from breeze_worker.config import ArtifactSettings, ServerSettings, WorkerSettings
 from breeze_worker.transport.server import create_server
 from fake_engine import FakeEngine
-
-
-def worker_settings(tmp_path, **server) -> WorkerSettings:
-    return WorkerSettings(artifacts=ArtifactSettings(directory=tmp_path / "artifacts"),
-                          server=ServerSettings(port=0, artifact_port=0, **server))
+from transport_helpers import worker_settings
 
 
 @pytest_asyncio.fixture

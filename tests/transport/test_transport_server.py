@@ -17,7 +17,7 @@ from breeze_client.errors import Internal, InvalidArgument, Unauthenticated
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.transport.server import create_server
-from conftest import worker_settings
+from transport_helpers import worker_settings
 from fake_engine import FakeEngine
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -135,3 +135,21 @@ async def test_engine_errors_keep_their_status_and_surprises_become_internal(fak
         assert "unexpected bug" not in str(info.value)
         assert any(r.exc_info and "unexpected bug" in str(r.exc_info[1]) for r in caplog.records)
         assert (await client.synthesize("still serving", max_frames=2)).stats.frames == 2
+
+
+async def test_fault_first_byte_delay_shows_between_file_opened_and_first_byte(tmp_path):
+    from dataclasses import replace
+
+    settings = worker_settings(tmp_path)
+    settings = replace(settings, artifacts=replace(settings.artifacts, fault_first_byte_delay_s=0.3))
+    store = ArtifactStore(settings.artifacts)
+    servers = await create_server(settings, FakeEngine(store), store)
+    try:
+        async with AsyncBreezeClient(f"127.0.0.1:{servers.synthesis_port}") as client:
+            result = await client.synthesize("slow first byte")
+            t = (await client.fetch(result.artifact)).timing
+        assert t.server_first_byte_sent_ns - t.server_file_opened_ns >= 0.3e9
+        assert t.first_byte_received_ns - t.request_sent_ns >= 0.3e9
+        assert t.server_file_opened_ns - t.server_request_received_ns < 0.3e9
+    finally:
+        await servers.stop(0)

@@ -40,7 +40,8 @@ FLAGS: list[tuple[str, str, str, str]] = [
      "host:port that clients should use for artifacts (default: host:artifact-port)"),
     ("server", "auth_token", "--token", "require 'authorization: Bearer TOKEN' on every call but health "
                                         "(prefer the environment variable BREEZE_SERVER_AUTH_TOKEN)"),
-    ("server", "metrics_port", "--metrics-port", "serve Prometheus metrics on GET /metrics of this port (off by default)"),
+    ("server", "metrics_port", "--metrics-port", "serve Prometheus metrics on GET /metrics of this port "
+                                                 "(off by default)"),
     ("server", "tls_cert", "--tls-cert", "PEM certificate chain (TLS on both ports; needs --tls-key)"),
     ("server", "tls_key", "--tls-key", "PEM private key"),
     ("server", "max_request_bytes", "--max-request-bytes", "largest accepted request message"),
@@ -70,9 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = getattr(_SECTIONS[section](), name)
         if help_text is not argparse.SUPPRESS:
             help_text = f"{help_text} (default: {default})" if default is not None else help_text
-        parser.add_argument(flag, dest=f"{section}__{name}", type=_field_type(section, name), default=None,
-                            help=help_text, metavar="DIR" if _field_type(section, name) is Path and "dir" in name + flag else
-                            flag.lstrip("-").split("-")[-1].upper())
+        kind = _field_type(section, name)
+        metavar = "DIR" if kind is Path and "dir" in name + flag else flag.lstrip("-").split("-")[-1].upper()
+        parser.add_argument(flag, dest=f"{section}__{name}", type=kind, default=None, help=help_text,
+                            metavar=metavar)
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> WorkerSettings:
@@ -141,4 +143,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"breeze-worker serve: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    try:
+        return asyncio.run(serve(settings))
+    except OSError as exc:  # a port in use, an unwritable artifact directory, an unreadable TLS file
+        print(f"breeze-worker serve: {exc}", file=sys.stderr)
+        return 1

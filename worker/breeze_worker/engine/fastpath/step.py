@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from breeze_worker.engine.fastpath.layers import PackedLayer, linear
+from breeze_worker.engine.fastpath.layers import PackedLayer, linear, rms_norm
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -169,7 +169,7 @@ class FrameStep:
         for i, layer in enumerate(self.depth_layers):
             x = layer.forward(x, cos, sin, lambda k, v, i=i: cache.write(i, start, k, v),
                               lambda i=i: cache.view(i, start + n), mask)
-        return dm.norm(x)
+        return rms_norm(x, dm.norm.weight, dm.norm.eps)
 
     @torch.no_grad()
     def backbone_step(self, bucket: int) -> None:
@@ -184,7 +184,8 @@ class FrameStep:
         for i, layer in enumerate(self.backbone_layers):
             x = layer.forward(x, cos, sin, lambda k, v, i=i: cache.write_step(i, k, v),
                               lambda i=i: cache.view(i, bucket), mask)
-        last = lm.backbone_model.norm(x[:, -1])
+        norm = lm.backbone_model.norm
+        last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
         self.logits.copy_(lm.backbone_logits(last))
         cache.advance()
