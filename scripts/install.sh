@@ -2,8 +2,8 @@
 # Set up .venv for this checkout (idempotent): Python >= 3.11, CPU torch 2.13.0 first, then the project.
 # Usage: scripts/install.sh [--dev]     (--dev adds the test tools: pytest, grpcio-tools, import-linter)
 # torch is installed before the project so pip never pulls a multi-GB CUDA build; it comes from the local
-# wheel directory when one is configured, otherwise from the PyTorch CPU index
-# (override with BREEZE_TORCH_INDEX=URL).
+# wheel directory when one is configured, otherwise from the configured index (on a machine without local
+# wheels, set BREEZE_TORCH_INDEX=https://download.pytorch.org/whl/cpu to avoid a multi-GB CUDA build).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extra=""
@@ -26,8 +26,8 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(not torch.__version__.star
   if [[ -n "${BREEZE_TORCH_INDEX:-}" ]]; then
     "${pip[@]}" torch==2.13.0 --index-url "$BREEZE_TORCH_INDEX"
   else
-    "${pip[@]}" --no-index torch==2.13.0 2>/dev/null \
-      || "${pip[@]}" torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    # a local wheel directory (pip's find-links) first; else the package index pip is configured with
+    "${pip[@]}" --no-index torch==2.13.0 2>/dev/null || "${pip[@]}" torch==2.13.0
   fi
 fi
 

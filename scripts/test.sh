@@ -3,6 +3,22 @@
 # Usage: scripts/test.sh [pytest arguments]        (.ci/run calls this from a clean clone)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# system tools the tests use: espeak-ng + sox (real speech), iproute2 (network namespaces, tc),
+# chromium (renders the diagnosis report), openssl (TLS test certificates)
+missing=()
+for pair in espeak-ng:espeak-ng sox:sox ip:iproute2 tc:iproute2 chromium:chromium openssl:openssl; do
+  command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "test: installing ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
+  else
+    echo "test: missing system tools: ${missing[*]} (install them, or run as root on Debian/Ubuntu)" >&2
+    exit 1
+  fi
+fi
 bash scripts/install.sh --dev
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec .venv/bin/python -m pytest -q "$@"

@@ -3,7 +3,7 @@
     with BreezeClient(target) as client:
         run = run_diagnosis(client, DiagnoseSettings(jobs=3, configs=sweep_configs([65536, 0], ["none", "zstd"])))
         print(format_text(run))                  # per-phase p50/p95/max, dominant phase, evidence, fix
-        write_report("diag.html", run.diagnosis, run.timelines, sweep=run.sweep_pairs())
+        write_report("diag.html", run.diagnosis, run.timelines, sweep=run.sweep_rows())
 
 Each job is fetched as soon as its final message arrives, with the first fetch configuration; this is
 the run the verdict is about. Further configurations (chunk size x compression) re-fetch the same
@@ -104,7 +104,7 @@ class SweepResult:
                 "label": self.config.label, "request_to_disk": s.to_dict(),
                 "transfer": self.diagnosis.summaries["transfer"].to_dict(),
                 "mb_per_s_p50": summarize("rate", rates).p50_s / 1e6 if rates else None,
-                "wire_bytes": sum(t.wire_bytes for t in self.timelines)}
+                "wire_bytes": sum(t.wire_bytes for t in self.timelines), "dominant": self.diagnosis.verdict.title}
 
 
 @dataclass
@@ -114,8 +114,8 @@ class DiagnoseRun:
     sweep: list[SweepResult] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
 
-    def sweep_pairs(self) -> list[tuple[str, Diagnosis]]:
-        return [(s.config.label, s.diagnosis) for s in self.sweep]
+    def sweep_rows(self) -> list[dict]:
+        return [s.to_dict() for s in self.sweep]
 
     def to_dict(self) -> dict:
         return {"meta": self.meta, "diagnosis": self.diagnosis.to_dict(),

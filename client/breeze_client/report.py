@@ -66,7 +66,7 @@ def _waterfall(timeline: Timeline, index: int) -> str:
     t_end = max(known) if known else t0
     span = max(t_end - t0, 1)
     height = len(PHASES) * ROW_H + 2 * PAD + 16
-    width = LABEL_W + PLOT_W + 120
+    width = LABEL_W + PLOT_W + 230
     parts = [f'<svg class="waterfall" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" role="img" aria-label="waterfall of run {index + 1}">',
              '<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" '
@@ -134,19 +134,22 @@ def _verdict(diagnosis: Diagnosis) -> str:
 
 
 def render_report(diagnosis: Diagnosis, timelines: Sequence[Timeline], *, title: str = "Retrieval diagnosis",
-                  sweep: Sequence[tuple[str, Diagnosis]] = (), meta: dict | None = None) -> str:
-    """The whole page as one string (write it with `write_report`)."""
+                  sweep: Sequence[dict] = (), meta: dict | None = None) -> str:
+    """The whole page as one string (write it with `write_report`); `sweep` rows are SweepResult.to_dict()."""
     body = [f"<h1>{_esc(title)}</h1>"]
     if meta:
         body.append("<p class='muted'>" + " · ".join(f"{_esc(k)}: {_esc(v)}" for k, v in meta.items()) + "</p>")
     body += ["<h2>Verdict</h2>", _verdict(diagnosis), "<h2>Phases</h2>", _phase_table(diagnosis)]
     if sweep:
-        body.append("<h2>Sweep</h2><table><tr><th>configuration</th><th>total p50</th><th>transfer p50</th>"
-                    "<th>dominant</th></tr>")
-        for label, d in sweep:
-            body.append(f"<tr><td>{_esc(label)}</td><td>{_esc(format_seconds(d.summaries['total'].p50_s))}</td>"
-                        f"<td>{_esc(format_seconds(d.summaries['transfer'].p50_s))}</td>"
-                        f"<td>{_esc(d.verdict.title)}</td></tr>")
+        body.append("<h2>Sweep</h2><table><tr><th>configuration</th><th>request → disk p50</th>"
+                    "<th>transfer p50</th><th>MB/s</th><th>wire MB</th><th>dominant</th></tr>")
+        for row in sweep:
+            rate = row.get("mb_per_s_p50")
+            body.append(f"<tr><td>{_esc(row['label'])}</td>"
+                        f"<td>{_esc(format_seconds(row['request_to_disk']['p50_s']))}</td>"
+                        f"<td>{_esc(format_seconds(row['transfer']['p50_s']))}</td>"
+                        f"<td>{'-' if rate is None else f'{rate:.1f}'}</td><td>{row['wire_bytes'] / 1e6:.2f}</td>"
+                        f"<td>{_esc(row.get('dominant', ''))}</td></tr>")
         body.append("</table>")
     body.append("<h2>Waterfall per run</h2>")
     for i, t in enumerate(timelines):

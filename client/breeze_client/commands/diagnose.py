@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     with BreezeClient(options=options) as client:
         result = run_diagnosis(client, settings)
     if args.report is not None:
-        write_report(args.report, result.diagnosis, result.timelines, sweep=result.sweep_pairs(),
+        write_report(args.report, result.diagnosis, result.timelines, sweep=result.sweep_rows(),
                      meta={k: v for k, v in result.meta.items() if k != "date_unix_s"})
     if args.json:
         out = result.to_dict()

@@ -1,0 +1,25 @@
+"""Fixtures for the fast-path tests: a fresh tiny model per test module (the fast path packs weights)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from breeze_worker.engine.fastpath.graph import clear_runners
+from breeze_worker.engine.request import resolve_request
+from breeze_worker.engine.types import SynthesisRequest
+from breeze_worker.model.tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    clear_runners()
+    yield tiny_model(seed=0, with_codec=False)
+    clear_runners()
+
+
+def request_for(model, cfg: bool, frames: int = 6, seed: int = 7):
+    req = SynthesisRequest(text="hello there", instruction="calm and slow" if cfg else None,
+                           cfg_scale=2.0 if cfg else None, seed=seed, max_frames=frames)
+    return resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer)

@@ -1,0 +1,52 @@
+"""A frame computed from non-finite logits is never emitted: the request ends with NumericalError and the
+event is counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from breeze_worker.engine.fastpath import generator as fast_generator
+from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+from breeze_worker.engine.types import EndReason
+from breeze_worker.errors import NumericalError
+
+from .conftest import request_for
+
+
+def test_forced_nonfinite_frame_is_not_emitted_and_counted(model):
+    lm = model.lm
+    calls = {"n": 0}
+    original = lm.depth_logits
+
+    def poisoned(hidden, position):  # NaN in codebook 5's logits of the third frame
+        logits = original(hidden, position)
+        if position == 5:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                logits = logits + float("nan")
+        return logits
+
+    lm.depth_logits = poisoned
+    try:
+        before = fast_generator.nonfinite_events()
+        gen = FastFrameGenerator(model, request_for(model, False, frames=6), "cpu")
+        emitted = []
+        with pytest.raises(NumericalError, match="non-finite"):
+            for frame in gen:
+                emitted.append(frame)
+    finally:
+        del lm.depth_logits
+    assert len(emitted) == 2  # frames 0 and 1; frame 2 was discarded
+    assert all(bool((f >= 0).all()) and bool((f < 2048).all()) for f in emitted)
+    assert gen.nonfinite_events == 1
+    assert fast_generator.nonfinite_events() == before + 1
+    assert gen.end_reason == EndReason.ERROR
+
+
+def test_clean_run_counts_nothing(model):
+    before = fast_generator.nonfinite_events()
+    frames = list(FastFrameGenerator(model, request_for(model, True, frames=3), "cpu"))
+    assert len(frames) == 3
+    assert fast_generator.nonfinite_events() == before
+    assert all(torch.isfinite(f.float()).all() for f in frames)
