@@ -168,19 +168,22 @@ def test_tbf_bandwidth_limit_between_namespaces_is_named(worker):
         assert t.extra["verified"]
 
 
-def test_cli_diagnose_json_sweep_and_report(worker, tmp_path, capsys):
+def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
+    worker = clean_faults
+    worker.set_faults(first_byte_delay_s=0.2)
     report = tmp_path / "diagnosis.html"
     code = cli.main(["diagnose", "--target", worker.target, "--artifact-target", worker.artifact_target,
                      "-n", "2", "--max-frames", "8", "--chunk-sizes", "16k,0", "--compressions", "none,zstd",
                      "--json", "--report", str(report)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
-    assert out["diagnosis"]["verdict"]["phase"] in PHASE_NAMES and out["diagnosis"]["verdict"]["fix"]
+    assert out["diagnosis"]["verdict"]["phase"] == "server_first_byte" and out["diagnosis"]["verdict"]["fix"]
     assert len(out["runs"]) == 2 and all(set(PHASE_NAMES) <= set(r["phases"]) for r in out["runs"])
     assert [s["label"] for s in out["sweep"]] == [c.label for c in sweep_configs([16384, 0], ["none", "zstd"])]
     zstd = [s for s in out["sweep"] if s["config"]["compression"] == "zstd"]
     assert all(s["request_to_disk"]["count"] == 2 for s in out["sweep"]) and zstd
-    check_report_renders(report, 2, tmp_path)
+    check_report_renders(report, 2, tmp_path, "server_first_byte")
+    worker.set_faults()
 
     code = cli.main(["diagnose", *out["runs"][0]["label"].split()[:1], "--target", worker.target,
                      "--artifact-target", worker.artifact_target])

@@ -67,8 +67,20 @@ def read_png_rgb(path: Path) -> tuple[int, int, list[bytes]]:
     return width, height, rows
 
 
-def check_report_renders(html_path: Path, runs: int, tmp: Path) -> None:
-    """Shared with the integration tests: DOM check, then a screenshot whose pixels show the bars."""
+def longest_run(rows: list[bytes], color: bytes) -> int:
+    """The longest horizontal run of pixels of exactly `color` (RGB) in the image."""
+    best = 0
+    for row in rows:
+        run = 0
+        for i in range(0, len(row), 3):
+            run = run + 1 if row[i:i + 3] == color else 0
+            best = max(best, run)
+    return best
+
+
+def check_report_renders(html_path: Path, runs: int, tmp: Path, wide_phase: str) -> None:
+    """Shared with the integration tests: DOM check, then a screenshot whose pixels show the waterfall bars
+    (every phase's colour, and the dominant phase `wide_phase` as a bar far wider than a table swatch)."""
     url = html_path.resolve().as_uri()
     dom = run_chromium(url, "--virtual-time-budget=2000", "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -77,15 +89,16 @@ def check_report_renders(html_path: Path, runs: int, tmp: Path) -> None:
     assert "data-errors" not in head, head
     assert f'data-bars="{",".join([str(len(PHASES))] * runs)}"' in head, head
     shot = tmp / "report.png"
-    result = run_chromium(url, "--window-size=1100,1000", f"--screenshot={shot}")
+    result = run_chromium(url, "--window-size=1100,1400", f"--screenshot={shot}")
     assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
     width, height, rows = read_png_rgb(shot)
-    assert (width, height) == (1100, 1000)
+    assert (width, height) == (1100, 1400)
     pixels = set()
     for row in rows:
         pixels.update(row[i:i + 3] for i in range(0, len(row), 3))
     visible = [name for name, color in COLORS.items() if bytes.fromhex(color[1:]) in pixels]
     assert set(visible) == set(COLORS), f"bars not visible in the screenshot: {set(COLORS) - set(visible)}"
+    assert longest_run(rows, bytes.fromhex(COLORS[wide_phase][1:])) >= 60, f"no {wide_phase} bar on screen"
 
 
 def test_report_renders_in_headless_chromium(tmp_path):
@@ -95,4 +108,4 @@ def test_report_renders_in_headless_chromium(tmp_path):
     offline = text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # a namespace name, not a fetch
     assert "http://" not in offline and "https://" not in offline and "<link" not in offline
     assert text.count('class="phase-bar"') == 3 * len(PHASES)
-    check_report_renders(report, 3, tmp_path)
+    check_report_renders(report, 3, tmp_path, "transfer")

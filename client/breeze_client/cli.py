@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("fetch", "download an artifact over the artifact channel; print the retrieval timestamps"),
     "health": ("health", "check both ports' health and describe the worker"),
     "diagnose": ("diagnose", "time N jobs' retrievals phase by phase; name the slow phase, its evidence and the fix"),
+    "bench": ("bench", "end-to-end streaming benchmark: per label wall, RTF, TTFA, inter-chunk latency; --concurrency"),
 }
 
 EXIT_OK, EXIT_FAILED_CALL, EXIT_USAGE = 0, 1, 2

@@ -19,7 +19,12 @@ def model():
     clear_runners()
 
 
-def request_for(model, cfg: bool, frames: int = 6, seed: int = 7):
+@pytest.fixture
+def request_for():
+    return _request_for
+
+
+def _request_for(model, cfg: bool, frames: int = 6, seed: int = 7):
     req = SynthesisRequest(text="hello there", instruction="calm and slow" if cfg else None,
                            cfg_scale=2.0 if cfg else None, seed=seed, max_frames=frames)
     return resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer)

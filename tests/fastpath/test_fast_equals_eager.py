@@ -11,11 +11,9 @@ from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.sampling import exponential_noise, frame_noise
 from breeze_worker.engine.types import EndReason
 
-from .conftest import request_for
-
 
 @pytest.mark.parametrize("cfg", [False, True])
-def test_fast_frames_equal_eager(model, cfg):
+def test_fast_frames_equal_eager(model, cfg, request_for):
     request = request_for(model, cfg)
     assert request.uses_cfg == cfg
     eager = list(EagerFrameGenerator(model, request, "cpu"))
@@ -29,7 +27,7 @@ def test_fast_frames_equal_eager(model, cfg):
     assert fast_gen.host_reads == len(fast)  # one host read per frame
 
 
-def test_different_seed_changes_frames(model):
+def test_different_seed_changes_frames(model, request_for):
     a = list(FastFrameGenerator(model, request_for(model, False, seed=1), "cpu"))
     b = list(FastFrameGenerator(model, request_for(model, False, seed=2), "cpu"))
     assert not all(torch.equal(x, y) for x, y in zip(a, b))

@@ -11,10 +11,8 @@ from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.types import EndReason
 from breeze_worker.errors import NumericalError
 
-from .conftest import request_for
 
-
-def test_forced_nonfinite_frame_is_not_emitted_and_counted(model):
+def test_forced_nonfinite_frame_is_not_emitted_and_counted(model, request_for):
     lm = model.lm
     calls = {"n": 0}
     original = lm.depth_logits
@@ -44,7 +42,7 @@ def test_forced_nonfinite_frame_is_not_emitted_and_counted(model):
     assert gen.end_reason == EndReason.ERROR
 
 
-def test_clean_run_counts_nothing(model):
+def test_clean_run_counts_nothing(model, request_for):
     before = fast_generator.nonfinite_events()
     frames = list(FastFrameGenerator(model, request_for(model, True, frames=3), "cpu"))
     assert len(frames) == 3

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "engine benchmark: eager reference vs fast path, stage split, memory, syncs"),
     "audit-syncs": ("audit_syncs", "count device-to-host synchronizations per frame; fail over a budget"),
     "precision-check": ("precision_check", "compare precision policies against FP32, teacher-forced"),
+    "trace": ("trace", "trace one streaming request as a Chrome / Perfetto trace (--trace FILE.json)"),
 }
 
 

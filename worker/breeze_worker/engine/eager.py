@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from breeze_worker.engine import tracing
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, sample_rows
 from breeze_worker.engine.types import EndReason, ResolvedRequest
 from breeze_worker.model import prompts
@@ -127,57 +128,75 @@ class EagerFrameGenerator:
         model, request = self.model, self.request
         lm, config = model.lm, model.config
         t0 = time.perf_counter()
-        prompt = prepare_prompt_embeddings(model, request)
+        with tracing.span("text_encode"):
+            prompt = prepare_prompt_embeddings(model, request)
         t1 = time.perf_counter()
         self.timings["text_encode_s"] = t1 - t0
+        with tracing.span("prefill"):  # the backbone prefill and the sampling state
+            dtype, device = prompt.inputs_embeds.dtype, prompt.inputs_embeds.device
+            n_rows, length = prompt.inputs_embeds.shape[:2]
+            cache = lm.new_backbone_cache()
+            causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+            allowed = causal[None, None] & prompt.attention_mask[:, None, None, :]
+            hidden = lm.backbone(prompt.inputs_embeds, prompt.positions, additive_mask(allowed, dtype), cache)[:, -1]
+            logits = lm.backbone_logits(hidden)
+            self.timings["prefill_s"] = time.perf_counter() - t1
 
-        dtype, device = prompt.inputs_embeds.dtype, prompt.inputs_embeds.device
-        n_rows, length = prompt.inputs_embeds.shape[:2]
-        cache = lm.new_backbone_cache()
-        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-        allowed = causal[None, None] & prompt.attention_mask[:, None, None, :]
-        hidden = lm.backbone(prompt.inputs_embeds, prompt.positions, additive_mask(allowed, dtype), cache)[:, -1]
-        logits = lm.backbone_logits(hidden)
-        self.timings["prefill_s"] = time.perf_counter() - t1
-
-        limit = min(request.max_frames, model.generation_defaults.max_sequence - 1 - length)
-        rows = RowSampling.from_params([request.sampling], [request.seed], device)
-        vocab = config.vocab_size
-        blocked = torch.zeros(vocab + 1, dtype=torch.bool, device=device)
-        blocked[list(config.reserved_code_ids)] = True
-        seen = torch.zeros(1, vocab + 1, dtype=torch.bool, device=device)
-        key_valid = prompt.attention_mask
-        next_position = prompt.positions[:, -1:] + 1
+            limit = min(request.max_frames, model.generation_defaults.max_sequence - 1 - length)
+            rows = RowSampling.from_params([request.sampling], [request.seed], device)
+            vocab = config.vocab_size
+            blocked = torch.zeros(vocab + 1, dtype=torch.bool, device=device)
+            blocked[list(config.reserved_code_ids)] = True
+            seen = torch.zeros(1, vocab + 1, dtype=torch.bool, device=device)
+            key_valid = prompt.attention_mask
+            next_position = prompt.positions[:, -1:] + 1
 
         frame_index = 0
+        # trace: frame i spans its backbone step (i >= 1), sampling, depth steps, and whatever the consumer
+        # does with the frame before asking for the next one (codec decode, emit)
+        frame_spans = tracing.span_sequence("frame")
         while True:
             started = time.perf_counter()
             if frame_index >= limit:
+                frame_spans.close()
                 self.end_reason = EndReason.FRAME_LIMIT
                 return
+            if frame_index == 0:
+                frame_spans.next(index=0)
             frame = torch.tensor([frame_index], dtype=torch.int64, device=device)
-            scores = apply_repetition_penalty(self._combine(logits), seen, rows.repetition_penalty)
-            code0 = sample_rows(scores, rows, frame, 0, blocked)  # [1]
-            if int(code0.item()) == config.end_of_speech_id:
+            with tracing.span("sampling", codebook=0):
+                scores = apply_repetition_penalty(self._combine(logits), seen, rows.repetition_penalty)
+                code0 = sample_rows(scores, rows, frame, 0, blocked)  # [1]
+                is_end = int(code0.item()) == config.end_of_speech_id
+            if is_end:
+                frame_spans.close()
                 self.timings["generate_s"] += time.perf_counter() - started
                 self.end_reason = EndReason.END_OF_SPEECH
                 return
-            codes = self._depth_frame(hidden, code0, rows, frame, blocked[:vocab])
+            with tracing.span("depth_steps"):
+                codes = self._depth_frame(hidden, code0, rows, frame, blocked[:vocab])
             self.timings["generate_s"] += time.perf_counter() - started
             self.frames_emitted += 1
-            yield codes.cpu()
+            try:
+                yield codes.cpu()
+            except GeneratorExit:
+                frame_spans.close()
+                raise
             started = time.perf_counter()
             frame_index += 1
             if frame_index >= limit:
+                frame_spans.close()
                 self.end_reason = EndReason.FRAME_LIMIT
                 return
-            seen[0, code0] = True
-            embeds = lm.embed_frames(codes.expand(n_rows, -1))[:, None]  # [R, 1, H]
-            key_valid = torch.cat((key_valid, torch.ones(n_rows, 1, dtype=torch.bool, device=device)), dim=1)
-            mask = additive_mask(key_valid[:, None, None, :], dtype)
-            hidden = lm.backbone(embeds, next_position, mask, cache)[:, -1]
-            next_position = next_position + 1
-            logits = lm.backbone_logits(hidden)
+            frame_spans.next(index=frame_index)
+            with tracing.span("backbone_step"):
+                seen[0, code0] = True
+                embeds = lm.embed_frames(codes.expand(n_rows, -1))[:, None]  # [R, 1, H]
+                key_valid = torch.cat((key_valid, torch.ones(n_rows, 1, dtype=torch.bool, device=device)), dim=1)
+                mask = additive_mask(key_valid[:, None, None, :], dtype)
+                hidden = lm.backbone(embeds, next_position, mask, cache)[:, -1]
+                next_position = next_position + 1
+                logits = lm.backbone_logits(hidden)
             self.timings["generate_s"] += time.perf_counter() - started
 
     def _depth_frame(self, backbone_hidden: torch.Tensor, code0: torch.Tensor, rows: RowSampling,
@@ -186,17 +205,21 @@ class EagerFrameGenerator:
         lm = self.model.lm
         n_rows, device = backbone_hidden.shape[0], backbone_hidden.device
         cache = lm.new_depth_cache()
-        inputs = lm.depth_prefill_inputs(backbone_hidden, code0.expand(n_rows))
-        causal = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None], inputs.dtype)
-        hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), causal, cache)[:, -1]
+        with tracing.span("depth_step", codebook=1):  # the 2-position prefill: backbone state, codebook 0
+            inputs = lm.depth_prefill_inputs(backbone_hidden, code0.expand(n_rows))
+            causal = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None],
+                                   inputs.dtype)
+            hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), causal, cache)[:, -1]
         codes = [code0]
         num_codebooks = self.model.config.num_codebooks
         for position in range(1, num_codebooks):
-            logits = self._combine(lm.depth_logits(hidden, position))
-            code = sample_rows(logits, rows, frame, position, blocked)
+            with tracing.span("sampling", codebook=position):
+                logits = self._combine(lm.depth_logits(hidden, position))
+                code = sample_rows(logits, rows, frame, position, blocked)
             codes.append(code)
             if position == num_codebooks - 1:
                 break
-            embed = lm.depth_decoder.code_embedding(code.expand(n_rows), position)[:, None]
-            hidden = lm.depth_decoder(embed, torch.tensor([position + 1], device=device), None, cache)[:, -1]
+            with tracing.span("depth_step", codebook=position + 1):
+                embed = lm.depth_decoder.code_embedding(code.expand(n_rows), position)[:, None]
+                hidden = lm.depth_decoder(embed, torch.tensor([position + 1], device=device), None, cache)[:, -1]
         return torch.cat(codes)

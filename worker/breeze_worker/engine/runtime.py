@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import torch
 
 from breeze_worker.config import EngineSettings
@@ -84,16 +83,6 @@ class Runtime:
 
         return EagerFrameGenerator(self.model, params, self.device)
 
-    def new_codec_stream(self):
-        return self.codec.new_stream(1)
-
-    def decode_frame(self, stream, frame) -> np.ndarray:
-        """One 16-code frame -> float32 PCM samples (1920 at 24 kHz)."""
-        codes = torch.as_tensor(frame, dtype=torch.long).reshape(1, -1, 1)
-        with torch.inference_mode():
-            pcm = self.codec.decode_stream(codes, stream)
-        return pcm.reshape(-1).float().cpu().numpy()
-
     # ---- start-up ----
     def warm_up(self, frames: int = 3) -> None:
         """Run a short job through the whole path so the first real request pays no first-call costs."""
@@ -102,9 +91,12 @@ class Runtime:
             text="warm up", instruction=None, cfg_scale=1.0, seed=1, template=Template.PLAIN,
             sampling=SamplingParams(), max_frames=frames, encoding=PcmEncoding.S16LE, frames_per_chunk=1,
         )
-        stream = self.new_codec_stream()
+        from breeze_worker.engine.codec_rows import CodecRows
+
+        rows = CodecRows(self.codec)
+        rows.add("warm-up")
         for frame in self.open_frames(params):
-            self.decode_frame(stream, frame)
+            rows.decode({"warm-up": frame})
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmup_s = time.perf_counter() - t0

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import Job
 from breeze_worker.engine.types import EndReason
@@ -39,6 +40,7 @@ class Scheduler:
         self.max_queue_wait_s = max_queue_wait_s
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
+        self._codec = CodecRows(runtime.codec)
         self._lock = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -92,7 +94,12 @@ class Scheduler:
                 self._admit(job)
             self.metrics.set_load(len(self._active), len(self._pending))
             if self._active:
-                self._step_all()
+                try:
+                    self._step_all()
+                except BaseException as exc:  # a bug in the step itself: fail its streams, keep serving
+                    log.exception("engine step failed; failing the %d active stream(s)", len(self._active))
+                    for job in list(self._active):
+                        self._drop(job, exc)
             elif not admitted:
                 with self._lock:  # only expired or cancelled jobs are waiting: sleep briefly
                     self._lock.wait(0.01)
@@ -129,7 +136,6 @@ class Scheduler:
         try:
             job.artifact = self.artifact_store.begin(job.job_id, self.runtime.sample_rate, job.params.encoding)
             job.frames_source = self.runtime.open_frames(job.params)
-            job.codec_stream = self.runtime.new_codec_stream()
         except BaseException as exc:  # bad input found late, or the model failed: this job only
             self._fail(job, exc)
             return
@@ -137,10 +143,13 @@ class Scheduler:
         self.metrics.job_started(started.queue_wait_s)
         job.sink.put(started)
         self._active.append(job)
+        self._codec.add(job)
 
     def _step_all(self) -> None:
+        """One frame for every active stream, then one batched codec call for all of them."""
         now = time.monotonic()
         self.steps += 1
+        frames = {}
         for job in list(self._active):
             if job.cancelled:
                 self._drop(job, Cancelled("the caller cancelled the request"))
@@ -149,27 +158,41 @@ class Scheduler:
                     f"the deadline passed after {job.frames} frames; raise the timeout or lower the frame limit"))
             else:
                 try:
-                    self._step(job)
+                    frame = self._next_frame(job)
                 except BaseException as exc:
                     self._drop(job, exc)
+                    continue
+                if frame is None:
+                    self._finish(job, job.frames_source.end_reason or EndReason.FRAME_LIMIT)
+                else:
+                    frames[job] = frame
+        if not frames:
+            return
+        t0 = time.perf_counter()
+        try:
+            samples = self._codec.decode(frames)
+        except BaseException as exc:  # the codec failed: every stream in the batch is affected
+            for job in frames:
+                self._drop(job, exc)
+            return
+        codec_s = time.perf_counter() - t0
+        for job, pcm in samples.items():
+            job.timers.codec_s += codec_s
+            chunk = job.add_audio(pcm, flush=False)
+            if chunk is not None:
+                job.sink.put(chunk)
 
-    def _step(self, job: Job) -> None:
+    def _next_frame(self, job: Job):
         t0 = time.perf_counter()
         frame = next(job.frames_source, None)
-        t1 = time.perf_counter()
-        job.timers.generate_s += t1 - t0
-        if frame is None:
-            self._finish(job, job.frames_source.end_reason or EndReason.FRAME_LIMIT)
-            return
-        job.frames += 1
-        pcm = self.runtime.decode_frame(job.codec_stream, frame)
-        job.timers.codec_s += time.perf_counter() - t1
-        chunk = job.add_audio(pcm, flush=False)
-        if chunk is not None:
-            job.sink.put(chunk)
+        job.timers.generate_s += time.perf_counter() - t0
+        if frame is not None:
+            job.frames += 1
+        return frame
 
     def _finish(self, job: Job, end_reason: EndReason) -> None:
         self._active.remove(job)
+        self._codec.remove(job)
         chunk = job.add_audio(_NO_SAMPLES, flush=True)
         if chunk is not None:
             job.sink.put(chunk)
@@ -198,6 +221,7 @@ class Scheduler:
     def _drop(self, job: Job, exc: BaseException) -> None:
         if job in self._active:
             self._active.remove(job)
+        self._codec.remove(job)
         self._fail(job, exc)
 
     def _fail(self, job: Job, exc: BaseException) -> None:

@@ -69,7 +69,7 @@ class JobTimers:
     codec_s: float = 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: a job is a dict key and a list member
 class Job:
     """A request in the engine: queued, then active, then finished (or cancelled / failed)."""
 
@@ -90,7 +90,6 @@ class Job:
     pending_frames: int = 0
     # engine-thread state, set on admission
     frames_source: object = None  # an iterator of int64 [16] frames (eager or fast path)
-    codec_stream: object = None
     artifact: object = None  # ArtifactWriter
     _cancelled: threading.Event = field(default_factory=threading.Event)
 

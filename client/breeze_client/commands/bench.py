@@ -1,0 +1,77 @@
+"""`breeze-client bench`: the end-to-end streaming benchmark through a running worker (breeze_client/bench.py).
+
+    breeze-client bench --target gpu-host:50051 --labels short,medium,long --iterations 5 --concurrency 4
+    breeze-client bench --labels chunk-4.80s --frames 8 --json        # quick, machine-readable
+
+Prints one table row per label; --json prints the whole document (every statistic, per-round throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from breeze_client.bench import LABELS, run_bench
+from breeze_client.channel import ConnectionOptions
+from breeze_client.commands._output import Progress, print_json
+from breeze_client.sdk import BreezeClient
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--labels", default=",".join(LABELS),
+                   help=f"comma-separated labels (default: all): {', '.join(LABELS)}")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds per label (default 1)")
+    p.add_argument("--iterations", type=int, default=3, help="timed rounds per label (default 3)")
+    p.add_argument("--concurrency", type=int, default=1, help="clients sending at once, one channel each")
+    p.add_argument("--frames", type=int, default=None,
+                   help="frame limit for every label (default: each label's own, sized from its text)")
+    p.add_argument("--seed", type=int, default=1, help="base seed (request i of round r: seed + 1000 r + i)")
+    p.add_argument("--instruction", default=None, help="speaking instruction for every request")
+    p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")
+
+
+def _f(value, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(doc: dict) -> str:
+    m = doc["meta"]
+    head = (f"{'label':<14}{'words':>6}{'frames':>8}{'req':>5}{'wall s':>8}{'sd':>7}{'min':>7}{'max':>7}"
+            f"{'audio s':>8}{'RTF':>7}{'fr/s':>7}{'TTFA ms':>9}{'p90':>7}{'ICL p50':>8}{'p90':>7}{'p99':>7}"
+            f"{'xRT':>7}")
+    lines = [f"worker {m['target']}: {m['worker_model']}",
+             f"streaming, {m['concurrency']} client(s) at once, {m['warmup']} warm-up + {m['iterations']} timed "
+             f"round(s) per label",
+             f"note: {m['frame_limit_note']}", head, "-" * len(head)]
+    for s in doc["labels"]:
+        w, t, icl = s["wall_s"], s["ttfa_ms"], s["inter_chunk_ms"]
+        frames = f"{s['frames']['mean']:.0f}/{s['frame_limit']}"
+        lines.append(
+            f"{s['label']:<14}{s['words']:>6}{frames:>8}{s['requests']:>5}{_f(w['mean']):>8}{_f(w['stddev']):>7}"
+            f"{_f(w['min']):>7}{_f(w['max']):>7}{_f(s['audio_s']['mean']):>8}{_f(s['rtf']['mean'], '.3f'):>7}"
+            f"{_f(s['frames_per_s']['mean'], '.1f'):>7}{_f(t['mean'], '.1f'):>9}{_f(t['p90'], '.1f'):>7}"
+            f"{_f(icl['p50'], '.1f'):>8}{_f(icl['p90'], '.1f'):>7}{_f(icl['p99'], '.1f'):>7}"
+            f"{_f(s['aggregate_x_realtime']['mean'], '.2f'):>7}")
+    lines.append("frames: mean frames / frame limit; RTF: wall / audio (lower is better); TTFA: request sent -> "
+                 "first chunk; ICL: inter-chunk latency (ms); xRT: audio s per wall s of a whole round")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    labels = [name for name in args.labels.split(",") if name]
+    extra = {k: v for k, v in (("instruction", args.instruction), ("cfg_scale", args.cfg_scale)) if v is not None}
+    progress = Progress(enabled=not args.json)
+    try:
+        doc = run_bench(lambda: BreezeClient(options=options), labels, warmup=args.warmup,
+                        iterations=args.iterations, concurrency=args.concurrency, seed=args.seed,
+                        frames=args.frames, options=extra, timeout_s=options.timeout_s, progress=progress.update)
+    finally:
+        progress.done()
+    if doc["meta"]["worker_is_tiny_default"] and not args.json:
+        print("warning: the worker serves the tiny default (random weights): timings are not Breeze TTS 2's",
+              file=sys.stderr)
+    if args.json:
+        print_json(doc)
+    else:
+        print(table(doc))
+    return 0

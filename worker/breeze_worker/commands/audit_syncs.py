@@ -1,0 +1,76 @@
+"""`breeze-worker audit-syncs`: count device-to-host synchronizations per frame at run time, name their
+source lines, and fail (exit 1) when a frame exceeds `--budget`.
+
+Runs one request per decode path (`--path eager|fast|both`) on the model the flags name (default: the
+tiny embedded model on the CPU, where device syncs are emulated: see engine/syncaudit.py). Prints a table;
+`--json FILE` (or `-` for stdout) writes the full result with every sync event.
+
+    breeze-worker audit-syncs --path fast --budget 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import sys
+
+import torch
+
+from breeze_worker.profiling.setup import (add_model_arguments, add_request_arguments, device_meta, parse_paths,
+                                           write_json)
+
+log = logging.getLogger("breeze_worker.audit_syncs")
+
+EXIT_OVER_BUDGET = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    add_request_arguments(parser, frames=4)
+    parser.add_argument("--path", default="both", help="eager | fast | both")
+    parser.add_argument("--budget", type=int, default=None, metavar="N",
+                        help="fail (exit 1) if any frame makes more than N host syncs (setup not counted)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON (- for stdout)")
+
+
+def audit(args: argparse.Namespace) -> dict:
+    """Run the audit the flags describe; the JSON document (`breeze-audit-syncs/1`)."""
+    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.profiling.audit import SCHEMA, audit_path
+    from breeze_worker.profiling.setup import load_model, make_request
+
+    device = pick_device(args.device)
+    paths = parse_paths(args.path)
+    model = load_model(args, device)
+    request = make_request(model, args.text, args.cfg, args.frames, args.seed)
+    doc = {
+        "schema": SCHEMA,
+        "meta": {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"), "model": args.model or f"random-{args.size}", "precision": str(model.dtype),
+                 "frames": args.frames, "cfg": bool(args.cfg), "seed": args.seed, "budget": args.budget},
+        "paths": [],
+    }
+    for path in paths:
+        log.info("auditing the %s path (%d frames)", path, args.frames)
+        doc["paths"].append(audit_path(model, request, device, path, args.budget))
+    doc["within_budget"] = all(p["within_budget"] for p in doc["paths"])
+    return doc
+
+
+def run(args: argparse.Namespace) -> int:
+    from breeze_worker.profiling.audit import table
+
+    torch.set_grad_enabled(False)
+    try:
+        doc = audit(args)
+    except ValueError as exc:
+        print(f"breeze-worker audit-syncs: {exc}", file=sys.stderr)
+        return 2
+    print(table(doc), file=sys.stderr if args.json == "-" else sys.stdout)
+    write_json(doc, args.json)
+    if not doc["within_budget"]:
+        over = {p["path"]: p["frames_over_budget"] for p in doc["paths"] if not p["within_budget"]}
+        log.error("host syncs per frame exceed the budget of %d: %s", args.budget, over)
+        return EXIT_OVER_BUDGET
+    return 0

@@ -1,0 +1,84 @@
+"""`breeze-worker precision-check [--model DIR]`: teacher-forced frames through each precision policy
+against an FP32 reference; per-step KL divergence, top-k agreement and non-finite counts, so a user can
+decide on their own checkpoint whether `fp16-mixed` is safe for them (method: profiling/precision.py).
+
+    breeze-worker precision-check --model /ckpt/Breeze-TTS-2 --frames 32 --json precision.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+
+import torch
+
+from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser, precision=False)
+    add_request_arguments(parser, frames=16)
+    parser.add_argument("--policies", default="fp32,bf16,fp16-mixed,fp16",
+                        help="policies to compare with FP32 (fp32 checks the reference against itself)")
+    parser.add_argument("--top-k", type=int, default=50, help="k of the top-k agreement (the sampler's default)")
+    parser.add_argument("--per-step", action="store_true", help="also print every step of every policy")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON (- for stdout)")
+
+
+def check(args: argparse.Namespace) -> dict:
+    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.profiling.precision import POLICIES, SCHEMA, precision_check
+    from breeze_worker.profiling.setup import load_model, make_request
+
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"--policies: unknown {', '.join(unknown)} (known: {', '.join(POLICIES)})")
+    device = pick_device(args.device)
+    model = load_model(args, device, precision="fp32")
+    request = make_request(model, args.text, args.cfg, args.frames, args.seed)
+    result = precision_check(model, request, policies, top_k=args.top_k)
+    meta = {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "model": args.model or f"random-{args.size}", "reference": "fp32", "cfg": bool(args.cfg),
+            "cfg_scale": request.cfg_scale, "seed": args.seed, "text": args.text,
+            "teacher": "the FP32 model's own frames (eager path, end of speech masked)"}
+    return {"schema": SCHEMA, "meta": meta, **result}
+
+
+def _f(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(doc: dict, per_step: bool = False) -> str:
+    head = f"{'policy':<12}{'KL mean':>11}{'KL max':>11}{'top-1':>8}{'top-' + str(doc['top_k']):>8}{'non-finite':>12}  note"
+    lines = [f"{doc['frames']} teacher-forced frames x 16 codebooks on {doc['meta']['device']}, vs fp32", head,
+             "-" * len(head)]
+    for p in doc["policies"]:
+        if not p["applied"]:
+            lines.append(f"{p['policy']:<12}  not applied: {p['error']}")
+            continue
+        s = p["summary"]
+        notes = [n for n in (p["recipe"] if p["emulated"] else None, p["note"]) if n]
+        lines.append(f"{p['policy']:<12}{_f(s['kl_mean'], '.3e'):>11}{_f(s['kl_max'], '.3e'):>11}"
+                     f"{s['top1_agreement']:>8.3f}{s['topk_overlap']:>8.3f}{s['nonfinite']:>12}  {'; '.join(notes)}")
+        if p["kept_fp32"]:
+            lines.append(f"{'':<12}kept in FP32 (overflow on the FP32 reference): {', '.join(p['kept_fp32'])}")
+        if per_step:
+            for step in p["per_step"]:
+                lines.append(f"{'  frame ' + str(step['frame']):<12}{_f(step['kl_mean'], '.3e'):>11}"
+                             f"{_f(step['kl_max'], '.3e'):>11}{step['top1_agreement']:>8.3f}"
+                             f"{step['topk_overlap']:>8.3f}{step['nonfinite']:>12}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_grad_enabled(False)
+    try:
+        doc = check(args)
+    except ValueError as exc:
+        print(f"breeze-worker precision-check: {exc}", file=sys.stderr)
+        return 2
+    print(table(doc, args.per_step), file=sys.stderr if args.json == "-" else sys.stdout)
+    write_json(doc, args.json)
+    return 0

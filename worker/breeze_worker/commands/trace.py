@@ -1,0 +1,56 @@
+"""`breeze-worker trace --trace FILE.json`: one streaming request, recorded as a Chrome / Perfetto trace
+(open it in https://ui.perfetto.dev or chrome://tracing) with a mark at every host sync; prints the time
+per span name. A warm-up request runs first, untraced (the fast path captures its CUDA graphs there).
+
+    breeze-worker trace --path eager --frames 8 --trace eager.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+
+import torch
+
+from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    add_request_arguments(parser, frames=8)
+    parser.add_argument("--path", default="eager", choices=("eager", "fast"), help="decode path to trace")
+    parser.add_argument("--trace", required=True, metavar="FILE.json", help="where to write the trace")
+    parser.add_argument("--no-sync-marks", action="store_true",
+                        help="no gpu_sync marks (the sync detector slows every tensor operation down)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the span summary as JSON (- for stdout)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.engine.tracing import Tracer
+    from breeze_worker.profiling.setup import frame_source, load_model, make_request
+    from breeze_worker.profiling.trace import summarize, table, trace_request
+
+    torch.set_grad_enabled(False)
+    try:
+        device = pick_device(args.device)
+    except ValueError as exc:
+        print(f"breeze-worker trace: {exc}", file=sys.stderr)
+        return 2
+    model = load_model(args, device)
+    request = make_request(model, args.text, args.cfg, args.frames, args.seed)
+    for _ in frame_source(args.path, model, request, device):  # warm-up, untraced
+        pass
+    tracer = Tracer()
+    frames = trace_request(model, request, device, args.path, tracer, sync_marks=not args.no_sync_marks)
+    meta = {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "model": args.model or f"random-{args.size}", "precision": str(model.dtype), "path": args.path,
+            "frames": frames, "cfg": bool(args.cfg), "sync_marks": not args.no_sync_marks}
+    tracer.write(args.trace, meta)
+    rows = summarize(tracer)
+    print(table(rows), file=sys.stderr if args.json == "-" else sys.stdout)
+    print(f"wrote {args.trace} ({len(tracer.events)} events, {frames} frames)",
+          file=sys.stderr if args.json == "-" else sys.stdout)
+    write_json({"schema": "breeze-trace-summary/1", "meta": meta, "trace": args.trace, "spans": rows}, args.json)
+    return 0

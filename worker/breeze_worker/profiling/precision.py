@@ -1,0 +1,215 @@
+"""Teacher-forced comparison of precision policies against an FP32 reference (`breeze-worker precision-check`).
+
+1. The FP32 model generates `frames` frames (eager path, end of speech masked): the teacher codes.
+2. For each policy, a copy of the FP32 model is converted with engine/precision.py (`apply_policy`; for
+   `fp16-mixed` the layers `find_overflowing_layers` flags on the FP32 reference stay FP32), and the
+   teacher codes are forced through it: one backbone pass over prompt + frames, one depth-decoder pass
+   over every frame's 16 positions. Every model sees the same inputs, so differences are the policy's own.
+3. Per frame (step) and codebook, against FP32: KL(p_fp32 || p_policy) of the softmax over the classes the
+   sampler can draw (reserved ids masked), whether the arg-max agrees, the overlap of the top-k sets, and
+   the number of non-finite logits.
+
+Policies: `fp32` (the reference against a copy of itself: all zeros), `bf16`, `fp16-mixed` (the serving
+policies) and `fp16` (everything FP16, residual stream and norms included: not a serving policy, shown for
+contrast). A policy this device would refuse is computed anyway, with the refusal in its `note`; one whose
+operators fail here is emulated (weights rounded to FP16/BF16, arithmetic in FP32) and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+
+import torch
+
+from breeze_worker.engine.eager import EagerFrameGenerator, prepare_prompt_embeddings
+from breeze_worker.engine.precision import (UnsupportedPrecision, apply_policy, choose_policy,
+                                            find_overflowing_layers, make_policy)
+from breeze_worker.model.lm.layers import additive_mask
+from breeze_worker.model.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "breeze-precision-check/1"
+POLICIES = ("fp32", "bf16", "fp16-mixed", "fp16")
+_HALF = {"bf16": torch.bfloat16, "fp16-mixed": torch.float16, "fp16": torch.float16}
+_INSTANCE_STATE = ("_fastpath_packed", "backbone_logits", "_bench_eos_masked")  # per-instance, not weights
+
+
+@contextlib.contextmanager
+def eos_masked(model: LoadedModel):
+    """End of speech unreachable inside the block (bench.runner's mask), restored after."""
+    from breeze_worker.bench.runner import mask_end_of_speech
+
+    already = getattr(model.lm, "_bench_eos_masked", False)
+    mask_end_of_speech(model)
+    try:
+        yield model
+    finally:
+        if not already:
+            for name in ("backbone_logits", "_bench_eos_masked"):
+                model.lm.__dict__.pop(name, None)
+
+
+@torch.no_grad()
+def teacher_codes(model: LoadedModel, request) -> torch.Tensor:
+    """The FP32 model's own frames for `request` (int64 [N, 16], end of speech masked)."""
+    with eos_masked(model):
+        frames = list(EagerFrameGenerator(model, request))
+    return torch.stack(frames)
+
+
+@torch.no_grad()
+def teacher_forced_logits(model: LoadedModel, request, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits with `codes` [N, 16] forced: codebook 0 [N, V+1] and codebooks 1..15 [N, 15, V], FP32, CFG rows
+    combined u + s*(c - u) as the sampler sees them."""
+    lm = model.lm
+    prompt = prepare_prompt_embeddings(model, request)
+    rows, length, hidden_size = prompt.inputs_embeds.shape
+    dtype, device = prompt.inputs_embeds.dtype, prompt.inputs_embeds.device
+    codes = codes.to(device)
+    n = codes.shape[0]
+    fed = lm.embed_frames(codes[: n - 1]).to(dtype)  # frames 0..N-2 are inputs of frames 1..N-1
+    embeds = torch.cat((prompt.inputs_embeds, fed[None].expand(rows, -1, -1)), dim=1)
+    valid = torch.cat((prompt.attention_mask, torch.ones(rows, n - 1, dtype=torch.bool, device=device)), dim=1)
+    steps = torch.arange(1, n, device=device)[None]
+    positions = torch.cat((prompt.positions, prompt.positions[:, -1:] + steps), dim=1)
+    total = length + n - 1
+    causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
+    mask = additive_mask(causal[None, None] & valid[:, None, None, :], dtype)
+    hidden = lm.backbone(embeds, positions, mask, lm.new_backbone_cache())[:, length - 1:]  # [R, N, H]
+    logits0 = lm.backbone_logits(hidden).float()
+
+    flat = hidden.reshape(rows * n, hidden_size)
+    row_codes = codes[None].expand(rows, -1, -1).reshape(rows * n, -1)
+    books = row_codes.shape[1]
+    inputs = [lm.depth_prefill_inputs(flat, row_codes[:, 0])]  # positions 0 (backbone state) and 1 (codebook 0)
+    inputs += [lm.depth_decoder.code_embedding(row_codes[:, j - 1], j - 1)[:, None] for j in range(2, books)]
+    inputs = torch.cat(inputs, dim=1)  # [R*N, 16, H]
+    depth_mask = additive_mask(torch.ones(books, books, dtype=torch.bool, device=device).tril()[None, None],
+                               inputs.dtype)
+    depth_hidden = lm.depth_decoder(inputs, torch.arange(books, device=device), depth_mask, lm.new_depth_cache())
+    depth = torch.stack([lm.depth_logits(depth_hidden[:, p], p).float() for p in range(1, books)], dim=1)
+    depth = depth.reshape(rows, n, books - 1, -1)
+    if rows == 2:
+        scale = float(request.cfg_scale)
+        logits0 = logits0[1] + scale * (logits0[0] - logits0[1])
+        depth = depth[1] + scale * (depth[0] - depth[1])
+    else:
+        logits0, depth = logits0[0], depth[0]
+    return logits0, depth
+
+
+def compare(ref: torch.Tensor, test: torch.Tensor, blocked: torch.Tensor, top_k: int) -> dict[str, torch.Tensor]:
+    """Per row of [..., V] logits: KL(ref || test) over unblocked classes, arg-max agreement, top-k overlap,
+    non-finite count (of the unblocked test logits)."""
+    allowed = ~blocked
+    ref, test = ref[..., allowed], test[..., allowed]
+    nonfinite = (~torch.isfinite(test)).sum(-1)
+    log_p = torch.log_softmax(ref, dim=-1)
+    log_q = torch.log_softmax(test, dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
+    kl = torch.where(nonfinite > 0, torch.full_like(kl, float("nan")), kl)
+    k = min(top_k, ref.shape[-1])
+    top_ref = torch.zeros_like(ref, dtype=torch.bool).scatter_(-1, ref.topk(k, dim=-1).indices, True)
+    top_test = torch.zeros_like(ref, dtype=torch.bool).scatter_(-1, test.nan_to_num(float("-inf")).topk(
+        k, dim=-1).indices, True)
+    return {"kl": kl, "top1": (ref.argmax(-1) == test.nan_to_num(float("-inf")).argmax(-1)),
+            "topk": (top_ref & top_test).sum(-1).float() / k, "nonfinite": nonfinite}
+
+
+def policy_model(fp32: LoadedModel, name: str, keep_fp32: dict[str, float]) -> tuple[LoadedModel, str]:
+    """A converted copy of the FP32 model; the string says how it was made."""
+    model = copy.copy(fp32)
+    model.lm = copy.deepcopy(fp32.lm)
+    for stale in _INSTANCE_STATE:
+        model.lm.__dict__.pop(stale, None)
+    if name == "fp16":
+        model.lm.to(torch.float16)
+        return model, "every weight and activation FP16 (residual stream and norms too); logits upcast to FP32"
+    converted = apply_policy(model.lm, make_policy(name, "precision-check"), keep_fp32 if name == "fp16-mixed" else ())
+    if name == "fp16-mixed":
+        return model, f"{len(converted)} linear layers FP16, {len(keep_fp32)} kept FP32 for overflow, rest FP32"
+    return model, f"apply_policy({name})"
+
+
+def emulated_model(fp32: LoadedModel, name: str) -> LoadedModel:
+    """FP32 arithmetic with every weight rounded to the policy's half type: the weights' share of the error."""
+    model = copy.copy(fp32)
+    model.lm = copy.deepcopy(fp32.lm)
+    for stale in _INSTANCE_STATE:
+        model.lm.__dict__.pop(stale, None)
+    with torch.no_grad():
+        for param in model.lm.parameters():
+            param.copy_(param.to(_HALF[name]).float())
+    return model
+
+
+def _device_note(name: str, device: torch.device) -> str | None:
+    if name == "fp16":
+        return "not a serving policy (shown for contrast)"
+    try:
+        choose_policy(name, device, force=False)
+    except UnsupportedPrecision:
+        return "not native on this device: the worker refuses it without --force-precision; computed anyway"
+    return None
+
+
+def check_policy(fp32: LoadedModel, request, codes, reference, name: str, keep: dict[str, float],
+                 blocked0: torch.Tensor, blocked: torch.Tensor, top_k: int) -> dict:
+    out = {"policy": name, "applied": True, "emulated": False, "note": _device_note(name, fp32.device),
+           "kept_fp32": sorted(keep) if name == "fp16-mixed" else [], "recipe": None, "error": None}
+    try:
+        model, out["recipe"] = policy_model(fp32, name, keep)
+        logits = teacher_forced_logits(model, request, codes)
+    except (RuntimeError, NotImplementedError) as exc:  # an operator this device lacks in that dtype
+        log.warning("%s failed on %s (%s); emulating it", name, fp32.device, exc)
+        out.update(emulated=True, error=f"{type(exc).__name__}: {exc}",
+                   recipe=f"EMULATED: weights rounded to {_HALF[name]} and back, arithmetic in FP32")
+        try:
+            logits = teacher_forced_logits(emulated_model(fp32, name), request, codes)
+        except (RuntimeError, NotImplementedError) as exc2:
+            out.update(applied=False, error=f"{out['error']}; emulation failed too: {exc2}")
+            return out
+    ref0, ref_depth = reference
+    got0, got_depth = logits
+    first = compare(ref0, got0, blocked0, top_k)  # [N]
+    rest = compare(ref_depth, got_depth, blocked, top_k)  # [N, 15]
+    metric = {key: torch.cat((first[key][:, None].float(), rest[key].float()), dim=1) for key in first}  # [N, 16]
+    out["per_step"] = [_summary(metric, slice(t, t + 1), t) for t in range(codes.shape[0])]
+    out["per_codebook"] = [{"codebook": c, **_summary({k: v[:, c:c + 1] for k, v in metric.items()}, slice(None))}
+                           for c in range(metric["kl"].shape[1])]
+    out["summary"] = _summary(metric, slice(None))
+    return out
+
+
+def _summary(metric: dict[str, torch.Tensor], rows: slice, frame: int | None = None) -> dict:
+    kl = metric["kl"][rows]
+    finite = kl[torch.isfinite(kl)]
+    out = {"frame": frame} if frame is not None else {}
+    out.update({
+        "kl_mean": float(finite.mean()) if finite.numel() else None,
+        "kl_max": float(finite.max()) if finite.numel() else None,
+        "top1_agreement": float(metric["top1"][rows].float().mean()),
+        "topk_overlap": float(metric["topk"][rows].mean()),
+        "nonfinite": int(metric["nonfinite"][rows].sum()),
+        "steps_with_nonfinite": int((metric["nonfinite"][rows] > 0).sum()),
+    })
+    return out
+
+
+def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int = 50) -> dict:
+    """Teacher codes from `fp32`, then every policy against it; the JSON-able result (`policies` list)."""
+    codes = teacher_codes(fp32, request)
+    reference = teacher_forced_logits(fp32, request, codes)
+    config = fp32.config
+    device = fp32.device
+    blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
+    blocked[list(config.reserved_code_ids)] = True
+    keep = {}
+    if "fp16-mixed" in policies:
+        keep = find_overflowing_layers(fp32.lm, lambda: teacher_forced_logits(fp32, request, codes))
+    results = [check_policy(fp32, request, codes, reference, name, keep, blocked, blocked[:config.vocab_size],
+                            top_k) for name in policies]
+    return {"frames": int(codes.shape[0]), "top_k": top_k, "policies": results}
