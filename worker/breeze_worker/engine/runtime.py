@@ -50,7 +50,12 @@ class Runtime:
 
     @classmethod
     def load(cls, settings: EngineSettings) -> "Runtime":
+        from breeze_worker.engine.precision import choose_policy
+
         device = pick_device(settings.device)
+        if device.type == "cuda":
+            torch.backends.cudnn.allow_tf32 = False  # the codec's convolutions in true FP32
+        policy = choose_policy(settings.precision, device, force=settings.force_precision)
         t0 = time.perf_counter()
         if settings.model_dir is None:
             from breeze_worker.model.tiny import tiny_model
@@ -60,15 +65,16 @@ class Runtime:
         else:
             from breeze_worker.model.loader import load_checkpoint
 
-            dtype = _lm_dtype(settings, device)
-            model = load_checkpoint(settings.model_dir, device=device, dtype=dtype)
-            description = f"Breeze TTS 2 checkpoint {settings.model_dir} ({dtype})"
+            model = load_checkpoint(settings.model_dir, device=device, dtype=policy.weight_dtype)
+            description = f"Breeze TTS 2 checkpoint {settings.model_dir}"
+        kept = _apply_precision(model, policy, device)
+        description += f"; precision {policy.name}" + (f" ({len(kept)} layers kept in FP32)" if kept else "")
         decode_path = settings.fast_path
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"
         runtime = cls(model, device, decode_path, description)
-        log.info("model loaded in %.2f s on %s: %s; decode path %s", time.perf_counter() - t0, device,
-                 description, decode_path)
+        log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
+                 device, description, decode_path, policy.reason)
         runtime.warm_up()
         return runtime
 
@@ -87,10 +93,7 @@ class Runtime:
     def warm_up(self, frames: int = 3) -> None:
         """Run a short job through the whole path so the first real request pays no first-call costs."""
         t0 = time.perf_counter()
-        params = ResolvedRequest(
-            text="warm up", instruction=None, cfg_scale=1.0, seed=1, template=Template.PLAIN,
-            sampling=SamplingParams(), max_frames=frames, encoding=PcmEncoding.S16LE, frames_per_chunk=1,
-        )
+        params = _probe_request(frames)
         from breeze_worker.engine.codec_rows import CodecRows
 
         rows = CodecRows(self.codec)
@@ -103,12 +106,27 @@ class Runtime:
         log.info("warm-up done in %.2f s", self.warmup_s)
 
 
-def _lm_dtype(settings: EngineSettings, device: torch.device) -> torch.dtype:
-    """The dtype the checkpoint's weights load in, from the precision policy."""
-    if device.type != "cuda":
-        return torch.float32
-    try:
-        from breeze_worker.engine.precision import choose_policy
-    except ImportError:
-        return torch.float32
-    return choose_policy(settings.precision, device, force=settings.force_precision).weight_dtype
+def _apply_precision(model, policy, device: torch.device) -> list[str]:
+    """Convert the language model to `policy` (the codec stays FP32). For fp16-mixed, first run a short
+    FP32 reference with forward hooks and keep in FP32 every linear layer whose activations come near the
+    FP16 limit on it."""
+    from breeze_worker.engine.precision import apply_policy, find_overflowing_layers
+
+    keep: list[str] = []
+    if policy.mixed:
+        from breeze_worker.engine.eager import EagerFrameGenerator
+
+        probe = _probe_request(frames=4)
+        peaks = find_overflowing_layers(model.lm, lambda: list(EagerFrameGenerator(model, probe, device)))
+        keep = sorted(peaks)
+    apply_policy(model.lm, policy, keep_fp32=keep)
+    return keep
+
+
+def _probe_request(frames: int) -> ResolvedRequest:
+    """A short fixed request used for warm-up and for the FP16 overflow probe."""
+    return ResolvedRequest(
+        text="A short sentence to warm up the model.", instruction=None, cfg_scale=1.0, seed=1,
+        template=Template.PLAIN, sampling=SamplingParams(), max_frames=frames, encoding=PcmEncoding.S16LE,
+        frames_per_chunk=1,
+    )
