@@ -2,7 +2,7 @@
 """Retrieval benchmark: from generation done to all three of the user's files on disk.
 
 The user's three files are 13.76 s, 7.36 s and 4.80 s of 24 kHz mono s16le audio (172, 92 and 60 frames).
-Each iteration runs the three jobs at once on an in-process worker (tiny embedded default, CPU), waits
+Each iteration runs the three jobs at once on a worker (tiny embedded default, CPU), waits
 until the last job's final message has arrived, then fetches the three artifacts in parallel over the
 artifact channel (fsynced, SHA-256 verified). The number is
 
@@ -14,8 +14,8 @@ so every byte of all three files moves after the GPU finished. Two paths:
             and a delaying proxy adding 25 ms each way (50 ms RTT)             target <= 1.5 x floor,
             floor = total bytes / rate + one round trip
 The wan path needs root and iproute2 (it is skipped with a note otherwise) and runs in its own process
-(netpath.pathd), as does the worker (`breeze-worker serve`), so neither takes CPU from the measured client. Prints both numbers and
-writes JSON under results/ (host, date, commit, every iteration's per-file phases).
+(netpath.pathd), as does the worker (`breeze-worker serve`), so neither takes CPU from the measured client.
+Prints both numbers and writes JSON under results/ (host, date, commit, every iteration's per-file phases).
 
     python scripts/bench_retrieval.py [--iterations 3] [--chunk-size 0] [--skip-wan] [--in-process]
 """
@@ -81,7 +81,7 @@ def one_iteration(client: BreezeClient, config: FetchConfig, seed: int) -> dict:
 
 
 def run_path(name: str, target: str, artifact_target: str, iterations: int, config: FetchConfig) -> dict:
-    with BreezeClient(target, artifact_target=artifact_target) as client:
+    with BreezeClient(target, artifact_target=artifact_target, timeout_s=300) as client:
         client.clock()
         client.clock(artifact_target)
         warm = client.synthesize(TEXT, max_frames=4, seed=0, collect_audio=False)  # warm channels and caches

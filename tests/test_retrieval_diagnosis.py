@@ -27,6 +27,7 @@ from test_retrieval_report import check_report_renders
 FRAMES = 12  # 0.96 s of 24 kHz s16le audio per job: 46,124 bytes
 DELAY = 0.4  # seconds injected into one phase
 TOL = 0.15  # measured - injected must lie in [-0.02, TOL] (the phase also holds its own normal time)
+CALL_TIMEOUT_S = 120  # a deadline on every call: a stuck path fails the test instead of hanging it
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,8 @@ def clean_faults(worker):
 
 def diagnose_jobs(worker, *, artifact_target=None, jobs=2, frames=FRAMES, configs=(FetchConfig(),), **kw):
     dest_factory = kw.pop("dest_factory", None)
-    with BreezeClient(worker.target, artifact_target=artifact_target or worker.artifact_target) as client:
+    with BreezeClient(worker.target, artifact_target=artifact_target or worker.artifact_target,
+                      timeout_s=CALL_TIMEOUT_S) as client:
         return run_diagnosis(client, DiagnoseSettings(jobs=jobs, max_frames=frames, configs=configs, **kw),
                              dest_factory=dest_factory)
 
@@ -173,7 +175,8 @@ def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
     worker.set_faults(first_byte_delay_s=0.2)
     report = tmp_path / "diagnosis.html"
     code = cli.main(["diagnose", "--target", worker.target, "--artifact-target", worker.artifact_target,
-                     "-n", "2", "--max-frames", "8", "--chunk-sizes", "16k,0", "--compressions", "none,zstd",
+                     "--timeout", str(CALL_TIMEOUT_S), "-n", "2", "--max-frames", "8", "--chunk-sizes", "16k,0",
+                     "--compressions", "none,zstd",
                      "--json", "--report", str(report)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -186,6 +189,6 @@ def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
     worker.set_faults()
 
     code = cli.main(["diagnose", *out["runs"][0]["label"].split()[:1], "--target", worker.target,
-                     "--artifact-target", worker.artifact_target])
+                     "--artifact-target", worker.artifact_target, "--timeout", str(CALL_TIMEOUT_S)])
     text = capsys.readouterr().out
     assert code == 0 and "dominant phase:" in text and "fix:" in text and "artifact commit" in text

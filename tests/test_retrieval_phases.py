@@ -103,7 +103,7 @@ def test_causes_follow_the_evidence():
     # three parallel fetches at 1/3 of 20 Mbit/s each: the shared path, not a window, is the limit
     shared = diagnose([make_timeline(transfer_ms=SIZE * 8 / (20e6 / 3) * 1e3, rtt_ms=50, parallel=3)])
     assert shared.verdict.cause == "bandwidth"
-    assert any("3 fetches shared the path" in e for e in shared.verdict.evidence)
+    assert any("3 fetches shared the path at once" in e for e in shared.verdict.evidence)
     tiny_chunks = diagnose([make_timeline(transfer_ms=400, chunks=SIZE // 4096)])
     assert tiny_chunks.verdict.cause == "per_message_overhead"
     base64 = diagnose([make_timeline(transfer_ms=400, wire=SIZE * 4 // 3)])

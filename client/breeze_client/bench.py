@@ -172,6 +172,8 @@ def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds:
         "worker_stages_s": stages,
         "rounds": throughput,
         "aggregate_x_realtime": spread([t["x_realtime"] for t in throughput if t["x_realtime"] is not None]),
+        "per_request": [{k: v for k, v in r.items() if k != "gaps_ms"} | {"round": i}
+                        for i, batch in enumerate(rounds) for r in batch],
     }
 
 

@@ -46,7 +46,8 @@ class FetchConfig:
         return f"chunk {chunk}, {self.compression}"
 
 
-def sweep_configs(chunk_sizes: Sequence[int] = (0,), compressions: Sequence[str] = ("none",)) -> tuple[FetchConfig, ...]:
+def sweep_configs(chunk_sizes: Sequence[int] = (0,),
+                  compressions: Sequence[str] = ("none",)) -> tuple[FetchConfig, ...]:
     return tuple(FetchConfig(c, z) for z in compressions for c in chunk_sizes)
 
 

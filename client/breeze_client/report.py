@@ -95,9 +95,10 @@ def _waterfall(timeline: Timeline, index: int) -> str:
                      f'<title>{_esc(tip)}</title></rect>')
         if pt.phase.name == "transfer" and pt.span_ns and pt.duration_ns is not None and pt.span_ns > pt.duration_ns:
             ow = w * (pt.span_ns - pt.duration_ns) / pt.span_ns  # client write time inside the transfer span
+            inside = format_seconds((pt.span_ns - pt.duration_ns) / 1e9)
             parts.append(f'<rect class="write-overlap" x="{x + w - ow:.1f}" y="{y + 6}" width="{ow:.1f}" '
                          f'height="{ROW_H - 13}" fill="{COLORS["client_write"]}" opacity="0.8"><title>'
-                         f'client write calls inside the transfer: {_esc(format_seconds((pt.span_ns - pt.duration_ns) / 1e9))}'
+                         f'client write calls inside the transfer: {_esc(inside)}'
                          '</title></rect>')
         parts.append(f'<text x="{min(x + w + 4, LABEL_W + PLOT_W + 4):.1f}" y="{y + 12}">{_esc(text)}</text>')
     axis_y = PAD + len(PHASES) * ROW_H + 12

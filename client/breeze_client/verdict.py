@@ -204,8 +204,7 @@ def _transfer(timelines, summaries):
         return "per_message_overhead", ev
     parallel = max(t.parallel for t in timelines)
     if rate and parallel > 1:
-        ev.append(f"{parallel} fetches shared the path at once: about {rate * parallel / 1e6:.2f} MB/s "
-                  f"({rate * parallel * 8 / 1e6:.1f} Mbit/s) together")
+        ev.append(f"{parallel} fetches shared the path at once (this one's share: {rate / 1e6:.2f} MB/s)")
     if rate and rtt is not None:
         ev.append(f"round trip {format_seconds(rtt)}: {rate * rtt / 1024:.0f} KiB in flight per round trip"
                   + (" per fetch" if parallel > 1 else ""))

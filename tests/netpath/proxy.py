@@ -1,7 +1,8 @@
 """A small delaying TCP proxy (asyncio): latency each way, an optional mid-transfer drop.
 
 Each accepted connection opens one upstream connection and two pipes. A pipe reads what arrives, stamps it
-with `arrival + delay` (`delay_s` both ways, or `up_delay_s` / `down_delay_s` for one direction), and a writer task releases it at that time, so the delay adds latency without
+with `arrival + delay` (`delay_s` both ways, or `up_delay_s` / `down_delay_s` for one direction),
+and a writer task releases it at that time, so the delay adds latency without
 capping throughput (bytes in flight are not limited by the proxy). `drop_after_bytes` aborts a connection
 (both sides, RST) once that many bytes have gone downstream (upstream -> client) on it, for the first
 `max_drops` connections: the client sees a broken stream mid-transfer and must resume.
@@ -25,6 +26,7 @@ from netpath.netns import in_netns
 
 log = logging.getLogger(__name__)
 READ_SIZE = 64 * 1024
+CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -85,7 +87,11 @@ class DelayProxy:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await asyncio.get_running_loop().sock_connect(sock, self.upstream)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, self.upstream), CONNECT_TIMEOUT_S)
+        except BaseException:
+            sock.close()
+            raise
         return await asyncio.open_connection(sock=sock)
 
     async def _accept(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
@@ -98,7 +104,7 @@ class DelayProxy:
         try:
             c_writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             u_reader, u_writer = await self._connect_upstream()
-        except OSError as exc:
+        except (OSError, asyncio.TimeoutError) as exc:
             log.warning("proxy: upstream %s unreachable: %s", self.upstream, exc)
             c_writer.transport.abort()
             self._tasks.discard(task)

@@ -8,8 +8,13 @@ import logging
 from dataclasses import replace
 
 import torch
+from torch import nn
 
 from breeze_worker.engine.precision import PrecisionPolicy, apply_policy
+from breeze_worker.model.codec.codec import Codec
+from breeze_worker.model.codec.config import CodecConfig, DecoderConfig
+from breeze_worker.model.codec.decoder import CodecDecoder
+from breeze_worker.model.codec.tiny import _draw
 from breeze_worker.model.lm.breeze import BreezeLM
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.loaded import GenerationDefaults, LoadedModel
@@ -63,18 +68,43 @@ def random_model(size: str, seed: int, device: torch.device, policy: PrecisionPo
 
 
 def _codec(size: str, seed: int, device: torch.device):
-    """Full-size decoder for the full model (a tiny encoder: the bench never encodes), tiny otherwise."""
+    """The tiny codec for the tiny model; otherwise the full-size DECODER with seeded random weights (the
+    bench decodes every frame and never encodes, so no encoder is built)."""
     try:
-        from breeze_worker.model.codec import CodecConfig, DecoderConfig, tiny_codec, tiny_codec_config
-        from breeze_worker.model.codec.tiny import codec_from_config
-
         if size == "tiny":
+            from breeze_worker.model.codec import tiny_codec
+
             return tiny_codec(seed, device)
-        tiny = tiny_codec_config()
-        return codec_from_config(CodecConfig(decoder=DecoderConfig(), encoder=tiny.encoder), seed, device)
+        return decoder_only_codec(seed, device)
     except Exception as exc:  # the codec is measured when it can be built; the LM numbers stand alone
         log.warning("no codec for the bench (%s: %s); the codec stage is not measured", type(exc).__name__, exc)
         return None
+
+
+class _NoEncoder(nn.Module):
+    """Stands in for the reference encoder of a decoder-only bench codec."""
+
+    def after_load(self) -> None:
+        pass
+
+    def encode(self, wav24k):
+        raise RuntimeError("the bench codec has no encoder (it only decodes frames)")
+
+
+@torch.no_grad()
+def decoder_only_codec(seed: int, device: torch.device, config: DecoderConfig | None = None) -> Codec:
+    """A `Codec` whose decoder has the released sizes (`DecoderConfig()` defaults) and seeded random weights
+    drawn by the tiny codec's recipe (same names, same distributions), in FP32 on `device`."""
+    decoder_config = config or DecoderConfig()
+    with torch.random.fork_rng(devices=[]):
+        decoder = CodecDecoder(decoder_config)
+    generator = torch.Generator().manual_seed(seed)
+    for name, tensor in sorted(decoder.state_dict(keep_vars=True).items()):
+        tensor.copy_(_draw(f"decoder.{name}", tensor.shape, generator))
+    config_all = CodecConfig(decoder=decoder_config, encoder={"num_quantizers": 32},
+                             decode_upsample_rate=decoder_config.samples_per_frame)
+    codec = Codec(config_all, decoder.to(device), _NoEncoder())
+    return codec
 
 
 def checkpoint_model(directory: str, device: torch.device, policy: PrecisionPolicy) -> LoadedModel:

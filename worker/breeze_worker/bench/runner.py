@@ -49,11 +49,14 @@ def make_request(model: LoadedModel, cfg: bool, frames: int, seed: int, text: st
     return resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer)
 
 
+FAST_PATHS = {"fast": None, "fast-uncompiled": False, "fast-compiled": True}  # path -> compile (None: auto)
+
+
 def open_generator(path: str, model: LoadedModel, request, device: torch.device):
-    if path == "fast":
+    if path in FAST_PATHS:
         from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 
-        return FastFrameGenerator(model, request, device)
+        return FastFrameGenerator(model, request, device, compile=FAST_PATHS[path], timed_stages=True)
     from breeze_worker.engine.eager import EagerFrameGenerator
 
     return EagerFrameGenerator(model, request, device)
@@ -70,6 +73,10 @@ class RunResult:
     host_reads_per_frame: float | None = None
     warmup_s: float | None = None
     fallback_reason: str | None = None
+    compiled: bool | None = None
+    compile_fallback_reason: str | None = None
+    ttfa_lm_s: float = 0.0
+    ttfa_codec_s: float | None = None
 
 
 def run_once(path: str, model: LoadedModel, request, device: torch.device, count_syncs: bool = False) -> RunResult:
@@ -84,6 +91,7 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
     gen = open_generator(path, model, request, device)
     it = iter(gen)
     first = next(it)
+    ttfa_lm = time.perf_counter() - t0
     frames.append(first)
     if codec is not None:
         c0 = time.perf_counter()
@@ -112,6 +120,8 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
         syncs_per_frame=None if counter.count is None else counter.count / n,
         host_reads_per_frame=(gen.host_reads / len(frames)) if hasattr(gen, "host_reads") else None,
         fallback_reason=getattr(runner, "fallback_reason", None),
+        compiled=getattr(runner, "compiled", None), compile_fallback_reason=getattr(runner, "compile_fallback_reason", None),
+        ttfa_lm_s=ttfa_lm, ttfa_codec_s=(ttfa - ttfa_lm) if codec is not None else None,
     )
 
 
@@ -143,6 +153,11 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
         "rtf": statistics.median(r.wall_s for r in runs) / audio_s,
         "rtf_generate": (ms_per_frame / 1000 * FRAME_RATE_HZ) if ms_per_frame else None,
         "ttfa_ms": 1000 * statistics.median(r.ttfa_s for r in runs),
+        "ttfa_lm_ms": 1000 * statistics.median(r.ttfa_lm_s for r in runs),  # text encode + prefill + frame 1
+        "ttfa_codec_ms": (None if best.ttfa_codec_s is None
+                          else 1000 * statistics.median(r.ttfa_codec_s for r in runs)),  # frame 1 decoded
+        "codec_ms_per_frame": (None if best.stages.get("codec_s") is None
+                               else 1000 * statistics.median(r.stages["codec_s"] / len(r.frames) for r in runs)),
         "stages_s": stages,
         "peak_memory_bytes": peak,
         "host_syncs_per_frame": best.syncs_per_frame,
@@ -151,6 +166,8 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
         "gpu_kernel_s_profiled": busy["kernel_s"],
         "first_use_s": warmup_s,  # includes graph capture for the fast path
         "fallback_reason": warm.fallback_reason,
+        "compiled": warm.compiled,
+        "compile_fallback_reason": warm.compile_fallback_reason,
         "codes_digest": int(sum(int(f.sum()) * (i + 1) for i, f in enumerate(best.frames)) % (2**31)),
         "_frames": best.frames,
     }

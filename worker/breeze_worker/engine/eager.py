@@ -60,13 +60,24 @@ def prompt_layouts(model: LoadedModel, request: ResolvedRequest) -> list[prompts
     return [prompts.build_prompt(model.tokenizer, segments) for segments in branches]
 
 
+def prompt_text_segments(model: LoadedModel, request: ResolvedRequest) -> list[torch.Tensor]:
+    """The request's text segments, in the order `prepare_prompt_embeddings` consumes their encodings."""
+    layouts = prompt_layouts(model, request)
+    return [torch.tensor(seg, dtype=torch.int64) for layout in layouts for seg in layout.text_segments()]
+
+
 @torch.no_grad()
-def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest) -> PromptBatch:
+def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
+                              encoded: list[torch.Tensor] | None = None) -> PromptBatch:
+    """`encoded`: the text encoder's output for `prompt_text_segments(model, request)`, when the caller
+    encoded several requests' segments in one batch (engine/batching.py); None encodes them here."""
     lm, config = model.lm, model.config
     device = model.device
     layouts = prompt_layouts(model, request)
-    segments = [torch.tensor(seg, dtype=torch.int64) for layout in layouts for seg in layout.text_segments()]
-    encoded = iter(lm.encode_segments(segments))
+    if encoded is None:
+        segments = [torch.tensor(seg, dtype=torch.int64) for layout in layouts for seg in layout.text_segments()]
+        encoded = lm.encode_segments(segments)
+    encoded = iter(encoded)
     ref_embeds = eos_embed = None
     if request.reference is not None:
         codes = torch.tensor(np.asarray(request.reference.codes), dtype=torch.int64, device=device)  # copy: may be read-only

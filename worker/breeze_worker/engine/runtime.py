@@ -1,8 +1,9 @@
 """What the engine thread runs on: the loaded model and codec, the device, and the decode path.
 
 `Runtime.load(settings)` loads once per process (the tiny embedded default when no checkpoint is given),
-picks the device and the decode path (fast on CUDA, eager on the CPU), and warms up. The scheduler then
-asks it for a frame source per job and a codec stream per job.
+picks the device and the decode path (fast on CUDA, eager on the CPU), builds the stepper the engine
+thread drives (fast: `BatchedStepper`, every active stream in one batched frame step, its CUDA graphs
+captured here; eager: `PerStreamStepper`, each stream's own eager generator, the reference) and warms up.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Runtime:
         self.description = description
         self.sample_rate = int(self.codec.sample_rate)
         self.warmup_s = 0.0
+        self.stepper = None  # built by `load` (or on first `stepper_for`)
 
     @property
     def is_tiny_default(self) -> bool:
@@ -75,8 +77,23 @@ class Runtime:
         runtime = cls(model, device, decode_path, description)
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
+        runtime.stepper_for(settings.max_active_streams)
         runtime.warm_up()
         return runtime
+
+    # ---- the engine thread's stepper ----
+    def stepper_for(self, max_streams: int):
+        """The stepper for up to `max_streams` concurrent streams (built once; rebuilt only if too small)."""
+        if self.stepper is None or self.stepper.max_streams < max_streams:
+            if self.decode_path == "fast":
+                from breeze_worker.engine.batching import BatchedStepper
+
+                self.stepper = BatchedStepper(self.model, max_streams, self.device)
+            else:
+                from breeze_worker.engine.stepper import PerStreamStepper
+
+                self.stepper = PerStreamStepper(self.open_frames, max_streams)
+        return self.stepper
 
     # ---- per job ----
     def open_frames(self, params: ResolvedRequest):
@@ -98,8 +115,20 @@ class Runtime:
 
         rows = CodecRows(self.codec)
         rows.add("warm-up")
-        for frame in self.open_frames(params):
-            rows.decode({"warm-up": frame})
+        stepper = self.stepper_for(1)
+        errors = stepper.join([("warm-up", params)])
+        if errors:
+            raise errors["warm-up"]
+        while True:
+            outcome = stepper.step()["warm-up"]
+            if outcome.error is not None:
+                raise outcome.error
+            if outcome.frame is not None:
+                rows.decode({"warm-up": outcome.frame})
+            if outcome.end_reason is not None:
+                break
+        stepper.leave("warm-up")
+        getattr(stepper, "forget", lambda key: None)("warm-up")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmup_s = time.perf_counter() - t0

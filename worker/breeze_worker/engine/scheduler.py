@@ -1,9 +1,11 @@
 """The engine thread: admission control, stepping active streams one frame at a time, finishing jobs.
 
 All model work happens here, off the event loop. Streams join and leave at frame boundaries: each pass
-of the loop admits waiting jobs into free slots, drops cancelled or expired ones, and gives every active
-stream one frame. A job that ends hands its artifact commit (fsync + rename) to a small I/O pool so the
-other streams never wait on the disk.
+of the loop drops cancelled or expired streams (their slots are free at once), admits waiting jobs into
+free slots (all joiners of a pass in one `join`), and gives every active stream one frame through the
+runtime's *stepper* (engine/stepper.py: one batched frame step on the fast path, engine/batching.py),
+then decodes all the step's frames in ONE batched codec call. A job that ends hands its artifact commit
+(fsync + rename) to a small I/O pool so the other streams never wait on the disk.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import Job
+from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason
 from breeze_worker.errors import BreezeError, Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
 
@@ -41,6 +44,7 @@ class Scheduler:
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
         self._codec = CodecRows(runtime.codec)
+        self._stepper = runtime.stepper_for(max_active)
         self._lock = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -89,9 +93,11 @@ class Scheduler:
                     self._lock.wait()
                 if self._stopping:
                     break
+            self._drop_gone(time.monotonic())  # frees slots before admission
+            with self._lock:
                 admitted = self._take_admissible()
-            for job in admitted:
-                self._admit(job)
+            if admitted:
+                self._admit(admitted)
             self.metrics.set_load(len(self._active), len(self._pending))
             if self._active:
                 try:
@@ -103,7 +109,9 @@ class Scheduler:
             elif not admitted:
                 with self._lock:  # only expired or cancelled jobs are waiting: sleep briefly
                     self._lock.wait(0.01)
-        for job in list(self._active) + list(self._pending):
+        for job in list(self._active):
+            self._drop(job, Unavailable("the worker shut down before this job finished; retry"))
+        for job in list(self._pending):
             self._fail(job, Unavailable("the worker shut down before this job finished; retry"))
         self._active.clear()
         self._pending.clear()
@@ -130,42 +138,62 @@ class Scheduler:
         self._pending = kept
         return taken
 
-    def _admit(self, job: Job) -> None:
-        job.started_at = time.monotonic()
-        job.started_at_ns = time.time_ns()
-        try:
-            job.artifact = self.artifact_store.begin(job.job_id, self.runtime.sample_rate, job.params.encoding)
-            job.frames_source = self.runtime.open_frames(job.params)
-        except BaseException as exc:  # bad input found late, or the model failed: this job only
-            self._fail(job, exc)
+    def _admit(self, jobs: list[Job]) -> None:
+        """Start jobs at this frame boundary: artifacts, then one `join` for all (prompt encode + prefill)."""
+        joiners = []
+        for job in jobs:
+            job.started_at = time.monotonic()
+            job.started_at_ns = time.time_ns()
+            try:
+                job.artifact = self.artifact_store.begin(job.job_id, self.runtime.sample_rate, job.params.encoding)
+            except BaseException as exc:  # this job only
+                self._fail(job, exc)
+                continue
+            joiners.append(job)
+        if not joiners:
             return
-        started = job.started_event(self.runtime.sample_rate)
-        self.metrics.job_started(started.queue_wait_s)
-        job.sink.put(started)
-        self._active.append(job)
-        self._codec.add(job)
+        try:
+            errors = self._stepper.join([(job, job.params) for job in joiners])
+        except BaseException as exc:  # the join itself failed: its joiners fail, running streams go on
+            log.exception("join of %d stream(s) failed", len(joiners))
+            errors = {job: exc for job in joiners}
+        for job in joiners:
+            if job in errors:
+                self._stepper.leave(job)
+                self._forget(job)
+                self._fail(job, errors[job])
+                continue
+            started = job.started_event(self.runtime.sample_rate)
+            self.metrics.job_started(started.queue_wait_s)
+            job.sink.put(started)
+            self._active.append(job)
+            self._codec.add(job)
 
-    def _step_all(self) -> None:
-        """One frame for every active stream, then one batched codec call for all of them."""
-        now = time.monotonic()
-        self.steps += 1
-        frames = {}
+    def _drop_gone(self, now: float) -> None:
+        """Cancelled or expired streams leave now: their slots are free for this pass's admission."""
         for job in list(self._active):
             if job.cancelled:
                 self._drop(job, Cancelled("the caller cancelled the request"))
             elif job.expired(now):
                 self._drop(job, DeadlineExceeded(
                     f"the deadline passed after {job.frames} frames; raise the timeout or lower the frame limit"))
+
+    def _step_all(self) -> None:
+        """One frame for every active stream (one stepper call), then one batched codec call for all."""
+        self.steps += 1
+        outcomes: dict[Job, StepOutcome] = self._stepper.step()
+        frames = {}
+        for job in list(self._active):
+            out = outcomes.get(job)
+            if out is None:
+                self._drop(job, RuntimeError("the stepper gave no outcome for an active stream"))
+            elif out.error is not None:
+                self._drop(job, out.error)
+            elif out.frame is None:
+                self._finish(job, out.end_reason or EndReason.FRAME_LIMIT)
             else:
-                try:
-                    frame = self._next_frame(job)
-                except BaseException as exc:
-                    self._drop(job, exc)
-                    continue
-                if frame is None:
-                    self._finish(job, job.frames_source.end_reason or EndReason.FRAME_LIMIT)
-                else:
-                    frames[job] = frame
+                job.frames += 1
+                frames[job] = out.frame
         if not frames:
             return
         t0 = time.perf_counter()
@@ -181,27 +209,30 @@ class Scheduler:
             chunk = job.add_audio(pcm, flush=False)
             if chunk is not None:
                 job.sink.put(chunk)
+            if outcomes[job].end_reason is not None:  # that was its last frame
+                self._finish(job, outcomes[job].end_reason)
 
-    def _next_frame(self, job: Job):
-        t0 = time.perf_counter()
-        frame = next(job.frames_source, None)
-        job.timers.generate_s += time.perf_counter() - t0
-        if frame is not None:
-            job.frames += 1
-        return frame
+    def _take_stream_info(self, job: Job) -> None:
+        info = self._stepper.stream_info(job)
+        job.timers.text_encode_s = float(info.get("text_encode_s", 0.0))
+        job.timers.prefill_s = float(info.get("prefill_s", 0.0))
+        job.timers.generate_s = float(info.get("generate_s", 0.0))
+        job.nonfinite_events = int(info.get("nonfinite_events", 0))
+        self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        forget = getattr(self._stepper, "forget", None)
+        if forget is not None:
+            forget(job)
 
     def _finish(self, job: Job, end_reason: EndReason) -> None:
         self._active.remove(job)
         self._codec.remove(job)
+        self._stepper.leave(job)
         chunk = job.add_audio(_NO_SAMPLES, flush=True)
         if chunk is not None:
             job.sink.put(chunk)
-        timings = getattr(job.frames_source, "timings", {}) or {}
-        job.timers.text_encode_s = float(timings.get("text_encode_s", 0.0))
-        job.timers.prefill_s = float(timings.get("prefill_s", 0.0))
-        # generation time excludes the prefill the first next() call paid for
-        job.timers.generate_s = max(0.0, job.timers.generate_s - job.timers.text_encode_s - job.timers.prefill_s)
-        job.nonfinite_events = int(getattr(job.frames_source, "nonfinite_events", 0))
+        self._take_stream_info(job)
         done_at = time.monotonic()
         done_at_ns = time.time_ns()
         stats = job.stats(end_reason, self.runtime.sample_rate, done_at)
@@ -222,6 +253,8 @@ class Scheduler:
         if job in self._active:
             self._active.remove(job)
         self._codec.remove(job)
+        self._stepper.leave(job)  # its slot is free from the next step on
+        self._take_stream_info(job)
         self._fail(job, exc)
 
     def _fail(self, job: Job, exc: BaseException) -> None:

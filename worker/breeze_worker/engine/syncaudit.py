@@ -14,10 +14,11 @@ ATen operators that synchronize wherever they are called from (`aten._local_scal
 names the first stack frame in `breeze_worker` code (`site`) and the innermost Python frame (`origin`).
 
 On CUDA a tensor is "on the device" when it is a CUDA tensor. On the CPU there is no real sync, so the
-detector *emulates* a device: every tensor counts as a device tensor except the host ones, which are
-those created without a `device=` argument, those produced by a host copy (`.cpu()`, `.to("cpu")`: the
-copy is made real when PyTorch would return the same object), and the results of operations on host
-tensors only. So the same code gives the same counts on the CPU as on a GPU. `torch.cuda.set_sync_debug_mode`
+detector *emulates* a device: every tensor counts as a device tensor (those that existed before the
+detector started too: the weights) except the host ones, which are those created without a `device=`
+argument or with the literal `"cpu"`, those produced by a host copy (`.cpu()`, `.to("cpu")`: the copy is
+made real when PyTorch would return the same object), and the results of operations on host tensors only.
+A `torch.device` object, or any device value other than the string "cpu", names the device. So the same code gives the same counts on the CPU as on a GPU. `torch.cuda.set_sync_debug_mode`
 is the ground truth on CUDA (see commands/audit_syncs.py, which cross-checks with it).
 """
 
@@ -244,8 +245,8 @@ class SyncDetector:
         if self.emulated:
             if tensors and not any(self.on_device(t) for t in tensors):
                 self._mark_outputs_host(result)
-            elif not tensors and "device" not in kwargs and isinstance(result, torch.Tensor):
-                self._mark_outputs_host(result)  # a factory without device=: a host tensor on a GPU too
+            elif not tensors and isinstance(result, torch.Tensor) and not self._is_device_target(kwargs.get("device")):
+                self._mark_outputs_host(result)  # a factory without device= (or "cpu"): a host tensor on a GPU too
         return result
 
     def _transfer(self, func, args, kwargs, call):

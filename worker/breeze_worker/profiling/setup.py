@@ -58,8 +58,14 @@ def load_model(args: argparse.Namespace, device: torch.device, precision: str | 
         from breeze_worker.engine.precision import apply_policy
         from breeze_worker.model.tiny import tiny_model
 
-        model = tiny_model(seed=args.seed, device=device)
+        model = tiny_model(seed=args.seed, device=device, with_codec=False)
         apply_policy(model.lm, policy)
+        try:  # the codec is only measured when it can be built (the audit and the precision check need none)
+            from breeze_worker.model.codec import tiny_codec
+
+            model.codec = tiny_codec(args.seed, device, codebook_size=model.config.codebook_size)
+        except Exception as exc:
+            log.warning("no codec (%s: %s); codec_decode is not measured", type(exc).__name__, exc)
         return model
     from breeze_worker.bench.models import random_model
 

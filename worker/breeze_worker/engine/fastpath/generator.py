@@ -1,7 +1,9 @@
 """`FastFrameGenerator`: the fast decode path behind the eager generator's interface.
 
-Prompt preparation is the eager path's (`prepare_prompt_embeddings`); the backbone prefill runs once,
-eagerly, into the static cache; then each frame is one replay of the sampling graph, ONE host read
+Prompt preparation is the eager path's (`prepare_prompt_embeddings`), with the text encoder replayed
+from a graph per length bucket (fastpath/prompt.py); the backbone prefill runs once into the static cache,
+replayed from a graph per prompt-length bucket (the prompt left-padded to it, FrameRunner.prefill); then
+each frame is one replay of the sampling graph, ONE host read
 (16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
 the next frame, queued before the frame is handed out.
 
@@ -20,8 +22,9 @@ import time
 
 import torch
 
-from breeze_worker.engine.eager import prepare_prompt_embeddings
+from breeze_worker.engine.eager import prepare_prompt_embeddings, prompt_text_segments
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
+from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -50,10 +53,12 @@ class FastFrameGenerator:
     """Iterate to get int64 [16] CPU frames; `.end_reason` is set once the iterator is exhausted."""
 
     def __init__(self, model: LoadedModel, request: ResolvedRequest, device: torch.device | str | None = None,
-                 *, eos_masked: bool = False):
+                 *, eos_masked: bool = False, compile: bool | None = None, timed_stages: bool = False):
         self.model, self.request = model, request
         self.device = torch.device(device) if device is not None else model.device
         self.eos_masked = eos_masked  # bench only: never end of speech (the frame limit ends the request)
+        self.compile = compile  # None: the environment's choice (fastpath/compiled.py)
+        self.timed_stages = timed_stages  # bench: wait for the device at stage ends so the split is exact
         self.end_reason: EndReason | None = None
         self.frames_emitted = 0
         self.nonfinite_events = 0
@@ -71,23 +76,32 @@ class FastFrameGenerator:
     def close(self) -> None:
         self._frames.close()
 
+    def _stage_end(self) -> None:
+        if self.timed_stages and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     @torch.no_grad()
     def _run(self):
         model, request = self.model, self.request
         t0 = time.perf_counter()
-        prompt = prepare_prompt_embeddings(model, request)
+        encoder = text_encoder_graphs(model.lm, self.device)
+        prompt = prepare_prompt_embeddings(model, request, encoded=encoder.encode_segments(
+            prompt_text_segments(model, request)))
+        self._stage_end()
         t1 = time.perf_counter()
         self.timings["text_encode_s"] = t1 - t0
         rows, length = prompt.inputs_embeds.shape[:2]
         capacity = model.generation_defaults.max_sequence
         limit = min(request.max_frames, capacity - 1 - length)
-        runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device)
+        runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, compile=self.compile)
         try:
             step = runner.step
             sampling = RowSampling.from_params([request.sampling], [request.seed], self.device)
             step.set_stream(0, cond_row=0, uncond_row=rows - 1, cfg_scale=float(request.cfg_scale),
                             sampling=sampling, eos_masked=self.eos_masked)
-            step.prefill(slice(0, rows), prompt.inputs_embeds, prompt.positions, prompt.attention_mask)
+            slots = runner.prompt_slots(length, limit)  # the prompt's cache slots (padded to a bucket)
+            runner.prefill(prompt.inputs_embeds, prompt.positions, prompt.attention_mask, slots)
+            self._stage_end()
             self.timings["prefill_s"] = time.perf_counter() - t1
             frame_index = 0
             while frame_index < limit:
@@ -108,7 +122,7 @@ class FastFrameGenerator:
                     return
                 frame_index += 1
                 if frame_index < limit:  # the next frame's backbone step runs while the caller decodes this one
-                    runner.backbone_step(length + frame_index - 1)
+                    runner.backbone_step(slots + frame_index - 1)
                 self.timings["generate_s"] += time.perf_counter() - started
                 self.frames_emitted += 1
                 yield readout[:READOUT_EOS].clone()

@@ -1,6 +1,11 @@
 """CUDA graphs over a `FrameStep`: one graph for `sample_frame`, one per attention bucket for
 `backbone_step`, captured once per batch shape at warm-up and replayed with one host read per frame.
 
+With compilation on (fastpath/compiled.py) the step's units are `torch.compile`d first and the compiled
+code is what the graphs capture; a compile error is logged (`compile_fallback_reason`) and the uncompiled
+step is captured instead. The backbone prefill is captured too, one graph per prompt-length bucket
+(`PROMPT_BUCKETS`, the prompt left-padded to the bucket), on first use of that bucket.
+
 `FrameRunner` hides whether graphs are in use: on the CPU, or when capture fails (the reason is logged and
 kept in `fallback_reason`), it runs the same static-cache step eagerly. A pool of runners per
 (model, rows, capacity) lets concurrent requests of the same shape each own their buffers.
@@ -14,37 +19,104 @@ import time
 
 import torch
 
+from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
 log = logging.getLogger(__name__)
 
+PROMPT_BUCKETS = (64, 128, 256, 512, 1024)
+
 
 class FrameRunner:
-    def __init__(self, lm, rows: int, capacity: int, device: torch.device, use_graphs: bool | None = None):
+    pad_prompts_without_graphs = False  # tests: pad prompts to their bucket on the CPU too
+
+    def __init__(self, lm, rows: int, capacity: int, device: torch.device, use_graphs: bool | None = None,
+                 compile: bool | None = None):
         self.step = FrameStep(lm, rows=rows, streams=1, capacity=capacity, device=device)
         self.device, self.capacity = device, capacity
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         self.sample_graph: torch.cuda.CUDAGraph | None = None
         self.backbone_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.fallback_reason: str | None = None
+        self.compile_fallback_reason: str | None = None
         self.warmup_s = 0.0
+        self.compile_s = 0.0
+        self._prompt_pool = None
+        self.compile_requested = compile_wanted(device, compile)
+        if self.compile_requested:
+            self._compile()
         if self.use_graphs:
             self._capture()
+
+    @property
+    def compiled(self) -> bool:
+        return self.step.compiled
+
+    def _warm(self) -> None:
+        for _ in range(2):
+            self.step.sample_frame()
+            for bucket in buckets_up_to(self.capacity):
+                self.step.backbone_step(bucket)
+
+    def _compile(self) -> None:
+        """Compile the step's units and run them once (compilation happens on first call)."""
+        t0 = time.perf_counter()
+        try:
+            self.step.use_compiled(compile_unit)
+            self._on_side_stream(self._warm)
+        except Exception as exc:  # compilation is an optimization: keep the uncompiled step
+            self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); running uncompiled"
+            log.warning("%s", self.compile_fallback_reason)
+            self.step.use_uncompiled()
+        self.compile_s = time.perf_counter() - t0
+        if self.step.compiled:
+            log.info("compiled the frame step for %d rows in %.1f s", self.step.rows, self.compile_s)
+
+    def _on_side_stream(self, work) -> None:
+        if self.device.type != "cuda":
+            work()
+            return
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm-up runs allocate workspaces outside the capture
+            work()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
 
     def _capture(self) -> None:
         t0 = time.perf_counter()
         try:
+            self._capture_frame_graphs()
+        except Exception as exc:
+            if self.step.compiled:  # retry once with the uncompiled step before giving up on graphs
+                self.compile_fallback_reason = (f"CUDA graph capture of the compiled step failed "
+                                                f"({type(exc).__name__}: {exc}); capturing the uncompiled step")
+                log.warning("%s", self.compile_fallback_reason)
+                self.step.use_uncompiled()
+                self.sample_graph, self.backbone_graphs = None, {}
+                try:
+                    self._capture_frame_graphs()
+                except Exception as again:
+                    self._graphs_failed(again)
+            else:
+                self._graphs_failed(exc)
+        self.warmup_s = time.perf_counter() - t0 + self.compile_s
+        if self.use_graphs:
+            log.info("captured %d CUDA graphs for %d rows in %.2f s (compiled: %s)", 1 + len(self.backbone_graphs),
+                     self.step.rows, self.warmup_s, self.step.compiled)
+
+    def _graphs_failed(self, exc: Exception) -> None:
+        self.fallback_reason = f"CUDA graph capture failed ({type(exc).__name__}: {exc}); running the step eagerly"
+        log.warning("%s", self.fallback_reason)
+        self.use_graphs = False
+        self.sample_graph, self.backbone_graphs = None, {}
+
+    def _capture_frame_graphs(self) -> None:
+        if True:
             pool = torch.cuda.graph_pool_handle()
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # warm-up runs allocate workspaces outside the capture
-                for _ in range(2):
-                    self.step.sample_frame()
-                    for bucket in buckets_up_to(self.capacity):
-                        self.step.backbone_step(bucket)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            torch.cuda.synchronize(self.device)
+            self._on_side_stream(self._warm)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.step.sample_frame()
@@ -55,15 +127,66 @@ class FrameRunner:
                     self.step.backbone_step(bucket)
                 self.backbone_graphs[bucket] = graph
             torch.cuda.synchronize(self.device)
-        except Exception as exc:  # capture is an optimization: serve on the same step, eagerly
-            self.fallback_reason = f"CUDA graph capture failed ({type(exc).__name__}: {exc}); running the step eagerly"
-            log.warning("%s", self.fallback_reason)
-            self.use_graphs = False
-            self.sample_graph, self.backbone_graphs = None, {}
-        self.warmup_s = time.perf_counter() - t0
-        if self.use_graphs:
-            log.info("captured %d CUDA graphs for %d rows in %.2f s", 1 + len(self.backbone_graphs),
-                     self.step.rows, self.warmup_s)
+
+    # ---- prompt ----
+    def prompt_slots(self, length: int, frames: int) -> int:
+        """Cache slots the prompt takes: `length` padded up to a prompt bucket when graphs are in use and
+        the padded prompt still leaves room for `frames` frames."""
+        if not (self.use_graphs or self.pad_prompts_without_graphs):
+            return length
+        for bucket in PROMPT_BUCKETS:
+            if length <= bucket:
+                return bucket if bucket + frames + 1 <= self.capacity else length
+        return length
+
+    def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, slots: int) -> None:
+        """The backbone prefill of every row: the left-padded prompt [R, T, H] padded further on the left to
+        `slots` (from `prompt_slots`); replayed from a graph per bucket when graphs are in use."""
+        rows, length = embeds.shape[:2]
+        if slots == length:
+            self.step.prefill(slice(0, rows), embeds, positions, allowed)
+            return
+        if not self.use_graphs:  # the padded prompt, eagerly (tests check padding changes no frame)
+            static = (torch.zeros(rows, slots, embeds.shape[2], dtype=embeds.dtype, device=self.device),
+                      torch.ones(rows, slots, dtype=torch.int64, device=self.device),
+                      torch.zeros(rows, slots, dtype=torch.bool, device=self.device))
+            self._fill_prompt(static, embeds, positions, allowed)
+            self.step.prefill(slice(0, rows), *static)
+            return
+        entry = self.prefill_graphs.get(slots)
+        if entry is None:
+            static = (torch.zeros(rows, slots, embeds.shape[2], dtype=embeds.dtype, device=self.device),
+                      torch.ones(rows, slots, dtype=torch.int64, device=self.device),
+                      torch.zeros(rows, slots, dtype=torch.bool, device=self.device))
+            self._fill_prompt(static, embeds, positions, allowed)
+            self._on_side_stream(lambda: self.step.prefill(slice(0, rows), *static))  # runs it for this request
+            try:
+                if self._prompt_pool is None:
+                    self._prompt_pool = torch.cuda.graph_pool_handle()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._prompt_pool):
+                    self.step.prefill(slice(0, rows), *static)
+                self.prefill_graphs[slots] = (graph, static)
+            except Exception as exc:  # no graph for this bucket: the result of the eager run above stands
+                log.warning("prefill graph capture for %d slots failed (%s: %s); prefill runs eagerly", slots,
+                            type(exc).__name__, exc)
+                self._on_side_stream(lambda: self.step.prefill(slice(0, rows), *static))
+            return
+        graph, static = entry
+        self._fill_prompt(static, embeds, positions, allowed)
+        graph.replay()
+
+    @staticmethod
+    def _fill_prompt(static: tuple[torch.Tensor, ...], embeds: torch.Tensor, positions: torch.Tensor,
+                     allowed: torch.Tensor) -> None:
+        s_embeds, s_positions, s_allowed = static
+        pad = s_embeds.shape[1] - embeds.shape[1]
+        s_embeds[:, :pad].zero_()
+        s_embeds[:, pad:].copy_(embeds)
+        s_positions[:, :pad].fill_(1)  # padding positions as the prompt builder writes them
+        s_positions[:, pad:].copy_(positions)
+        s_allowed[:, :pad].fill_(False)
+        s_allowed[:, pad:].copy_(allowed)
 
     # ---- per frame ----
     def sample_frame(self) -> torch.Tensor:
@@ -88,18 +211,20 @@ _POOLS: dict[tuple, list[FrameRunner]] = {}
 _LOCK = threading.Lock()
 
 
-def acquire_runner(lm, rows: int, capacity: int, device: torch.device) -> FrameRunner:
-    """A free runner of this shape (captured at its creation), or a new one."""
-    key = (id(lm), rows, capacity, str(device))
+def acquire_runner(lm, rows: int, capacity: int, device: torch.device, compile: bool | None = None) -> FrameRunner:
+    """A free runner of this shape (captured at its creation), or a new one. `compile`: None = the
+    environment's choice (fastpath/compiled.py)."""
+    wanted = compile_wanted(device, compile)
+    key = (id(lm), rows, capacity, str(device), wanted)
     with _LOCK:
         free = _POOLS.setdefault(key, [])
         if free:
             return free.pop()
-    return FrameRunner(lm, rows, capacity, device)
+    return FrameRunner(lm, rows, capacity, device, compile=wanted)
 
 
 def release_runner(lm, runner: FrameRunner) -> None:
-    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device))
+    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.compile_requested)
     with _LOCK:
         _POOLS.setdefault(key, []).append(runner)
 

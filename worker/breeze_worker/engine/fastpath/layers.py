@@ -7,6 +7,10 @@ module weights are re-pointed at views of the packed tensors, so no memory is du
 and RoPE applied to q and k together, grouped-query attention without repeating the cache, and FP32
 softmax. Layer inputs and outputs keep the residual stream's dtype; each GEMM runs in its weight's dtype
 (FP16 under `fp16-mixed`, see engine/precision.py).
+
+`decode_layer` is the same layer as one pure function of tensors (weights, cache, slot indices, mask)
+and constants, with the cache write inside: the function `torch.compile` fuses (fastpath/compiled.py).
+Because every layer of a kind has the same shapes, one compilation serves all of them.
 """
 
 from __future__ import annotations
@@ -58,6 +62,37 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slots: torch.Tensor, mask: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
+                 qk_norm: torch.Tensor | None, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor,
+                 down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, scale: float, eps_in: float,
+                 eps_post: float, qk_eps: float, intermediate: int, act) -> torch.Tensor:
+    """One packed decoder layer over a static cache, as a pure function.
+
+    x [R, T, hidden]; cos/sin [R or 1, 1, T, D]; k_cache/v_cache [R, kv, L, D] (views into the static
+    cache; this call writes its keys/values at `slots` int64 [R or 1, T] and attends over all L slots);
+    `mask` additive float32, broadcastable to [R, 1, T, L] (it must block every slot not yet written)."""
+    rows, t, _ = x.shape
+    h, kv, d = heads, kv_heads, head_dim
+    qkv_out = linear(rms_norm(x, w_in, eps_in), qkv).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+    qk, v = qkv_out[:, :h + kv], qkv_out[:, h + kv:]
+    if qk_norm is not None:
+        qk = rms_norm(qk, qk_norm, qk_eps)
+    qk = rotate(qk, cos, sin)
+    index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv, t, d)
+    k_cache.scatter_(2, index, qk[:, h:].to(k_cache.dtype))
+    v_cache.scatter_(2, index, v.to(v_cache.dtype))
+    length = k_cache.shape[2]
+    q = qk[:, :h].reshape(rows, kv, (h // kv) * t, d)  # query head i reads kv head i // groups
+    scores = torch.matmul(q, k_cache.transpose(2, 3)).float() * scale
+    scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
+    probs = torch.softmax(scores, dim=-1).to(v_cache.dtype)
+    out = torch.matmul(probs, v_cache).view(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
+    x = x + linear(out, o_proj)
+    gu = linear(rms_norm(x, w_post, eps_post), gate_up)
+    return x + linear(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
+
+
 class PackedLayer:
     """One pre-norm decoder layer (Qwen3 with q/k-norm, or Llama) packed for decoding with a static cache."""
 
@@ -71,7 +106,7 @@ class PackedLayer:
         self.qkv = _pack([attn.q_proj, attn.k_proj, attn.v_proj])
         self.gate_up = _pack([mlp.gate_proj, mlp.up_proj])
         self.act = mlp.act
-        self.qk_norm = None
+        self.qk_norm, self.qk_eps = None, 0.0
         if attn.q_norm is not None:
             h, kv, d = self.heads, self.kv_heads, self.head_dim
             self.qk_eps = attn.q_norm.eps
@@ -79,6 +114,21 @@ class PackedLayer:
             self.qk_norm = torch.cat([attn.q_norm.weight.detach().expand(h, d),
                                       attn.k_norm.weight.detach().expand(kv, d)], dim=0)[None, :, None, :]
         self.intermediate = mlp.down_proj.in_features
+
+    @property
+    def decodable(self) -> bool:
+        """True when `decode` applies: q/k/v and gate/up packed, no biases."""
+        return (self.qkv is not None and self.gate_up is not None and self.attn.o_proj.bias is None
+                and self.mlp.down_proj.bias is None)
+
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, fn=decode_layer) -> torch.Tensor:
+        """`decode_layer` over this layer's weights; `fn` is it or its compiled form."""
+        return fn(x, cos, sin, k_cache, v_cache, slots, mask, self.w_in, self.qkv, self.qk_norm,
+                  self.attn.o_proj.weight, self.w_post, self.gate_up, self.mlp.down_proj.weight,
+                  heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, scale=self.scale,
+                  eps_in=self.eps_in, eps_post=self.eps_post, qk_eps=self.qk_eps, intermediate=self.intermediate,
+                  act=self.act)
 
     def _qkv(self, h: torch.Tensor) -> torch.Tensor:
         if self.qkv is not None:

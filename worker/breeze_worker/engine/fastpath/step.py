@@ -15,13 +15,24 @@ Several streams can share one step (a later batching issue): rows `cond_row[s]`,
 `s` are combined `u + scale * (c - u)`; a stream without CFG has cond_row == uncond_row (exactly c).
 Sampling noise is keyed by (seed, frame, codebook) per stream, so the result does not depend on the row
 layout. The computation per row is the eager reference's (engine/eager.py), re-expressed with packed GEMMs.
+
+Compiled mode (`use_compiled`, fastpath/compiled.py): the same computation through `torch.compile`d units,
+so each layer's element-wise chains fuse into a few kernels: `decode_layer` (one compilation per shape,
+shared by every layer), the frame start (codebook-0 sampling and the depth prefill inputs) and the step
+between two depth positions (head, CFG, sampling, next input). Every tensor a unit reads that changes with
+the depth position is a separate preallocated tensor of one shape, so the 15 depth steps share one
+compilation. The depth decoder attends over all 16 cache slots with a mask (slots not yet written this
+frame are blocked), which keeps its shapes constant.
 """
 
 from __future__ import annotations
 
-import torch
+import copy
 
-from breeze_worker.engine.fastpath.layers import PackedLayer, linear, rms_norm
+import torch
+import torch.nn.functional as F
+
+from breeze_worker.engine.fastpath.layers import PackedLayer, decode_layer, linear, rms_norm
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -55,8 +66,27 @@ class FrameStep:
         # depth RoPE: positions 0..15 are the same every frame
         cos, sin = lm.depth_decoder.model.rotary(torch.arange(self.codebooks, device=device), kv_dtype)
         self.depth_cos, self.depth_sin = cos[None, None], sin[None, None]  # [1, 1, 16, D]
-        causal = torch.ones(2, 2, dtype=torch.bool, device=device).tril()
-        self.depth_prefill_mask = torch.where(causal, 0.0, torch.finfo(torch.float32).min)[None, None]
+        # per depth start position (0: the 2-position prefill; p + 1: codebook p's step): RoPE tables, cache
+        # slots and the additive mask over all 16 slots, each its own tensor (constant shapes and alignment)
+        n_pos = self.codebooks
+        blocked = torch.finfo(torch.float32).min
+        self.depth_inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        for start in [0] + list(range(2, n_pos)):
+            n = 2 if start == 0 else 1
+            query = torch.arange(start, start + n, device=device)[:, None]
+            allowed = torch.arange(n_pos, device=device)[None, :] <= query
+            mask = torch.where(allowed, 0.0, blocked)[None, None].contiguous()  # [1, 1, n, 16]
+            slots = torch.arange(start, start + n, device=device)[None].contiguous()  # [1, n]
+            self.depth_inputs[start] = (self.depth_cos[:, :, start:start + n].clone(),
+                                        self.depth_sin[:, :, start:start + n].clone(), slots, mask)
+        head = lm.depth_decoder.codebooks_head.weight
+        embed = lm.depth_decoder.model.embed_tokens.weight
+        self.depth_heads = [head[p - 1] for p in range(1, n_pos)]  # [H, V] per codebook p
+        self.depth_embeds = [embed[p * self.vocab:(p + 1) * self.vocab] for p in range(n_pos)]  # [V, H]
+        # the units as plain functions of the step (called with `self`, so `narrow` views use them too)
+        self.layer_fn = decode_layer
+        self.compiled = False
+        self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
         # per-row and per-stream state
         z = dict(device=device)
         self.hidden = torch.zeros(rows, bb.hidden_size, dtype=dtype, **z)  # last backbone state per row
@@ -133,10 +163,20 @@ class FrameStep:
         self.nonfinite |= ~torch.isfinite(logits).all(dim=-1)
         return sample_rows(logits, self.sampling, self.frame, codebook, blocked, noise=noise)
 
-    @torch.no_grad()
-    def sample_frame(self) -> None:
-        lm, rows = self.lm, self.rows
-        self.nonfinite.zero_()
+    def use_compiled(self, compile_fn) -> None:
+        """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py)."""
+        self.layer_fn = compile_fn(decode_layer)
+        self._start_fn, self._next_fn = compile_fn(FrameStep._frame_start), compile_fn(FrameStep._depth_next)
+        self.compiled = True
+
+    def use_uncompiled(self) -> None:
+        self.layer_fn = decode_layer
+        self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
+        self.compiled = False
+
+    def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebook 0 (CFG, penalty, masks, sampling) and the depth prefill inputs, projected [R, 2, H]."""
+        lm = self.lm
         noise = frame_noise(self.sampling.seed, self.frame, self.codebooks, self.vocab + 1)
         logits0 = apply_repetition_penalty(self._combine(self.logits), self.seen, self.sampling.repetition_penalty)
         logits0 = logits0.masked_fill(self.eos_masked[:, None] & self.eos_column[None, :], float("-inf"))
@@ -146,30 +186,52 @@ class FrameStep:
         # depth decoder: position 0 = backbone state, 1 = codebook-0 embedding (a 2-position prefill)
         row_code = code[self.row_stream].clamp(max=self.vocab - 1)
         x = lm.depth_prefill_inputs(self.hidden, row_code)
-        x = self._depth(x, 0, 2, self.depth_prefill_mask)
+        return linear(x.to(self.dtype), lm.depth_decoder.model.inputs_embeds_projector.weight), noise
+
+    def _depth_next(self, x: torch.Tensor, head: torch.Tensor, noise: torch.Tensor,
+                    embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the depth layers' output at the last position: codebook p's logits (`head` [H, V]), CFG,
+        sampling (`noise` [S, V]), and the next position's projected input (`embed`: codebook p's table)."""
+        dm = self.lm.depth_decoder.model
+        hidden = rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps)
+        logits = hidden.float() @ head.float()
+        code = self._pick(self._combine(logits), 0, noise, self.blocked_depth)
+        nxt = F.embedding(code[self.row_stream], embed)[:, None]
+        return code, linear(nxt.to(self.dtype), dm.inputs_embeds_projector.weight)
+
+    @torch.no_grad()
+    def sample_frame(self) -> None:
+        lm = self.lm
+        self.nonfinite.zero_()
+        x, noise = self._start_fn(self)
+        x = self._depth(x, 0)
         for p in range(1, self.codebooks):
-            logits = lm.depth_logits(x[:, -1], p)
-            code = self._pick(self._combine(logits), p, noise[:, p, : self.vocab], self.blocked_depth)
+            if self.compiled:
+                code, nxt = self._next_fn(self, x, self.depth_heads[p - 1], noise[:, p, : self.vocab], self.depth_embeds[p])
+            else:  # the model's own head and embedding methods (tests patch them)
+                dm = lm.depth_decoder.model
+                logits = lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p)
+                code = self._pick(self._combine(logits), p, noise[:, p, : self.vocab], self.blocked_depth)
+                nxt = None
             self.codes[:, p] = code
             if p + 1 < self.codebooks:
                 # codebook p's code sits at depth position p + 1 (embedding offset p * vocab)
-                embed = lm.depth_decoder.code_embedding(code[self.row_stream], p)[:, None]
-                x = self._depth(embed, p + 1, 1, None)
+                if nxt is None:
+                    embed = lm.depth_decoder.code_embedding(code[self.row_stream], p)[:, None]
+                    nxt = linear(embed.to(self.dtype), lm.depth_decoder.model.inputs_embeds_projector.weight)
+                x = self._depth(nxt, p + 1)
         self.frame.add_(1)
         self.readout[:, : self.codebooks] = self.codes
         self.readout[:, READOUT_EOS] = (self.codes[:, 0] == self.lm.config.end_of_speech_id).long()
         self.readout[:, READOUT_NONFINITE] = self.nonfinite.long()
 
-    def _depth(self, inputs: torch.Tensor, start: int, n: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """Depth positions start..start+n-1 (Python constants); returns the final-normed hidden [R, n, H]."""
-        dm = self.lm.depth_decoder.model
-        x = linear(inputs.to(self.dtype), dm.inputs_embeds_projector.weight)
-        cos, sin = self.depth_cos[:, :, start:start + n], self.depth_sin[:, :, start:start + n]
+    def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Depth layers at positions from `start` (0: the 2-position prefill); x projected [R, n, H]."""
+        cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            x = layer.forward(x, cos, sin, lambda k, v, i=i: cache.write(i, start, k, v),
-                              lambda i=i: cache.view(i, start + n), mask)
-        return rms_norm(x, dm.norm.weight, dm.norm.eps)
+            x = layer.decode(x, cos, sin, cache.key[i], cache.value[i], slots, mask, fn=self.layer_fn)
+        return x
 
     @torch.no_grad()
     def backbone_step(self, bucket: int) -> None:
@@ -181,14 +243,55 @@ class FrameStep:
         mask = torch.where(cache.step_mask(bucket), 0.0, torch.finfo(torch.float32).min)
         cos, sin = lm.backbone_model.rotary(cache.rope_pos[:, None], cache.key.dtype)
         cos, sin = cos[:, None], sin[:, None]
+        slots = cache.write_pos[:, None]
         for i, layer in enumerate(self.backbone_layers):
-            x = layer.forward(x, cos, sin, lambda k, v, i=i: cache.write_step(i, k, v),
-                              lambda i=i: cache.view(i, bucket), mask)
+            x = layer.decode(x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket], slots, mask,
+                             fn=self.layer_fn)
         norm = lm.backbone_model.norm
         last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
         self.logits.copy_(lm.backbone_logits(last))
         cache.advance()
+
+
+    # ---- batching (engine/batching.py): prefix views and freeing rows; additive, host side ----
+    def narrow(self, rows: int, streams: int) -> "FrameStep":
+        """A FrameStep over the first `rows` rows and `streams` streams that SHARES this step's buffers (views,
+        no copies): the batched engine captures one graph per (streams, rows) bucket on one static cache.
+        Every per-row and per-stream buffer allocated in __init__ must be listed here."""
+        if not (0 < rows <= self.rows and 0 < streams <= self.streams):
+            raise ValueError(f"narrow({rows}, {streams}) outside {self.rows} rows / {self.streams} streams")
+        view = copy.copy(self)
+        view.rows, view.streams = rows, streams
+        view.use_uncompiled()  # rebind the units to the view (compile the view itself if wanted)
+        c, d = self.cache, self.depth_cache
+        view.cache = BackboneCache(key=c.key[:, :rows], value=c.value[:, :rows], valid=c.valid[:rows],
+                                   write_pos=c.write_pos[:rows], rope_pos=c.rope_pos[:rows])
+        view.depth_cache = DepthCache(key=d.key[:, :rows], value=d.value[:, :rows])
+        for name in ("hidden", "logits", "row_stream"):
+            setattr(view, name, getattr(self, name)[:rows])
+        for name in ("cond_row", "uncond_row", "cfg_scale", "frame", "seen", "eos_masked", "codes", "nonfinite",
+                     "readout"):
+            setattr(view, name, getattr(self, name)[:streams])
+        s = self.sampling
+        view.sampling = RowSampling(temperature=s.temperature[:streams], top_k=s.top_k[:streams],
+                                    top_p=s.top_p[:streams], repetition_penalty=s.repetition_penalty[:streams],
+                                    seed=s.seed[:streams])
+        return view
+
+    def release(self, stream: int | None, rows: list[int]) -> None:
+        """Park a finished stream's slot and rows (or idle rows only, stream None): they stay inside graphs'
+        row prefixes, so every index they hold must stay in range (rows -> stream 0, stream -> row 0) and
+        their cache position restarts at 0."""
+        if stream is not None:
+            self.cond_row[stream] = 0
+            self.uncond_row[stream] = 0
+            self.cfg_scale[stream] = 1.0
+        for row in rows:
+            self.row_stream[row] = 0
+            self.cache.valid[row] = False
+            self.cache.write_pos[row] = 0
+            self.cache.rope_pos[row] = 0
 
 
 def _kv_dtype(lm) -> torch.dtype:

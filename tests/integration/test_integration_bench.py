@@ -1,0 +1,75 @@
+"""`breeze-client bench` against a real in-process worker that decodes two streams at once, with
+--concurrency 2: the JSON document's shape and figures that must hold for any run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from breeze_client.cli import main as client_main
+from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
+from worker_helpers import WorkerThread
+
+STAT_KEYS = {"mean", "stddev", "min", "max"}
+
+
+@pytest.fixture(scope="module")
+def two_stream_worker(tmp_path_factory):
+    settings = WorkerSettings(
+        engine=EngineSettings(device="cpu", max_active_streams=2),
+        artifacts=ArtifactSettings(directory=tmp_path_factory.mktemp("bench-artifacts")),
+        server=ServerSettings(port=0, artifact_port=0),
+    )
+    thread = WorkerThread(settings)
+    running = thread.start()
+    yield running
+    thread.stop()
+
+
+def test_bench_concurrency_two_json(two_stream_worker, capsys):
+    code = client_main(["bench", "--target", two_stream_worker.target, "--labels", "short,chunk-4.80s",
+                        "--frames", "3", "--warmup", "1", "--iterations", "2", "--concurrency", "2",
+                        "--timeout", "120", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["schema"] == "breeze-client-bench/1"
+    meta = doc["meta"]
+    assert meta["concurrency"] == 2 and meta["iterations"] == 2 and meta["warmup"] == 1
+    assert meta["worker_is_tiny_default"] is True and "frame limit" in meta["frame_limit_note"]
+    assert [s["label"] for s in doc["labels"]] == ["short", "chunk-4.80s"]
+    for s in doc["labels"]:
+        assert s["requests"] == 4 and s["frame_limit"] == 3
+        for key in ("wall_s", "audio_s", "rtf", "frames_per_s", "worker_ttfa_ms", "frames"):
+            assert set(s[key]) == STAT_KEYS, key
+        assert {"p50", "p90", "p99"} <= set(s["ttfa_ms"]) and {"p50", "p90", "p99", "count"} <= set(s["inter_chunk_ms"])
+        assert set(s["worker_stages_s"]) == {"text_encode_s", "prefill_s", "generate_s", "codec_s"}
+        frames = [r["frames"] for r in s["per_request"]]
+        assert all(1 <= f <= 3 for f in frames) and set(s["end_reasons"]) <= {"frame_limit", "end_of_speech"}
+        assert s["inter_chunk_ms"]["count"] == sum(f - 1 for f in frames)  # one chunk per frame
+        w = s["wall_s"]
+        assert 0 < w["min"] <= w["mean"] <= w["max"] and w["stddev"] >= 0
+        assert s["rtf"]["mean"] == pytest.approx(
+            sum(r["wall_s"] / r["audio_s"] for r in s["per_request"]) / 4)
+        assert all(0 < r["ttfa_ms"] < r["wall_s"] * 1e3 for r in s["per_request"])
+        assert s["inter_chunk_ms"]["p50"] <= s["inter_chunk_ms"]["p90"] <= s["inter_chunk_ms"]["p99"]
+        assert len(s["rounds"]) == 2
+        for i in range(2):  # the two clients of a round were in flight at the same time
+            a, b = [r for r in s["per_request"] if r["round"] == i]
+            assert a["sent_ns"] < b["final_ns"] and b["sent_ns"] < a["final_ns"]
+            assert s["rounds"][i]["audio_s"] == pytest.approx(a["audio_s"] + b["audio_s"])
+
+
+def test_bench_table_says_frames_are_limited(two_stream_worker, capsys):
+    code = client_main(["bench", "--target", two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
+                        "--warmup", "0", "--iterations", "1", "--timeout", "120"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "explicit frame limit" in captured.out and "chunk-4.80s" in captured.out
+    assert "tiny default" in captured.err
+
+
+def test_unknown_label_is_a_usage_error(two_stream_worker, capsys):
+    assert client_main(["bench", "--target", two_stream_worker.target, "--labels", "huge"]) == 2
+    assert "unknown label" in capsys.readouterr().err

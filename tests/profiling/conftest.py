@@ -1,0 +1,20 @@
+"""Fixtures for the profiling tools' tests: the tiny model (seeded random weights), built once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from breeze_worker.model.loaded import LoadedModel
+from breeze_worker.model.tiny import tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_lm() -> LoadedModel:
+    torch.set_num_threads(1)
+    return tiny_model(seed=0, with_codec=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_with_codec() -> LoadedModel:
+    return tiny_model(seed=0)

@@ -1,0 +1,81 @@
+"""`breeze-worker precision-check`: teacher forcing reproduces the eager loop, FP32 against itself is exactly
+zero, fp16-mixed differs by a small, finite amount, and the JSON has the documented shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import torch
+
+from breeze_worker.cli import main as worker_main
+from breeze_worker.engine.types import SamplingParams
+from breeze_worker.profiling.precision import precision_check, teacher_codes, teacher_forced_logits
+from breeze_worker.profiling.setup import make_request
+
+SUMMARY_KEYS = {"kl_mean", "kl_max", "top1_agreement", "topk_overlap", "nonfinite", "steps_with_nonfinite"}
+
+
+def test_teacher_forcing_reproduces_greedy_eager_frames(tiny_lm):
+    for cfg in (False, True):
+        request = make_request(tiny_lm, "hello there world", cfg, 4, 3)
+        greedy = dataclasses.replace(request, sampling=SamplingParams(temperature=0.0, top_k=0, top_p=1.0,
+                                                                      repetition_penalty=1.0))
+        codes = teacher_codes(tiny_lm, greedy)
+        logits0, depth = teacher_forced_logits(tiny_lm, greedy, codes)
+        assert logits0.shape == (4, 2052) and depth.shape == (4, 15, 2051)
+        reserved = list(tiny_lm.config.reserved_code_ids)
+        logits0[:, reserved + [tiny_lm.config.end_of_speech_id]] = float("-inf")
+        depth[..., reserved] = float("-inf")
+        predicted = torch.cat((logits0.argmax(-1)[:, None], depth.argmax(-1)), dim=1)
+        assert torch.equal(predicted, codes)
+    assert "backbone_logits" not in tiny_lm.lm.__dict__  # the end-of-speech mask was removed again
+
+
+def test_fp32_is_exactly_zero_and_fp16_mixed_small_and_finite(tiny_lm):
+    request = make_request(tiny_lm, "hello there world", False, 3, 5)
+    result = precision_check(tiny_lm, request, ["fp32", "fp16-mixed"])
+    by = {p["policy"]: p for p in result["policies"]}
+    fp32, mixed = by["fp32"]["summary"], by["fp16-mixed"]["summary"]
+    assert fp32["kl_mean"] == 0.0 and fp32["kl_max"] == 0.0 and fp32["top1_agreement"] == 1.0
+    assert fp32["topk_overlap"] == 1.0 and fp32["nonfinite"] == 0
+    assert by["fp16-mixed"]["applied"] and not by["fp16-mixed"]["emulated"]  # FP16 GEMMs run on this CPU
+    assert 0.0 < mixed["kl_mean"] < 1e-3 and math.isfinite(mixed["kl_max"]) and mixed["nonfinite"] == 0
+    assert mixed["top1_agreement"] > 0.9
+    assert len(by["fp16-mixed"]["per_step"]) == 3 and len(by["fp16-mixed"]["per_codebook"]) == 16
+
+
+def test_plain_fp16_overflow_is_counted_where_fp16_mixed_stays_finite(tiny_lm):
+    """A weight scaled to create a massive activation: plain FP16 gives non-finite logits, and fp16-mixed keeps
+    the flagged layer in FP32 and stays finite."""
+    import copy
+
+    model = copy.copy(tiny_lm)
+    model.lm = copy.deepcopy(tiny_lm.lm)
+    mlp = model.lm.backbone_model.layers[0].mlp
+    with torch.no_grad():  # a ~1e5 activation, above FP16's 65504
+        mlp.gate_proj.weight.mul_(1500.0)
+        mlp.up_proj.weight.mul_(1500.0)
+    request = make_request(model, "hello there world", False, 2, 5)
+    by = {p["policy"]: p for p in precision_check(model, request, ["fp16-mixed", "fp16"])["policies"]}
+    assert by["fp16"]["summary"]["nonfinite"] > 0 and by["fp16"]["summary"]["steps_with_nonfinite"] > 0
+    assert by["fp16-mixed"]["summary"]["nonfinite"] == 0
+    assert "backbone_model.layers.0.mlp.down_proj" in by["fp16-mixed"]["kept_fp32"]
+
+
+def test_cli_json_schema(tmp_path, tiny_lm, monkeypatch):
+    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: tiny_lm)
+    out = tmp_path / "precision.json"
+    assert worker_main(["precision-check", "--device", "cpu", "--frames", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "breeze-precision-check/1" and doc["frames"] == 2 and doc["top_k"] == 50
+    assert {"device", "model", "reference", "cfg", "seed", "teacher"} <= set(doc["meta"])
+    assert [p["policy"] for p in doc["policies"]] == ["fp32", "bf16", "fp16-mixed", "fp16"]
+    for p in doc["policies"]:
+        assert {"policy", "applied", "emulated", "note", "kept_fp32", "recipe", "error", "summary", "per_step",
+                "per_codebook"} <= set(p)
+        assert set(p["summary"]) == SUMMARY_KEYS
+        assert [s["frame"] for s in p["per_step"]] == [0, 1]
+        assert all(SUMMARY_KEYS <= set(s) for s in p["per_step"])
+    assert "refuses" in doc["policies"][2]["note"]  # half precision on the CPU: the worker would refuse it

@@ -1,0 +1,332 @@
+"""Continuous batching: every active stream advances one frame in ONE batched frame step.
+
+`BatchedStepper` owns one `FrameStep` (engine/fastpath/step.py) sized for `max_streams` stream slots and
+`2 * max_streams` model rows, i.e. one static KV cache. A stream takes the lowest free slot and one row
+(two rows, cond + uncond, only when it uses CFG) and keeps its own prompt, CFG scale, seed, sampling
+settings, frame limit and cache rows. Streams join and leave at frame boundaries:
+
+- join: the prompt is encoded and prefilled into the stream's rows of the static cache (several joiners
+  at one boundary share one text-encoder call and one prefill per contiguous run of rows on CUDA; on the
+  CPU each is prefilled on its own, exactly as it would be alone);
+- each step: ONE `sample_frame` over the covered prefix of slots and rows, ONE host read (codes,
+  end-of-speech and non-finite flags of every stream), then ONE `backbone_step` for the streams that go on;
+- leave: the slot and rows are parked (`FrameStep.release`) and reused by the next joiner.
+
+A step covers a prefix of slots and rows, the *batch shape* (streams, rows). On CUDA the shape is rounded
+up to a bucket (powers of two, rows = streams or 2 x streams) and each bucket replays its own CUDA graph
+(engine/batch_graphs.py); on the CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame,
+codebook) per stream and rows never mix, so a stream's frames do not depend on its company: on the CPU in
+FP32 they are identical alone and batched (tests/engine/test_batching.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from breeze_worker.engine.batch_graphs import ShapeGraphs
+from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_text_segments
+from breeze_worker.engine.fastpath.static_cache import bucket_for
+from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep
+from breeze_worker.engine.sampling import RowSampling
+from breeze_worker.engine.stepper import StepOutcome
+from breeze_worker.engine.types import EndReason, ResolvedRequest
+from breeze_worker.errors import NumericalError, ResourceExhausted
+from breeze_worker.model.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Stream:
+    key: object
+    params: ResolvedRequest
+    slot: int
+    rows: list[int]  # [cond] or [cond, uncond]
+    limit: int = 0  # frames allowed (request limit, capped by the cache capacity)
+    frames: int = 0
+    info: dict = field(default_factory=lambda: {"text_encode_s": 0.0, "prefill_s": 0.0, "generate_s": 0.0,
+                                                 "nonfinite_events": 0})
+
+
+def stream_buckets(max_streams: int) -> list[int]:
+    """1, 2, 4, ... below max_streams, then max_streams."""
+    out, b = [], 1
+    while b < max_streams:
+        out.append(b)
+        b *= 2
+    return out + [max_streams]
+
+
+class BatchedStepper:
+    def __init__(self, model: LoadedModel, max_streams: int, device: torch.device | str | None = None, *,
+                 use_graphs: bool | None = None, batch_joins: bool | None = None, eos_masked: bool = False):
+        self.model = model
+        self.device = torch.device(device) if device is not None else model.device
+        self.max_streams = max_streams
+        self.max_rows = 2 * max_streams
+        self.capacity = model.generation_defaults.max_sequence
+        self.eos_masked = eos_masked  # bench only: end of speech never sampled
+        on_cuda = self.device.type == "cuda"
+        self.batch_joins = on_cuda if batch_joins is None else batch_joins
+        self.step_buffers = FrameStep(model.lm, rows=self.max_rows, streams=max_streams, capacity=self.capacity,
+                                      device=self.device)
+        self.bucketed = on_cuda
+        shapes = self._bucket_shapes() if self.bucketed else []
+        self.graphs = ShapeGraphs(self.step_buffers, shapes, use_graphs=on_cuda if use_graphs is None else use_graphs)
+        self._views: dict[tuple[int, int], FrameStep] = dict(self.graphs.views)
+        self._streams: dict[object, _Stream] = {}
+        self._slot_owner: list[_Stream | None] = [None] * max_streams
+        self._row_owner: list[_Stream | None] = [None] * self.max_rows
+        self._row_pos = [0] * self.max_rows  # host mirror of each row's cache write position
+        self._left: dict[object, dict] = {}  # info of streams that left, until the caller reads it
+        self.release_all()
+        self.steps = 0
+        self.host_reads = 0
+
+    # ---- shapes ----
+    def _bucket_shapes(self) -> list[tuple[int, int]]:
+        return [(s, r) for s in stream_buckets(self.max_streams) for r in (s, 2 * s)]
+
+    def _shape(self) -> tuple[int, int]:
+        need_s = 1 + max(st.slot for st in self._streams.values())
+        need_r = 1 + max(r for st in self._streams.values() for r in st.rows)
+        if not self.bucketed:
+            return need_s, need_r
+        fits = [(r, s) for s, r in self.graphs.shapes if s >= need_s and r >= need_r]
+        r, s = min(fits)
+        return s, r
+
+    def _view(self, shape: tuple[int, int]) -> FrameStep:
+        view = self._views.get(shape)
+        if view is None:
+            view = self._views[shape] = self.step_buffers.narrow(shape[1], shape[0])
+        return view
+
+    # ---- slots and rows ----
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    @property
+    def free_slots(self) -> int:
+        return self._slot_owner.count(None)
+
+    def release_all(self) -> None:
+        """Park every slot and row (start-up, after graph capture)."""
+        for slot in range(self.max_streams):
+            self.step_buffers.release(slot, [])
+        self.step_buffers.release(None, list(range(self.max_rows)))
+        self._row_pos = [0] * self.max_rows
+
+    def _allocate(self, key: object, params: ResolvedRequest) -> _Stream:
+        slot = self._slot_owner.index(None)
+        need = 2 if params.uses_cfg else 1
+        free = [i for i, owner in enumerate(self._row_owner) if owner is None]
+        rows = next(([i, i + 1] for i in free if i + 1 < self.max_rows and self._row_owner[i + 1] is None), None)
+        if need == 1 or rows is None:  # a single row, or a CFG pair that must be split
+            rows = free[:need]
+        stream = _Stream(key, params, slot, rows)
+        self._slot_owner[slot] = stream
+        for r in rows:
+            self._row_owner[r] = stream
+        self._streams[key] = stream
+        return stream
+
+    def leave(self, key: object) -> None:
+        stream = self._streams.pop(key, None)
+        if stream is None:
+            return
+        self._slot_owner[stream.slot] = None
+        for r in stream.rows:
+            self._row_owner[r] = None
+            self._row_pos[r] = 0
+        self.step_buffers.release(stream.slot, stream.rows)
+        self._left[key] = stream.info
+
+    def stream_info(self, key: object) -> dict:
+        """text_encode_s, prefill_s, generate_s, nonfinite_events of a stream (active or left)."""
+        stream = self._streams.get(key)
+        return dict(stream.info if stream is not None else self._left.get(key, {}))
+
+    def forget(self, key: object) -> None:
+        self._left.pop(key, None)
+
+    # ---- join ----
+    @torch.no_grad()
+    def join(self, joiners: list[tuple[object, ResolvedRequest]]) -> dict[object, BaseException]:
+        """Admit streams at a frame boundary: encode their prompts and prefill their rows. Returns the
+        streams that could not join (they hold no slot); the others step from the next `step()` on."""
+        errors: dict[object, BaseException] = {}
+        if len(joiners) > self.free_slots:
+            for key, _ in joiners[self.free_slots:]:
+                errors[key] = ResourceExhausted(f"all {self.max_streams} stream slots are busy")
+            joiners = joiners[: self.free_slots]
+        t0 = time.perf_counter()
+        prompts = self._encode(joiners, errors)
+        encode_s = time.perf_counter() - t0
+        streams = []
+        for (key, params), prompt in zip(joiners, prompts):
+            if prompt is None:
+                continue
+            stream = self._allocate(key, params)
+            stream.info["text_encode_s"] = encode_s
+            stream.limit = max(0, min(params.max_frames, self.capacity - 1 - prompt.length))
+            sampling = RowSampling.from_params([params.sampling], [params.seed], self.device)
+            self.step_buffers.set_stream(stream.slot, cond_row=stream.rows[0], uncond_row=stream.rows[-1],
+                                         cfg_scale=float(params.cfg_scale), sampling=sampling,
+                                         eos_masked=self.eos_masked)
+            streams.append((stream, prompt))
+        t1 = time.perf_counter()
+        try:
+            self._prefill(streams)
+        except Exception as exc:  # noqa: BLE001 - the joiners fail; running streams are untouched
+            for stream, _ in streams:
+                errors[stream.key] = exc
+                self.leave(stream.key)
+                self._left.pop(stream.key, None)
+        prefill_s = time.perf_counter() - t1
+        for stream, _ in streams:
+            stream.info["prefill_s"] = prefill_s
+        return errors
+
+    def _encode(self, joiners, errors) -> list[PromptBatch | None]:
+        """Prompt embeddings per joiner (None where its prompt failed): one text-encoder call for all
+        joiners when batching joins, else one per joiner (exactly the alone computation)."""
+        out: list[PromptBatch | None] = []
+        if not self.batch_joins or len(joiners) == 1:
+            for key, params in joiners:
+                try:
+                    out.append(prepare_prompt_embeddings(self.model, params))
+                except Exception as exc:  # noqa: BLE001 - this joiner only
+                    errors[key] = exc
+                    out.append(None)
+            return out
+        segments = [prompt_text_segments(self.model, params) for _, params in joiners]
+        encoded = self.model.lm.encode_segments([s for segs in segments for s in segs])
+        start = 0
+        for (key, params), segs in zip(joiners, segments):
+            part = encoded[start:start + len(segs)]
+            start += len(segs)
+            try:
+                out.append(prepare_prompt_embeddings(self.model, params, encoded=part))
+            except Exception as exc:  # noqa: BLE001
+                errors[key] = exc
+                out.append(None)
+        return out
+
+    def _prefill(self, streams: list[tuple[_Stream, PromptBatch]]) -> None:
+        """Prefill each contiguous run of joiner rows in one call (left-padded to the run's longest prompt)
+        when batching joins; otherwise each stream's rows on their own."""
+        pieces = []  # (row, embeds [T, H], positions [T], allowed [T], stream)
+        for stream, prompt in streams:
+            for i, row in enumerate(stream.rows):
+                pieces.append((row, prompt.inputs_embeds[i], prompt.positions[i], prompt.attention_mask[i], stream))
+        pieces.sort(key=lambda p: p[0])
+        runs: list[list] = []
+        for piece in pieces:
+            last = runs[-1][-1] if runs else None
+            joinable = (last is not None and last[0] + 1 == piece[0]
+                        and (self.batch_joins or last[4] is piece[4]))
+            if joinable:
+                runs[-1].append(piece)
+            else:
+                runs.append([piece])
+        for run in runs:
+            if self.batch_joins and len({id(p[4]) for p in run}) > 1:
+                run = self._fit_capacity(run)
+            self._prefill_run(run)
+
+    def _fit_capacity(self, run: list) -> list:
+        """A stream whose frame limit would not fit after the run's padding is prefilled on its own."""
+        longest = max(p[1].shape[0] for p in run)
+        solo = [p for p in run if longest + p[4].limit > self.capacity - 1]
+        for stream in {id(p[4]): p[4] for p in solo}.values():
+            self._prefill_run([p for p in run if p[4] is stream])
+        return [p for p in run if p not in solo] or []
+
+    def _prefill_run(self, run: list) -> None:
+        if not run:
+            return
+        rows = [p[0] for p in run]
+        if rows != list(range(rows[0], rows[0] + len(rows))):  # split after capacity fitting: one call each
+            for piece in run:
+                self._prefill_run([piece])
+            return
+        longest = max(p[1].shape[0] for p in run)
+        embeds = torch.zeros(len(run), longest, run[0][1].shape[-1], dtype=run[0][1].dtype, device=self.device)
+        positions = torch.ones(len(run), longest, dtype=torch.int64, device=self.device)
+        allowed = torch.zeros(len(run), longest, dtype=torch.bool, device=self.device)
+        for i, (_, e, pos, ok, _) in enumerate(run):
+            t = e.shape[0]
+            embeds[i, longest - t:], positions[i, longest - t:], allowed[i, longest - t:] = e, pos, ok
+        self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, positions, allowed)
+        for r in rows:
+            self._row_pos[r] = longest
+
+    # ---- step ----
+    @torch.no_grad()
+    def step(self) -> dict[object, StepOutcome]:
+        """One frame for every joined stream: one sample_frame, one host read, one backbone step."""
+        if not self._streams:
+            return {}
+        started = time.perf_counter()
+        outcomes: dict[object, StepOutcome] = {}
+        for stream in list(self._streams.values()):  # nothing to generate (prompt filled the cache)
+            if stream.frames >= stream.limit:
+                outcomes[stream.key] = StepOutcome(end_reason=EndReason.FRAME_LIMIT)
+                self.leave(stream.key)
+        if not self._streams:
+            return outcomes
+        shape = self._shape()
+        readout = self.graphs.sample_frame(shape) if shape in self.graphs.views else self._sample_eager(shape)
+        self.host_reads += 1
+        self.steps += 1
+        going_on = []
+        for stream in list(self._streams.values()):
+            row = readout[stream.slot]
+            if bool(row[READOUT_NONFINITE]):
+                stream.info["nonfinite_events"] += 1
+                log.error("frame %d of a stream produced non-finite logits; it was not emitted", stream.frames)
+                outcomes[stream.key] = StepOutcome(error=NumericalError(
+                    f"non-finite values in the model's logits at frame {stream.frames} (precision policy of this "
+                    "worker); the frame was discarded. Retry, or run the worker with --precision fp32"))
+            elif bool(row[READOUT_EOS]):
+                outcomes[stream.key] = StepOutcome(end_reason=EndReason.END_OF_SPEECH)
+            else:
+                stream.frames += 1
+                done = stream.frames >= stream.limit
+                outcomes[stream.key] = StepOutcome(frame=row[:READOUT_EOS].clone(),
+                                                   end_reason=EndReason.FRAME_LIMIT if done else None)
+                if not done:
+                    going_on.append(stream)
+        if going_on:  # the next frame's backbone step is queued before the caller decodes this one
+            next_slot = max(self._row_pos[r] for s in going_on for r in s.rows)
+            self._backbone_step(shape, bucket_for(next_slot + 1, self.capacity))
+        elapsed = time.perf_counter() - started
+        for stream in list(self._streams.values()):
+            stream.info["generate_s"] += elapsed
+            if outcomes[stream.key].end_reason is not None or outcomes[stream.key].error is not None:
+                self.leave(stream.key)
+        return outcomes
+
+    def _sample_eager(self, shape: tuple[int, int]) -> torch.Tensor:
+        view = self._view(shape)
+        view.sample_frame()
+        return view.readout.cpu()
+
+    def _backbone_step(self, shape: tuple[int, int], bucket: int) -> None:
+        if shape in self.graphs.views:
+            self.graphs.backbone_step(shape, bucket)
+        else:
+            self._view(shape).backbone_step(bucket)
+        rows = shape[1]
+        for r in range(rows):  # every covered row wrote one slot
+            self._row_pos[r] += 1
+        stale = [r for r in range(rows) if self._row_owner[r] is None and self._row_pos[r] >= self.capacity - 2]
+        if stale:  # idle rows inside the prefix write too: restart them before they run off the cache
+            self.step_buffers.release(None, stale)
+            for r in stale:
+                self._row_pos[r] = 0
