@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
 # The one script the GPU device runs (issue 6): correctness first, then timings. Writes JSON and logs
 # under $OUT (default ./results/gpu). Usage: BREEZE_COMMIT=$(git rev-parse HEAD) scripts/gpu_bench.sh
-#   1. tiny and mid-size configs, FP32 on the GPU: fast-path frames == eager frames (CFG off and on)
-#   2. mid-size: fp16-mixed and bf16 first-frame logits against FP32 (teacher-forced)
-#   3. full-size Breeze architecture, seeded random weights: eager vs fast, CFG off/on, bf16 then fp16-mixed
-# Steps run independently: a failing step is reported and the next one still runs.
+#   1. mid-size config (full widths, few layers), FP32 on the GPU: eager frames == fast-path frames, for the
+#      uncompiled and the torch.compile'd fast path, CFG off and on
+#   2. full-size Breeze architecture, seeded random weights, full-size codec decoder: eager vs fast
+#      (uncompiled and compiled), CFG off/on, bf16
+#   3. the same, fp16-mixed (the T4 policy), CFG on
+# Steps run independently, each under its own time limit: a failing step is reported and the next one runs.
 set -u
 OUT="${OUT:-results/gpu}"
 mkdir -p "$OUT"
 export PYTHONPATH="worker:client:protos${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 FRAMES="${BENCH_FRAMES:-64}"
 EAGER_FRAMES="${BENCH_EAGER_FRAMES:-16}"
-bench() { python3 -m breeze_worker.cli --log-level WARNING bench --device cuda "$@"; }
+CAPACITY="${BENCH_CAPACITY:-512}"  # backbone slots: 2 attention buckets (256, 512) to capture and compile
+PATHS="eager,fast-uncompiled,fast-compiled"
+BENCH=(python3 -m breeze_worker.cli --log-level WARNING bench --device cuda --capacity "$CAPACITY")
 status=0
 step() {
-  local name="$1"; shift
-  echo "=== $name"
+  local name="$1" limit="$2"; shift 2
+  echo "=== $name (limit ${limit} s)"
   local t0=$SECONDS
-  "$@" 2>&1 | tee "$OUT/$name.log"
-  local rc=${PIPESTATUS[0]}
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
   [ "$rc" = 0 ] || { status=1; echo "!!! $name exited $rc"; }
   echo "=== $name took $((SECONDS - t0)) s"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
-step check_tiny bench --size tiny --precision fp32 --frames 12 --repeats 1 --check --json "$OUT/check_tiny.json"
-step check_mid bench --size mid --precision fp32 --frames 12 --repeats 1 --check \
-  --agreement fp16-mixed,bf16 --json "$OUT/check_mid.json"
-step full_bf16 bench --size full --precision bf16 --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" --repeats 3 \
-  --json "$OUT/full_bf16.json"
-step full_fp16mixed bench --size full --precision fp16-mixed --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" \
-  --repeats 3 --force-precision --json "$OUT/full_fp16mixed.json"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
+step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 --frames 12 --repeats 1 --check \
+  --paths "$PATHS" --json "$OUT/check_mid.json"
+step full_bf16 "${LIMIT_BF16:-230}" "${BENCH[@]}" --size full --precision bf16 --frames "$FRAMES" \
+  --eager-frames "$EAGER_FRAMES" --repeats 3 --paths "$PATHS" --json "$OUT/full_bf16.json"
+step full_fp16mixed "${LIMIT_FP16:-100}" "${BENCH[@]}" --size full --precision fp16-mixed --cfg on --frames "$FRAMES" \
+  --eager-frames "$EAGER_FRAMES" --repeats 3 --paths eager,fast-compiled --force-precision \
+  --json "$OUT/full_fp16mixed.json"
 exit $status

@@ -62,7 +62,8 @@ _LONG = ("When the ferry finally left the harbour, the passengers crowded along 
 _CHUNK_1 = ("Thank you for calling the service desk. Your request has been received and a technician will "
             "contact you within two full working days. Please keep your reference number ready when they call you "
             "back.")
-_CHUNK_2 = "Turn left at the next junction, then continue straight ahead for about three hundred metres until the bridge."
+_CHUNK_2 = ("Turn left at the next junction, then continue straight ahead for about three hundred metres until "
+            "the bridge.")
 _CHUNK_3 = "Your package was delivered this afternoon and left at the front door."
 
 
@@ -74,8 +75,8 @@ def _by_words(name: str, text: str) -> BenchLabel:
 
 def _by_seconds(name: str, text: str, seconds: float) -> BenchLabel:
     return BenchLabel(name, text, round(seconds * FRAME_RATE_HZ),
-                      f"user chunk of {seconds:.2f} s: {len(text.split())} words ({seconds:.2f} s x {SPEECH_RATE:g} "
-                      f"words/s), {seconds:.2f} s x {FRAME_RATE_HZ:g} frames/s")
+                      f"user chunk of {seconds:.2f} s: {len(text.split())} words ({seconds:.2f} s x "
+                      f"{SPEECH_RATE:g} words/s), {seconds:.2f} s x {FRAME_RATE_HZ:g} frames/s")
 
 
 LABELS: dict[str, BenchLabel] = {label.name: label for label in (

@@ -16,5 +16,11 @@ def tiny_lm() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def tiny_for_runs() -> LoadedModel:
+    """For the commands that mask end of speech on the model they run (a change to the instance)."""
+    return tiny_model(seed=0, with_codec=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_with_codec() -> LoadedModel:
     return tiny_model(seed=0)

@@ -45,12 +45,12 @@ def test_spans_nest_and_marks_are_instant():
     assert doc["otherData"]["note"] == "unit"
 
 
-def test_eager_generator_is_unchanged_by_tracing(tiny_lm):
-    request = make_request(tiny_lm, "hello there", False, 3, 7)
-    plain = list(EagerFrameGenerator(tiny_lm, request))
+def test_eager_generator_is_unchanged_by_tracing(tiny_for_runs):
+    request = make_request(tiny_for_runs, "hello there", False, 3, 7)
+    plain = list(EagerFrameGenerator(tiny_for_runs, request))
     tracer = tracing.Tracer()
     with tracer.recording():
-        traced = list(EagerFrameGenerator(tiny_lm, request))
+        traced = list(EagerFrameGenerator(tiny_for_runs, request))
     assert len(plain) == len(traced) == 3 and all((a == b).all() for a, b in zip(plain, traced))
     names = [e.name for e in tracer.events]
     assert names.count("frame") == 3 and names.count("depth_steps") == 3 and names.count("backbone_step") == 2
@@ -67,7 +67,8 @@ def _parent(event: dict, spans: list[dict]) -> str | None:
 
 
 def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_codec, monkeypatch):
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: tiny_with_codec)
+    monkeypatch.setattr("breeze_worker.profiling.setup.load_model",
+                        lambda args, device, precision=None: tiny_with_codec)
     path = tmp_path / "trace.json"
     summary = tmp_path / "summary.json"
     assert worker_main(["trace", "--device", "cpu", "--frames", "3", "--path", "eager", "--trace", str(path),
@@ -85,7 +86,8 @@ def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_
         parents.setdefault(e["name"], set()).add(_parent(e, spans))
     assert parents["request"] == {None}
     assert parents["text_encode"] == parents["prefill"] == parents["frame"] == {"request"}
-    assert parents["backbone_step"] == parents["depth_steps"] == parents["codec_decode"] == parents["emit"] == {"frame"}
+    for name in ("backbone_step", "depth_steps", "codec_decode", "emit"):
+        assert parents[name] == {"frame"}, name
     assert parents["depth_step"] == {"depth_steps"}
     assert parents["sampling"] == {"frame", "depth_steps"}  # codebook 0 in the frame, 1..15 in the depth steps
     assert sum(1 for e in spans if e["name"] == "frame") == 3

@@ -58,7 +58,7 @@ def gpu_busy_fraction(device: torch.device, work: Callable[[], object]) -> dict:
     syncs, Python) is. Kernels replayed from CUDA graphs are counted too. None on the CPU.
     """
     if device.type != "cuda":
-        return {"kernel_s": None, "wall_s": None, "busy_fraction": None}
+        return {"kernel_s": None, "wall_s": None, "busy_fraction": None, "kernels": None, "top_kernels": []}
     from torch.profiler import ProfilerActivity, profile
 
     synchronize(device)
@@ -69,11 +69,15 @@ def gpu_busy_fraction(device: torch.device, work: Callable[[], object]) -> dict:
         wall = time.perf_counter() - t0
     kernel_us = 0.0
     intervals = []
+    by_name: dict[str, list[float]] = {}
     try:
         for event in prof.profiler.kineto_results.events():
             if event.device_type() == torch.autograd.DeviceType.CUDA:
                 start = event.start_ns() if hasattr(event, "start_ns") else event.start_us() * 1000
                 intervals.append((start, start + event.duration_ns()))
+                entry = by_name.setdefault(event.name()[:80], [0, 0.0])
+                entry[0] += 1
+                entry[1] += event.duration_ns() / 1000.0
     except Exception as exc:  # profiler internals differ between releases: fall back to averages
         log.debug("kineto events unavailable (%s); using key averages", exc)
         intervals = []
@@ -90,7 +94,10 @@ def gpu_busy_fraction(device: torch.device, work: Callable[[], object]) -> dict:
         busy_ns += cur_end - cur_start
         kernel_us = busy_ns / 1000.0
     kernel_s = kernel_us / 1e6
-    return {"kernel_s": kernel_s, "wall_s": wall, "busy_fraction": kernel_s / wall if wall > 0 else None}
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"kernel_s": kernel_s, "wall_s": wall, "busy_fraction": kernel_s / wall if wall > 0 else None,
+            "kernels": len(intervals),
+            "top_kernels": [{"name": n, "count": c, "total_us": round(us, 1)} for n, (c, us) in top]}
 
 
 def copy_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 10) -> float | None:

@@ -114,13 +114,12 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
     stages = dict(gen.timings)
     stages["codec_s"] = codec_s if codec is not None else None
     n = max(len(frames) - 1, 1)
-    runner = getattr(gen, "runner", None)
     return RunResult(
         frames=frames, wall_s=wall, ttfa_s=ttfa, stages=stages, frame_times_s=frame_times,
         syncs_per_frame=None if counter.count is None else counter.count / n,
         host_reads_per_frame=(gen.host_reads / len(frames)) if hasattr(gen, "host_reads") else None,
-        fallback_reason=getattr(runner, "fallback_reason", None),
-        compiled=getattr(runner, "compiled", None), compile_fallback_reason=getattr(runner, "compile_fallback_reason", None),
+        fallback_reason=getattr(gen, "fallback_reason", None), compiled=getattr(gen, "compiled", None),
+        compile_fallback_reason=getattr(gen, "compile_fallback_reason", None),
         ttfa_lm_s=ttfa_lm, ttfa_codec_s=(ttfa - ttfa_lm) if codec is not None else None,
     )
 
@@ -133,7 +132,10 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
     warm = run_once(path, model, request, device)  # first use: graph capture for the fast path
     warmup_s = time.perf_counter() - warm_t0
     reset_peak_memory(device)
-    runs = [run_once(path, model, request, device, count_syncs=True) for _ in range(repeats)]
+    from breeze_worker.profiling.memory import PeakMemory  # issue 7: reserved GPU memory, host peak RSS
+
+    with PeakMemory(device) as peaks:
+        runs = [run_once(path, model, request, device, count_syncs=True) for _ in range(repeats)]
     peak = peak_memory_bytes(device)
     short = make_request(model, cfg, min(profile_frames, frames), seed)
     busy = gpu_busy_fraction(device, lambda: run_once(path, model, short, device))
@@ -160,10 +162,14 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
                                else 1000 * statistics.median(r.stages["codec_s"] / len(r.frames) for r in runs)),
         "stages_s": stages,
         "peak_memory_bytes": peak,
+        **peaks.result,  # gpu_peak_allocated_bytes, gpu_peak_reserved_bytes, host_peak_rss_bytes, host_peak_scope
         "host_syncs_per_frame": best.syncs_per_frame,
         "host_reads_per_frame": best.host_reads_per_frame,
         "gpu_busy_fraction": busy["busy_fraction"],
         "gpu_kernel_s_profiled": busy["kernel_s"],
+        "profiled_frames": min(profile_frames, frames),  # one request (prompt, frames, codec) under the profiler
+        "gpu_kernels_profiled": busy["kernels"],
+        "top_kernels": busy["top_kernels"],
         "first_use_s": warmup_s,  # includes graph capture for the fast path
         "fallback_reason": warm.fallback_reason,
         "compiled": warm.compiled,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+from dataclasses import replace
 import logging
 import os
 import platform
@@ -28,7 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--precision", default="auto", help="auto | fp32 | bf16 | fp16-mixed (comma list allowed)")
     parser.add_argument("--force-precision", action="store_true", help="allow a precision this device emulates")
-    parser.add_argument("--paths", default="eager,fast", help="decode paths to run (eager, fast)")
+    parser.add_argument("--paths", default="eager,fast",
+                        help="decode paths to run: eager, fast (compiled as BREEZE_FASTPATH_COMPILE says: auto = "
+                             "on CUDA), fast-uncompiled, fast-compiled")
+    parser.add_argument("--capacity", type=int, default=None,
+                        help="backbone positions (prompt + frames) the static cache holds (default: the model's)")
     parser.add_argument("--cfg", default="off,on", help="CFG settings to run (off, on)")
     parser.add_argument("--frames", type=int, default=64, help="frames per request (end of speech masked)")
     parser.add_argument("--eager-frames", type=int, default=None, help="frames per eager request (default: --frames)")
@@ -38,9 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agreement", default="", help="policies to compare against fp32 (e.g. fp16-mixed,bf16)")
     parser.add_argument("--commit", default=os.environ.get("BREEZE_COMMIT"), help="commit id to record")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    from breeze_worker.commands import bench_concurrency  # issue 8: --concurrency sweep
+
+    bench_concurrency.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "concurrency", None):
+        from breeze_worker.commands import bench_concurrency
+
+        return bench_concurrency.run(args)
     from breeze_worker.bench.models import checkpoint_model, random_model
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import pick_device
@@ -53,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         "meta": {"device": device_name(device), "device_type": device.type,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "commit": args.commit, "torch": torch.__version__, "python": platform.python_version(),
-                 "model": args.model or f"random-{args.size}", "frames": args.frames, "seed": args.seed},
+                 "model": args.model or f"random-{args.size}", "frames": args.frames, "seed": args.seed,
+                 "capacity": args.capacity, "eager_frames": args.eager_frames, "repeats": args.repeats},
         "copy_bandwidth_bytes_per_s": bandwidth, "variants": [], "floor": {}, "checks": {}, "agreement": [],
     }
     paths = [p for p in args.paths.split(",") if p]
@@ -66,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         if args.agreement and policy.name == "fp32":
             for other in [p for p in args.agreement.split(",") if p]:
                 doc["agreement"].append(_agreement(model, other, args))
+        if args.capacity:
+            model.generation_defaults = replace(model.generation_defaults, max_sequence=args.capacity)
         mask_end_of_speech(model)
         weights = report.bytes_per_frame(model.lm)
         floor = report.floor_ms(weights["total"], bandwidth)
@@ -81,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
                 v.update(precision=policy.name, floor_ms=floor)
                 results[(path, cfg)] = v
                 doc["variants"].append(v)
-            if args.check and ("eager", cfg) in results and ("fast", cfg) in results:
-                doc["checks"][f"{policy.name}/{'cfg' if cfg else 'nocfg'}"] = frames_equal(
-                    results[("eager", cfg)]["_frames"], results[("fast", cfg)]["_frames"])
+            for path in paths:
+                if args.check and path != "eager" and ("eager", cfg) in results and (path, cfg) in results:
+                    key = f"{policy.name}/{'cfg' if cfg else 'nocfg'}" + ("" if path == "fast" else f"/{path}")
+                    doc["checks"][key] = frames_equal(results[("eager", cfg)]["_frames"], results[(path, cfg)]["_frames"])
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -114,8 +130,8 @@ def _agreement(model, other: str, args) -> dict:
 def _t4(doc: dict) -> dict:
     """From the fast CFG variant of the half-precision policy measured (fp16-mixed preferred, else bf16)."""
     for precision in ("fp16-mixed", "bf16"):
-        fast = next((v for v in doc["variants"] if v["path"] == "fast" and v["cfg"] and v["precision"] == precision),
-                    None)
+        fast = min((v for v in doc["variants"] if v["path"] != "eager" and v["cfg"] and v["precision"] == precision
+                    and v["ms_per_frame"]), key=lambda v: v["ms_per_frame"], default=None)
         if fast is None:
             continue
         floor = doc["floor"][precision]

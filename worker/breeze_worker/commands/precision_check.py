@@ -51,7 +51,8 @@ def _f(value, spec: str) -> str:
 
 
 def table(doc: dict, per_step: bool = False) -> str:
-    head = f"{'policy':<12}{'KL mean':>11}{'KL max':>11}{'top-1':>8}{'top-' + str(doc['top_k']):>8}{'non-finite':>12}  note"
+    top_k = f"top-{doc['top_k']}"
+    head = f"{'policy':<12}{'KL mean':>11}{'KL max':>11}{'top-1':>8}{top_k:>8}{'non-finite':>12}  note"
     lines = [f"{doc['frames']} teacher-forced frames x 16 codebooks on {doc['meta']['device']}, vs fp32", head,
              "-" * len(head)]
     for p in doc["policies"]:

@@ -63,7 +63,8 @@ def stream_buckets(max_streams: int) -> list[int]:
 
 class BatchedStepper:
     def __init__(self, model: LoadedModel, max_streams: int, device: torch.device | str | None = None, *,
-                 use_graphs: bool | None = None, batch_joins: bool | None = None, eos_masked: bool = False):
+                 use_graphs: bool | None = None, batch_joins: bool | None = None, buckets: bool | None = None,
+                 eos_masked: bool = False):
         self.model = model
         self.device = torch.device(device) if device is not None else model.device
         self.max_streams = max_streams
@@ -74,9 +75,10 @@ class BatchedStepper:
         self.batch_joins = on_cuda if batch_joins is None else batch_joins
         self.step_buffers = FrameStep(model.lm, rows=self.max_rows, streams=max_streams, capacity=self.capacity,
                                       device=self.device)
-        self.bucketed = on_cuda
+        self.bucketed = on_cuda if buckets is None else buckets  # tests: CUDA's bucketed shapes on the CPU
         shapes = self._bucket_shapes() if self.bucketed else []
-        self.graphs = ShapeGraphs(self.step_buffers, shapes, use_graphs=on_cuda if use_graphs is None else use_graphs)
+        self.graphs = ShapeGraphs(self.step_buffers, shapes,
+                                  use_graphs=on_cuda if use_graphs is None else (use_graphs and on_cuda))
         self._views: dict[tuple[int, int], FrameStep] = dict(self.graphs.views)
         self._streams: dict[object, _Stream] = {}
         self._slot_owner: list[_Stream | None] = [None] * max_streams

@@ -12,6 +12,8 @@ Per frame (the official decoding loop):
 3. the frame is yielded, then fed back to the backbone as its summed embedding (both rows).
 The frame limit is the request's `max_frames`, further capped so prompt + frames stays below the model's
 sequence budget (the official loop stops at max_sequence - 1).
+When a tracer is active (engine/tracing.py) the loop records spans: text_encode, prefill, and per frame
+backbone_step, sampling, depth_steps > depth_step; off, each costs one global read.
 """
 
 from __future__ import annotations

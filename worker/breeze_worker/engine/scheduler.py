@@ -68,7 +68,9 @@ class Scheduler:
         with self._lock:
             if self._stopping:
                 raise Unavailable("the worker is shutting down; retry on another worker")
-            if len(self._pending) >= self.max_queue:
+            # jobs the engine thread has not picked up yet may still take free slots: they are not queued
+            free_slots = max(0, self.max_active - len(self._active))
+            if len(self._pending) >= self.max_queue + free_slots:
                 raise ResourceExhausted(
                     f"the request queue is full ({self.max_queue} waiting, {len(self._active)} active streams "
                     f"of max {self.max_active}); retry later or raise --max-queue"

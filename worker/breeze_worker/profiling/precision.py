@@ -79,7 +79,7 @@ def teacher_forced_logits(model: LoadedModel, request, codes: torch.Tensor) -> t
     causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
     mask = additive_mask(causal[None, None] & valid[:, None, None, :], dtype)
     hidden = lm.backbone(embeds, positions, mask, lm.new_backbone_cache())[:, length - 1:]  # [R, N, H]
-    logits0 = lm.backbone_logits(hidden).float()
+    logits0 = type(lm).backbone_logits(lm, hidden).float()  # the model's own head (not an end-of-speech mask)
 
     flat = hidden.reshape(rows * n, hidden_size)
     row_codes = codes[None].expand(rows, -1, -1).reshape(rows * n, -1)

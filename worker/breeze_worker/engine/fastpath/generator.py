@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from breeze_worker.engine import tracing
 from breeze_worker.engine.eager import prepare_prompt_embeddings, prompt_text_segments
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
@@ -65,6 +66,8 @@ class FastFrameGenerator:
         self.host_reads = 0
         self.timings = {"text_encode_s": 0.0, "prefill_s": 0.0, "generate_s": 0.0}
         self.runner = None
+        self.compiled = self.graphs = None
+        self.fallback_reason = self.compile_fallback_reason = None
         self._frames = self._run()
 
     def __iter__(self) -> "FastFrameGenerator":
@@ -84,24 +87,29 @@ class FastFrameGenerator:
     def _run(self):
         model, request = self.model, self.request
         t0 = time.perf_counter()
-        encoder = text_encoder_graphs(model.lm, self.device)
-        prompt = prepare_prompt_embeddings(model, request, encoded=encoder.encode_segments(
-            prompt_text_segments(model, request)))
-        self._stage_end()
+        with tracing.span("text_encode"):  # setup, not a frame (engine/syncaudit.py)
+            encoder = text_encoder_graphs(model.lm, self.device)
+            prompt = prepare_prompt_embeddings(model, request, encoded=encoder.encode_segments(
+                prompt_text_segments(model, request)))
+            self._stage_end()
         t1 = time.perf_counter()
         self.timings["text_encode_s"] = t1 - t0
         rows, length = prompt.inputs_embeds.shape[:2]
         capacity = model.generation_defaults.max_sequence
         limit = min(request.max_frames, capacity - 1 - length)
         runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, compile=self.compile)
+        # what the runner serves with, kept after it is released (bench and logs)
+        self.compiled, self.graphs = runner.compiled, runner.use_graphs
+        self.fallback_reason, self.compile_fallback_reason = runner.fallback_reason, runner.compile_fallback_reason
         try:
             step = runner.step
             sampling = RowSampling.from_params([request.sampling], [request.seed], self.device)
             step.set_stream(0, cond_row=0, uncond_row=rows - 1, cfg_scale=float(request.cfg_scale),
                             sampling=sampling, eos_masked=self.eos_masked)
             slots = runner.prompt_slots(length, limit)  # the prompt's cache slots (padded to a bucket)
-            runner.prefill(prompt.inputs_embeds, prompt.positions, prompt.attention_mask, slots)
-            self._stage_end()
+            with tracing.span("prefill"):
+                runner.prefill(prompt.inputs_embeds, prompt.positions, prompt.attention_mask, slots)
+                self._stage_end()
             self.timings["prefill_s"] = time.perf_counter() - t1
             frame_index = 0
             while frame_index < limit:
