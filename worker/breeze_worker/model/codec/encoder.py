@@ -6,9 +6,9 @@ feature extractor is the identity for one mono clip), the split residual quantiz
 rest), and the codes are trimmed to ceil(samples / 1920) frames.
 
 The checkpoint stores the encoder under `encoder.*` in the flat layout of transformers 4.x
-(`encoder.encoder.layers`, `encoder.encoder_transformer`, `encoder.downsample`, `encoder.quantizer`);
-transformers 5 nests the SEANet and the transformer under `MimiModel.encoder`. `checkpoint_key` /
-`module_key` translate between the two.
+(`encoder.encoder.layers`, `encoder.encoder_transformer`, `encoder.downsample`, `encoder.quantizer`).
+transformers up to 5.17 builds `MimiModel` in that same flat layout; later 5.x releases nest the SEANet and
+the transformer under `MimiModel.encoder`. `checkpoint_key` maps either layout to the checkpoint's names.
 """
 
 from __future__ import annotations
@@ -26,13 +26,15 @@ from breeze_worker.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-# checkpoint prefix (after "encoder.") -> MimiModel prefix, and back
-_TO_MODULE = (
+# checkpoint prefix (after "encoder.") -> MimiModel prefix in the nested layout (transformers > 5.17)
+_NESTED = (
     ("encoder.layers.", "encoder.encoder_seanet.layers."),
     ("encoder_transformer.", "encoder.encoder_transformer."),
     ("downsample.", "encoder.downsample."),
     ("quantizer.", "quantizer."),
 )
+# the flat layout (transformers <= 5.17) uses the checkpoint's own names
+_FLAT = tuple(old for old, _ in _NESTED)
 
 UNWINDOWED = 1 << 20  # encoder steps (25 Hz): far beyond any reference clip
 
@@ -65,6 +67,9 @@ class ReferenceEncoder(nn.Module):
         super().__init__()
         self.mimi_config = mimi_config(encoder_config)
         self.mimi = MimiModel(self.mimi_config)
+        for decoder_part in ("upsample", "decoder_transformer", "decoder"):  # built by transformers <= 5.17
+            if getattr(self.mimi, decoder_part, None) is not None:
+                setattr(self.mimi, decoder_part, None)  # encoding never uses them; the checkpoint has none
         self.mimi.eval()
         self.valid_quantizers = valid_quantizers
         self.samples_per_frame = samples_per_frame
@@ -75,20 +80,14 @@ class ReferenceEncoder(nn.Module):
             )
 
     @staticmethod
-    def module_key(checkpoint_key: str) -> str:
-        """`encoder.quantizer.x` (checkpoint) -> `mimi.quantizer.x` (this module)."""
-        inner = checkpoint_key.removeprefix("encoder.")
-        for old, new in _TO_MODULE:
-            if inner.startswith(old):
-                return "mimi." + new + inner[len(old) :]
-        raise CheckpointError(f"unexpected encoder tensor {checkpoint_key!r} in audio_tokenizer/model.safetensors")
-
-    @staticmethod
     def checkpoint_key(module_key: str) -> str:
+        """`mimi.<MimiModel name>` (nested or flat layout) -> `encoder.<checkpoint name>`."""
         inner = module_key.removeprefix("mimi.")
-        for old, new in _TO_MODULE:
-            if inner.startswith(new):
-                return "encoder." + old + inner[len(new) :]
+        for checkpoint_prefix, nested_prefix in _NESTED:
+            if inner.startswith(nested_prefix):
+                return "encoder." + checkpoint_prefix + inner[len(nested_prefix) :]
+        if inner.startswith(_FLAT):
+            return "encoder." + inner
         raise ValueError(f"no checkpoint name for encoder tensor {module_key!r}")
 
     def after_load(self) -> None:
