@@ -48,3 +48,12 @@ def test_clean_run_counts_nothing(model, request_for):
     assert len(frames) == 3
     assert fast_generator.nonfinite_events() == before
     assert all(torch.isfinite(f.float()).all() for f in frames)
+
+
+def test_masked_end_of_speech_is_not_mistaken_for_a_nonfinite_frame(model, request_for):
+    """The bench's end-of-speech mask is a deliberate "never", not a numerical failure."""
+    before = fast_generator.nonfinite_events()
+    gen = FastFrameGenerator(model, request_for(model, True, frames=8), "cpu", eos_masked=True)
+    frames = list(gen)
+    assert len(frames) == 8 and gen.end_reason == EndReason.FRAME_LIMIT
+    assert gen.nonfinite_events == 0 and fast_generator.nonfinite_events() == before

@@ -179,7 +179,8 @@ class FrameStep:
         lm = self.lm
         noise = frame_noise(self.sampling.seed, self.frame, self.codebooks, self.vocab + 1)
         logits0 = apply_repetition_penalty(self._combine(self.logits), self.seen, self.sampling.repetition_penalty)
-        logits0 = logits0.masked_fill(self.eos_masked[:, None] & self.eos_column[None, :], float("-inf"))
+        # a finite "never" (not -inf): the finiteness check below must only see what the model computed
+        logits0 = logits0.masked_fill(self.eos_masked[:, None] & self.eos_column[None, :], -1e30)
         code = self._pick(logits0, 0, noise[:, 0], self.blocked0)
         self.seen.scatter_(1, code[:, None], True)
         self.codes[:, 0] = code
