@@ -15,7 +15,9 @@ so every byte of all three files moves after the GPU finished. Two paths:
             floor = total bytes / rate + one round trip
 The wan path needs root and iproute2 (it is skipped with a note otherwise) and runs in its own process
 (netpath.pathd), as does the worker (`breeze-worker serve`), so neither takes CPU from the measured client.
-Prints both numbers and writes JSON under results/ (host, date, commit, every iteration's per-file phases).
+Both numbers span the worker's and the client's clocks, so each is printed with the clock mapping's
+uncertainty (±U, the largest over the iterations). Prints both numbers and writes JSON under results/
+(host, date, commit, every iteration's per-file phases, `tc -s qdisc` of the wan path after its runs).
 
     python scripts/bench_retrieval.py [--iterations 3] [--chunk-size 0] [--skip-wan] [--in-process]
 """
@@ -94,6 +96,7 @@ def run_path(name: str, target: str, artifact_target: str, iterations: int, conf
     d = diagnose(timelines)
     return {"path": name, "iterations": runs, "retrieval_s_median": values[len(values) // 2],
             "retrieval_s_max": values[-1], "total_bytes": runs[0]["total_bytes"],
+            "retrieval_uncertainty_s": max(r["clock_uncertainty_s"] for r in runs),
             "verdict": d.verdict.to_dict(), "phases": {k: v.to_dict() for k, v in d.summaries.items()}}
 
 
@@ -102,10 +105,11 @@ def run_wan(worker, iterations: int, config: FetchConfig, rate_mbit: float, rtt_
 
     with PathProcess([worker.target, worker.artifact_target], rate_mbit=rate_mbit, delay_ms=rtt_ms / 2) as path:
         result = run_path("wan", path.entries[0], path.entries[1], iterations, config)
-        result["qdisc"] = path.info["qdisc"]
+        result["qdisc"] = path.qdisc()  # after the traffic: the tbf counters show the bytes it shaped
     floor = result["total_bytes"] * 8 / (rate_mbit * 1e6) + rtt_ms / 1e3
     result.update(rate_mbit=rate_mbit, added_rtt_ms=rtt_ms, floor_s=floor,
-                  ratio_to_floor=result["retrieval_s_median"] / floor, target_ratio=WAN_RATIO_TARGET,
+                  ratio_to_floor=result["retrieval_s_median"] / floor,
+                  ratio_uncertainty=result["retrieval_uncertainty_s"] / floor, target_ratio=WAN_RATIO_TARGET,
                   passed=result["retrieval_s_median"] <= WAN_RATIO_TARGET * floor)
     return result
 
@@ -142,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         loop = run_path("loopback", worker.target, worker.artifact_target, args.iterations, config)
         loop.update(target_s=LOOPBACK_TARGET_S, passed=loop["retrieval_s_median"] <= LOOPBACK_TARGET_S)
         report["loopback"] = loop
-        print(f"loopback: generation done -> 3 files on disk {loop['retrieval_s_median'] * 1e3:.1f} ms median "
-              f"(max {loop['retrieval_s_max'] * 1e3:.1f} ms, {loop['total_bytes']} bytes); target <= "
+        print(f"loopback: generation done -> 3 files on disk {loop['retrieval_s_median'] * 1e3:.1f} ms "
+              f"±{loop['retrieval_uncertainty_s'] * 1e3:.2f} ms median (max {loop['retrieval_s_max'] * 1e3:.1f} ms, {loop['total_bytes']} bytes); target <= "
               f"{LOOPBACK_TARGET_S * 1e3:.0f} ms: {'PASS' if loop['passed'] else 'MISS'}; dominant phase "
-              f"{loop['verdict']['title']}")
+              f"{loop['verdict']['title']} (cause: {loop['verdict']['cause']})")
         if args.skip_wan or os.geteuid() != 0:
             report["wan"] = {"skipped": "--skip-wan" if args.skip_wan else "needs root and iproute2"}
             print(f"wan: skipped ({report['wan']['skipped']})")
@@ -153,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             wan = run_wan(worker, args.iterations, config, args.rate_mbit, args.rtt_ms)
             report["wan"] = wan
             print(f"wan ({args.rate_mbit:g} Mbit/s, +{args.rtt_ms:g} ms RTT): generation done -> 3 files on disk "
-                  f"{wan['retrieval_s_median'] * 1e3:.1f} ms median (max {wan['retrieval_s_max'] * 1e3:.1f} ms); "
-                  f"floor {wan['floor_s'] * 1e3:.1f} ms; ratio {wan['ratio_to_floor']:.2f} (target <= "
+                  f"{wan['retrieval_s_median'] * 1e3:.1f} ms ±{wan['retrieval_uncertainty_s'] * 1e3:.2f} ms median "
+                  f"(max {wan['retrieval_s_max'] * 1e3:.1f} ms); floor {wan['floor_s'] * 1e3:.1f} ms; ratio "
+                  f"{wan['ratio_to_floor']:.2f} ±{wan['ratio_uncertainty']:.3f} (target <= "
                   f"{WAN_RATIO_TARGET}): {'PASS' if wan['passed'] else 'MISS'}; dominant phase "
-                  f"{wan['verdict']['title']}")
+                  f"{wan['verdict']['title']} (cause: {wan['verdict']['cause']})")
     out = args.out or ROOT / "results" / f"bench_retrieval_{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # Set up .venv for this checkout (idempotent): Python >= 3.11, CPU torch 2.13.0 first, then the project.
-# Usage: scripts/install.sh [--dev]     (--dev adds the test tools: pytest, grpcio-tools, import-linter)
-# torch is installed before the project so pip never pulls a multi-GB CUDA build; it comes from the local
-# wheel directory when one is configured, otherwise from the configured index (on a machine without local
-# wheels, set BREEZE_TORCH_INDEX=https://download.pytorch.org/whl/cpu to avoid a multi-GB CUDA build).
+# Usage: scripts/install.sh [--dev | --client]
+#   (none)    the worker and the client: pip install -e ".[worker]"
+#   --dev     also the test tools (pytest, grpcio-tools, import-linter): pip install -e ".[worker,dev]"
+#   --client  the client alone (SDK, breeze-client; no torch): pip install -e .
+# torch is installed before the project so pip never pulls a multi-GB CUDA build: from a local wheel
+# directory when pip is configured with one (--no-index first), otherwise from the package index pip is
+# configured with. BREEZE_TORCH_INDEX=URL installs torch from that index instead (for example
+# https://download.pytorch.org/whl/cpu on a machine without local wheels whose default index would serve
+# a CUDA build); it is never used unless you set it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-extra=""
-[[ "${1:-}" == "--dev" ]] && extra="[dev]"
+case "${1:-}" in
+  "") extra="[worker]" ;;
+  --dev) extra="[worker,dev]" ;;
+  --client) extra="" ;;
+  *) echo "install: unknown option $1 (use --dev or --client)" >&2; exit 2 ;;
+esac
 
 python="${PYTHON:-python3}"
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -18,10 +27,34 @@ fi
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || { echo "install: Python >= 3.11 is needed (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
 
+# `python -m venv` needs ensurepip (Debian/Ubuntu ship it separately, in python3-venv / python3.X-venv)
+if ! "$python" -c 'import ensurepip' 2>/dev/null; then
+  version=$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "install: python${version}-venv (ensurepip is missing)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "python${version}-venv" \
+      >/dev/null 2>&1 \
+      || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  "$python" -c 'import ensurepip' 2>/dev/null || {
+    echo "install: $python cannot create a virtual environment (no ensurepip): install python${version}-venv" \
+         "(Debian/Ubuntu: sudo apt-get install python${version}-venv) and run this again" >&2
+    exit 1
+  }
+fi
+
+# a .venv left half-made by an earlier failed run (python but no pip) is rebuilt, not reused
+if [[ -e .venv ]] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  echo "install: .venv is incomplete (no working pip); rebuilding it"
+  rm -rf .venv
+fi
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet)
 
-if ! .venv/bin/python -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2.13.0"))' 2>/dev/null; then
+if [[ -n "$extra" ]] \
+   && ! .venv/bin/python -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2.13.0"))' 2>/dev/null
+then
   echo "install: torch 2.13.0 (CPU build)"
   if [[ -n "${BREEZE_TORCH_INDEX:-}" ]]; then
     "${pip[@]}" torch==2.13.0 --index-url "$BREEZE_TORCH_INDEX"
@@ -32,7 +65,7 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(not torch.__version__.star
 fi
 
 # the project (editable); re-run only when pyproject.toml changed since the last install
-stamp=".venv/.breeze-installed${extra}"
+stamp=".venv/.breeze-installed${extra:-[client]}"
 if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
   echo "install: breeze-tts-serving${extra}"
   "${pip[@]}" -e ".${extra}"

@@ -17,7 +17,7 @@ What it does:
      is bypassed; no missing or unexpected tensor is tolerated), decodes the codes and encodes the
      waveform (through transformers' EncodecFeatureExtractor, as the reference tokenizer does);
   4. saves `tests/fixtures/codec_golden/{audio_tokenizer/, golden.npz}`.
-The tests (tests/codec/test_golden.py) load the folder with our loader and compare.
+The tests (tests/codec/test_codec_golden.py) load the folder with our loader and compare.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ artifact=$(awk '$1 == "artifact" {print $2}' "$out/synth.txt")
 echo "== breeze-client fetch $artifact"
 breeze-client fetch "$artifact" -o "$out/fetched.wav" --target "$target" --artifact-target "$artifact_target"
 cmp <(tail -c +45 "$out/hello.wav") <(tail -c +45 "$out/fetched.wav") \
-  && echo "== the streamed audio and the fetched artifact are identical"
+  || { echo "quickstart: the streamed audio and the fetched artifact differ" >&2; exit 1; }
+echo "== the streamed audio and the fetched artifact are identical"
 
 echo "== stopping the worker"
 kill -TERM "$worker"

@@ -4,21 +4,30 @@ A delay is injected into one phase at a time; the verdict must name that phase a
 must match the injected delay within tolerance: the worker's test-only fault settings (artifact commit,
 first byte), a client that writes slowly, one-way latency from the delaying proxy, a tbf bandwidth limit
 on a veth pair between two namespaces made here (root + iproute2; CI runs as root, so this runs there),
-and a mid-transfer connection drop that the fetch must survive with its SHA-256 verified.
+and a mid-transfer connection drop that the fetch must survive with its SHA-256 verified. A clean
+loopback run must come out healthy (cause `none`), not as a fault.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from breeze_client import cli
-from breeze_client.diagnose import DiagnoseSettings, FetchConfig, run_diagnosis, sweep_configs
+from breeze_client.diagnose import DiagnoseSettings, FetchConfig, run_diagnosis, sweep_configs, with_concurrency
 from breeze_client.phases import PHASE_NAMES, phase_times
 from breeze_client.sdk import BreezeClient
+from breeze_client.verdict import HEALTHY_BUDGET_S
+from breeze_worker.commands.serve import active_faults
+from breeze_worker.config import WorkerSettings
 from netpath.netns import VethLink, namespaces
 from netpath.proxy import DelayProxy, ProxyThread
 from netpath.worker import InProcessWorker
@@ -141,9 +150,8 @@ def test_mid_transfer_drop_resumes_and_verifies(worker, tmp_path):
     assert json.loads(json.dumps(run.to_dict()))["runs"][0]["resumes"] == 1
 
 
-@pytest.mark.root
-def test_tbf_bandwidth_limit_between_namespaces_is_named(worker):
-    rate_mbit, chunk, frames = 4.0, 32 * 1024, 40
+def diagnose_through_tbf(worker, rate_mbit: float, **kw):
+    """Run diagnose_jobs with the artifact channel crossing a veth pair shaped by tbf: (run, qdisc, bytes down)."""
     host, port = worker.artifact_target.rsplit(":", 1)
     with VethLink(rate_mbit=rate_mbit) as link:
         made = {link.client_ns, link.server_ns}
@@ -154,20 +162,98 @@ def test_tbf_bandwidth_limit_between_namespaces_is_named(worker):
         with ProxyThread([relay]) as relay_thread:
             entry = DelayProxy((link.server_addr, relay.port), upstream_netns=link.client_ns)
             with ProxyThread([entry]):
-                run = diagnose_jobs(worker, artifact_target=entry.address, frames=frames,
-                                    configs=(FetchConfig(chunk_size=chunk),))
-            assert relay_thread.proxies[0].stats.bytes_down >= 2 * run.timelines[0].file_bytes
+                run = diagnose_jobs(worker, artifact_target=entry.address, **kw)
+            bytes_down = relay_thread.proxies[0].stats.bytes_down
         qdisc = link.qdisc("server")
     assert not made & set(namespaces()), "the test's namespaces were not torn down"
     assert "tbf" in qdisc
+    return run, qdisc, bytes_down
+
+
+@pytest.mark.root
+def test_tbf_bandwidth_limit_between_namespaces_is_named(worker):
+    rate_mbit, chunk, frames = 4.0, 32 * 1024, 40
+    run, qdisc, bytes_down = diagnose_through_tbf(worker, rate_mbit, frames=frames,
+                                                  configs=(FetchConfig(chunk_size=chunk),))
+    assert bytes_down >= 2 * run.timelines[0].file_bytes
     verdict = run.diagnosis.verdict
     assert verdict.phase == "transfer" and verdict.cause == "bandwidth", verdict.evidence
     for t in run.timelines:
-        expected = (t.file_bytes - chunk) * 8 / (rate_mbit * 1e6)  # after the first chunk, at the tbf rate
+        # every file byte arrives after the first message (a header without data), at the tbf rate
+        expected = (t.file_bytes - t.first_chunk_bytes) * 8 / (rate_mbit * 1e6)
         measured = {pt.phase.name: pt for pt in phase_times(t)}["transfer"].seconds
         assert 0.75 * expected <= measured <= 1.35 * expected, (measured, expected, qdisc)
-        assert t.first_chunk_bytes == chunk
+        assert t.first_chunk_bytes == 0 and t.chunk_size == chunk
         assert t.extra["verified"]
+
+
+@pytest.mark.root
+def test_tbf_bandwidth_limit_with_the_default_chunk_is_named(worker):
+    """The user's files are smaller than one default chunk: their bytes must still land in the transfer
+    phase (and be called bandwidth), not in first-byte transit (once called per-file overhead)."""
+    rate_mbit, frames = 4.0, 40  # 153,644 bytes: one default (256 KiB) chunk
+    run, qdisc, _ = diagnose_through_tbf(worker, rate_mbit, frames=frames)
+    verdict = run.diagnosis.verdict
+    assert verdict.phase == "transfer" and verdict.cause == "bandwidth", verdict.evidence
+    assert any("Mbit/s" in e for e in verdict.evidence)
+    for t in run.timelines:
+        times = {pt.phase.name: pt for pt in phase_times(t)}
+        expected = t.file_bytes * 8 / (rate_mbit * 1e6)
+        assert 0.75 * expected <= times["transfer"].seconds <= 1.35 * expected, (times["transfer"], qdisc)
+        assert times["first_byte_transit"].seconds < 0.05, times["first_byte_transit"]  # latency, not bytes
+        assert t.chunks == 1 and t.first_chunk_bytes == 0 and t.extra["verified"]
+
+
+def test_a_clean_loopback_run_is_healthy(clean_faults):
+    run = diagnose_jobs(clean_faults, jobs=3)
+    total = run.diagnosis.summaries["total"]
+    assert total.count == 3 and total.p50_s <= HEALTHY_BUDGET_S, total
+    assert total.uncertainty_s == max(t.clock_uncertainty_ns for t in run.timelines) / 1e9
+    verdict = run.diagnosis.verdict
+    assert verdict.cause == "none", verdict.evidence
+    assert any("healthy" in e for e in verdict.evidence)
+    assert all(t.extra["verified"] for t in run.timelines)
+
+
+def test_parallel_runs_the_jobs_at_once(worker):
+    run = diagnose_jobs(worker, jobs=2, parallel=True)
+    assert run.meta["parallel"] is True and all(t.extra["verified"] for t in run.timelines)
+    a, b = (t.events["generation_done"] for t in run.timelines)
+    # side by side, two equal jobs end together; one after the other, a whole job apart
+    assert abs(a - b) / 1e9 < 0.5 * min(t.extra["job_wall_s"] for t in run.timelines)
+    assert [t.parallel for t in run.timelines] == [t.parallel for t in with_concurrency(run.timelines)]
+
+
+@pytest.mark.parametrize("value,says", [("-1", "negative"), ("64m", "4m"), ("1x", "not a size")])
+def test_bad_chunk_sizes_are_a_usage_error_before_any_job(value, says, capsys):
+    with pytest.raises(SystemExit) as exc:  # the target is never dialled: the flag is checked first
+        cli.main(["diagnose", "--target", "127.0.0.1:9", "--chunk-sizes", f"64k,{value}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--chunk-sizes" in err and says in err, err
+
+
+def test_serve_warns_when_a_fault_delay_is_set(tmp_path):
+    assert active_faults(WorkerSettings()) == ""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(root / d) for d in ("worker", "client", "protos")),
+               BREEZE_ARTIFACTS_FAULT_FIRST_BYTE_DELAY_S="0.25")
+    with open(tmp_path / "stderr.log", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "breeze_worker.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+             "--artifact-port", "0", "--artifact-dir", str(tmp_path / "art"), "--device", "cpu",
+             "--fault-commit-delay-s", "0.5"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        timer = threading.Timer(240, proc.kill)
+        timer.start()
+        try:
+            ready = next((line for line in proc.stdout if line.startswith("breeze-worker ready:")), "")
+        finally:
+            timer.cancel()
+            proc.terminate()
+            proc.wait(timeout=60)
+    logged = (tmp_path / "stderr.log").read_text()
+    assert ready.rstrip().endswith("TEST FAULTS ON: fault_commit_delay_s=0.5 fault_first_byte_delay_s=0.25"), ready
+    assert "WARNING" in logged and "TEST-ONLY FAULT INJECTION IS ON" in logged, logged[-2000:]
 
 
 def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
@@ -192,3 +278,4 @@ def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
                      "--artifact-target", worker.artifact_target, "--timeout", str(CALL_TIMEOUT_S)])
     text = capsys.readouterr().out
     assert code == 0 and "dominant phase:" in text and "fix:" in text and "artifact commit" in text
+    assert "generation done is unknown for existing artifacts" in text and " p50 -" not in text

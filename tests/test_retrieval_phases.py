@@ -1,12 +1,21 @@
 """The retrieval phase model and the verdict: pure functions over synthetic timelines."""
 
+import dataclasses
+import hashlib
+import time
+
 import pytest
+
+from breeze_client._receive import FetchReceiver
+from breeze_client.clock import ClockMapping
+from breeze_client.diagnose import with_concurrency
+from breeze_tts_proto.v1 import artifacts_pb2, common_pb2
 
 from breeze_client.phases import (
     EVENTS, PHASES, PHASE_NAMES, SERVER_EVENTS, format_phase_value, map_timeline, percentile, phase_times,
     summarize_phases, total_ns, transfer_rate,
 )
-from breeze_client.verdict import diagnose
+from breeze_client.verdict import HEALTHY_BUDGET_S, diagnose
 
 MS = 1_000_000
 BASE = 1_700_000_000_000_000_000
@@ -16,7 +25,7 @@ SIZE = 1_244_292
 
 def make_timeline(label="run", *, slow: str | None = None, extra_ms: float = 0.0, uncertainty_ms: float = 0.2,
                   transfer_ms: float = 8.0, size: int = SIZE, chunks: int = 5, wire: int | None = None,
-                  rtt_ms: float = 0.4, parallel: int = 1):
+                  rtt_ms: float = 0.4, parallel: int = 1, first_chunk_bytes: int = 0):
     """A plausible loopback retrieval; `slow` adds `extra_ms` to one phase."""
     durations = {"commit": 2.0, "notify": 0.5, "client_gap": 0.2, "request": 0.4, "server_first_byte": 0.5,
                  "first_byte_transit": 0.4, "transfer": transfer_ms, "client_write": 1.5}
@@ -31,7 +40,8 @@ def make_timeline(label="run", *, slow: str | None = None, extra_ms: float = 0.0
     server = {k: v + OFFSET for k, v in events.items() if k in SERVER_EVENTS}  # on the worker's clock
     return map_timeline(label, client, server, offset_ns=OFFSET, uncertainty_ns=int(uncertainty_ms * MS),
                         file_bytes=size, wire_bytes=size if wire is None else wire, chunk_size=262144,
-                        chunks=chunks, rtt_ns=int(rtt_ms * MS), parallel=parallel)
+                        chunks=chunks, rtt_ns=int(rtt_ms * MS), parallel=parallel,
+                        first_chunk_bytes=first_chunk_bytes)
 
 
 def test_phases_chain_the_events_in_order():
@@ -124,3 +134,109 @@ def test_diagnosis_serializes():
     out = d.to_dict()
     assert set(out["phases"]) == set(PHASE_NAMES) | {"total"}
     assert out["verdict"]["phase"] == "transfer"
+
+
+def test_a_healthy_retrieval_is_not_reported_as_a_fault():
+    healthy = diagnose([make_timeline(f"r{i}") for i in range(3)])  # 13.5 ms from generation done to disk
+    assert healthy.verdict.phase == "transfer" and healthy.verdict.cause == "none"
+    assert "healthy" in healthy.verdict.explanation
+    assert any("within the 150.0 ms budget" in e for e in healthy.verdict.evidence)
+    # a notify of 5 ms once read as "polling"; inside the budget it is not a fault
+    assert diagnose([make_timeline(slow="notify", extra_ms=5.0)]).verdict.cause == "none"
+    # just over the budget, the rule's cause stands
+    over = (HEALTHY_BUDGET_S * 1e3 - 13.5 + 8.0) + 1.0
+    slow = diagnose([make_timeline(transfer_ms=over, rtt_ms=50)])
+    assert slow.summaries["total"].p50_s > HEALTHY_BUDGET_S and slow.verdict.cause == "bandwidth"
+
+
+def test_the_total_carries_the_clock_uncertainty():
+    runs = [make_timeline("a", uncertainty_ms=0.3), make_timeline("b", uncertainty_ms=0.7)]
+    total = summarize_phases(runs)["total"]
+    assert total.uncertainty_s == pytest.approx(0.0007) and not total.below_uncertainty
+    assert summarize_phases([make_timeline(transfer_ms=0.0, uncertainty_ms=20.0)])["total"].below_uncertainty
+    from breeze_client.phases import phases_dict
+
+    assert phases_dict(runs[1])["total"]["uncertainty_s"] == pytest.approx(0.0007)
+
+
+def test_a_slow_first_message_with_file_bytes_is_a_rate_not_per_file_overhead():
+    # the audit's case: 4 Mbit/s, a whole 175 KB file in the first message, one-way delay 10.8 ms
+    size, one_way_ms = 175_000, 10.8
+    transit_ms = one_way_ms + size * 8 / 4e6 * 1e3
+    runs = [make_timeline(f"r{i}", slow="first_byte_transit", extra_ms=transit_ms, size=size, chunks=1,
+                          transfer_ms=0.0, rtt_ms=2 * one_way_ms, first_chunk_bytes=size) for i in range(3)]
+    v = diagnose(runs).verdict
+    assert v.phase == "first_byte_transit" and v.cause == "bandwidth", v.evidence
+    assert any("4.0 Mbit/s" in e for e in v.evidence), v.evidence
+    # the same transit without file bytes in the first message is latency paid per file
+    latency = [dataclasses.replace(t, first_chunk_bytes=0) for t in runs]
+    assert diagnose(latency).verdict.cause == "per_file_overhead"
+
+
+def test_existing_artifacts_say_generation_done_is_unknown():
+    runs = [make_timeline(f"r{i}", slow="transfer", extra_ms=300) for i in range(2)]
+    runs = [dataclasses.replace(t, events={k: v for k, v in t.events.items()
+                                           if k not in ("generation_done", "final_received")}) for t in runs]
+    d = diagnose(runs)
+    assert d.summaries["total"].p50_s is None and d.verdict.phase == "transfer"
+    assert "generation done is unknown for existing artifacts" in d.verdict.evidence[0]
+    assert " p50 -" not in d.verdict.evidence[0]
+
+
+def test_concurrency_counts_the_fetches_that_overlapped():
+    a, b, c = (make_timeline(x) for x in "abc")
+    shift = lambda t, ms: dataclasses.replace(t, events={k: v + int(ms * MS) for k, v in t.events.items()})
+    out = with_concurrency([a, shift(b, 1.0), shift(c, 100.0)])  # a and b overlap, c comes later
+    assert [t.parallel for t in out] == [2, 2, 1]
+
+
+FILE = bytes(range(256)) * 400  # 102 400 bytes
+
+
+def _header_first_stream(chunk: int):
+    """A Fetch stream as the worker sends it: a header (info, times, no data), data chunks, the last message."""
+    info = common_pb2.ArtifactInfo(artifact_id="art-" + "2" * 32, size_bytes=len(FILE),
+                                   sha256=hashlib.sha256(FILE).hexdigest())
+    header = artifacts_pb2.FetchArtifactResponse(offset=0, info=info, request_received_unix_ns=2_000_000,
+                                                 file_opened_unix_ns=2_100_000, first_byte_sent_unix_ns=2_200_000)
+    data = [artifacts_pb2.FetchArtifactResponse(data=FILE[p:p + chunk], offset=p,
+                                                uncompressed_size=len(FILE[p:p + chunk]))
+            for p in range(0, len(FILE), chunk)]
+    return [header, *data, artifacts_pb2.FetchArtifactResponse(offset=len(FILE), last=True,
+                                                               last_byte_sent_unix_ns=2_900_000)]
+
+
+class _SlowSink:
+    def __init__(self, delay_s: float):
+        self.delay_s, self.parts = delay_s, []
+
+    def write(self, data):
+        time.sleep(self.delay_s)
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def flush(self):
+        pass
+
+
+def test_the_sdk_rate_is_the_phase_model_rate():
+    clock = ClockMapping(offset_ns=1_000_000, uncertainty_ns=10, rtt_ns=20, samples=3)
+    sink = _SlowSink(0.01)
+    r = FetchReceiver("art-" + "2" * 32, sink, 0, 0, 25_600, "none", clock, "host:1")
+    r.next_request()
+    arrivals = [10_000_000 + i * 50 * MS for i in range(6)]  # header, 4 chunks 50 ms apart, last
+    for m, at in zip(_header_first_stream(25_600), arrivals):
+        r.on_message(m, at)
+    result = r.finish()
+    assert b"".join(sink.parts) == FILE and result.verified and result.chunks == 4
+    t = result.timing
+    assert t.first_byte_received_ns == arrivals[0]  # the header is the response's first byte
+    assert result.first_message_bytes == 0
+    # 4 writes of >= 10 ms: the first three fall between the first and the last byte received
+    assert 3 * 10 * MS <= t.write_during_transfer_ns < t.write_ns
+    timeline = result.timeline()
+    assert timeline.first_chunk_bytes == 0 and timeline.events["first_byte_received"] == arrivals[0]
+    rate = transfer_rate(timeline)
+    expected = len(FILE) / ((arrivals[4] - arrivals[0] - t.write_during_transfer_ns) / 1e9)
+    assert rate == pytest.approx(expected) and result.mb_per_s == pytest.approx(rate / 1e6)
+    assert result.to_dict()["mb_per_s"] == pytest.approx(rate / 1e6)

@@ -94,6 +94,9 @@ class FetchReceiver:
         self.position = offset
         self.received = self.wire = self.chunks = self.resumes = 0
         self.write_ns = 0
+        self.write_in_transfer_ns = 0  # write time between the first and the last byte received
+        self._last_write_ns = 0  # the latest write's duration (inside the transfer once another chunk arrives)
+        self.first_message_bytes = 0  # file bytes carried by the stream's first message (its header)
         self.info = None
         self._t: dict[str, int | None] = {k: None for k in (
             "request_sent", "received", "opened", "first_sent", "first_recv", "last_sent", "last_recv", "fsynced")}
@@ -146,6 +149,9 @@ class FetchReceiver:
             self._t["received"] = c.to_client(msg.request_received_unix_ns)
             self._t["opened"] = c.to_client(msg.file_opened_unix_ns)
             self._t["first_sent"] = c.to_client(msg.first_byte_sent_unix_ns)
+            if self._t["first_recv"] is None:  # the response's first byte: the header message
+                self._t["first_recv"] = received_ns
+                self.first_message_bytes = msg.uncompressed_size
         if msg.last:
             self._t["last_sent"] = self.clock.to_client(msg.last_byte_sent_unix_ns)
             if self._t["last_recv"] is None:
@@ -162,9 +168,11 @@ class FetchReceiver:
             raise IntegrityError(f"chunk at offset {msg.offset} has {len(data)} bytes, not {msg.uncompressed_size}")
         if self._t["first_recv"] is None:
             self._t["first_recv"] = received_ns
+        self.write_in_transfer_ns += self._last_write_ns  # this chunk arrived after the previous write ended
         t0 = time.perf_counter_ns()
         self._file.write(data)
-        self.write_ns += time.perf_counter_ns() - t0
+        self._last_write_ns = time.perf_counter_ns() - t0
+        self.write_ns += self._last_write_ns
         if self._hash is not None:
             self._hash.update(data)
         self.position += len(data)
@@ -205,12 +213,13 @@ class FetchReceiver:
             server_file_opened_ns=t["opened"], server_first_byte_sent_ns=t["first_sent"],
             first_byte_received_ns=t["first_recv"], server_last_byte_sent_ns=t["last_sent"],
             last_byte_received_ns=t["last_recv"], file_fsynced_ns=t["fsynced"], write_ns=self.write_ns,
+            write_during_transfer_ns=self.write_in_transfer_ns,
             clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns)
         return FetchResult(
             artifact_id=self.artifact_id, path=self.path, offset=self.offset, bytes_received=self.received,
             wire_bytes=self.wire, size_bytes=self.info.size_bytes, sha256=self.info.sha256, verified=verified,
             chunks=self.chunks, chunk_size=self.chunk_size, compression=self.compression, resumes=self.resumes,
-            endpoint=self.endpoint, timing=timing, data=data)
+            endpoint=self.endpoint, timing=timing, data=data, first_message_bytes=self.first_message_bytes)
 
     def _close(self) -> None:
         if self._owns_file and self._file is not None:

@@ -22,6 +22,7 @@ from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grp
 from breeze_tts_proto.v1 import synthesis_pb2_grpc
 from breeze_client import _convert, clock as clock_exchange
 from breeze_client._receive import FetchReceiver, SynthesisReceiver
+from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, open_aio_channel
 from breeze_client.clock import ClockMapping
 from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
@@ -32,7 +33,12 @@ log = logging.getLogger(__name__)
 
 
 class AsyncSynthesisStream:
-    """`async for` AudioChunk as they arrive; `job` once started, `result` once the stream ended."""
+    """`async for` AudioChunk as they arrive; `job` once started, `result` once the stream ended.
+
+    Leaving the iteration before the final message hangs up (the worker cancels the job and frees its
+    slot). After a `break` the event loop closes the abandoned iterator soon, not at once; use
+    `async with stream:` (or `cancel()`) to hang up deterministically.
+    """
 
     def __init__(self, call, receiver: SynthesisReceiver) -> None:
         self._call = call
@@ -47,7 +53,19 @@ class AsyncSynthesisStream:
                     yield event
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
+        finally:
+            self._hang_up_unless_done()
         self._result = self._receiver.result()
+
+    async def __aenter__(self) -> "AsyncSynthesisStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._hang_up_unless_done()
+
+    def _hang_up_unless_done(self) -> None:
+        if not self._receiver.done:
+            self._call.cancel()
 
     @property
     def job(self):
@@ -155,9 +173,9 @@ class AsyncBreezeClient:
 
     async def synthesize(self, text: str | SynthesisRequest, *, timeout_s: float | None = None,
                          **options) -> SynthesisResult:
-        stream = await self.stream(text, timeout_s=timeout_s, **options)
-        async for _ in stream:
-            pass
+        async with await self.stream(text, timeout_s=timeout_s, **options) as stream:
+            async for _ in stream:
+                pass
         return stream.result
 
     # ---- artifacts ----
@@ -183,7 +201,8 @@ class AsyncBreezeClient:
 
     async def fetch(self, artifact: str | ArtifactRef, dest: str | Path | BinaryIO | None = None, *,
                     offset: int = 0, limit: int = 0, chunk_size: int = 0, compression: str = "none",
-                    verify: bool = True, max_resumes: int = 3, endpoint: str | None = None,
+                    verify: bool = True, max_resumes: int = DEFAULT_MAX_RESUMES,
+                    resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, endpoint: str | None = None,
                     timeout_s: float | None = None) -> FetchResult:
         """See BreezeClient.fetch. File writes are small and sequential; they run on the event loop."""
         if isinstance(artifact, ArtifactRef):
@@ -192,18 +211,25 @@ class AsyncBreezeClient:
         target, stub = await self._artifacts(endpoint)
         mapping = await self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target)
+        policy = ResumePolicy(artifact, target, max_resumes, resume_timeout_s)
         try:
             while True:
+                policy.attempt_started(receiver.position)
                 try:
                     async for msg in stub.Fetch(receiver.next_request(), **self._kw(timeout_s)):
                         receiver.on_message(msg, time.time_ns())
                     break
                 except grpc.RpcError as err:
-                    if err.code() is not grpc.StatusCode.UNAVAILABLE or receiver.resumes >= max_resumes:
-                        raise from_rpc_error(err) from None
-                    log.warning("fetch of %s broke at byte %d (%s); resuming", artifact, receiver.position,
-                                err.details())
-                    receiver.resumed()
+                    pause = policy.after_break(err, receiver.position, receiver.info is not None)
+                    log.warning("fetch of %s broke at byte %d (%s); resuming when %s is reachable", artifact,
+                                receiver.position, err.details(), target)
+                await asyncio.sleep(min(pause, max(policy.time_left_s(), 0.0)))
+                try:  # wait for the artifact channel to connect again, within the time left
+                    await asyncio.wait_for(self._channel_for(target).channel_ready(),
+                                           max(policy.time_left_s(), 0.01))
+                except asyncio.TimeoutError:
+                    raise policy.timed_out(receiver.position) from None
+                receiver.resumed()
             return receiver.finish(verify)
         except BreezeClientError:
             receiver.abandon()

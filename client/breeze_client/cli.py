@@ -3,7 +3,7 @@
 Every subcommand gets the same connection flags (--target, --artifact-target, --tls-ca, --tls,
 --tls-server-name, --token, --timeout) and --json. A subcommand module defines `add_arguments(parser)`
 and `run(args, options) -> int`; to add one, write the module and add a line to COMMANDS. A failed call
-prints `error: CODE: message` on stderr and exits 1.
+prints `error: CODE: message` on stderr and exits 1; Ctrl-C prints `interrupted` and exits 130.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "end-to-end streaming benchmark: per label wall, RTF, TTFA, inter-chunk latency; --concurrency"),
 }
 
-EXIT_OK, EXIT_FAILED_CALL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED_CALL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # 130: 128 + SIGINT, as shells report
 
 
 def _load(name: str):
@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # the subcommand's `with` blocks already hung up and closed its files
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -6,14 +6,16 @@
         write_report("diag.html", run.diagnosis, run.timelines, sweep=run.sweep_rows())
 
 Each job is fetched as soon as its final message arrives, with the first fetch configuration; this is
-the run the verdict is about. Further configurations (chunk size x compression) re-fetch the same
-artifacts and are compared on the fetch phases only. Files are written through `TimedFile`, which
-records when each write call ran, so write time inside the transfer is attributed to the client write
-phase (see phases.py).
+the run the verdict is about; with `parallel`, the jobs run at once and each is fetched as its own final
+message arrives (existing artifacts are all fetched at once). Further configurations (chunk size x
+compression) re-fetch the same artifacts and are compared on the fetch phases only. The SDK records the
+write time inside the transfer, which is attributed to the client write phase (see phases.py); files go
+through `TimedFile`, which keeps each write call's interval for callers that want them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -23,8 +25,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from breeze_client.phases import (
-    FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, PHASES, Timeline, format_phase_value, format_seconds, phases_dict,
-    summarize, transfer_rate,
+    LAST_BYTE_RECEIVED, PHASES, REQUEST_SENT, SERVER_EVENTS, Timeline, fetch_ns, format_phase_value,
+    format_seconds, phases_dict, summarize, transfer_rate,
 )
 from breeze_client.clock import ClockMapping
 from breeze_client.types import ArtifactRef, FetchResult, SynthesisResult
@@ -60,7 +62,7 @@ class DiagnoseSettings:
     seed: int | None = 1
     configs: tuple[FetchConfig, ...] = (FetchConfig(),)  # the first one is the diagnosed run
     out_dir: Path | None = None  # where fetched files go (None: a temporary directory, removed after)
-    parallel: bool = False  # with artifact ids: fetch them all at once (per configuration)
+    parallel: bool = False  # run the jobs at once (or fetch the artifact ids all at once, per configuration)
 
 
 class TimedFile:
@@ -127,13 +129,15 @@ class DiagnoseRun:
 def timeline_from_results(label: str, fetch: FetchResult, *, synthesis: SynthesisResult | None = None,
                           artifact: ArtifactRef | None = None, timed_file: TimedFile | None = None,
                           clock: ClockMapping | None = None, parallel: int = 1, **extra) -> Timeline:
-    """One retrieval's Timeline from the SDK's records.
+    """One retrieval's Timeline from the SDK's records: `fetch.timeline()` plus the job's events.
 
     The SDK maps worker times with the mapping of the channel they came on. Both ports report the same
     worker clock, so every worker time is re-mapped with the most certain of the mappings at hand (the
     synthesis channel's, the artifact channel's, or `clock`), which keeps a slow or asymmetric artifact
-    path from blurring the phases around it.
+    path from blurring the phases around it. The bytes, chunks and write time come from the fetch itself,
+    so the rates here are the ones `FetchResult.mb_per_s` reports (`timed_file` is accepted and unused).
     """
+    base = fetch.timeline(label)
     ft = fetch.timing
     mappings = [(ft.clock_offset_ns, ft.clock_uncertainty_ns)]
     if synthesis is not None:
@@ -145,28 +149,31 @@ def timeline_from_results(label: str, fetch: FetchResult, *, synthesis: Synthesi
     def remap(ns: int | None, own_offset: int) -> int | None:
         return None if not ns else ns + own_offset - best_offset
 
-    fo = ft.clock_offset_ns
-    events = {"request_sent": ft.request_sent_ns, "request_received": remap(ft.server_request_received_ns, fo),
-              "first_byte_sent": remap(ft.server_first_byte_sent_ns, fo),
-              "first_byte_received": ft.first_byte_received_ns, "last_byte_received": ft.last_byte_received_ns,
-              "file_fsynced": ft.file_fsynced_ns}
+    events = {k: (remap(v, ft.clock_offset_ns) if k in SERVER_EVENTS else v) for k, v in base.events.items()}
     if synthesis is not None:
         st = synthesis.timing
         events.update(generation_done=remap(st.server_done_ns, st.clock_offset_ns),
                       artifact_committed=remap(st.server_committed_ns, st.clock_offset_ns),
                       final_received=st.final_received_ns)
     elif artifact is not None:  # Stat came on the artifact channel
-        events["artifact_committed"] = remap(artifact.server_committed_ns, fo)
+        events["artifact_committed"] = remap(artifact.server_committed_ns, ft.clock_offset_ns)
     events = {k: int(v) for k, v in events.items() if v}
-    overlap = (timed_file.write_time_within(events.get(FIRST_BYTE_RECEIVED), events.get(LAST_BYTE_RECEIVED))
-               if timed_file is not None else 0)
-    return Timeline(label=label, events=events, clock_uncertainty_ns=uncertainty, file_bytes=fetch.bytes_received,
-                    wire_bytes=fetch.wire_bytes, chunk_size=fetch.chunk_size, chunks=fetch.chunks,
-                    compression=fetch.compression, rtt_ns=ft.clock_rtt_ns or None, resumes=fetch.resumes,
-                    write_during_transfer_ns=overlap,
-                    first_chunk_bytes=timed_file.first_write_bytes if timed_file is not None else 0,
-                    parallel=max(1, parallel),
-                    extra=dict(extra, verified=fetch.verified))
+    return dataclasses.replace(base, events=events, clock_uncertainty_ns=uncertainty, parallel=max(1, parallel),
+                               extra=dict(extra, verified=fetch.verified))
+
+
+def with_concurrency(timelines: Sequence[Timeline]) -> list[Timeline]:
+    """Set each timeline's `parallel` to the fetches whose request -> last byte overlapped its own (itself
+    included): what really shared the artifact channel, whatever was meant to."""
+    spans = [(t.event(REQUEST_SENT), t.event(LAST_BYTE_RECEIVED)) for t in timelines]
+    out = []
+    for t, (a, b) in zip(timelines, spans):
+        if a is None or b is None:
+            out.append(t)
+            continue
+        n = sum(1 for c, d in spans if c is not None and d is not None and c < b and a < d)
+        out.append(dataclasses.replace(t, parallel=max(1, n)))
+    return out
 
 
 DestFactory = Callable[[str, Path], BinaryIO]
@@ -224,31 +231,42 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
             for ref, (fetched, timed) in zip(refs, fetch_many(client, refs, out_dir, primary,
                                                              parallel=settings.parallel, dest_factory=dest_factory)):
                 timelines.append(timeline_from_results(ref.artifact_id, fetched, artifact=ref, timed_file=timed,
-                                                       clock=synthesis_clock, config=primary.label,
-                                                       parallel=len(refs) if settings.parallel else 1))
+                                                       clock=synthesis_clock, config=primary.label))
         else:
-            for i in range(settings.jobs):
+            def job_then_fetch(i: int):
                 result = client.synthesize(settings.text, seed=None if settings.seed is None else settings.seed + i,
                                            max_frames=settings.max_frames, collect_audio=False)
                 if result.artifact is None:
                     raise RuntimeError(f"job {result.job.job_id} ended without an artifact ({result.stats.end_reason})")
                 fetched, timed = fetch_timed(client, result.artifact, out_dir / f"{result.artifact.artifact_id}.wav",
                                              primary, dest_factory)
+                return result, fetched, timed
+
+            if settings.parallel and settings.jobs > 1:
+                with ThreadPoolExecutor(max_workers=settings.jobs, thread_name_prefix="job") as pool:
+                    done = list(pool.map(job_then_fetch, range(settings.jobs)))
+            else:
+                done = [job_then_fetch(i) for i in range(settings.jobs)]
+            for result, fetched, timed in done:
                 refs.append(result.artifact)
                 timelines.append(timeline_from_results(result.artifact.artifact_id, fetched, synthesis=result,
                                                        timed_file=timed, clock=synthesis_clock, config=primary.label,
                                                        job=result.job.job_id,
-                                                       audio_seconds=result.stats.audio_seconds))
+                                                       audio_seconds=result.stats.audio_seconds,
+                                                       job_wall_s=result.stats.wall_seconds))
+        if settings.parallel:
+            timelines = with_concurrency(timelines)
         run = DiagnoseRun(diagnose(timelines), timelines, meta={
             "target": client.options.target, "artifact_target": artifact_target, "runs": len(timelines),
-            "primary_config": primary.label, "date_unix_s": int(time.time()),
+            "primary_config": primary.label, "parallel": settings.parallel, "date_unix_s": int(time.time()),
         })
         for config in others:
             sweep_timelines = [timeline_from_results(f"{fr.artifact_id} ({config.label})", fr, timed_file=tf,
-                                                     clock=synthesis_clock, config=config.label,
-                                                     parallel=len(refs) if settings.parallel else 1)
+                                                     clock=synthesis_clock, config=config.label)
                                for fr, tf in fetch_many(client, refs, out_dir, config,
                                                         parallel=settings.parallel, dest_factory=dest_factory)]
+            if settings.parallel:
+                sweep_timelines = with_concurrency(sweep_timelines)
             run.sweep.append(SweepResult(config, diagnose(sweep_timelines), sweep_timelines))
         if run.sweep:  # the primary configuration, on the same footing (fetch phases only)
             first = SweepResult(primary, run.diagnosis, timelines)
@@ -272,8 +290,14 @@ def format_text(run: DiagnoseRun) -> str:
         lines.append(f"{phase.title:<22}{phase.where:<9}{format_phase_value(s.p50_s, u):>11}"
                      f"{format_phase_value(s.p95_s, u):>11}{format_phase_value(s.max_s, u):>11}")
     t = d.summaries["total"]
-    lines.append(f"{'generation done -> disk':<31}{format_seconds(t.p50_s):>11}{format_seconds(t.p95_s):>11}"
-                 f"{format_seconds(t.max_s):>11}")
+    if t.count:
+        pm = f"  ±{format_seconds(t.uncertainty_s)}" if t.uncertainty_s else ""
+        lines.append(f"{'generation done -> disk':<31}{format_seconds(t.p50_s):>11}{format_seconds(t.p95_s):>11}"
+                     f"{format_seconds(t.max_s):>11}{pm}")
+    else:
+        f = summarize("fetch", [None if (v := fetch_ns(tl)) is None else v / 1e9 for tl in run.timelines])
+        lines.append(f"{'request -> disk':<31}{format_seconds(f.p50_s):>11}{format_seconds(f.p95_s):>11}"
+                     f"{format_seconds(f.max_s):>11}  (generation done is unknown for existing artifacts)")
     rates = [r for tl in run.timelines if (r := transfer_rate(tl))]
     if rates:
         lines.append(f"transfer rate p50: {summarize('rate', rates).p50_s / 1e6:.2f} MB/s")

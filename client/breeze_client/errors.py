@@ -104,7 +104,10 @@ def from_rpc_error(err: grpc.RpcError) -> BreezeClientError:
     """The SDK exception for a failed call (works for sync and asyncio errors)."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = (err.details() if hasattr(err, "details") else None) or str(err)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-request-bytes" in details:
+        return RequestTooLarge(details)  # the worker's own refusal already says what to change
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        # gRPC's bare limit (a request far past --max-request-bytes, or an older worker)
         return RequestTooLarge(f"{details}: the request is larger than the worker accepts; send a shorter "
                                "reference audio (or raise the worker's --max-request-bytes)")
     if code is grpc.StatusCode.UNAVAILABLE and ("connect" in details.lower() or "refused" in details.lower()):

@@ -12,7 +12,14 @@ events are what a slow retrieval is split into:
 
 A phase whose two ends are on the same machine does not depend on the clock mapping; a phase that
 crosses between the machines is uncertain by the mapping's uncertainty, and one shorter than that is
-labelled as such (it may even come out negative).
+labelled as such (it may even come out negative). So is the total (generation done -> file on disk),
+which starts on the worker and ends on the client.
+
+"First byte" is the Fetch response's first byte: the worker's first message is a small header (artifact
+info and times, no file bytes), so first-byte transit is the path's one-way latency and every file byte
+arrives in the transfer phase; the transfer rate is file bytes / transfer time, one definition for the
+SDK (`FetchResult.mb_per_s`), the CLI, the JSON and the report. A worker that puts data in its first
+message is still measured right: `Timeline.first_chunk_bytes` says how many bytes arrived with it.
 
 A client that writes each chunk as it arrives spends part of the transfer span inside write calls. That
 time (`Timeline.write_during_transfer_ns`) is attributed to the client write phase, not to the transfer:
@@ -33,8 +40,8 @@ ARTIFACT_COMMITTED = "artifact_committed"  # worker: the WAV is fsynced and rena
 FINAL_RECEIVED = "final_received"  # client: the Synthesize stream's final message arrived
 REQUEST_SENT = "request_sent"  # client: the Fetch call was issued
 REQUEST_RECEIVED = "request_received"  # worker: the Fetch call reached the handler
-FIRST_BYTE_SENT = "first_byte_sent"  # worker: the first chunk was handed to gRPC
-FIRST_BYTE_RECEIVED = "first_byte_received"  # client: the first chunk arrived
+FIRST_BYTE_SENT = "first_byte_sent"  # worker: the response's first message (header) was handed to gRPC
+FIRST_BYTE_RECEIVED = "first_byte_received"  # client: the response's first message arrived
 LAST_BYTE_RECEIVED = "last_byte_received"  # client: the last chunk arrived
 FILE_FSYNCED = "file_fsynced"  # client: the file is written, fsynced and verified on disk
 
@@ -73,9 +80,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("server_first_byte", REQUEST_RECEIVED, FIRST_BYTE_SENT, "server first byte", "server",
           "worker: request received -> file opened, first chunk handed to gRPC"),
     Phase("first_byte_transit", FIRST_BYTE_SENT, FIRST_BYTE_RECEIVED, "first byte transit", "network",
-          "first chunk sent -> first chunk received by the client"),
+          "the response's first message (header) sent -> received by the client: the one-way latency"),
     Phase("transfer", FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, "transfer", "client",
-          "first chunk received -> last chunk received (bytes after the first chunk / time = MB/s)"),
+          "first message received -> last chunk received (file bytes / time = MB/s)"),
     Phase("client_write", LAST_BYTE_RECEIVED, FILE_FSYNCED, "client write", "client",
           "last chunk received -> file written, fsynced and verified"),
 )
@@ -98,7 +105,8 @@ class Timeline:
     rtt_ns: int | None = None  # the fastest clock-exchange round trip (a measure of the path's RTT)
     resumes: int = 0  # how many times the fetch resumed after a broken stream
     write_during_transfer_ns: int = 0  # client time inside write calls between first and last byte
-    first_chunk_bytes: int = 0  # file bytes of the first chunk (they arrive before the transfer phase starts)
+    first_chunk_bytes: int = 0  # file bytes in the first message (0 from a header-only first message; bytes
+    # that come with it arrive before the transfer phase starts)
     parallel: int = 1  # fetches that shared the artifact channel at the same time (this one included)
     extra: Mapping[str, object] = field(default_factory=dict)  # free-form facts (e.g. run index, config)
 
@@ -185,15 +193,23 @@ def phases_dict(timeline: Timeline) -> dict:
             "uncertainty_s": pt.uncertainty_ns / 1e9, "below_uncertainty": pt.below_uncertainty,
         }
     total = total_ns(timeline)
-    out["total"] = {"duration_s": None if total is None else total / 1e9}
+    unc = timeline.clock_uncertainty_ns / 1e9
+    out["total"] = {"duration_s": None if total is None else total / 1e9, "uncertainty_s": unc,
+                    "below_uncertainty": total is not None and unc > 0 and abs(total) / 1e9 <= unc}
     if (rate := transfer_rate(timeline)) is not None:
         out["transfer"]["mb_per_s"] = rate / 1e6
     return out
 
 
 def total_ns(timeline: Timeline) -> int | None:
-    """Generation done -> file on disk (None if either end is unknown)."""
+    """Generation done -> file on disk (None if either end is unknown); uncertain by the clock mapping's ±."""
     a, b = timeline.event(GENERATION_DONE), timeline.event(FILE_FSYNCED)
+    return None if a is None or b is None else b - a
+
+
+def fetch_ns(timeline: Timeline) -> int | None:
+    """Artifact request sent -> file on disk: client clock only (None if either end is unknown)."""
+    a, b = timeline.event(REQUEST_SENT), timeline.event(FILE_FSYNCED)
     return None if a is None or b is None else b - a
 
 
@@ -205,7 +221,7 @@ def _rate(timeline: Timeline, index: int, nbytes: int) -> float | None:
 
 
 def transfer_bytes(timeline: Timeline) -> int:
-    """File bytes that arrived during the transfer phase (all but the first chunk's)."""
+    """File bytes that arrived during the transfer phase (all but those in the first message)."""
     return max(0, timeline.file_bytes - timeline.first_chunk_bytes)
 
 
@@ -257,7 +273,8 @@ def summarize(name: str, seconds: Iterable[float | None], uncertainty_s: float =
 
 
 def summarize_phases(timelines: Sequence[Timeline]) -> dict[str, Summary]:
-    """Per-phase p50/p95/max over the runs, plus "total" (generation done -> file on disk)."""
+    """Per-phase p50/p95/max over the runs, plus "total" (generation done -> file on disk, which crosses the
+    clocks and so carries the runs' largest mapping uncertainty)."""
     per_run = [phase_times(t) for t in timelines]
     out: dict[str, Summary] = {}
     for i, phase in enumerate(PHASES):
@@ -265,7 +282,8 @@ def summarize_phases(timelines: Sequence[Timeline]) -> dict[str, Summary]:
         unc = max((pt.uncertainty_ns for pt in times), default=0) / 1e9
         out[phase.name] = summarize(phase.name, (pt.seconds for pt in times), unc)
     totals = [total_ns(t) for t in timelines]
-    out["total"] = summarize("total", (None if v is None else v / 1e9 for v in totals))
+    unc = max((t.clock_uncertainty_ns for t, v in zip(timelines, totals) if v is not None), default=0) / 1e9
+    out["total"] = summarize("total", (None if v is None else v / 1e9 for v in totals), unc)
     return out
 
 

@@ -121,7 +121,8 @@ def _phase_table(diagnosis: Diagnosis) -> str:
                     "</td></tr>")
     t = diagnosis.summaries["total"]
     rows.append(f"<tr><th>generation done → on disk</th><th></th><th>{_esc(format_seconds(t.p50_s))}</th>"
-                f"<th>{_esc(format_seconds(t.p95_s))}</th><th>{_esc(format_seconds(t.max_s))}</th><th></th></tr>")
+                f"<th>{_esc(format_seconds(t.p95_s))}</th><th>{_esc(format_seconds(t.max_s))}</th>"
+                f"<th>{_esc(format_seconds(t.uncertainty_s) if t.uncertainty_s else '0')}</th></tr>")
     rows.append("</table>")
     return "".join(rows)
 

@@ -24,6 +24,7 @@ from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grp
 from breeze_tts_proto.v1 import synthesis_pb2_grpc
 from breeze_client import _convert, clock as clock_exchange
 from breeze_client._receive import FetchReceiver, SynthesisReceiver
+from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, open_channel
 from breeze_client.clock import ClockMapping
 from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
@@ -41,7 +42,13 @@ def make_request(text_or_request: str | SynthesisRequest, options: dict) -> Synt
 
 
 class SynthesisStream:
-    """Iterate for AudioChunk as they arrive; `job` once started, `result` once the stream ended."""
+    """Iterate for AudioChunk as they arrive; `job` once started, `result` once the stream ended.
+
+    Leaving the iteration before the final message (a `break`, an exception in the loop body, the
+    iterator being dropped) hangs up, so the worker cancels the job and frees its engine slot at once.
+    As a context manager (`with client.stream(...) as stream:`) the call is cancelled on leaving the
+    block unless the job finished.
+    """
 
     def __init__(self, call, receiver: SynthesisReceiver) -> None:
         self._call = call
@@ -56,7 +63,19 @@ class SynthesisStream:
                     yield event
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
+        finally:
+            self._hang_up_unless_done()
         self._result = self._receiver.result()
+
+    def __enter__(self) -> "SynthesisStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hang_up_unless_done()
+
+    def _hang_up_unless_done(self) -> None:
+        if not self._receiver.done:
+            self._call.cancel()
 
     @property
     def job(self):
@@ -170,9 +189,9 @@ class BreezeClient:
     def synthesize(self, text: str | SynthesisRequest, *, timeout_s: float | None = None,
                    **options) -> SynthesisResult:
         """Run a job to the end; the result holds all audio (PCM), the stats, the artifact and the timing."""
-        stream = self.stream(text, timeout_s=timeout_s, **options)
-        for _ in stream:
-            pass
+        with self.stream(text, timeout_s=timeout_s, **options) as stream:
+            for _ in stream:
+                pass
         return stream.result
 
     # ---- artifacts ----
@@ -198,12 +217,16 @@ class BreezeClient:
 
     def fetch(self, artifact: str | ArtifactRef, dest: str | Path | BinaryIO | None = None, *, offset: int = 0,
               limit: int = 0, chunk_size: int = 0, compression: str = "none", verify: bool = True,
-              max_resumes: int = 3, endpoint: str | None = None, timeout_s: float | None = None) -> FetchResult:
+              max_resumes: int = DEFAULT_MAX_RESUMES, resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
+              endpoint: str | None = None, timeout_s: float | None = None) -> FetchResult:
         """Download an artifact (or a byte range) to `dest` (None: into FetchResult.data).
 
-        A stream that breaks (UNAVAILABLE) is resumed from the bytes already received, up to `max_resumes`
-        times. With `offset` > 0 and a path, the bytes go after the first `offset` bytes already in the file
-        (resuming an earlier download); the whole file's SHA-256 is verified when it is complete.
+        A stream that breaks (UNAVAILABLE) is resumed from the bytes already received, after the artifact
+        channel connects again: for up to `resume_timeout_s` of outage (counted again after every attempt
+        that brought bytes), with at most `max_resumes` attempts in a row that bring nothing (0: never
+        resume); see `breeze_client._resume`. With `offset` > 0 and a path, the bytes go after the first
+        `offset` bytes already in the file (resuming an earlier download); the whole file's SHA-256 is
+        verified when it is complete.
         """
         if isinstance(artifact, ArtifactRef):
             endpoint = endpoint or artifact.endpoint
@@ -211,19 +234,31 @@ class BreezeClient:
         target, stub = self._artifacts(endpoint)
         mapping = self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target)
+        policy = ResumePolicy(artifact, target, max_resumes, resume_timeout_s)
         try:
             while True:
+                policy.attempt_started(receiver.position)
                 try:
                     for msg in stub.Fetch(receiver.next_request(), **self._kw(timeout_s)):
                         receiver.on_message(msg, time.time_ns())
                     break
                 except grpc.RpcError as err:
-                    if err.code() is not grpc.StatusCode.UNAVAILABLE or receiver.resumes >= max_resumes:
-                        raise from_rpc_error(err) from None
-                    log.warning("fetch of %s broke at byte %d (%s); resuming", artifact, receiver.position,
-                                err.details())
-                    receiver.resumed()
+                    pause = policy.after_break(err, receiver.position, receiver.info is not None)
+                    log.warning("fetch of %s broke at byte %d (%s); resuming when %s is reachable", artifact,
+                                receiver.position, err.details(), target)
+                time.sleep(min(pause, max(policy.time_left_s(), 0.0)))
+                self._wait_for_channel(target, policy, receiver.position)
+                receiver.resumed()
             return receiver.finish(verify)
         except BreezeClientError:
             receiver.abandon()
             raise
+
+    def _wait_for_channel(self, target: str, policy: ResumePolicy, position: int) -> None:
+        """Block until the artifact channel is connected again, within the policy's time left."""
+        ready = grpc.channel_ready_future(self._artifact_channel(target))
+        try:
+            ready.result(timeout=max(policy.time_left_s(), 0.01))
+        except grpc.FutureTimeoutError:
+            ready.cancel()
+            raise policy.timed_out(position) from None

@@ -168,9 +168,11 @@ class FetchTiming(_Dict):
     clock_offset_ns: int
     clock_uncertainty_ns: int
     clock_rtt_ns: int
+    write_during_transfer_ns: int = 0  # the part of write_ns spent between first and last byte received
 
     @property
     def transfer_ms(self) -> float | None:
+        """The transfer span (first byte -> last byte received), write time included; see FetchResult.mb_per_s."""
         return _ms(self.first_byte_received_ns, self.last_byte_received_ns)
 
 
@@ -191,11 +193,32 @@ class FetchResult(_Dict):
     endpoint: str
     timing: FetchTiming
     data: bytes | None = field(default=None, repr=False)
+    first_message_bytes: int = 0  # file bytes in the stream's first message (0: a header without data)
+
+    def timeline(self, label: str | None = None):
+        """This fetch as a `phases.Timeline` (the fetch's own events; worker times on this channel's mapping)."""
+        from breeze_client.phases import map_timeline  # phases imports nothing from here
+
+        t = self.timing
+        client = {"request_sent": t.request_sent_ns, "first_byte_received": t.first_byte_received_ns,
+                  "last_byte_received": t.last_byte_received_ns, "file_fsynced": t.file_fsynced_ns}
+        server = {"request_received": t.server_request_received_ns, "first_byte_sent": t.server_first_byte_sent_ns}
+        # the server_* fields are already mapped: undo the offset so map_timeline applies it once
+        server = {k: v + t.clock_offset_ns for k, v in server.items() if v}
+        return map_timeline(label or self.artifact_id, {k: v for k, v in client.items() if v}, server,
+                            offset_ns=t.clock_offset_ns, uncertainty_ns=t.clock_uncertainty_ns,
+                            file_bytes=self.bytes_received, wire_bytes=self.wire_bytes, chunk_size=self.chunk_size,
+                            chunks=self.chunks, compression=self.compression, rtt_ns=t.clock_rtt_ns or None,
+                            resumes=self.resumes, write_during_transfer_ns=t.write_during_transfer_ns,
+                            first_chunk_bytes=self.first_message_bytes)
 
     @property
     def mb_per_s(self) -> float | None:
-        ms = self.timing.transfer_ms
-        return None if not ms or ms <= 0 else self.bytes_received / 1e6 / (ms / 1e3)
+        """File MB/s over the transfer phase: the phase model's definition (`phases.transfer_rate`)."""
+        from breeze_client.phases import transfer_rate
+
+        rate = transfer_rate(self.timeline())
+        return None if rate is None else rate / 1e6
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

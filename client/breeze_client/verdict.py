@@ -4,6 +4,10 @@ Pure functions over `phases.Timeline` records. The causes come from the usual re
 long after the GPU finished: polling, shared-storage lag, payload encoding, per-file overhead, teardown,
 cold start, bandwidth- or window-limited transfer, a slow client disk. Each phase has its own rule that
 picks among the causes that can show up in it, from what the timestamps and byte counts say.
+
+A retrieval whose p50 (generation done -> file on disk; request -> file on disk for existing artifacts,
+whose generation time is unknown) is within `HEALTHY_BUDGET_S` is healthy: the longest phase is still
+named, with its evidence, but the cause is `none` rather than a fault.
 """
 
 from __future__ import annotations
@@ -12,12 +16,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from breeze_client.phases import (
-    PHASES_BY_NAME, PHASE_NAMES, Summary, Timeline, format_seconds, percentile, summarize_phases, transfer_bytes,
-    transfer_rate, write_rate,
+    PHASES_BY_NAME, PHASE_NAMES, Summary, Timeline, fetch_ns, format_seconds, percentile, summarize,
+    summarize_phases, transfer_bytes, transfer_rate, write_rate,
 )
 
 DEFAULT_HTTP2_WINDOW = 64 * 1024  # gRPC's initial HTTP/2 stream window before BDP probing grows it
 SMALL_CHUNK = 32 * 1024  # below this, per-message overhead dominates in Python gRPC
+# a retrieval (one file, generation done -> on disk) within this is healthy: the issue's loopback target
+# for all three of the user's files
+HEALTHY_BUDGET_S = 0.150
 
 # cause key -> (what it is, the fix)
 CATALOGUE: dict[str, tuple[str, str]] = {
@@ -53,7 +60,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                   "move fewer bytes (zstd compression, or s16le rather than f32le) or use a faster link"),
     "slow_client_disk": ("the client's disk writes slowly (network or synced folder, contended disk)",
                          "write the files to a fast local disk, then move them"),
-    "none": ("no phase stands out", "nothing to fix in the retrieval path"),
+    "none": ("the retrieval path is healthy: no phase is measurably slow", "nothing to fix in the retrieval path"),
 }
 
 
@@ -103,12 +110,17 @@ def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
                     reverse=True)
     name = ranked[0]
     s = summaries[name]
-    total = summaries["total"].p50_s or sum(max(summaries[n].p50_s or 0.0, 0.0) for n in PHASE_NAMES)
+    whole, whole_label = _retrieval(timelines, summaries)
+    total = whole or sum(max(summaries[n].p50_s or 0.0, 0.0) for n in PHASE_NAMES)
     share = (s.p50_s or 0.0) / total if total > 0 else 0.0
     cause, evidence = _RULES[name](timelines, summaries)
     evidence = [f"{PHASES_BY_NAME[name].title} p50 {format_seconds(s.p50_s)} (p95 {format_seconds(s.p95_s)}, "
-                f"max {format_seconds(s.max_s)}) = {share:.0%} of generation-done -> on-disk p50 "
-                f"{format_seconds(summaries['total'].p50_s)} over {len(timelines)} run(s)"] + evidence
+                f"max {format_seconds(s.max_s)}) = {share:.0%} of {whole_label} p50 {format_seconds(whole)} "
+                f"over {len(timelines)} run(s)"] + evidence
+    if whole is not None and whole <= HEALTHY_BUDGET_S:
+        evidence.append(f"the whole retrieval ({whole_label} p50 {format_seconds(whole)}) is within the "
+                        f"{format_seconds(HEALTHY_BUDGET_S)} budget: the retrieval path is healthy")
+        cause = "none"
     if s.below_uncertainty:
         evidence.append(f"it is within the clock mapping's uncertainty (±{format_seconds(s.uncertainty_s)}): "
                         "no phase is measurably slow")
@@ -117,6 +129,16 @@ def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
     verdict = Verdict(name, PHASES_BY_NAME[name].title, s.p50_s or 0.0, share, cause, explanation, fix,
                       tuple(evidence))
     return Diagnosis(summaries, verdict, len(timelines))
+
+
+def _retrieval(timelines: Sequence[Timeline], summaries: dict[str, Summary]) -> tuple[float | None, str]:
+    """The whole retrieval's p50 and what it spans: from generation done when that is known, else from the
+    artifact request (existing artifacts were generated at some unknown earlier time)."""
+    total = summaries["total"].p50_s
+    if total is not None:
+        return total, "generation-done -> on-disk"
+    fetch = summarize("fetch", [None if (v := fetch_ns(t)) is None else v / 1e9 for t in timelines]).p50_s
+    return fetch, "request -> on-disk (generation done is unknown for existing artifacts)"
 
 
 # ---- one rule per phase: (cause, evidence lines) ----
@@ -170,14 +192,24 @@ def _request(timelines, summaries):
 def _server_first_byte(timelines, summaries):
     p50 = summaries["server_first_byte"].p50_s or 0.0
     return "storage_lag", [f"the worker took {format_seconds(p50)} from receiving the request to its first "
-                           "chunk (file open, check and first read)"]
+                           "message (file open and check)"]
 
 
 def _first_byte_transit(timelines, summaries):
     p50, rtt = summaries["first_byte_transit"].p50_s or 0.0, _rtt_s(timelines)
-    ev = [f"the first chunk took {format_seconds(p50)} from the worker to the client"]
+    first = _median([float(t.first_chunk_bytes) for t in timelines]) or 0.0
+    ev = [f"the response's first message ({first / 1024:.0f} KiB of file data) took {format_seconds(p50)} "
+          "from the worker to the client"]
     if rtt is not None:
-        ev.append(f"one-way delay from the clock exchange is about {format_seconds(rtt / 2)}")
+        one_way = rtt / 2
+        ev.append(f"one-way delay from the clock exchange is about {format_seconds(one_way)}")
+        # a first message that carried file bytes and took far longer than the one-way delay: those bytes
+        # were moving at the path's rate, so the transfer rule applies to them
+        if first > 0 and p50 > 2 * one_way + 0.005:
+            rate = first / (p50 - one_way)
+            ev.append(f"much longer than the one-way delay: its {first / 1024:.0f} KiB moved at about "
+                      f"{rate / 1e6:.2f} MB/s ({rate * 8 / 1e6:.1f} Mbit/s)")
+            return _rate_cause(timelines, rate, rtt, ev), ev
     return ("per_file_overhead" if len(timelines) > 1 else "network_latency"), ev
 
 
@@ -188,10 +220,12 @@ def _transfer(timelines, summaries):
     chunks = _median([float(t.chunks) for t in timelines]) or 0.0
     rtt = _rtt_s(timelines)
     moved = _median([float(transfer_bytes(t)) for t in timelines]) or 0.0
-    ev = [f"{moved / 1e6:.2f} MB after the first chunk in {format_seconds(summaries['transfer'].p50_s)}"
-          + (f" = {rate / 1e6:.2f} MB/s ({rate * 8 / 1e6:.1f} Mbit/s)" if rate else "")]
+    first = _median([float(t.first_chunk_bytes) for t in timelines]) or 0.0
+    ev = [f"{moved / 1e6:.2f} MB of file data in {format_seconds(summaries['transfer'].p50_s)}"
+          + (f" = {rate / 1e6:.2f} MB/s ({rate * 8 / 1e6:.1f} Mbit/s)" if rate else "")
+          + (f" (after the {first / 1024:.0f} KiB that came with the first message)" if first else "")]
     if chunks:
-        ev.append(f"{chunks:.0f} chunks of ~{size / chunks / 1024:.0f} KiB, compression "
+        ev.append(f"{chunks:.0f} chunk{'s' if chunks != 1 else ''} of ~{size / chunks / 1024:.0f} KiB, compression "
                   f"{timelines[0].compression}, {wire / 1e6:.2f} MB on the wire")
     resumes = sum(t.resumes for t in timelines)
     if resumes:
@@ -202,18 +236,25 @@ def _transfer(timelines, summaries):
         return "payload_encoding", ev
     if chunks and size / chunks < SMALL_CHUNK and chunks >= 8:
         return "per_message_overhead", ev
+    return _rate_cause(timelines, rate, rtt, ev), ev
+
+
+def _rate_cause(timelines, rate: float | None, rtt: float | None, ev: list[str]) -> str:
+    """bandwidth or window_limited, from a measured rate and the path's round trip (appends evidence)."""
     parallel = max(t.parallel for t in timelines)
     if rate and parallel > 1:
         ev.append(f"{parallel} fetches shared the path at once (this one's share: {rate / 1e6:.2f} MB/s)")
     if rate and rtt is not None:
         ev.append(f"round trip {format_seconds(rtt)}: {rate * rtt / 1024:.0f} KiB in flight per round trip"
                   + (" per fetch" if parallel > 1 else ""))
-        # parallel fetches each have a stream window: only when all of them together keep no more than
-        # about one window in flight is the window (not the path) the limit
-        if rtt > 0.002 and rate * rtt * parallel <= 1.25 * DEFAULT_HTTP2_WINDOW:
+        # parallel fetches each have a stream window: only when all of them together keep about one window
+        # in flight is the window (not the path) the limit; far less than a window in flight means the
+        # sender was allowed more than the path carried
+        in_flight = rate * rtt * parallel
+        if rtt > 0.002 and 0.5 * DEFAULT_HTTP2_WINDOW <= in_flight <= 1.25 * DEFAULT_HTTP2_WINDOW:
             ev.append(f"that is about one {DEFAULT_HTTP2_WINDOW // 1024} KiB HTTP/2 window per round trip")
-            return "window_limited", ev
-    return "bandwidth", ev
+            return "window_limited"
+    return "bandwidth"
 
 
 def _client_write(timelines, summaries):

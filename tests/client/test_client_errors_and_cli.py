@@ -73,6 +73,28 @@ def test_a_failed_call_exits_non_zero_with_code_and_message(capsys):
     assert code == 1 and err.startswith("error: UNAVAILABLE: ")
 
 
+def test_ctrl_c_prints_interrupted_and_exits_130_without_a_traceback(monkeypatch, capsys):
+    class Interrupted:
+        @staticmethod
+        def add_arguments(parser):
+            pass
+
+        @staticmethod
+        def run(args, options):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_load", lambda name: Interrupted)
+    code = cli.main(["health"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "interrupted"
+
+
+def test_the_workers_own_too_large_message_is_kept_as_is():
+    details = "the request is 9 bytes; this worker accepts at most 4 (its --max-request-bytes): send ..."
+    exc = errors.from_rpc_error(_Err(grpc.StatusCode.RESOURCE_EXHAUSTED, details))
+    assert isinstance(exc, errors.RequestTooLarge) and exc.message == details
+
+
 @pytest.mark.parametrize("encoding", ["s16le", "f32le"])
 def test_streaming_wav_writer_produces_a_valid_wav_of_the_exact_pcm(tmp_path, encoding):
     x = np.linspace(-0.5, 0.5, 999, dtype=np.float32)

@@ -65,7 +65,7 @@ def test_repeated_reference_is_encoded_once(store, codec, monkeypatch):
     monkeypatch.setattr(codec, "encode", lambda wav: calls.append(len(wav)) or real_encode(wav))
     data = encode_file(tone(1.0, 24000), 24000)
     first = store.intake(data, "a tone")
-    second = store.intake(bytearray(data), "  a tone ")
+    second = store.intake(bytearray(data), "a tone")
     assert second is first and len(calls) == 1 and store.encodes == 1
     assert store.get(first.reference_id) is first
     other = store.intake(data, "another transcript")  # a different (audio, transcript) pair
@@ -84,7 +84,7 @@ def test_concurrent_intakes_of_one_reference_encode_once(store, codec, monkeypat
         return real_encode(wav)
 
     monkeypatch.setattr(codec, "encode", slow_encode)
-    data = encode_file(tone(0.5, 16000), 16000)
+    data = encode_file(tone(1.0, 16000), 16000)
     results = []
     threads = [threading.Thread(target=lambda: results.append(store.intake(data, "tone"))) for _ in range(4)]
     for thread in threads:
@@ -97,7 +97,7 @@ def test_concurrent_intakes_of_one_reference_encode_once(store, codec, monkeypat
 
 
 def test_least_recently_used_reference_is_evicted(store):
-    ids = [store.intake(encode_file(tone(0.2, 8000, hz=100 + 50 * i), 8000), f"t{i}").reference_id for i in range(5)]
+    ids = [store.intake(encode_file(tone(1.0, 8000, hz=100 + 50 * i), 8000), f"t{i}").reference_id for i in range(5)]
     assert len(store) == 4
     with pytest.raises(NotFound, match="send the reference audio and transcript again"):
         store.get(ids[0])
@@ -110,10 +110,10 @@ def test_least_recently_used_reference_is_evicted(store):
      ("WAV", "DOUBLE"), ("FLAC", "PCM_24"), ("OGG", "VORBIS")],
 )
 def test_sample_formats_decode_to_the_same_signal(fmt, subtype):
-    source = tone(0.5, 22050, channels=2)
+    source = tone(1.0, 22050, channels=2)
     samples, seconds = decode_reference_audio(encode_file(source, 22050, fmt, subtype), 30.0)
     expected = resample(source[:, 0], 22050, 24000)
-    assert samples.dtype == np.float32 and seconds == pytest.approx(0.5, abs=1e-3)
+    assert samples.dtype == np.float32 and seconds == pytest.approx(1.0, abs=1e-3)
     tolerance = {"PCM_U8": 2e-2, "VORBIS": 5e-2}.get(subtype, 1e-3)
     assert len(samples) == len(expected)
     assert np.abs(samples - expected)[200:-200].max() < tolerance
@@ -129,8 +129,16 @@ def test_sample_formats_decode_to_the_same_signal(fmt, subtype):
         (lambda: encode_file(tone(0.5, 16000), 16000, "AIFF"), "not supported: convert it to WAV, FLAC or OGG"),
         (lambda: encode_file(np.full(800, np.nan, np.float32), 16000, "WAV", "FLOAT"), "NaN or infinite"),
         (lambda: encode_file(np.zeros((0, 1), np.float32), 16000), "no samples"),
+        (lambda: encode_file(np.full(1, 0.5, np.float32), 16000), r"too short \(0\.00 s.*at least 1 s of speech"),
+        (lambda: encode_file(tone(0.01, 24000), 24000), r"too short \(0\.01 s.*at least 1 s of speech"),
+        (lambda: encode_file(tone(2.0, 24000), 24000, "WAV", "PCM_16")[:44 + 2 * 2400], "too short"),  # truncated
+        (lambda: encode_file(np.full(48000, 0.3, np.float32), 24000), "silent: only 0% of it"),  # DC offset
+        (lambda: encode_file(_click_in_silence(), 24000), "silent: only 1% of it"),
+        (lambda: encode_file(np.stack([tone(2.0, 16000), -tone(2.0, 16000)], axis=1), 16000),
+         "channels cancel each other"),
     ],
-    ids=["empty", "undecodable", "silent", "too-long", "aiff", "nan", "zero-frames"],
+    ids=["empty", "undecodable", "silent", "too-long", "aiff", "nan", "zero-frames", "one-sample", "10-ms",
+         "truncated", "dc-offset", "one-click", "cancelling-stereo"],
 )
 def test_bad_audio_gets_a_clear_message(store, codec, monkeypatch, make_bytes, message):
     monkeypatch.setattr(codec, "encode", lambda wav: pytest.fail("the encoder must not run on bad input"))
@@ -139,9 +147,36 @@ def test_bad_audio_gets_a_clear_message(store, codec, monkeypatch, make_bytes, m
     assert len(store) == 0
 
 
+def _click_in_silence() -> np.ndarray:
+    samples = np.zeros(48000, np.float32)  # 2 s of digital silence with one full-scale click
+    samples[20000] = 1.0
+    return samples
+
+
+def test_undecodable_message_names_the_reason_not_a_python_object(store):
+    with pytest.raises(InvalidRequest) as err:
+        store.intake(b"this is not audio at all" * 10, TRANSCRIPT)
+    message = str(err.value)
+    assert "(Format not recognised.)" in message
+    assert "0x" not in message and "BytesIO" not in message and "Error opening" not in message
+
+
+def test_minimum_length_follows_the_store_setting(codec):
+    data = encode_file(tone(1.5, 16000), 16000)
+    with pytest.raises(InvalidRequest, match="send at least 2 s of speech"):
+        ReferenceStore(codec, max_seconds=30.0, min_seconds=2.0).intake(data, TRANSCRIPT)
+    assert ReferenceStore(codec, max_seconds=30.0, min_seconds=1.5).intake(data, TRANSCRIPT).seconds == 1.5
+
+
+def test_quiet_speech_after_a_long_pause_is_not_called_silent():
+    quiet = np.concatenate([np.zeros(16000, np.float32), 0.01 * tone(1.0, 16000)])  # -47 dBFS speech-level tone
+    samples, seconds = decode_reference_audio(encode_file(quiet, 16000), 30.0)
+    assert seconds == pytest.approx(2.0) and len(samples) == 48000
+
+
 def test_bad_transcript_and_ids_get_clear_messages(store):
     with pytest.raises(InvalidRequest, match="transcript is empty"):
-        store.intake(encode_file(tone(0.5, 16000), 16000), "   ")
+        store.intake(encode_file(tone(1.0, 16000), 16000), "   ")
     with pytest.raises(InvalidRequest, match="malformed: expected 'ref-' followed by 32"):
         store.get("voice-1")
     with pytest.raises(NotFound, match="not held by this worker"):

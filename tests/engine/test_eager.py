@@ -168,3 +168,36 @@ def test_cached_loop_matches_a_cache_free_recomputation(tiny, cfg):
             logits = torch.where(seen & (logits > 0), logits / 1.1, torch.where(seen, logits * 1.1, logits))
             logits[:, 2048:2051] = -torch.inf
             assert int(logits.argmax(-1)) == int(out[n, 0])
+
+
+@pytest.mark.parametrize("cfg", [2.0, 0.1])
+def test_guidance_combines_every_depth_steps_logits(rigged, monkeypatch, cfg):
+    """Steer the depth heads so the rows disagree: cond favours code A, uncond code B. The greedy code of
+    every depth step must be argmax(u + s*(c - u)) of the two rows, which here is neither A nor B."""
+    a, b, c = 100, 200, 300
+    lm = rigged.lm
+    real = lm.depth_logits
+    seen: list[torch.Tensor] = []
+
+    def steered(hidden, position):
+        out = real(hidden, position).clone()
+        assert out.shape[0] == 2  # both CFG rows reach the head
+        out[0, [a, c]] += torch.tensor([100.0, 90.0])  # cond: A first, C a close second
+        out[1, [a, b]] += torch.tensor([100.0, 120.0])  # uncond: B first, A close behind, C nowhere
+        seen.append(out.clone())
+        return out
+
+    monkeypatch.setattr(lm, "depth_logits", steered)
+    req = request(rigged, instruction="calm", cfg_scale=cfg, max_frames=2, sampling=SamplingOverrides(temperature=0.0))
+    out, _ = frames(rigged, req)
+    assert out.shape == (2, 16) and len(seen) == 2 * 15
+    for i, logits in enumerate(seen):
+        frame, codebook = divmod(i, 15)
+        cond, uncond = logits[0], logits[1]
+        combined = uncond + cfg * (cond - uncond)
+        combined[2048:] = -torch.inf
+        assert int(out[frame, codebook + 1]) == int(combined.argmax()), (frame, codebook + 1)
+    # s = 2: C (A 100, B -120, C 180); s = 0.1: B (A 100, B 108, C 9); the cond row alone always gives A
+    guided = c if cfg > 1 else b
+    assert (out[:, 1:] == guided).all()
+    assert int(seen[0][0].argmax()) == a and int(seen[0][1].argmax()) == b

@@ -5,6 +5,8 @@
 
 Runs its own event loop in a thread. `drop_after_bytes` cuts the first `drops` connections once that
 many bytes went from the target to the client; `delay_s` holds every forwarded piece that long.
+`outage_s` makes each drop an outage: the proxy stops listening for that long (connections are
+refused), then listens on the same port again.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import threading
 
 class TcpProxy:
     def __init__(self, target: str, *, drop_after_bytes: int | None = None, drops: int = 1,
-                 delay_s: float = 0.0) -> None:
+                 delay_s: float = 0.0, outage_s: float = 0.0) -> None:
         host, port = target.rsplit(":", 1)
         self._target = (host, int(port))
         self.drop_after_bytes, self.drops_left, self.delay_s = drop_after_bytes, drops, delay_s
+        self.outage_s = outage_s
         self.connections = 0
         self.dropped = 0
+        self.outages = 0  # outages over (the proxy listens again)
         self.address = ""
         self._tasks: set[asyncio.Task] = set()
         self._loop = asyncio.new_event_loop()
@@ -33,9 +37,17 @@ class TcpProxy:
         self._started.set()
         self._loop.run_forever()
 
-    async def _serve(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+    async def _serve(self, port: int = 0) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", port)
         self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _outage(self) -> None:
+        """Refuse connections for `outage_s` (nothing listens), then listen on the same port again."""
+        port = self._server.sockets[0].getsockname()[1]
+        self._server.close()
+        await asyncio.sleep(self.outage_s)
+        await self._serve(port)
+        self.outages += 1
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -70,6 +82,8 @@ class TcpProxy:
                     if cap is not None and sent + len(data) >= cap:
                         writer.write(data[:max(cap - sent, 0)])
                         self.dropped += 1
+                        if self.outage_s:
+                            self._tasks.add(asyncio.create_task(self._outage()))
                         for w in (client_w, target_w):
                             w.transport.abort()
                         break

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import pytest
 
-from breeze_client.errors import InvalidArgument, NotFound, OutOfRange
+from breeze_client.aio import AsyncBreezeClient
+from breeze_client.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
 from worker_helpers import assert_still_serving
 from tcp_proxy import TcpProxy
 
@@ -66,6 +68,44 @@ def test_resume_after_the_connection_drops_mid_stream(client, worker, artifact, 
         assert proxy.dropped == 1 and proxy.connections >= 2
     assert r.resumes == 1 and r.verified and out.read_bytes() == data
     assert r.bytes_received == len(data)
+
+
+def test_resume_waits_out_an_outage_of_seconds(client, worker, artifact, tmp_path):
+    """The stream breaks, then the endpoint refuses connections for 3 s: the fetch resumes once it is back."""
+    ref, data = artifact
+    with TcpProxy(worker.artifact_target, drop_after_bytes=30_000, outage_s=3.0) as proxy:
+        out = tmp_path / "outage.wav"
+        t0 = time.monotonic()
+        r = client.fetch(ref, out, chunk_size=4096, endpoint=proxy.address)
+        elapsed = time.monotonic() - t0
+        assert proxy.dropped == 1 and proxy.outages == 1
+    assert elapsed >= 3.0  # it really waited for the endpoint to come back
+    assert r.resumes == 1 and r.verified and out.read_bytes() == data
+
+
+async def test_async_resume_waits_out_an_outage(worker, artifact, tmp_path):
+    ref, data = artifact
+    with TcpProxy(worker.artifact_target, drop_after_bytes=30_000, outage_s=2.0) as proxy:
+        async with AsyncBreezeClient(worker.target, timeout_s=120) as aclient:
+            r = await aclient.fetch(ref, tmp_path / "outage.wav", chunk_size=4096, compression="zstd",
+                                    endpoint=proxy.address)
+        assert proxy.dropped == 1 and proxy.outages == 1
+    assert r.resumes == 1 and r.verified and (tmp_path / "outage.wav").read_bytes() == data
+
+
+def test_an_outage_longer_than_resume_timeout_gives_up_and_keeps_the_bytes(client, worker, artifact, tmp_path):
+    ref, data = artifact
+    out = tmp_path / "gave-up.wav"
+    with TcpProxy(worker.artifact_target, drop_after_bytes=30_000, outage_s=20.0) as proxy:
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="resume_timeout_s") as info:
+            client.fetch(ref, out, chunk_size=4096, endpoint=proxy.address, resume_timeout_s=1.5)
+        assert 1.5 <= time.monotonic() - t0 < 10
+    kept = out.stat().st_size
+    assert 0 < kept < len(data) and out.read_bytes() == data[:kept]
+    assert f"offset {kept}" in info.value.message  # says where to continue
+    r = client.fetch(ref, out, offset=kept)  # ... and continuing from there completes the file
+    assert r.verified and out.read_bytes() == data
 
 
 def test_stat_and_delete(client):

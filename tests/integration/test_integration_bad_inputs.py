@@ -1,12 +1,20 @@
-"""Every bad input gets its status and a message that says what to change; the worker keeps serving."""
+"""Every bad input gets its status and a message that says what to change; the worker keeps serving.
+
+The oversized-request messages are checked on the raw gRPC status too: a client built from the .proto
+files alone must read the same advice, not just users of the Python SDK.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 
+import grpc
 import pytest
 
 from breeze_client.errors import InvalidArgument, NotFound, RequestTooLarge
+from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
+from breeze_worker.transport.server import receive_cap
 from worker_helpers import MAX_REQUEST_BYTES, assert_still_serving
 
 CASES = {
@@ -14,7 +22,7 @@ CASES = {
     "blank text": (dict(text="   "), "text"),
     "over-long text": (dict(text="x" * 2001), "2000"),
     "undecodable reference audio": (dict(text="Hi.", reference_audio=b"this is not audio" * 10,
-                                         reference_text="words"), "audio"),
+                                         reference_text="words"), "reference audio could not be decoded"),
     "reference without transcript": (dict(text="Hi.", reference_audio=b"RIFF" + b"\0" * 100), "transcript"),
     "cfg_scale zero": (dict(text="Hi.", instruction="Speak softly.", cfg_scale=0.0), "cfg_scale"),
     "cfg_scale negative": (dict(text="Hi.", instruction="Speak softly.", cfg_scale=-2.0), "cfg_scale"),
@@ -44,4 +52,40 @@ def test_oversized_request_is_resource_exhausted_and_says_what_to_change(client)
     with pytest.raises(RequestTooLarge) as info:
         client.synthesize("Hi.", reference_audio=b"\0" * (MAX_REQUEST_BYTES + 1000), reference_text="words")
     assert info.value.code == "RESOURCE_EXHAUSTED" and "max-request-bytes" in info.value.message
+    assert_still_serving(client)
+
+
+def test_undecodable_reference_names_the_formats_to_send_and_no_internals(client):
+    with pytest.raises(InvalidArgument) as info:
+        client.synthesize("Hi.", max_frames=2, reference_audio=b"this is not audio" * 10, reference_text="words")
+    message = info.value.message
+    assert "could not be decoded" in message and "WAV, FLAC or OGG" in message
+    assert not re.search(r" at 0x[0-9a-fA-F]+", message), message  # no Python object reprs leak out
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("extra", [1000, MAX_REQUEST_BYTES // 2])
+def test_oversized_request_message_comes_from_the_worker_itself(worker, client, extra):
+    """A plain gRPC client (no SDK) gets RESOURCE_EXHAUSTED naming the limit and what to change."""
+    request = synthesis_pb2.SynthesizeRequest(text="Hi.")
+    request.reference.audio = b"\0" * (MAX_REQUEST_BYTES + extra)
+    request.reference.transcript = "words"
+    with grpc.insecure_channel(worker.target, options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            list(synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(request, timeout=60))
+    err = info.value
+    assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = err.details()
+    assert f"{MAX_REQUEST_BYTES:,}" in details and f"{request.ByteSize():,}" in details, details
+    for remedy in ("shorter reference", "reference_id", "--max-request-bytes"):
+        assert remedy in details, (remedy, details)
+    assert "larger than max" not in details  # not gRPC's bare limit
+    assert_still_serving(client)
+
+
+def test_a_request_past_grpcs_hard_cap_still_says_what_to_change(client):
+    with pytest.raises(RequestTooLarge) as info:
+        client.synthesize("Hi.", reference_audio=b"\0" * (receive_cap(MAX_REQUEST_BYTES) + 1000),
+                          reference_text="words")
+    assert "larger than max" in info.value.message and "shorter reference" in info.value.message
     assert_still_serving(client)

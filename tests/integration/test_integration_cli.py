@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -91,6 +92,30 @@ def test_a_failed_call_exits_non_zero_with_status_and_message(served):
     assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr and "text" in bad.stderr
     missing = _client("fetch", "art-" + "0" * 32, "-o", "/dev/null", "--target", target)
     assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr
+
+
+def test_ctrl_c_during_synth_stream_exits_130_with_a_valid_wav(served, tmp_path):
+    _, target, _, _, _ = served
+    out = tmp_path / "interrupted.wav"
+    proc = subprocess.Popen([sys.executable, "-m", "breeze_client.cli", "synth", "A long sentence, cut short.",
+                             "--stream", "-o", str(out), "--max-frames", "1500", "--seed", "3", "--temperature",
+                             "0", "--target", target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and out.stat().st_size >= 44 + 2 * 2 * 1920) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "interrupted" in stderr and "Traceback" not in stderr, stderr
+    audio, rate = sf.read(out, dtype="int16")  # the header was fixed: a valid WAV of what arrived
+    assert rate == 24000 and len(audio) >= 2 * 1920  # at least the two frames seen before Ctrl-C
+    assert len(audio) * 2 == out.stat().st_size - 44
 
 
 def test_sigterm_stops_the_worker_gracefully(served):

@@ -55,7 +55,7 @@ def test_load_round_trip_reads_no_dead_tensor_and_binds_the_tie(tiny, checkpoint
         return real_read(path, names, params, staging)
 
     monkeypatch.setattr(loader, "_read_shard_tensors", recording)
-    loaded = load_checkpoint(checkpoint)
+    loaded = load_checkpoint(checkpoint, require_codec=False)
     assert read and not [n for n in read if n.startswith(("embed_text_tokens", "codec_model"))]
     assert sorted(read) == sorted(loaded.lm.state_dict())  # nothing missing, nothing extra
     _same_weights(tiny, loaded)
@@ -68,7 +68,8 @@ def test_load_round_trip_reads_no_dead_tensor_and_binds_the_tie(tiny, checkpoint
 def test_decoy_keys_change_nothing(tiny, tmp_path):
     decoys = {"rope_theta": 1.0, "rope_scaling": {"rope_type": "linear", "factor": 9.0}, "rms_norm_eps": 0.5,
               "max_position_embeddings": 7}
-    loaded = load_checkpoint(write_checkpoint(tiny, tmp_path, config_overrides=decoys, dead_tensors=False))
+    loaded = load_checkpoint(write_checkpoint(tiny, tmp_path, config_overrides=decoys, dead_tensors=False),
+                             require_codec=False)
     assert loaded.config == tiny.config
     _same_weights(tiny, loaded)
     ids = torch.tensor([[2, 300, 301, 302]])
@@ -98,7 +99,7 @@ def test_mismatched_shape_names_the_tensor_and_both_shapes(tiny, tmp_path):
 
     _edit_shard(tmp_path, edit)
     with pytest.raises(CheckpointError) as err:
-        load_checkpoint(tmp_path)
+        load_checkpoint(tmp_path, require_codec=False)
     assert name in str(err.value) and "[5, 64]" in str(err.value) and "[128, 64]" in str(err.value)
 
 
@@ -107,7 +108,7 @@ def test_missing_tensor_is_named(tiny, tmp_path):
     name = "depth_decoder.codebooks_head.weight"
     _edit_shard(tmp_path, lambda tensors: tensors.pop(name, None))
     with pytest.raises(CheckpointError) as err:
-        load_checkpoint(tmp_path)
+        load_checkpoint(tmp_path, require_codec=False)
     assert f"missing tensor {name}" in str(err.value) and "[15, 32, 2051]" in str(err.value)
 
 
@@ -119,12 +120,12 @@ def test_unexpected_tensor_is_named(tiny, tmp_path):
     index["weight_map"]["backbone_model.layers.9.extra.weight"] = "extra.safetensors"
     index_path.write_text(json.dumps(index))
     with pytest.raises(CheckpointError) as err:
-        load_checkpoint(tmp_path)
+        load_checkpoint(tmp_path, require_codec=False)
     assert "unexpected tensor backbone_model.layers.9.extra.weight with shape [3, 4]" in str(err.value)
 
 
 def test_load_in_bfloat16_keeps_rope_tables_in_float32(checkpoint):
-    loaded = load_checkpoint(checkpoint, dtype=torch.bfloat16)
+    loaded = load_checkpoint(checkpoint, dtype=torch.bfloat16, require_codec=False)
     assert loaded.dtype == torch.bfloat16
     assert loaded.lm.backbone_model.rotary.inv_freq.dtype == torch.float32
     assert torch.equal(loaded.lm.codebook_offsets, torch.arange(16) * 2051)
@@ -141,7 +142,7 @@ _MEMORY_PROBE = textwrap.dedent("""
 
     open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
     before = status("VmRSS")
-    model = load_checkpoint(sys.argv[1])
+    model = load_checkpoint(sys.argv[1], require_codec=False)
     peak = status("VmHWM")
     live = sum(t.numel() * t.element_size() for t in model.lm.state_dict().values())
     print(peak - before, live)
@@ -186,3 +187,19 @@ def test_codec_travels_with_the_checkpoint(tmp_path):
     loaded = load_checkpoint(write_checkpoint(model, tmp_path, dead_tensors=False))
     assert (tmp_path / "audio_tokenizer").is_dir()
     assert loaded.codec is not None and loaded.codec.sample_rate == model.codec.sample_rate == 24000
+
+
+def test_checkpoint_without_audio_tokenizer_is_refused_by_name(tiny, checkpoint):
+    assert not (checkpoint / "audio_tokenizer").exists()
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(checkpoint)
+    assert "audio_tokenizer" in str(err.value) and "is missing" in str(err.value)
+    assert load_checkpoint(checkpoint, require_codec=False).codec is None  # the explicit LM-only opt-out
+
+
+def test_worker_start_on_a_checkpoint_without_codec_names_the_folder(checkpoint):
+    from breeze_worker.config import EngineSettings
+    from breeze_worker.engine.runtime import Runtime
+
+    with pytest.raises(CheckpointError, match="audio_tokenizer"):  # not an AttributeError on codec=None
+        Runtime.load(EngineSettings(model_dir=checkpoint, device="cpu", precision="fp32"))

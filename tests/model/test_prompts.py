@@ -103,3 +103,29 @@ def test_full_size_special_ids_match_the_release():
     assert (cfg.audio_token_id, cfg.audio_eos_token_id) == (262144, 262145)
     assert cfg.speaker_token_ids["[S0]"] == 262146 and cfg.speaker_token_ids["[S9]"] == 262155
     assert (cfg.ins_bos_token_id, cfg.ins_eos_token_id) == (262156, 262157)
+
+
+def test_control_tokens_come_from_the_config_and_the_tokenizers_added_tokens(tiny):
+    """A Gemma-like tokenizer: special added tokens and marker-like ones are control tokens; added tokens that
+    are plain text (a newline run) are not."""
+    from tokenizers import AddedToken
+
+    cfg = dataclasses.replace(tiny.config, text_encoder=dataclasses.replace(tiny.config.text_encoder, vocab_size=400))
+    raw = build_tiny_tokenizer(cfg)
+    raw.add_tokens([AddedToken("<start_of_turn>", special=False, normalized=False),
+                    AddedToken("\n\n", special=False, normalized=False)])
+    raw.add_special_tokens([AddedToken("@@ctl@@", special=True, normalized=False)])
+    tok = BreezeTokenizer(raw, cfg)
+    found = prompts.control_tokens(tok)
+    for token in ("<start_of_turn>", "@@ctl@@", "<bos>", "<ins_bos>", "<end_of_image>", "[S0]", "[S9]",
+                  "<|AUDIO|>"):
+        assert token in found, token
+    assert "\n\n" not in found
+    text = "one\n\ntwo <start_of_turn> three @@ctl@@ <bos> [S3]"
+    assert prompts.reserved_markers_in(text, tok) == ["<start_of_turn>", "@@ctl@@", "<bos>", "[S3]"]
+    assert prompts.reserved_markers_in(text) == ["<bos>", "[S3]"]  # without a tokenizer: the fixed set only
+    assert prompts.reserved_markers_in("one\n\ntwo [S1 <bos", tok) == []
+    # the injection the check prevents: these strings tokenize as single control ids
+    ids = tiny.tokenizer.encode("<ins_bos>[S1]<bos>")
+    assert ids == [cfg.ins_bos_token_id, cfg.speaker_token_ids["[S1]"], cfg.bos_token_id]
+    assert prompts.reserved_markers_in("<ins_bos>[S1]<bos>", tiny.tokenizer) == ["<ins_bos>", "[S1]", "<bos>"]

@@ -6,7 +6,9 @@ For each upstream (a loopback address of this namespace) it starts a relay liste
 namespace and an entry proxy on 127.0.0.1 that connects from the client-side namespace with `--delay-ms`
 added each way, then prints one JSON line {"entries": [...], ...} and serves until its stdin closes (or
 SIGTERM), when it tears everything down. Running the path in its own process keeps the proxies' CPU and
-GIL time out of the measured client. `PathProcess` is the context manager that starts and stops it.
+GIL time out of the measured client. `PathProcess` is the context manager that starts and stops it;
+its `qdisc()` reads both ends' tbf counters while the path is up (the JSON line's "qdisc" is from before
+any traffic).
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ class PathProcess:
     @property
     def entries(self) -> list[str]:
         return self.info["entries"]
+
+    def qdisc(self) -> str:
+        """`tc -s qdisc` of both ends now (run after the traffic, its counters show what tbf shaped)."""
+        out = []
+        for side in ("server_ns", "client_ns"):
+            result = subprocess.run(["ip", "netns", "exec", self.info[side], "tc", "-s", "qdisc", "show"],
+                                    capture_output=True, text=True, timeout=30)
+            out.append(f"# {side[:-3]} side ({self.info[side]})\n{result.stdout or result.stderr}")
+        return "".join(out)
 
     def __enter__(self) -> "PathProcess":
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),

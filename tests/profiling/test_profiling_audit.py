@@ -110,3 +110,46 @@ def test_a_deliberately_added_sync_is_caught_and_named(tmp_path, use_tiny, monke
     assert all(s["site"].startswith("breeze_worker/engine/eager.py:") and "sample_rows(" in s["code"] for s in new)
     assert sorted(s["per_frame"] for s in new) == [1.0, 15.0]
     assert all(s["origin"].startswith(__file__) or __file__.endswith(s["origin"].rsplit(":", 1)[0]) for s in new)
+
+
+def test_explicit_waits_and_bool_comparisons_are_counted(monkeypatch):
+    """torch.cuda.synchronize (mocked: no CUDA here), Stream/Event.synchronize, torch.equal, torch.allclose."""
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    stream_sync, event_sync = torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize
+    cpu = torch.device("cpu")
+    with SyncDetector(cpu) as d:
+        torch.cuda.synchronize(cpu)
+        torch.cuda.Stream.synchronize(object())  # a method call on an instance (none can be made without CUDA)
+        torch.cuda.Event.synchronize(object())
+        dev, host = torch.ones(3, device=cpu), torch.ones(3)
+        assert torch.equal(dev, dev.clone()) and dev.allclose(dev) and torch.allclose(dev, dev)
+        assert torch.equal(host, host)  # two host tensors: free
+    assert [e.op for e in d.events] == ["synchronize", "stream_synchronize", "event_synchronize", "equal",
+                                        "allclose", "allclose"]
+    assert waited == [cpu]  # the wrapped function still ran
+    # restored on exit: nothing is recorded afterwards, the originals are back
+    assert torch.cuda.Stream.synchronize is stream_sync and torch.cuda.Event.synchronize is event_sync
+    torch.cuda.synchronize()
+    assert len(d.events) == 6 and waited == [cpu, None]
+
+
+def test_a_deliberately_added_cuda_synchronize_in_the_fast_path_is_caught(tmp_path, use_tiny, monkeypatch):
+    from breeze_worker.engine.fastpath import step
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)  # stands in for a device wait
+    original = step.sample_rows
+
+    def sample_rows_then_wait(*args, **kwargs):
+        codes = original(*args, **kwargs)
+        torch.cuda.synchronize()  # the deliberate sync, once per codebook
+        return codes
+
+    monkeypatch.setattr(step, "sample_rows", sample_rows_then_wait)
+    code, doc = _audit(tmp_path, "--path", "fast", "--budget", "1")
+    run = doc["paths"][0]
+    assert code == 1 and doc["within_budget"] is False
+    assert run["syncs_per_frame"] == [1 + 16] * 3 and run["frames_over_budget"] == [0, 1, 2]
+    waits = [s for s in run["sites"] if s["op"] == "synchronize" and not s["setup"]]
+    assert len(waits) == 1 and waits[0]["per_frame"] == 16.0
+    assert waits[0]["site"].startswith("breeze_worker/engine/fastpath/step.py:") and "sample_rows(" in waits[0]["code"]

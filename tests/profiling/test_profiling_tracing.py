@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from breeze_worker.cli import main as worker_main
 from breeze_worker.engine import tracing
@@ -66,6 +67,16 @@ def _parent(event: dict, spans: list[dict]) -> str | None:
     return min(holders, key=lambda s: s["dur"])["name"] if holders else None
 
 
+def _partial_overlaps(spans: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of spans on one thread that overlap without one containing the other (Chrome cannot nest them)."""
+    out = []
+    for a in spans:
+        for b in spans:
+            if a is not b and a["tid"] == b["tid"] and a["ts"] < b["ts"] < a["ts"] + a["dur"] < b["ts"] + b["dur"]:
+                out.append((a["name"], b["name"]))
+    return out
+
+
 def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_codec, monkeypatch):
     monkeypatch.setattr("breeze_worker.profiling.setup.load_model",
                         lambda args, device, precision=None: tiny_with_codec)
@@ -97,6 +108,7 @@ def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_
     assert any("code0.item()" in e["args"]["code"] for e in syncs)
     rows = json.loads(summary.read_text())["spans"]
     assert {r["name"] for r in rows} >= {"request", "frame", "codec_decode", "gpu_sync"}
+    assert _partial_overlaps(spans) == []
 
 
 @pytest.mark.parametrize("path", ["fast"])
@@ -111,3 +123,52 @@ def test_fast_path_trace_places_setup_and_frames(tiny_with_codec, path):
     assert {_parent(e, spans) for e in spans if e["name"] in ("codec_decode", "emit")} == {"frame"}
     frame_marks = [e for e in doc["traceEvents"] if e["ph"] == "i" and _parent(e, spans) == "fast_step"]
     assert {e["args"]["site"].split(":")[0] for e in frame_marks} == {"breeze_worker/engine/fastpath/graph.py"}
+    # recorded once, by the generator itself, and nested: no span crosses another
+    assert names.count("text_encode") == 1 and names.count("prefill") == 1 and names.count("request") == 1
+    assert names.count("fast_step") == 2  # one per frame: nothing after the last frame
+    assert names.count("backbone_step") == 1  # the next frame's backbone step; none after the last frame
+    assert _partial_overlaps(spans) == []
+    parents: dict[str, set] = {}
+    for e in spans:
+        parents.setdefault(e["name"], set()).add(_parent(e, spans))
+    assert parents["text_encode"] == parents["prefill"] == parents["frame"] == {"request"}
+    assert parents["fast_step"] == parents["backbone_step"] == {"frame"}
+    # inside a frame (no CUDA graphs on the CPU): the frame step's own stages
+    assert parents["depth_steps"] == {"fast_step"} and parents["depth_step"] == {"depth_steps"}
+    assert parents["sampling"] == {"fast_step", "depth_steps"}  # codebook 0, then 1..15
+    assert names.count("depth_steps") == 2 and names.count("depth_step") == 2 * 15
+    assert names.count("sampling") == 2 * 16
+    frames = sorted((e for e in spans if e["name"] == "frame"), key=lambda e: e["ts"])
+    prefill = next(e for e in spans if e["name"] == "prefill")
+    assert frames[0]["ts"] >= prefill["ts"] + prefill["dur"]  # frame 0 starts after the setup
+    steps = sorted((e for e in spans if e["name"] == "fast_step"), key=lambda e: e["ts"])
+    assert [e["args"]["index"] for e in steps] == [0, 1] and all(e["args"]["graph"] is False for e in steps)
+
+
+def test_fast_generator_frames_are_unchanged_by_tracing(tiny_for_runs):
+    from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+
+    request = make_request(tiny_for_runs, "hello there", True, 3, 11)
+    plain = list(FastFrameGenerator(tiny_for_runs, request))
+    tracer = tracing.Tracer()
+    with tracer.recording():
+        traced = list(FastFrameGenerator(tiny_for_runs, request))
+    assert len(plain) == len(traced) == 3 and all(torch.equal(a, b) for a, b in zip(plain, traced))
+    names = [e.name for e in tracer.events]
+    assert names.count("frame") == 3 and names.count("fast_step") == 3 and names.count("depth_steps") == 3
+
+
+def test_device_span_is_a_no_op_during_a_graph_capture(monkeypatch):
+    cuda = torch.device("cuda")
+    tracer = tracing.Tracer()
+    with tracer.recording():
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        with tracing.device_span(cuda, "sampling", codebook=0):
+            pass
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        with tracing.device_span(cuda, "depth_step", codebook=1):
+            pass
+        with tracing.device_span(torch.device("cpu"), "depth_steps"):
+            pass
+    assert [e.name for e in tracer.events] == ["depth_step", "depth_steps"]
+    assert tracing.device_span(cuda, "off") is tracing.span("off")  # no tracer: the shared no-op

@@ -25,6 +25,7 @@ class EngineSettings:
     max_queue_wait_s: float = 30.0  # a request waiting longer gets RESOURCE_EXHAUSTED
     max_text_chars: int = 2000
     max_reference_seconds: float = 30.0
+    min_reference_seconds: float = 1.0  # shorter reference audio is refused (too little speech to clone)
     reference_cache_entries: int = 64
 
     def validate(self) -> None:
@@ -39,6 +40,9 @@ class EngineSettings:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.max_queue_wait_s <= 0 or self.max_reference_seconds <= 0:
             raise ValueError("max_queue_wait_s and max_reference_seconds must be positive")
+        if not 0 <= self.min_reference_seconds <= self.max_reference_seconds:
+            raise ValueError(f"min_reference_seconds must be in 0..max_reference_seconds "
+                             f"({self.max_reference_seconds:g}), not {self.min_reference_seconds:g}")
         if self.model_dir is not None and not Path(self.model_dir).is_dir():
             raise ValueError(f"model directory {self.model_dir} does not exist: pass a checkpoint directory")
 

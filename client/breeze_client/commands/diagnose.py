@@ -18,13 +18,26 @@ from breeze_client.report import write_report
 from breeze_client.sdk import BreezeClient
 
 
+MAX_CHUNK_BYTES = 4 * 1024 * 1024  # the worker's limit per Fetch chunk
+
+
 def _sizes(text: str) -> list[int]:
-    """'65536,256k,1m,0' -> bytes (0 = the worker's default)."""
+    """'65536,256k,1m,0' -> bytes (0 = the worker's default); each 0 or 1 B .. 4 MiB, checked before any job."""
     out = []
     for item in text.split(","):
         item = item.strip().lower()
         scale = {"k": 1024, "m": 1024 * 1024}.get(item[-1:], 1)
-        out.append(int(item[:-1] if scale > 1 else item) * scale)
+        digits = item[:-1] if scale > 1 else item
+        if digits.startswith("-") and digits[1:].isdigit():
+            raise argparse.ArgumentTypeError(f"{item} is negative: use 0 (the worker's default) or 1 byte .. 4m")
+        if not digits.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r} is not a size: use bytes, 256k or 1m (0 = the worker's "
+                                             "default)")
+        size = int(digits) * scale
+        if size > MAX_CHUNK_BYTES:
+            raise argparse.ArgumentTypeError(f"{item} is more than the 4m (4 MiB) a chunk may hold: use 0 (the "
+                                             "worker's default) or 1 byte .. 4m")
+        out.append(size)
     return out
 
 
@@ -39,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "is the one diagnosed")
     p.add_argument("--compressions", default="none", metavar="LIST",
                    help="compressions to sweep: none, zstd or none,zstd (the first is the one diagnosed)")
-    p.add_argument("--parallel", action="store_true", help="with artifact ids: fetch them all at once")
+    p.add_argument("--parallel", action="store_true",
+                   help="run the jobs at once, each fetched as it ends (with artifact ids: fetch them all at once)")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="keep the fetched files here (default: a temporary directory, removed afterwards)")
     p.add_argument("--report", type=Path, default=None, metavar="FILE.html",

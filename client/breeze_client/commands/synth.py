@@ -54,19 +54,21 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         info = client.worker_info()
         if info.warning and not args.json:
             print(f"warning: {info.warning}", file=sys.stderr)
-        stream = client.stream(request, collect_audio=not args.stream)
         writer = None
-        try:
-            for chunk in stream:
-                if args.stream and args.output is not None:
-                    if writer is None:
-                        writer = StreamingWavWriter(args.output, stream.job.encoding, stream.job.sample_rate)
-                    writer.write(chunk.pcm)
-                seconds = (chunk.sample_offset + chunk.num_samples) / max(stream.job.sample_rate, 1)
-                progress.update(f"{stream.job.job_id}: {seconds:6.2f} s of audio, {chunk.sequence + 1} chunks")
-        finally:
-            progress.done()
-            written_ns = writer.close() if writer is not None else None
+        # leaving early (Ctrl-C, a write error) hangs up, so the worker frees the job's slot at once;
+        # the WAV written so far is closed with a valid header either way
+        with client.stream(request, collect_audio=not args.stream) as stream:
+            try:
+                for chunk in stream:
+                    if args.stream and args.output is not None:
+                        if writer is None:
+                            writer = StreamingWavWriter(args.output, stream.job.encoding, stream.job.sample_rate)
+                        writer.write(chunk.pcm)
+                    seconds = (chunk.sample_offset + chunk.num_samples) / max(stream.job.sample_rate, 1)
+                    progress.update(f"{stream.job.job_id}: {seconds:6.2f} s of audio, {chunk.sequence + 1} chunks")
+            finally:
+                progress.done()
+                written_ns = writer.close() if writer is not None else None
         result = stream.result
         if args.output is not None and not args.stream:
             written_ns = write_wav(args.output, result.audio, result.job.encoding, result.job.sample_rate)

@@ -1,5 +1,6 @@
 """`breeze-worker audit-syncs`: count device-to-host synchronizations per frame at run time, name their
-source lines, and fail (exit 1) when a frame exceeds `--budget`.
+source lines, and fail (exit 1) when a frame exceeds `--budget`; a bad flag, checkpoint or request exits 2
+with one line on stderr.
 
 Runs one request per decode path (`--path eager|fast|both`) on the model the flags name (default: the
 tiny embedded model on the CPU, where device syncs are emulated: see engine/syncaudit.py). Prints a table;
@@ -17,12 +18,14 @@ import sys
 
 import torch
 
+from breeze_worker.errors import BreezeError
 from breeze_worker.profiling.setup import (add_model_arguments, add_request_arguments, device_meta, parse_paths,
                                            write_json)
 
 log = logging.getLogger("breeze_worker.audit_syncs")
 
 EXIT_OVER_BUDGET = 1
+EXIT_USAGE = 2  # bad flags, an unreadable checkpoint, an invalid request: never mistaken for "over budget"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +43,12 @@ def audit(args: argparse.Namespace) -> dict:
     from breeze_worker.profiling.audit import SCHEMA, audit_path
     from breeze_worker.profiling.setup import load_model, make_request
 
-    device = pick_device(args.device)
+    if args.budget is not None and args.budget < 0:
+        raise ValueError(f"--budget must be 0 or more host syncs per frame, not {args.budget}")
+    if args.frames < 1:
+        raise ValueError(f"--frames must be at least 1, not {args.frames}")
     paths = parse_paths(args.path)
+    device = pick_device(args.device)
     model = load_model(args, device)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
     doc = {
@@ -64,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     torch.set_grad_enabled(False)
     try:
         doc = audit(args)
-    except ValueError as exc:
+    except (BreezeError, ValueError) as exc:  # a bad flag, checkpoint or request: one line, the usage exit
         print(f"breeze-worker audit-syncs: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(table(doc), file=sys.stderr if args.json == "-" else sys.stdout)
     write_json(doc, args.json)
     if not doc["within_budget"]:

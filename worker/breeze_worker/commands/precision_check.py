@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from breeze_worker.errors import BreezeError
 from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta, write_json
 
 
@@ -35,6 +36,10 @@ def check(args: argparse.Namespace) -> dict:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"--policies: unknown {', '.join(unknown)} (known: {', '.join(POLICIES)})")
+    if args.frames < 1:
+        raise ValueError(f"--frames must be at least 1, not {args.frames}")
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be at least 1, not {args.top_k}")
     device = pick_device(args.device)
     model = load_model(args, device, precision="fp32")
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_grad_enabled(False)
     try:
         doc = check(args)
-    except ValueError as exc:
+    except (BreezeError, ValueError) as exc:  # a bad flag, checkpoint or request: one line, usage exit
         print(f"breeze-worker precision-check: {exc}", file=sys.stderr)
         return 2
     print(table(doc, args.per_step), file=sys.stderr if args.json == "-" else sys.stdout)

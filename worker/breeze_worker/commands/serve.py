@@ -4,6 +4,8 @@ Flags are generated from the typed settings in `breeze_worker.config` (defaults 
 environment variables BREEZE_<SECTION>_<FIELD> are read first and flags override them). When both
 servers listen and the model is warm, one line goes to stdout:
     breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...
+The test-only fault delays (--fault-*, BREEZE_ARTIFACTS_FAULT_*) are hidden from --help; when one is
+non-zero the worker logs a WARNING at startup and the ready line ends with `TEST FAULTS ON: ...`.
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             metavar=metavar)
 
 
+def active_faults(settings: WorkerSettings) -> str:
+    """The non-zero test-only fault delays, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
+    a = settings.artifacts
+    return " ".join(f"{name}={getattr(a, name):g}" for name in ("fault_commit_delay_s", "fault_first_byte_delay_s")
+                    if getattr(a, name) > 0)
+
+
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> WorkerSettings:
     """Environment first, flags over it; validated (ValueError says what to change)."""
     settings = WorkerSettings.from_env(environ)
@@ -97,6 +106,10 @@ async def serve(settings: WorkerSettings) -> int:
     if settings.engine.model_dir is None:
         log.warning("no --model given: serving the TINY EMBEDDED DEFAULT (random weights); its audio is NOT "
                     "speech. Pass --model DIR with a Breeze TTS 2 checkpoint for real synthesis.")
+    faults = active_faults(settings)
+    if faults:
+        log.warning("TEST-ONLY FAULT INJECTION IS ON (%s): every artifact commit or fetch is delayed on purpose. "
+                    "Unset --fault-* / BREEZE_ARTIFACTS_FAULT_* outside the diagnosis tests.", faults)
     store = ArtifactStore(settings.artifacts)
     engine = Engine(settings.engine, store)
     servers = await create_server(settings, engine, store)
@@ -120,7 +133,8 @@ async def serve(settings: WorkerSettings) -> int:
         host = settings.server.host
         model = "tiny-default (audio is NOT speech)" if engine.is_tiny_default else engine.model_description
         print(f"breeze-worker ready: synthesis={host}:{servers.synthesis_port} "
-              f"artifacts={host}:{servers.artifact_port} model={model}", flush=True)
+              f"artifacts={host}:{servers.artifact_port} model={model}"
+              + (f"; TEST FAULTS ON: {faults}" if faults else ""), flush=True)
         await stopping
     elif starting.done() and starting.exception() is not None:
         log.error("the engine failed to start", exc_info=starting.exception())

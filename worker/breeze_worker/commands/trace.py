@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from breeze_worker.errors import BreezeError
 from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta, write_json
 
 
@@ -34,16 +35,18 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_grad_enabled(False)
     try:
+        if args.frames < 1:
+            raise ValueError(f"--frames must be at least 1, not {args.frames}")
         device = pick_device(args.device)
-    except ValueError as exc:
+        model = load_model(args, device)
+        request = make_request(model, args.text, args.cfg, args.frames, args.seed)
+        for _ in frame_source(args.path, model, request, device):  # warm-up, untraced
+            pass
+        tracer = Tracer(nvtx=device.type == "cuda")  # NVTX ranges too, for Nsight Systems
+        frames = trace_request(model, request, device, args.path, tracer, sync_marks=not args.no_sync_marks)
+    except (BreezeError, ValueError) as exc:  # a bad flag, checkpoint or request: one line, usage exit
         print(f"breeze-worker trace: {exc}", file=sys.stderr)
         return 2
-    model = load_model(args, device)
-    request = make_request(model, args.text, args.cfg, args.frames, args.seed)
-    for _ in frame_source(args.path, model, request, device):  # warm-up, untraced
-        pass
-    tracer = Tracer()
-    frames = trace_request(model, request, device, args.path, tracer, sync_marks=not args.no_sync_marks)
     meta = {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "model": args.model or f"random-{args.size}", "precision": str(model.dtype), "path": args.path,
             "frames": frames, "cfg": bool(args.cfg), "sync_marks": not args.no_sync_marks}

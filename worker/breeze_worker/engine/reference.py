@@ -1,8 +1,12 @@
 """Reference audio intake for voice cloning: decode, check, convert to 24 kHz mono, encode, cache.
 
-`decode_reference_audio(bytes, max_seconds)` accepts WAV, FLAC or OGG (Vorbis/Opus) at any sample rate,
-with any number of channels (averaged to mono), as 8-32 bit integers or floats, and returns 24 kHz
-float32 samples. Every refusal is an `InvalidRequest` whose message says what to change.
+`decode_reference_audio(bytes, max_seconds, min_seconds)` accepts WAV, FLAC or OGG (Vorbis/Opus) at any
+sample rate, with any number of channels (averaged to mono), as 8-32 bit integers or floats, and returns
+24 kHz float32 samples. Every refusal is an `InvalidRequest` whose message says what to change.
+
+Silence is judged on 20 ms frames with each frame's mean removed (so a DC offset is not sound): a clip
+counts as speech only when at least `MIN_ACTIVE_SHARE` of its frames are above -60 dBFS RMS, so one click
+in a silent file is refused too. Stereo whose channels cancel when averaged gets its own message.
 
 `ReferenceStore` encodes a reference once: its codes are cached under a content hash of (audio bytes,
 transcript), which is also the reference id (`ref-` + 32 hex digits) later requests can name instead of
@@ -31,7 +35,11 @@ log = logging.getLogger(__name__)
 
 TARGET_RATE = 24000
 SUPPORTED_FORMATS = {"WAV": "WAV", "WAVEX": "WAV", "RF64": "WAV", "FLAC": "FLAC", "OGG": "OGG"}
-SILENCE_PEAK = 10 ** (-70 / 20)  # below -70 dBFS everywhere counts as silence
+ACTIVE_RMS = 10 ** (-60 / 20)  # a 20 ms frame (its mean removed) above -60 dBFS RMS holds sound
+ACTIVE_FRAME_SECONDS = 0.02
+MIN_ACTIVE_SHARE = 0.1  # a reference needs at least this share of its 20 ms frames to hold sound
+MIN_REFERENCE_SECONDS = 1.0
+_OBJECT_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>:?\s*")
 REFERENCE_ID = re.compile(r"^ref-[0-9a-f]{32}$")
 
 
@@ -44,7 +52,8 @@ def reference_id(audio: bytes, transcript: str) -> str:
     return "ref-" + digest.hexdigest()[:32]
 
 
-def decode_reference_audio(audio: bytes, max_seconds: float) -> tuple[np.ndarray, float]:
+def decode_reference_audio(audio: bytes, max_seconds: float,
+                           min_seconds: float = MIN_REFERENCE_SECONDS) -> tuple[np.ndarray, float]:
     """Audio file bytes -> (float32 mono samples at 24 kHz, duration in seconds of the original)."""
     if not audio:
         raise InvalidRequest("reference audio is empty: send a WAV, FLAC or OGG file with a few seconds of speech")
@@ -53,7 +62,7 @@ def decode_reference_audio(audio: bytes, max_seconds: float) -> tuple[np.ndarray
     except Exception as exc:  # libsndfile reports unknown or corrupt data as several error types
         raise InvalidRequest(
             "reference audio could not be decoded: send a WAV, FLAC or OGG file "
-            f"(8-32 bit integer or float samples) ({_short(exc)})"
+            f"(8-32 bit integer or float samples) ({_reason(exc)})"
         ) from exc
     if info.format not in SUPPORTED_FORMATS:
         raise InvalidRequest(
@@ -68,21 +77,45 @@ def decode_reference_audio(audio: bytes, max_seconds: float) -> tuple[np.ndarray
         samples, rate = soundfile.read(io.BytesIO(audio), dtype="float32", always_2d=True)
     except Exception as exc:
         raise InvalidRequest(
-            f"reference audio could not be decoded ({_short(exc)}): re-export it as 16-bit PCM WAV or FLAC"
+            f"reference audio could not be decoded ({_reason(exc)}): re-export it as 16-bit PCM WAV or FLAC"
         ) from exc
     if samples.shape[0] == 0:
         raise InvalidRequest("reference audio has no samples: send a recording with a few seconds of speech")
     seconds = samples.shape[0] / rate  # the decoded length; the header's may be approximate (OGG)
     if seconds > max_seconds:
         raise _too_long(seconds, max_seconds)
-    mono = samples.mean(axis=1, dtype=np.float32)
-    if not np.isfinite(mono).all():
+    if not np.isfinite(samples).all():
         raise InvalidRequest("reference audio contains NaN or infinite samples: re-export it as PCM WAV or FLAC")
-    if float(np.abs(mono).max()) < SILENCE_PEAK:
+    if seconds < min_seconds:
         raise InvalidRequest(
-            "reference audio is silent (peak below -70 dBFS): send a recording of the speaker's voice"
+            f"reference audio is too short ({seconds:.2f} s, or a truncated file): "
+            f"send at least {min_seconds:g} s of speech"
+        )
+    mono = samples.mean(axis=1, dtype=np.float32)
+    share = active_share(mono, rate)
+    if share < MIN_ACTIVE_SHARE:
+        channels = [active_share(samples[:, c], rate) for c in range(samples.shape[1])]
+        if samples.shape[1] > 1 and max(channels) >= MIN_ACTIVE_SHARE:
+            raise InvalidRequest(
+                "reference audio's channels cancel each other when mixed to mono (one is the other with its "
+                "polarity inverted): send a single channel, or fix the polarity"
+            )
+        raise InvalidRequest(
+            f"reference audio is silent: only {100 * share:.0f}% of it is above -60 dBFS (a DC offset or a "
+            f"click is not sound; at least {100 * MIN_ACTIVE_SHARE:.0f}% is needed): "
+            "send a recording of the speaker's voice"
         )
     return resample(mono, rate, TARGET_RATE), seconds
+
+
+def active_share(samples: np.ndarray, rate: int) -> float:
+    """The share of 20 ms frames whose RMS around their own mean is above -60 dBFS (0 for no frame)."""
+    size = max(1, int(round(rate * ACTIVE_FRAME_SECONDS)))
+    count = len(samples) // size
+    if count == 0:
+        return 0.0
+    frames = np.asarray(samples[: count * size], dtype=np.float64).reshape(count, size)
+    return float((frames.std(axis=1) > ACTIVE_RMS).mean())
 
 
 def _too_long(seconds: float, max_seconds: float) -> InvalidRequest:
@@ -92,20 +125,25 @@ def _too_long(seconds: float, max_seconds: float) -> InvalidRequest:
     )
 
 
-def _short(exc: Exception) -> str:
-    text = str(exc).strip() or type(exc).__name__
+def _reason(exc: Exception) -> str:
+    """libsndfile's reason without the Python object it names; the full text goes to the log."""
+    log.info("reference audio rejected by libsndfile: %s", exc)
+    text = getattr(exc, "error_string", None) or _OBJECT_REPR.sub("", str(exc))
+    text = " ".join(text.split()) or type(exc).__name__
     return text if len(text) <= 160 else text[:157] + "..."
 
 
 class ReferenceStore:
     """Encoded references by content hash, least recently used evicted beyond `max_entries`."""
 
-    def __init__(self, codec: Codec, max_entries: int = 64, max_seconds: float = 30.0):
-        if max_entries < 1 or max_seconds <= 0:
-            raise ValueError("max_entries must be >= 1 and max_seconds > 0")
+    def __init__(self, codec: Codec, max_entries: int = 64, max_seconds: float = 30.0,
+                 min_seconds: float = MIN_REFERENCE_SECONDS):
+        if max_entries < 1 or max_seconds <= 0 or not 0 <= min_seconds <= max_seconds:
+            raise ValueError("max_entries must be >= 1, max_seconds > 0 and 0 <= min_seconds <= max_seconds")
         self.codec = codec
         self.max_entries = max_entries
         self.max_seconds = max_seconds
+        self.min_seconds = min_seconds
         self._entries: OrderedDict[str, ResolvedReference] = OrderedDict()
         self._in_flight: dict[str, Future] = {}
         self._lock = threading.Lock()
@@ -119,7 +157,7 @@ class ReferenceStore:
     def intake(self, audio: bytes, transcript: str) -> ResolvedReference:
         """Decode, check, encode and cache a reference; a repeated (audio, transcript) is served from cache."""
         audio = bytes(audio)
-        transcript = (transcript or "").strip()
+        transcript = transcript if transcript and transcript.strip() else ""  # kept exactly as sent; blank -> rejected
         if not transcript:
             raise InvalidRequest(
                 "reference transcript is empty: send the exact words spoken in the reference audio"
@@ -169,7 +207,7 @@ class ReferenceStore:
         )
 
     def _encode(self, key: str, audio: bytes, transcript: str) -> ResolvedReference:
-        samples, seconds = decode_reference_audio(audio, self.max_seconds)
+        samples, seconds = decode_reference_audio(audio, self.max_seconds, self.min_seconds)
         with self._encode_lock:
             codes = self.codec.encode(samples)
             self.encodes += 1

@@ -7,11 +7,17 @@ be served as given is an `InvalidRequest` whose message says what to change.
   design), otherwise plain.
 - cfg_scale: unset means 1.0 for plain / clone and the checkpoint default for instruction / direction (the
   official default is 1.0 too: guidance is opt-in). A value other than 1 on a template without a negative
-  prompt is an error, never a silent change; non-finite or <= 0 is an error.
+  prompt is an error, never a silent change; non-finite, <= 0 or above 100 is an error.
+- Text, instruction and transcript: non-blank, within the character limit, and free of control tokens
+  (`prompts.control_tokens`: <bos>, <ins_bos>, [S0]..[S9], the audio markers, the tokenizer's special
+  tokens), which the tokenizer would read as prompt structure rather than words.
+- Sampling overrides: bounded so every value stays finite in float32 (temperature 0 or in [1e-3, 100],
+  repetition penalty <= 1000, top-k < 2**31).
 - Frame limit: unset means a generous multiple of the text's expected speech time (CJK characters ~4/s,
   other visible characters ~12/s, slow ends of normal speech), x3 plus 3 s, so a random-weight model or a
   runaway tail stops early; never above the model's 1500-frame cap nor the backbone sequence budget left
-  after the prompt. An explicit limit above that cap is an error.
+  after the prompt. A text whose expected speech time (x1) does not fit in that cap is an error (it would
+  be cut off): split it. An explicit limit above that cap is an error.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ CJK_CHARS_PER_S = 4.0
 OTHER_CHARS_PER_S = 12.0
 LIMIT_MULTIPLE = 3.0
 LIMIT_SLACK_S = 3.0
+# upper bounds that keep every request value finite (and meaningful) in float32 / int32 on the device
+MAX_TEMPERATURE = 100.0
+MIN_TEMPERATURE = 1e-3  # a positive temperature below this overflows the scaled logits; 0 is greedy
+MAX_CFG_SCALE = 100.0
+MAX_REPETITION_PENALTY = 1000.0  # logits x 1000 stay far inside float32
+MAX_TOP_K = 2**31 - 1
 
 
 def _is_cjk(ch: str) -> bool:
@@ -64,7 +76,7 @@ def default_frame_limit(text: str, frame_rate: float) -> int:
     return math.ceil((LIMIT_MULTIPLE * expected_speech_seconds(text) + LIMIT_SLACK_S) * frame_rate)
 
 
-def _check_text(name: str, value: str, max_chars: int) -> None:
+def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if not isinstance(value, str):
         raise InvalidRequest(f"{name} must be a string")
     if not value.strip():
@@ -73,9 +85,15 @@ def _check_text(name: str, value: str, max_chars: int) -> None:
     if len(value) > max_chars:
         raise InvalidRequest(f"{name} has {len(value)} characters, more than the limit of {max_chars}: "
                              "shorten it or split it into several requests")
-    markers = prompts.reserved_markers_in(value)
+    control = next(((i, c) for i, c in enumerate(value) if unicodedata.category(c) == "Cc" and c not in "\t\n\r"),
+                   None)
+    if control is not None:
+        raise InvalidRequest(f"{name} contains the control character U+{ord(control[1]):04X} at position "
+                             f"{control[0]}: remove it (only tab, line feed and carriage return are allowed)")
+    markers = prompts.reserved_markers_in(value, tokenizer)
     if markers:
-        raise InvalidRequest(f"{name} contains the reserved marker(s) {', '.join(markers)}: remove them")
+        raise InvalidRequest(f"{name} contains the reserved marker(s) {', '.join(markers)}, which the tokenizer "
+                             "reads as control tokens of the prompt, not as words: remove them")
 
 
 def _finite(value, name: str) -> float:
@@ -87,18 +105,23 @@ def _finite(value, name: str) -> float:
 def _resolve_sampling(overrides: SamplingOverrides, defaults: GenerationDefaults) -> SamplingParams:
     o = overrides or SamplingOverrides()
     temperature = defaults.temperature if o.temperature is None else _finite(o.temperature, "temperature")
-    if temperature < 0:
-        raise InvalidRequest(f"temperature must be >= 0 (0 means greedy), not {temperature}")
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise InvalidRequest(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 means greedy), not {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise InvalidRequest(f"temperature {temperature} is too small to sample with (the scaled scores overflow): "
+                             f"use 0 for greedy decoding or at least {MIN_TEMPERATURE:g}")
     top_k = defaults.top_k if o.top_k is None else o.top_k
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise InvalidRequest(f"top_k must be an integer >= 0 (0 disables it), not {top_k!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= MAX_TOP_K:
+        raise InvalidRequest(f"top_k must be an integer in [0, 2**31 - 1] (0 disables it; any value above the "
+                             f"2051 code classes keeps them all), not {top_k!r}")
     top_p = defaults.top_p if o.top_p is None else _finite(o.top_p, "top_p")
     if not 0 < top_p <= 1:
         raise InvalidRequest(f"top_p must be in (0, 1] (1 disables it), not {top_p}")
     penalty = (defaults.repetition_penalty if o.repetition_penalty is None
                else _finite(o.repetition_penalty, "repetition_penalty"))
-    if penalty <= 0:
-        raise InvalidRequest(f"repetition_penalty must be > 0 (1 disables it), not {penalty}")
+    if not 0 < penalty <= MAX_REPETITION_PENALTY:
+        raise InvalidRequest(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 disables it), "
+                             f"not {penalty}")
     return SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
                           repetition_penalty=float(penalty))
 
@@ -108,8 +131,8 @@ def _resolve_cfg(req: SynthesisRequest, template: Template, defaults: Generation
     if req.cfg_scale is None:
         return float(getattr(defaults, "cfg_scale", 1.0)) if guided else 1.0
     scale = _finite(req.cfg_scale, "cfg_scale")
-    if scale <= 0:
-        raise InvalidRequest(f"cfg_scale must be > 0 (1 means no guidance), not {scale}")
+    if not 0 < scale <= MAX_CFG_SCALE:
+        raise InvalidRequest(f"cfg_scale must be in (0, {MAX_CFG_SCALE:g}] (1 means no guidance), not {scale}")
     if scale != 1.0 and not guided:
         raise InvalidRequest(
             f"cfg_scale {scale} needs a negative prompt, and the {template.value} template has none (guidance "
@@ -126,7 +149,8 @@ def _resolve_seed(seed) -> int:
     return seed
 
 
-def _check_reference(req: SynthesisRequest, reference: ResolvedReference | None, max_chars: int) -> None:
+def _check_reference(req: SynthesisRequest, reference: ResolvedReference | None, max_chars: int,
+                     tokenizer=None) -> None:
     ref = req.reference
     if ref is None:
         if reference is not None:
@@ -146,7 +170,7 @@ def _check_reference(req: SynthesisRequest, reference: ResolvedReference | None,
         raise InvalidRequest("the reference is empty: give reference audio with its transcript, or drop it")
     if reference is None:
         raise ValueError("the request has a reference but none was resolved: run reference intake first")
-    _check_text("reference transcript", reference.transcript, max_chars)
+    _check_text("reference transcript", reference.transcript, max_chars, tokenizer)
     codes = reference.codes
     if getattr(codes, "ndim", 0) != 2 or codes.shape[0] < 1 or codes.shape[1] != NUM_CODEBOOKS:
         raise InvalidRequest("the reference audio gave no frames: send a longer reference clip")
@@ -169,12 +193,21 @@ def prompt_length(template: Template, text: str, instruction: str | None, refere
         raise InvalidRequest(f"the prompt cannot be laid out: {exc}") from exc
 
 
+def _check_fits(text: str, cap: int, defaults: GenerationDefaults) -> None:
+    """A text whose expected speech (x1) is longer than the frames this request may have would be cut off."""
+    expected_s, allowed_s = expected_speech_seconds(text), cap / defaults.frame_rate
+    if expected_s > allowed_s:
+        raise InvalidRequest(f"the text is about {expected_s:.0f} s of speech; this request allows at most "
+                             f"{allowed_s:.1f} s ({cap} frames: the model's {defaults.max_frames}-frame cap and "
+                             "its sequence budget with the prompt): split the text into shorter requests")
+
+
 def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, reference: ResolvedReference | None, *,
                     max_text_chars: int = 2000, tokenizer=None) -> ResolvedRequest:
-    _check_text("text", req.text, max_text_chars)
+    _check_text("text", req.text, max_text_chars, tokenizer)
     if req.instruction is not None:
-        _check_text("instruction", req.instruction, max_text_chars)
-    _check_reference(req, reference, max_text_chars)
+        _check_text("instruction", req.instruction, max_text_chars, tokenizer)
+    _check_reference(req, reference, max_text_chars, tokenizer)
     template = Template(prompts.template_for(req.reference is not None, req.instruction is not None))
     cfg_scale = _resolve_cfg(req, template, defaults)
     sampling = _resolve_sampling(req.sampling, defaults)
@@ -194,6 +227,7 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
                                  "leaving no room for audio: shorten the text, instruction or reference")
         cap = min(cap, room)
     if req.max_frames is None:
+        _check_fits(req.text, cap, defaults)
         max_frames = min(cap, default_frame_limit(req.text, defaults.frame_rate))
     else:
         max_frames = req.max_frames

@@ -62,6 +62,7 @@ class Engine:
             self.runtime.codec,
             max_entries=self.settings.reference_cache_entries,
             max_seconds=self.settings.max_reference_seconds,
+            min_seconds=self.settings.min_reference_seconds,
         )
         self.scheduler = Scheduler(
             self.runtime,

@@ -5,13 +5,17 @@ A *host sync* is any operation after which the host must wait for the device: re
 copying host data to the device without `non_blocking` (`torch.tensor(data, device=...)`, `.to(device)`:
 a pageable copy waits for the stream), and data-dependent shapes (`nonzero`, `masked_select`, boolean-mask
 indexing, `unique`, one-argument `torch.where`, `repeat_interleave` without `output_size`,
-`torch.multinomial`).
+`torch.multinomial`), comparisons that return a Python bool (`torch.equal`, `torch.allclose`), and the
+explicit waits (`torch.cuda.synchronize()`, `Stream.synchronize()`, `Event.synchronize()`).
 
 `SyncDetector` (a context manager) sees them with two PyTorch modes: a `TorchFunctionMode` for the
 Python-level calls (the tensor methods above and the tensor factories) and a `TorchDispatchMode` for the
 ATen operators that synchronize wherever they are called from (`aten._local_scalar_dense`,
-`aten.nonzero`, ...); a sync found at the Python level is not counted again by the ATen level. Each sync
-names the first stack frame in `breeze_worker` code (`site`) and the innermost Python frame (`origin`).
+`aten.nonzero`, ...); a sync found at the Python level is not counted again by the ATen level. The explicit
+waits are not tensor operations: while a detector is active (on the thread that entered it) it wraps
+`torch.cuda.synchronize`, `torch.cuda.Stream.synchronize` and `torch.cuda.Event.synchronize`, and restores
+them on exit. Each sync names the first stack frame in `breeze_worker` code (`site`) and the innermost
+Python frame (`origin`).
 
 On CUDA a tensor is "on the device" when it is a CUDA tensor. On the CPU there is no real sync, so the
 detector *emulates* a device: every tensor counts as a device tensor (those that existed before the
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import linecache
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -46,7 +51,12 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holdin
 _T = torch.Tensor
 READS = {_T.item: "item", _T.__bool__: "bool", _T.__int__: "int", _T.__float__: "float", _T.__index__: "index",
          _T.tolist: "tolist"}
+# comparisons whose result is a Python bool: a read of a value computed from every tensor argument
+COMPARE_READS = {torch.equal: "equal", _T.equal: "equal", torch.allclose: "allclose", _T.allclose: "allclose"}
 HOST_COPIES = {_T.cpu: "cpu", _T.numpy: "numpy"}
+# explicit waits for the device, wrapped while a detector is active: (owner, attribute, op)
+EXPLICIT_WAITS = ((torch.cuda, "synchronize", "synchronize"), (torch.cuda.Stream, "synchronize", "stream_synchronize"),
+                  (torch.cuda.Event, "synchronize", "event_synchronize"))
 DATA_FACTORIES = {torch.tensor: "tensor", torch.as_tensor: "as_tensor"}
 _aten = torch.ops.aten
 ATEN_SYNCS = {
@@ -58,6 +68,7 @@ ATEN_SYNCS = {
     _aten.unique_dim.default: "unique",
     _aten.unique_consecutive.default: "unique",
     _aten.repeat_interleave.Tensor: "repeat_interleave",
+    _aten.equal.default: "equal",
 }
 _INDEX_OPS = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default}
 # a sync is part of a request's setup (not of a frame) when one of these spans is open (engine/tracing.py)
@@ -151,6 +162,7 @@ class SyncDetector:
         self._claimed = 0  # >0 while a Python-level sync runs (its ATen ops are not counted again)
         self._paused = 0
         self._modes: tuple | None = None
+        self._wrapped: list[tuple] = []  # (owner, attribute, original) of the explicit waits wrapped
 
     # ---- device / host ----
     def on_device(self, t: torch.Tensor) -> bool:
@@ -220,6 +232,10 @@ class SyncDetector:
             result = call()
             self._mark_outputs_host(result)
             return result
+        if func in COMPARE_READS:
+            if any(self.on_device(t) for t in _tensors(args, kwargs)):
+                return self._claim(COMPARE_READS[func], call)
+            return call()
         if func is _T.to or func is _T.cuda:
             return self._transfer(func, args, kwargs, call)
         if func in DATA_FACTORIES:
@@ -351,9 +367,35 @@ class SyncDetector:
         self._modes = (_Dispatch(), _Function())
         for mode in self._modes:
             mode.__enter__()
+        self._wrap_waits()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._unwrap_waits()
         for mode in reversed(self._modes or ()):
             mode.__exit__(*exc)
         self._modes = None
+
+    # ---- explicit waits (not tensor operations: the modes do not see them) ----
+    def _wrap_waits(self) -> None:
+        detector, thread = self, threading.get_ident()
+        self._wrapped = []
+        for owner, name, op in EXPLICIT_WAITS:
+            own = name in vars(owner)  # else inherited: removed again on exit
+            original = getattr(owner, name)
+
+            def wait(*args, _original=original, _op=op, **kwargs):
+                if threading.get_ident() == thread:
+                    detector.record(_op)
+                return _original(*args, **kwargs)
+
+            setattr(owner, name, wait)
+            self._wrapped.append((owner, name, original if own else None))
+
+    def _unwrap_waits(self) -> None:
+        for owner, name, original in reversed(self._wrapped):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._wrapped = []

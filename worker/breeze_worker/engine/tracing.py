@@ -15,6 +15,11 @@ Nesting in the written trace follows time containment on one thread (Chrome "X" 
 span opened inside a generator and left open across a `yield` contains whatever the consumer does before
 resuming it (the eager generator's "frame" span contains the consumer's "codec_decode" and "emit").
 `Tracer.stack()` gives the names of the spans open on the calling thread (innermost last).
+
+Code that may run inside a CUDA graph capture (the fast path's frame step) uses `device_span(device, name)`:
+while a capture is in progress on the current stream it is the no-op (a capture runs the Python once, so a
+span there would time the recording, not the work). `Tracer(nvtx=True)` also opens an NVTX range per span
+(visible in Nsight Systems next to the kernels), on CUDA builds only.
 """
 
 from __future__ import annotations
@@ -66,21 +71,26 @@ _ACTIVE: "Tracer | None" = None
 
 
 class _Span:
-    __slots__ = ("tracer", "name", "args", "start_ns", "thread")
+    __slots__ = ("tracer", "name", "args", "start_ns", "thread", "nvtx_id")
 
     def __init__(self, tracer: "Tracer", name: str, args: dict[str, Any]):
         self.tracer, self.name, self.args = tracer, name, args
         self.start_ns = 0
         self.thread = 0
+        self.nvtx_id = None
 
     def __enter__(self) -> "_Span":
         self.thread = threading.get_ident()
         self.tracer._stack().append(self)
+        if self.tracer.nvtx is not None:  # start/end ranges: spans left open across a yield need not nest
+            self.nvtx_id = self.tracer.nvtx.range_start(self.name)
         self.start_ns = time.perf_counter_ns()
         return self
 
     def __exit__(self, *exc) -> None:
         end = time.perf_counter_ns()
+        if self.nvtx_id is not None:
+            self.tracer.nvtx.range_end(self.nvtx_id)
         stack = self.tracer._stack()
         if stack and stack[-1] is self:
             stack.pop()
@@ -117,8 +127,9 @@ class _SpanSequence:
 class Tracer:
     """Records spans and marks from every thread while active; `chrome_trace()` / `write()` export them."""
 
-    def __init__(self, process_name: str = "breeze-worker"):
+    def __init__(self, process_name: str = "breeze-worker", nvtx: bool = False):
         self.process_name = process_name
+        self.nvtx = _nvtx_module() if nvtx else None  # torch.cuda.nvtx, or None (off, or no CUDA)
         self.events: list[TraceEvent] = []
         self.origin_ns = time.perf_counter_ns()
         self._lock = threading.Lock()
@@ -207,6 +218,14 @@ class Tracer:
         return path
 
 
+def _nvtx_module():
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.nvtx
+
+
 def _jsonable(args: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in args.items()}
 
@@ -235,3 +254,17 @@ def mark(name: str, **args) -> None:
     tracer = _ACTIVE
     if tracer is not None:
         tracer.mark(name, **args)
+
+
+def device_span(device, name: str, **args):
+    """`span(name)`, except the no-op while a CUDA graph is being captured on the current stream of a CUDA
+    `device` (code that graphs capture calls this; off, it costs one global read)."""
+    tracer = _ACTIVE
+    if tracer is None:
+        return _NO_SPAN
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            return _NO_SPAN
+    return tracer.span(name, **args)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from breeze_worker.errors import CheckpointError
 from breeze_worker.model.lm.breeze import BreezeLM
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.tokenizer import BreezeTokenizer
@@ -30,17 +32,29 @@ class GenerationDefaults:
 
     @classmethod
     def from_generation_config(cls, raw: dict[str, Any]) -> "GenerationDefaults":
+        """Read generation_config.json; an absent or null key keeps the official default, a value of the
+        wrong type or range is a `CheckpointError` naming the key (it would otherwise fail every request)."""
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"generation_config.json must be a JSON object, not {type(raw).__name__}")
         base = cls()
 
-        def pick(key: str, cast, default):
+        def pick(key: str, default, want: str, ok) -> Any:
             value = raw.get(key)
-            return default if value is None else cast(value)
+            if value is None:
+                return default
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not ok(value):
+                raise CheckpointError(f"generation_config.json {key} is {value!r}, expected {want}")
+            return value
 
         return cls(
-            temperature=pick("temperature", float, base.temperature),
-            top_k=pick("top_k", int, base.top_k),
-            top_p=pick("top_p", float, base.top_p),
-            repetition_penalty=pick("repetition_penalty", float, base.repetition_penalty),
+            temperature=float(pick("temperature", base.temperature, "0 (greedy) or a number in [0.001, 100]",
+                                   lambda v: v == 0 or 1e-3 <= v <= 100)),
+            top_k=int(pick("top_k", base.top_k, "an integer >= 0",
+                           lambda v: float(v).is_integer() and 0 <= v < 2**31)),
+            top_p=float(pick("top_p", base.top_p, "a number in (0, 1]", lambda v: 0 < v <= 1)),
+            repetition_penalty=float(pick("repetition_penalty", base.repetition_penalty, "a number in (0, 1000]",
+                                          lambda v: 0 < v <= 1000)),
         )
 
     def to_generation_config(self) -> dict[str, Any]:

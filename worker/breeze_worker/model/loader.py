@@ -7,7 +7,9 @@ the shard headers (names, shapes); the data is read by offset straight into each
 staging buffer when the dtype or device differs), never memory-mapped, so peak host memory stays at the
 live weights plus a few MB. Dead tensors (`embed_text_tokens.*`, `codec_model.*`) are never read. The
 backbone's audio embedding is the depth decoder's `embed_tokens` (one module), so the tie holds by
-construction. Any missing, unexpected or mis-shaped tensor is a `CheckpointError` naming it and both shapes.
+construction. Any missing, unexpected or mis-shaped tensor is a `CheckpointError` naming it and both shapes;
+so is a weight stored in a non-floating dtype, a tensor a shard holds but the index does not list (dead
+tensors excepted), an index without a `weight_map`, and a shard safetensors cannot read (named).
 
 `write_checkpoint` writes the same official layout (used by tests and to export the tiny default).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -50,31 +53,76 @@ def _weight_map(directory: Path) -> dict[str, str]:
     """tensor name -> shard file name."""
     index = directory / INDEX_FILE
     if index.exists():
-        return dict(_read_json(index)["weight_map"])
+        raw = _read_json(index)
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has no \"weight_map\" object (tensor name -> shard file): "
+                                  "the index is broken; re-download it")
+        bad = next((k for k, v in weight_map.items() if not isinstance(v, str) or not v), None)
+        if bad is not None:
+            raise CheckpointError(f"{index}: weight_map[{bad!r}] is {weight_map[bad]!r}, not a shard file name")
+        return dict(weight_map)
     single = directory / "model.safetensors"
     if not single.exists():
         raise CheckpointError(f"{directory} has neither {INDEX_FILE} nor model.safetensors")
-    with safe_open(str(single), framework="pt") as f:
+    with _open_shard(single) as f:
         return {name: single.name for name in f.keys()}
 
 
-def _shard_shapes(directory: Path, weight_map: dict[str, str]) -> dict[str, tuple[int, ...]]:
-    """Shapes from the shard headers (no tensor data is read)."""
-    shapes: dict[str, tuple[int, ...]] = {}
+def _open_shard(path: Path):
+    """`safe_open` whose failures (bad header, truncated file) are a `CheckpointError` naming the shard."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as exc:  # SafetensorError, OSError: a corrupt or truncated shard
+        raise CheckpointError(f"shard {path.name} in {path.parent} cannot be read ({exc}): the file is corrupt "
+                              "or truncated; re-download it") from exc
+
+
+FLOATING = ("F64", "F32", "F16", "BF16")  # safetensors dtypes a weight may be stored in
+
+
+@dataclass
+class ShardInventory:
+    """What the shard headers hold (no tensor data is read)."""
+
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # live tensors the index places here
+    dtypes: dict[str, str] = field(default_factory=dict)  # their safetensors dtypes
+    unlisted: list[str] = field(default_factory=list)  # problems: tensors a shard holds against the index
+
+
+def _shard_shapes(directory: Path, weight_map: dict[str, str]) -> ShardInventory:
+    inventory = ShardInventory()
     for shard in sorted(set(weight_map.values())):
         path = directory / shard
         if not path.exists():
             raise CheckpointError(f"shard {shard} named by {INDEX_FILE} is missing from {directory}")
-        with safe_open(str(path), framework="pt") as f:
+        with _open_shard(path) as f:
             for name in f.keys():
-                if weight_map.get(name) == shard and not name.startswith(DEAD_PREFIXES):
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
+                if name.startswith(DEAD_PREFIXES):
+                    continue
+                info = f.get_slice(name)
+                shape = tuple(info.get_shape())
+                listed = weight_map.get(name)
+                if listed == shard:
+                    inventory.shapes[name] = shape
+                    inventory.dtypes[name] = info.get_dtype()
+                elif listed is None:
+                    inventory.unlisted.append(f"unexpected tensor {name} with shape {list(shape)} in shard {shard}: "
+                                              f"{INDEX_FILE} does not list it")
+                else:
+                    inventory.unlisted.append(f"unexpected tensor {name} in shard {shard}: {INDEX_FILE} places it "
+                                              f"in {listed}")
+    return inventory
 
 
 def _check_tensors(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]],
-                   weight_map: dict[str, str]) -> None:
-    problems: list[str] = []
+                   weight_map: dict[str, str], dtypes: dict[str, str] | None = None,
+                   unlisted: list[str] | None = None) -> None:
+    problems: list[str] = list(unlisted or [])
+    for name, dtype in (dtypes or {}).items():
+        if dtype not in FLOATING:
+            problems.append(f"tensor {name} is stored as {dtype}, not a floating-point type "
+                            f"({', '.join(FLOATING)}): the checkpoint is not a Breeze TTS 2 weight file")
     for name, shape in expected.items():
         if name not in found:
             where = "its shard lacks it" if name in weight_map else "no shard holds it"
@@ -146,12 +194,15 @@ def _read_exact(file, view: memoryview, name: str) -> None:
     while done < len(view):
         got = file.readinto(view[done:])
         if not got:
-            raise CheckpointError(f"tensor {name} is truncated in its shard (file shorter than its header says)")
+            raise CheckpointError(f"tensor {name} is truncated in shard {Path(file.name).name} (file shorter than "
+                                  "its header says): re-download the shard")
         done += got
 
 
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.float32) -> LoadedModel:
+                    dtype: torch.dtype = torch.float32, *, require_codec: bool = True) -> LoadedModel:
+    """Load a checkpoint directory. Its `audio_tokenizer/` (the codec) is required unless `require_codec`
+    is False (a language-model-only load, e.g. in tests), which gives `codec=None`."""
     directory = Path(directory)
     config = BreezeConfig.from_dict(_read_json(directory / "config.json"))
     if not config.tie_codebooks_embeddings:
@@ -159,13 +210,18 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     gen_path = directory / "generation_config.json"
     defaults = GenerationDefaults.from_generation_config(_read_json(gen_path) if gen_path.exists() else {})
     tokenizer = BreezeTokenizer.from_file(directory / "tokenizer.json", config)
+    codec_dir = directory / "audio_tokenizer"
+    if require_codec and not codec_dir.is_dir():
+        raise CheckpointError(f"{codec_dir} is missing: a Breeze TTS 2 checkpoint needs its audio_tokenizer/ "
+                              "folder (the 12 Hz codec) next to config.json; copy it from the full checkpoint")
 
     with torch.device("meta"):
         lm = BreezeLM(config).to(dtype)
     expected = {name: tuple(p.shape) for name, p in lm.state_dict().items()}
     weight_map = _weight_map(directory)
-    found = _shard_shapes(directory, weight_map)
-    _check_tensors(expected, found, weight_map)
+    inventory = _shard_shapes(directory, weight_map)
+    found = inventory.shapes
+    _check_tensors(expected, found, weight_map, inventory.dtypes, inventory.unlisted)
 
     lm = lm.to_empty(device=device)
     lm.reset_buffers()
@@ -181,12 +237,13 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     skipped = sum(1 for n in weight_map if n.startswith(DEAD_PREFIXES))
     log.info("loaded %d tensors from %s (%d dead tensors skipped unread)", len(expected), directory, skipped)
     return LoadedModel(config=config, lm=lm, tokenizer=tokenizer, generation_defaults=defaults,
-                       codec=_load_codec(directory / "audio_tokenizer", device), is_tiny_default=False)
+                       codec=_load_codec(codec_dir, device), is_tiny_default=False)
 
 
 def _load_codec(audio_tokenizer_dir: Path, device):
     if not audio_tokenizer_dir.is_dir():
-        log.warning("%s is missing: the language model loads without a codec", audio_tokenizer_dir)
+        log.warning("%s is missing: the language model loads without a codec (require_codec=False)",
+                    audio_tokenizer_dir)
         return None
     return load_codec(audio_tokenizer_dir, device)
 

@@ -14,13 +14,22 @@ one `<|audio_eos|>`; the strings are concatenated and the whole is tokenized onc
 A clone / direction prompt therefore carries a second `<bos>` in the middle, at the start of the text
 segment after the reference audio. Segment lengths are measured by tokenizing each rendered piece alone;
 each text segment (its <bos> included) is encoded by the text encoder on its own.
+
+User strings (text, instruction, transcript) must not contain a control token: the tokenizer would read
+it as that token, not as text (a fake `<ins_bos>` section, a second speaker, a `<bos>`, the eoi embedding).
+`control_tokens_in` finds them: our prompt markers (the speaker tokens [S0]..[S9] included: we never
+produce [S1]..[S9], so they are rejected too), every added token the tokenizer flags special, and every
+added token that looks like a marker (`<...>` or `[...]` without whitespace, e.g. Gemma's `<unused0>`,
+`<start_of_turn>`, `<table>`). Added tokens that are plain text (runs of spaces, tabs, newlines) stay allowed.
 """
 
 from __future__ import annotations
 
+import re
+import weakref
 from dataclasses import dataclass
 
-from breeze_worker.model.tokenizer import AUDIO_EOS_TOKEN, AUDIO_TOKEN, BreezeTokenizer
+from breeze_worker.model.tokenizer import AUDIO_EOS_TOKEN, AUDIO_TOKEN, BOS, EOS, PAD, BreezeTokenizer
 
 PLAIN, INSTRUCTION, CLONE, DIRECTION = "plain", "instruction", "clone", "direction"
 TEMPLATES = (PLAIN, INSTRUCTION, CLONE, DIRECTION)
@@ -28,6 +37,10 @@ SPEAKER = "[S0]"
 INS_BOS, INS_EOS = "<ins_bos>", "<ins_eos>"
 # markers whose presence in user text would break the prompt layout
 RESERVED_MARKERS = (AUDIO_TOKEN, AUDIO_EOS_TOKEN)
+# control tokens of the Breeze / Gemma-3 vocabulary, rejected in user text even without a tokenizer at hand
+CONTROL_TOKENS = (*RESERVED_MARKERS, BOS, EOS, PAD, "<unk>", INS_BOS, INS_EOS, *(f"[S{i}]" for i in range(10)),
+                  "<end_of_image>", "<start_of_image>")
+_MARKER_LIKE = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")
 
 TEXT, AUDIO, AUDIO_EOS = "text", "audio", "audio_eos"
 
@@ -159,6 +172,46 @@ def build_prompt(tokenizer: BreezeTokenizer, segments: list[Segment]) -> PromptL
     return PromptLayout(ids, tuple(spans))
 
 
-def reserved_markers_in(text: str) -> list[str]:
-    """The layout-breaking markers present in a user string."""
-    return [m for m in RESERVED_MARKERS if m in text]
+def reserved_markers_in(text: str, tokenizer: BreezeTokenizer | None = None) -> list[str]:
+    """The control tokens present in a user string (each once, in order of appearance); see
+    `control_tokens`. Without a tokenizer only the fixed `CONTROL_TOKENS` are looked for."""
+    found = dict.fromkeys(_control_pattern(tokenizer).findall(text))
+    return list(found)
+
+
+def control_tokens(tokenizer: BreezeTokenizer | None = None) -> tuple[str, ...]:
+    """Strings the tokenizer reads as control tokens, never as text: `CONTROL_TOKENS`, the tokenizer's own
+    bos / eos / pad / audio markers, its added tokens flagged special, and its marker-like added tokens."""
+    tokens = set(CONTROL_TOKENS)
+    if tokenizer is not None:
+        for token_id in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, tokenizer.audio_token_id,
+                         tokenizer.audio_eos_token_id):
+            token = tokenizer.tokenizer.id_to_token(token_id)
+            if token:
+                tokens.add(token)
+        for added in tokenizer.tokenizer.get_added_tokens_decoder().values():
+            content = added.content
+            if content and (added.special or _MARKER_LIKE.fullmatch(content)):
+                tokens.add(content)
+    return tuple(sorted(tokens))
+
+
+_PATTERNS: "weakref.WeakKeyDictionary[BreezeTokenizer, re.Pattern]" = weakref.WeakKeyDictionary()
+
+
+def _build_pattern(tokens: tuple[str, ...]) -> re.Pattern:
+    """One alternation over `tokens`, longest first (so a token never hides a longer one it starts)."""
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))))
+
+
+_DEFAULT_PATTERN = _build_pattern(CONTROL_TOKENS)
+
+
+def _control_pattern(tokenizer: BreezeTokenizer | None) -> re.Pattern:
+    """The pattern of `control_tokens(tokenizer)`, built once per tokenizer."""
+    if tokenizer is None:
+        return _DEFAULT_PATTERN
+    pattern = _PATTERNS.get(tokenizer)
+    if pattern is None:
+        pattern = _PATTERNS[tokenizer] = _build_pattern(control_tokens(tokenizer))
+    return pattern

@@ -1,21 +1,23 @@
 """Trace one streaming request into a Chrome / Perfetto trace (engine/tracing.py).
 
-Spans: request > text_encode, prefill, frame > (backbone_step, sampling, depth_steps > depth_step,
-sampling), codec_decode, emit; with `sync_marks` an instant `gpu_sync` mark (op and source line) at every
-host sync, found by engine/syncaudit.py (which adds Python overhead to every tensor operation: turn the
-marks off to read span durations).
+Spans: request > text_encode, prefill, frame > ...; with `sync_marks` an instant `gpu_sync` mark (op and
+source line) at every host sync, found by engine/syncaudit.py (which adds Python overhead to every tensor
+operation: turn the marks off to read span durations).
 
-The eager path records its own spans (engine/eager.py); frame i's span starts with the backbone step that
-feeds frame i-1 back (frame 0's logits come from the prefill). The fast path's frame is one graph replay
-plus one host read (`fast_step`); it records no spans itself, so its `text_encode` and `prefill` spans
-are placed from the generator's stage timings, and each `frame` span is added once the frame is emitted.
+Both decode paths record their own spans; this module adds the request and the consumer's work per frame
+(codec_decode, emit), which fall inside the generator's frame span (it stays open across the `yield`).
+- eager (engine/eager.py): frame > backbone_step (feeding back frame i-1; frame 0's logits come from the
+  prefill), sampling (codebook 0), depth_steps > depth_step, sampling (codebooks 1..15).
+- fast (engine/fastpath/generator.py): frame > fast_step (the sampling half and the frame's one host read;
+  with CUDA graphs off, as on the CPU, it holds sampling and depth_steps > depth_step, sampling; with graphs
+  on it is one replay) and backbone_step (the NEXT frame's backbone step, queued before the frame is handed
+  out; absent from the last frame).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import time
 
 import numpy as np
 import torch
@@ -45,19 +47,7 @@ def trace_request(model, request, device: torch.device, path: str, tracer: traci
         with tracing.span("request", path=path, cfg=request.uses_cfg, max_frames=request.max_frames), detector:
             gen = frame_source(path, model, request, device)
             stream = codec.new_stream(1) if codec is not None else None
-            it = iter(gen)
-            while True:
-                asked = time.perf_counter_ns()
-                if path == "fast":
-                    with tracing.span("fast_step", index=frames):
-                        frame = next(it, None)
-                else:
-                    frame = next(it, None)
-                if frame is None:
-                    break
-                got = time.perf_counter_ns()
-                if path == "fast" and frames == 0:
-                    asked = _place_setup_spans(tracer, asked, gen.timings)
+            for frame in gen:
                 if stream is not None:
                     with tracing.span("codec_decode", index=frames):
                         pcm = _decode(codec, stream, frame)
@@ -65,21 +55,11 @@ def trace_request(model, request, device: torch.device, path: str, tracer: traci
                     pcm = np.zeros(0, dtype=np.float32)
                 with tracing.span("emit", index=frames):
                     encode_pcm(pcm, PcmEncoding.S16LE)
-                if path == "fast":
-                    tracer.add_span("frame", asked, time.perf_counter_ns(), index=frames, step_ms=(got - asked) / 1e6)
                 frames += 1
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            if device.type == "cuda":  # the trace's own wait for the device: not a mark
+                with detector.paused() if isinstance(detector, SyncDetector) else contextlib.nullcontext():
+                    torch.cuda.synchronize(device)
     return frames
-
-
-def _place_setup_spans(tracer: tracing.Tracer, start_ns: int, timings: dict) -> int:
-    """Fast path: text_encode and prefill from the generator's timings; returns where frame 0 starts."""
-    encode_end = start_ns + int(timings.get("text_encode_s", 0.0) * 1e9)
-    prefill_end = encode_end + int(timings.get("prefill_s", 0.0) * 1e9)
-    tracer.add_span("text_encode", start_ns, encode_end, placed_from="generator timings")
-    tracer.add_span("prefill", encode_end, prefill_end, placed_from="generator timings")
-    return prefill_end
 
 
 def summarize(tracer: tracing.Tracer) -> list[dict]:

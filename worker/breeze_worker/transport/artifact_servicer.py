@@ -1,8 +1,11 @@
 """The Artifacts service (its own port): Stat, Fetch (ranged, chunked, optional zstd), Delete.
 
 File reads and compression run in a worker thread; the event loop only moves messages. The first
-Fetch message carries the request-received, file-opened and first-byte-sent times, the last message
-the last-byte-sent time (worker clock; clients map them with the Clock service).
+Fetch message is a small header: the artifact's info and the request-received, file-opened and
+first-byte-sent times, with no file bytes. It is the response's first byte, so its transit measures the
+path's latency and every file byte arrives in the transfer that follows (a whole first chunk would
+hide up to a chunk's worth of bandwidth time in "first byte transit"). Data messages follow, then a
+last message with the last-byte-sent time (worker clock; clients map them with the Clock service).
 """
 
 from __future__ import annotations
@@ -80,21 +83,20 @@ class ArtifactServicer(artifacts_pb2_grpc.ArtifactsServicer):
         delay = self._store.settings.fault_first_byte_delay_s
         if delay > 0:  # test-only fault injection (diagnosis tests)
             await asyncio.sleep(delay)
+        header = artifacts_pb2.FetchArtifactResponse(offset=request.offset, uncompressed_size=0)
+        header.info.CopyFrom(artifact_to_pb(info, self._endpoint))
+        header.request_received_unix_ns = received_ns
+        header.file_opened_unix_ns = opened_ns
+        header.first_byte_sent_unix_ns = time.time_ns()
+        await context.write(header)
         position = request.offset
-        first = True
-        while first or position < end:
+        while position < end:
             n = min(chunk, end - position)
-            data, raw_len = (await asyncio.to_thread(_read_chunk, fd, n, position, compress)) if n else (b"", 0)
+            data, raw_len = await asyncio.to_thread(_read_chunk, fd, n, position, compress)
             if raw_len != n:
                 raise NotFound(f"artifact {info.artifact_id} changed while it was being sent: fetch it again")
-            message = artifacts_pb2.FetchArtifactResponse(data=data, offset=position, uncompressed_size=raw_len)
-            if first:
-                message.info.CopyFrom(artifact_to_pb(info, self._endpoint))
-                message.request_received_unix_ns = received_ns
-                message.file_opened_unix_ns = opened_ns
-                message.first_byte_sent_unix_ns = time.time_ns()
-                first = False
-            await context.write(message)
+            await context.write(artifacts_pb2.FetchArtifactResponse(data=data, offset=position,
+                                                                    uncompressed_size=raw_len))
             position += raw_len
         await context.write(artifacts_pb2.FetchArtifactResponse(
             offset=position, last=True, last_byte_sent_unix_ns=time.time_ns()))

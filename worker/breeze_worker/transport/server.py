@@ -36,6 +36,15 @@ CLOCK_SERVICE = clock_pb2.DESCRIPTOR.services_by_name["Clock"].full_name
 _ARTIFACT_REQUEST_BYTES = 64 * 1024  # Stat / Fetch / Delete requests are tiny
 
 
+def receive_cap(max_request_bytes: int) -> int:
+    """gRPC's own receive limit on the synthesis port: well above --max-request-bytes.
+
+    Requests between the two reach `Synthesize`, which refuses them with a message naming the limit
+    and the remedy; only a request past this hard cap gets gRPC's bare "larger than max" status.
+    """
+    return 2 * max_request_bytes + (1 << 20)
+
+
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -144,7 +153,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     clock = ClockServicer()
 
     synthesis_server = grpc.aio.server(interceptors=interceptors,
-                                       options=_options(s.max_request_bytes, 64 * 1024 * 1024))
+                                       options=_options(receive_cap(s.max_request_bytes), 64 * 1024 * 1024))
     artifact_server = grpc.aio.server(interceptors=interceptors,
                                       options=_options(_ARTIFACT_REQUEST_BYTES, 2 * MAX_CHUNK_BYTES))
     synthesis_port = _bind(synthesis_server, s.host, s.port, credentials)
@@ -152,7 +161,8 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
 
     synthesis_pb2_grpc.add_SynthesisServicer_to_server(
-        SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint)), synthesis_server)
+        SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint),
+                          max_request_bytes=s.max_request_bytes), synthesis_server)
     artifacts_pb2_grpc.add_ArtifactsServicer_to_server(ArtifactServicer(store, endpoint), artifact_server)
     for server, services in ((synthesis_server, (SYNTHESIS_SERVICE, CLOCK_SERVICE)),
                              (artifact_server, (ARTIFACTS_SERVICE, CLOCK_SERVICE))):

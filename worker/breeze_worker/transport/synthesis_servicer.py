@@ -3,6 +3,9 @@
 The handler writes with `context.write`, so every await of a call runs in the handler's own task:
 when the caller hangs up, the CancelledError lands here and closing the engine's stream cancels the
 job (its slot is freed at the next frame boundary).
+
+A request larger than `max_request_bytes` is refused here, before any conversion, with a message that
+names the limit and what to change (gRPC's own receive limit sits well above it; see server.receive_cap).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Callable
 import grpc
 
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
+from breeze_worker.errors import ResourceExhausted
 from breeze_worker.transport import convert
 from breeze_worker.transport.status import mapped_errors
 
@@ -22,15 +26,27 @@ TINY_DEFAULT_WARNING = ("this worker serves the TINY EMBEDDED DEFAULT model (ran
                         "speech; start it with --model DIR for real synthesis")
 
 
+def request_too_large(size: int, limit: int) -> ResourceExhausted:
+    return ResourceExhausted(
+        f"the request is {size:,} bytes; this worker accepts at most {limit:,} (its --max-request-bytes): "
+        "send a shorter reference audio clip, name a reference the worker already holds with reference_id "
+        "instead of re-sending the audio, or start the worker with a larger --max-request-bytes")
+
+
 class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
-    def __init__(self, engine, artifact_endpoint: str, info: Callable[[], synthesis_pb2.WorkerInfo]) -> None:
+    def __init__(self, engine, artifact_endpoint: str, info: Callable[[], synthesis_pb2.WorkerInfo], *,
+                 max_request_bytes: int | None = None) -> None:
         self._engine = engine
         self._artifact_endpoint = artifact_endpoint
         self._info = info
+        self._max_request_bytes = max_request_bytes
 
     async def Synthesize(self, request: synthesis_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
         what = f"Synthesize(request {request.request_id or '-'} from {context.peer()})"
         async with mapped_errors(context, what):
+            size = request.ByteSize()
+            if self._max_request_bytes is not None and size > self._max_request_bytes:
+                raise request_too_large(size, self._max_request_bytes)
             engine_request = convert.synthesis_request_from_pb(request)
             events = self._engine.synthesize(engine_request, timeout_s=context.time_remaining())
             try:

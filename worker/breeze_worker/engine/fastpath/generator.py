@@ -7,6 +7,12 @@ each frame is one replay of the sampling graph, ONE host read
 (16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
 the next frame, queued before the frame is handed out.
 
+Trace spans (engine/tracing.py, recorded only while a tracer is active): text_encode, prefill, then per
+frame `frame` > `fast_step` (the sampling half: a graph replay, or with graphs off its own spans from
+FrameStep.sample_frame, plus the one host read) and `backbone_step` (the next frame's backbone step, queued
+before the frame is handed out). Like the eager path's, a frame span stays open across the `yield`, so it
+contains what the consumer does with the frame (codec decode, emit) and ends when the next frame is asked for.
+
 Fail-safe: a frame whose logits held NaN/Inf anywhere (codebook 0 or any depth step) is never emitted.
 The event is counted (`nonfinite_events()` for the process, `.nonfinite_events` per generator) and the
 request ends with `NumericalError`: recomputing in the same precision would reproduce the same values, and
@@ -97,6 +103,7 @@ class FastFrameGenerator:
         rows, length = prompt.inputs_embeds.shape[:2]
         capacity = model.generation_defaults.max_sequence
         limit = min(request.max_frames, capacity - 1 - length)
+        frame_spans = None
         runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, compile=self.compile)
         # what the runner serves with, kept after it is released (bench and logs)
         self.compiled, self.graphs = runner.compiled, runner.use_graphs
@@ -112,9 +119,13 @@ class FastFrameGenerator:
                 self._stage_end()
             self.timings["prefill_s"] = time.perf_counter() - t1
             frame_index = 0
+            graphs = bool(runner.use_graphs)
+            frame_spans = tracing.span_sequence("frame")
             while frame_index < limit:
                 started = time.perf_counter()
-                readout = runner.sample_frame()[0]
+                frame_spans.next(index=frame_index)
+                with tracing.span("fast_step", index=frame_index, graph=graphs):
+                    readout = runner.sample_frame()[0]
                 self.host_reads += 1
                 if bool(readout[READOUT_NONFINITE]):
                     self.nonfinite_events += 1
@@ -130,11 +141,14 @@ class FastFrameGenerator:
                     return
                 frame_index += 1
                 if frame_index < limit:  # the next frame's backbone step runs while the caller decodes this one
-                    runner.backbone_step(slots + frame_index - 1)
+                    with tracing.span("backbone_step", for_frame=frame_index, graph=graphs):
+                        runner.backbone_step(slots + frame_index - 1)
                 self.timings["generate_s"] += time.perf_counter() - started
                 self.frames_emitted += 1
                 yield readout[:READOUT_EOS].clone()
             self.end_reason = EndReason.FRAME_LIMIT
         finally:
+            if frame_spans is not None:
+                frame_spans.close()
             self.runner = None
             release_runner(model.lm, runner)

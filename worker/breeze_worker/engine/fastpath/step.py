@@ -32,6 +32,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.layers import PackedLayer, decode_layer, linear, rms_norm
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
@@ -202,25 +203,33 @@ class FrameStep:
 
     @torch.no_grad()
     def sample_frame(self) -> None:
-        lm = self.lm
+        """Trace spans (engine/tracing.py; only when not graph-captured): sampling (codebook 0, with the depth
+        prefill inputs), depth_steps > depth_step (codebook p's position), sampling (codebooks 1..15)."""
+        lm, device = self.lm, self.device
         self.nonfinite.zero_()
-        x, noise = self._start_fn(self)
-        x = self._depth(x, 0)
-        for p in range(1, self.codebooks):
-            if self.compiled:
-                code, nxt = self._next_fn(self, x, self.depth_heads[p - 1], noise[:, p, : self.vocab], self.depth_embeds[p])
-            else:  # the model's own head and embedding methods (tests patch them)
-                dm = lm.depth_decoder.model
-                logits = lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p)
-                code = self._pick(self._combine(logits), p, noise[:, p, : self.vocab], self.blocked_depth)
-                nxt = None
-            self.codes[:, p] = code
-            if p + 1 < self.codebooks:
-                # codebook p's code sits at depth position p + 1 (embedding offset p * vocab)
-                if nxt is None:
-                    embed = lm.depth_decoder.code_embedding(code[self.row_stream], p)[:, None]
-                    nxt = linear(embed.to(self.dtype), lm.depth_decoder.model.inputs_embeds_projector.weight)
-                x = self._depth(nxt, p + 1)
+        with tracing.device_span(device, "sampling", codebook=0):
+            x, noise = self._start_fn(self)
+        with tracing.device_span(device, "depth_steps"):
+            with tracing.device_span(device, "depth_step", codebook=1):  # the 2-position prefill
+                x = self._depth(x, 0)
+            for p in range(1, self.codebooks):
+                with tracing.device_span(device, "sampling", codebook=p):
+                    if self.compiled:
+                        code, nxt = self._next_fn(self, x, self.depth_heads[p - 1], noise[:, p, : self.vocab],
+                                                  self.depth_embeds[p])
+                    else:  # the model's own head and embedding methods (tests patch them)
+                        dm = lm.depth_decoder.model
+                        logits = lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p)
+                        code = self._pick(self._combine(logits), p, noise[:, p, : self.vocab], self.blocked_depth)
+                        nxt = None
+                    self.codes[:, p] = code
+                if p + 1 < self.codebooks:
+                    # codebook p's code sits at depth position p + 1 (embedding offset p * vocab)
+                    with tracing.device_span(device, "depth_step", codebook=p + 1):
+                        if nxt is None:
+                            embed = lm.depth_decoder.code_embedding(code[self.row_stream], p)[:, None]
+                            nxt = linear(embed.to(self.dtype), lm.depth_decoder.model.inputs_embeds_projector.weight)
+                        x = self._depth(nxt, p + 1)
         self.frame.add_(1)
         self.readout[:, : self.codebooks] = self.codes
         self.readout[:, READOUT_EOS] = (self.codes[:, 0] == self.lm.config.end_of_speech_id).long()

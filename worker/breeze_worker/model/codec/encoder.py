@@ -9,6 +9,12 @@ The checkpoint stores the encoder under `encoder.*` in the flat layout of transf
 (`encoder.encoder.layers`, `encoder.encoder_transformer`, `encoder.downsample`, `encoder.quantizer`).
 transformers up to 5.17 builds `MimiModel` in that same flat layout; later 5.x releases nest the SEANet and
 the transformer under `MimiModel.encoder`. `checkpoint_key` maps either layout to the checkpoint's names.
+
+Attention window (a behaviour we chose): the encoder transformer attends causally over the WHOLE clip,
+as the reference does on its default eager/SDPA attention path (transformers 4.57 applied Mimi's
+`sliding_window` of 250 steps only under flash attention). Up to 250 encoder steps (10 s of audio) the two
+agree exactly; for longer references our codes, like the default reference path's, differ from what the
+reference produces when run with flash attention. `UNWINDOWED` widens transformers 5's window to keep this.
 """
 
 from __future__ import annotations

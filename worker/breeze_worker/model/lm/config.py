@@ -13,6 +13,7 @@ where a frame takes milliseconds on a CPU (the embedded default and the tests).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -125,14 +126,17 @@ class BreezeConfig:
     # ---- construction ----
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "BreezeConfig":
-        """Parse an official config.json dict; decoy top-level keys are ignored."""
+        """Parse an official config.json dict; decoy top-level keys are ignored. A missing key or a value of
+        the wrong type is a `CheckpointError` naming the key."""
         try:
-            return cls._from_dict(raw)
+            return cls._from_dict(_Section(raw, ""))
         except KeyError as exc:
             raise CheckpointError(f"config.json lacks the key {exc}; is this a Breeze TTS 2 checkpoint?") from exc
+        except (TypeError, ValueError, AttributeError) as exc:  # a shape the typed reads did not foresee
+            raise CheckpointError(f"config.json is malformed: {exc}") from exc
 
     @classmethod
-    def _from_dict(cls, raw: dict[str, Any]) -> "BreezeConfig":
+    def _from_dict(cls, raw: "_Section") -> "BreezeConfig":
         backbone_type = raw.get("backbone_model_type", "qwen3")
         if backbone_type != "qwen3":
             raise CheckpointError(f"config.json backbone_model_type is {backbone_type!r}; only 'qwen3' is supported")
@@ -142,95 +146,101 @@ class BreezeConfig:
         layer_idx = raw.get("text_encoder_feature_layer_idx", -1)
         if layer_idx not in (-1, [-1], (-1,)):
             raise CheckpointError(f"text_encoder_feature_layer_idx {layer_idx!r} is not supported (only -1)")
-        te, bb, dd = raw["text_encoder_config"], raw["backbone_config"], raw["depth_decoder_config"]
+        te, bb, dd = raw.section("text_encoder_config"), raw.section("backbone_config"), raw.section(
+            "depth_decoder_config")
+        head_dim = te.integer("head_dim", minimum=1)
         text_encoder = TextEncoderConfig(
-            vocab_size=int(te["vocab_size"]),
-            hidden_size=int(te["hidden_size"]),
-            intermediate_size=int(te["intermediate_size"]),
-            num_hidden_layers=int(te["num_hidden_layers"]),
-            num_attention_heads=int(te["num_attention_heads"]),
-            num_key_value_heads=int(te["num_key_value_heads"]),
-            head_dim=int(te["head_dim"]),
-            layer_types=tuple(te["layer_types"]),
+            vocab_size=te.integer("vocab_size", minimum=1),
+            hidden_size=te.integer("hidden_size", minimum=1),
+            intermediate_size=te.integer("intermediate_size", minimum=1),
+            num_hidden_layers=te.integer("num_hidden_layers", minimum=1),
+            num_attention_heads=te.integer("num_attention_heads", minimum=1),
+            num_key_value_heads=te.integer("num_key_value_heads", minimum=1),
+            head_dim=head_dim,
+            layer_types=te.strings("layer_types"),
             rope_parameters=_text_rope_parameters(te),
-            sliding_window=int(te.get("sliding_window", 512)),
-            query_pre_attn_scalar=float(te.get("query_pre_attn_scalar", te["head_dim"])),
-            rms_norm_eps=float(te.get("rms_norm_eps", 1e-6)),
-            hidden_activation=te.get("hidden_activation", "gelu_pytorch_tanh"),
-            attention_bias=bool(te.get("attention_bias", False)),
-            attn_logit_softcapping=te.get("attn_logit_softcapping"),
-            eoi_token_index=int(te.get("eoi_token_index", 256_000)),
-            pad_token_id=int(te.get("pad_token_id", 0)),
-            max_position_embeddings=int(te.get("max_position_embeddings", 131_072)),
+            sliding_window=te.integer("sliding_window", 512, minimum=1),
+            query_pre_attn_scalar=te.number("query_pre_attn_scalar", head_dim),
+            rms_norm_eps=te.number("rms_norm_eps", 1e-6),
+            hidden_activation=te.text("hidden_activation", "gelu_pytorch_tanh"),
+            attention_bias=te.flag("attention_bias", False),
+            attn_logit_softcapping=te.optional_number("attn_logit_softcapping"),
+            eoi_token_index=te.integer("eoi_token_index", 256_000),
+            pad_token_id=te.integer("pad_token_id", 0),
+            max_position_embeddings=te.integer("max_position_embeddings", 131_072, minimum=1),
         )
         if len(text_encoder.layer_types) != text_encoder.num_hidden_layers:
             raise CheckpointError("text_encoder_config.layer_types must list one type per layer")
         if bb.get("rope_scaling"):
             raise CheckpointError("backbone_config.rope_scaling is set; the Qwen3 backbone uses plain RoPE")
+        bb_hidden, bb_heads = bb.integer("hidden_size", minimum=1), bb.integer("num_attention_heads", minimum=1)
         backbone = BackboneConfig(
-            hidden_size=int(bb["hidden_size"]),
-            intermediate_size=int(bb["intermediate_size"]),
-            num_hidden_layers=int(bb["num_hidden_layers"]),
-            num_attention_heads=int(bb["num_attention_heads"]),
-            num_key_value_heads=int(bb["num_key_value_heads"]),
-            head_dim=int(bb.get("head_dim") or bb["hidden_size"] // bb["num_attention_heads"]),
-            rope_theta=float(bb.get("rope_theta", 1_000_000.0)),
-            rms_norm_eps=float(bb.get("rms_norm_eps", 1e-6)),
-            hidden_act=bb.get("hidden_act", "silu"),
-            attention_bias=bool(bb.get("attention_bias", False)),
-            max_position_embeddings=int(bb.get("max_position_embeddings", 40_960)),
+            hidden_size=bb_hidden,
+            intermediate_size=bb.integer("intermediate_size", minimum=1),
+            num_hidden_layers=bb.integer("num_hidden_layers", minimum=1),
+            num_attention_heads=bb_heads,
+            num_key_value_heads=bb.integer("num_key_value_heads", minimum=1),
+            head_dim=bb.optional_integer("head_dim") or bb_hidden // bb_heads,
+            rope_theta=bb.number("rope_theta", 1_000_000.0),
+            rms_norm_eps=bb.number("rms_norm_eps", 1e-6),
+            hidden_act=bb.text("hidden_act", "silu"),
+            attention_bias=bb.flag("attention_bias", False),
+            max_position_embeddings=bb.integer("max_position_embeddings", 40_960, minimum=1),
         )
+        dd_hidden, dd_heads = dd.integer("hidden_size", minimum=1), dd.integer("num_attention_heads", minimum=1)
         depth = DepthDecoderConfig(
-            hidden_size=int(dd["hidden_size"]),
-            intermediate_size=int(dd["intermediate_size"]),
-            num_hidden_layers=int(dd["num_hidden_layers"]),
-            num_attention_heads=int(dd["num_attention_heads"]),
-            num_key_value_heads=int(dd["num_key_value_heads"]),
-            head_dim=int(dd.get("head_dim") or dd["hidden_size"] // dd["num_attention_heads"]),
-            backbone_hidden_size=int(dd.get("backbone_hidden_size", backbone.hidden_size)),
-            rope_theta=float(dd.get("rope_theta", 500_000.0)),
-            rope_scaling=copy.deepcopy(dd.get("rope_scaling")),
-            rms_norm_eps=float(dd.get("rms_norm_eps", 1e-5)),
-            hidden_act=dd.get("hidden_act", "silu"),
-            attention_bias=bool(dd.get("attention_bias", False)),
-            mlp_bias=bool(dd.get("mlp_bias", False)),
-            max_position_embeddings=int(dd.get("max_position_embeddings", 33)),
+            hidden_size=dd_hidden,
+            intermediate_size=dd.integer("intermediate_size", minimum=1),
+            num_hidden_layers=dd.integer("num_hidden_layers", minimum=1),
+            num_attention_heads=dd_heads,
+            num_key_value_heads=dd.integer("num_key_value_heads", minimum=1),
+            head_dim=dd.optional_integer("head_dim") or dd_hidden // dd_heads,
+            backbone_hidden_size=dd.integer("backbone_hidden_size", backbone.hidden_size),
+            rope_theta=dd.number("rope_theta", 500_000.0),
+            rope_scaling=copy.deepcopy(dd.optional_section("rope_scaling")),
+            rms_norm_eps=dd.number("rms_norm_eps", 1e-5),
+            hidden_act=dd.text("hidden_act", "silu"),
+            attention_bias=dd.flag("attention_bias", False),
+            mlp_bias=dd.flag("mlp_bias", False),
+            max_position_embeddings=dd.integer("max_position_embeddings", 33, minimum=1),
         )
-        audio_embed = int(raw.get("audio_embed_size") or backbone.hidden_size)
+        audio_embed = raw.optional_integer("audio_embed_size") or backbone.hidden_size
         if audio_embed != backbone.hidden_size or depth.backbone_hidden_size != backbone.hidden_size:
             raise CheckpointError(
                 "audio_embed_size and depth_decoder_config.backbone_hidden_size must equal the backbone hidden "
                 f"size {backbone.hidden_size} (got {audio_embed} and {depth.backbone_hidden_size}); projected "
                 "audio embeddings are not supported")
-        special = raw.get("text_encoder_special_tokens_config") or {}
-        token_ids = {k: int(v) for k, v in (special.get("token_ids") or {}).items()}
-        speakers = {name: token_ids[name] for name in special.get("speaker_tokens", []) if name in token_ids}
-        ins = special.get("instruction_tokens") or {}
-        ins_bos, ins_eos = ins.get("bos", "<ins_bos>"), ins.get("eos", "<ins_eos>")
-        codec = raw.get("codec_config") or {}
-        vocab_size = int(raw["vocab_size"])
+        special = _Section(raw.optional_section("text_encoder_special_tokens_config") or {},
+                           "text_encoder_special_tokens_config")
+        ids_section = _Section(special.optional_section("token_ids") or {}, special.key("token_ids"))
+        token_ids = {k: ids_section.integer(k, minimum=0) for k in ids_section.raw}
+        speakers = {name: token_ids[name] for name in special.strings("speaker_tokens", ()) if name in token_ids}
+        ins = _Section(special.optional_section("instruction_tokens") or {}, special.key("instruction_tokens"))
+        ins_bos, ins_eos = ins.text("bos", "<ins_bos>"), ins.text("eos", "<ins_eos>")
+        codec = _Section(raw.optional_section("codec_config") or {}, "codec_config")
+        vocab_size = raw.integer("vocab_size", minimum=1)
         return cls(
             text_encoder=text_encoder,
             backbone=backbone,
             depth=depth,
-            num_codebooks=int(raw.get("num_codebooks", 16)),
+            num_codebooks=raw.integer("num_codebooks", 16, minimum=1),
             vocab_size=vocab_size,
-            codebook_size=int(codec.get("codebook_size", 2048)),
-            text_vocab_size=int(raw.get("text_vocab_size", text_encoder.vocab_size)),
-            audio_token_id=int(raw["audio_token_id"]),
-            audio_eos_token_id=int(raw["audio_eos_token_id"]),
-            codebook_pad_token_id=int(raw.get("codebook_pad_token_id", vocab_size - 1)),
-            codebook_eos_token_id=int(raw.get("codebook_eos_token_id", 0)),
-            bos_token_id=int(raw.get("bos_token_id", 2)),
-            eos_token_id=int(raw.get("eos_token_id", 1)),
-            pad_token_id=int(raw.get("pad_token_id", 0)),
+            codebook_size=codec.integer("codebook_size", 2048, minimum=1),
+            text_vocab_size=raw.integer("text_vocab_size", text_encoder.vocab_size, minimum=1),
+            audio_token_id=raw.integer("audio_token_id", minimum=0),
+            audio_eos_token_id=raw.integer("audio_eos_token_id", minimum=0),
+            codebook_pad_token_id=raw.integer("codebook_pad_token_id", vocab_size - 1, minimum=0),
+            codebook_eos_token_id=raw.integer("codebook_eos_token_id", 0, minimum=0),
+            bos_token_id=raw.integer("bos_token_id", 2, minimum=0),
+            eos_token_id=raw.integer("eos_token_id", 1, minimum=0),
+            pad_token_id=raw.integer("pad_token_id", 0, minimum=0),
             speaker_token_ids=speakers,
             ins_bos_token=ins_bos,
             ins_eos_token=ins_eos,
             ins_bos_token_id=token_ids.get(ins_bos),
             ins_eos_token_id=token_ids.get(ins_eos),
-            tie_codebooks_embeddings=bool(raw.get("tie_codebooks_embeddings", True)),
-            raw=copy.deepcopy(raw),
+            tie_codebooks_embeddings=raw.flag("tie_codebooks_embeddings", True),
+            raw=copy.deepcopy(raw.raw),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,17 +337,100 @@ class BreezeConfig:
 TINY_BASE_VOCAB = 4 + 256 + 1 + 52 + 1
 
 
-def _text_rope_parameters(te: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    params = copy.deepcopy(te.get("rope_parameters") or {})
+def _text_rope_parameters(te: "_Section") -> dict[str, dict[str, Any]]:
+    params = _Section(te.optional_section("rope_parameters") or {}, te.key("rope_parameters"))
     out: dict[str, dict[str, Any]] = {}
     for layer_type, default_theta in (("sliding_attention", 10_000.0), ("full_attention", 1_000_000.0)):
-        p = dict(params.get(layer_type) or {})
-        p.setdefault("rope_type", "default")
-        p.setdefault("rope_theta", default_theta)
+        entry = _Section(params.optional_section(layer_type) or {}, params.key(layer_type))
+        p = copy.deepcopy(entry.raw)
+        p["rope_type"] = entry.text("rope_type", "default")
+        p["rope_theta"] = entry.number("rope_theta", default_theta)
         if p["rope_type"] not in ("default", "linear"):
             raise CheckpointError(f"text encoder rope_type {p['rope_type']!r} is not supported (default, linear)")
+        if p["rope_type"] == "linear":
+            p["factor"] = entry.number("factor")
         out[layer_type] = p
     return out
+
+
+_REQUIRED = object()
+
+
+class _Section:
+    """Typed reads from one object of config.json: a missing required key or a value of the wrong type is a
+    `CheckpointError` naming the file and the key (`backbone_config.num_hidden_layers`), never a bare
+    KeyError / TypeError from deep inside the parse."""
+
+    def __init__(self, raw: Any, path: str):
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"config.json {path or '(top level)'} must be a JSON object, not "
+                                  f"{type(raw).__name__}")
+        self.raw, self.path = raw, path
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.raw.get(name, default)
+
+    def _value(self, name: str, default: Any) -> Any:
+        if name in self.raw:
+            return self.raw[name]
+        if default is _REQUIRED:
+            raise CheckpointError(f"config.json lacks the key {self.key(name)!r}; is this a Breeze TTS 2 checkpoint?")
+        return default
+
+    def _bad(self, name: str, value: Any, want: str) -> CheckpointError:
+        return CheckpointError(f"config.json {self.key(name)} is {value!r}, expected {want}")
+
+    def integer(self, name: str, default: Any = _REQUIRED, *, minimum: int | None = None) -> int:
+        value = self._value(name, default)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._bad(name, value, "an integer")
+        if minimum is not None and value < minimum:
+            raise self._bad(name, value, f"an integer >= {minimum}")
+        return value
+
+    def optional_integer(self, name: str) -> int | None:
+        return None if self.raw.get(name) is None else self.integer(name)
+
+    def number(self, name: str, default: Any = _REQUIRED) -> float:
+        value = self._value(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self._bad(name, value, "a finite number")
+        return float(value)
+
+    def optional_number(self, name: str) -> float | None:
+        return None if self.raw.get(name) is None else self.number(name)
+
+    def flag(self, name: str, default: Any = _REQUIRED) -> bool:
+        value = self._value(name, default)
+        if not isinstance(value, bool):
+            raise self._bad(name, value, "true or false")
+        return value
+
+    def text(self, name: str, default: Any = _REQUIRED) -> str:
+        value = self._value(name, default)
+        if not isinstance(value, str):
+            raise self._bad(name, value, "a string")
+        return value
+
+    def strings(self, name: str, default: Any = _REQUIRED) -> tuple[str, ...]:
+        value = self._value(name, default)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise self._bad(name, value, "a list of strings")
+        return tuple(value)
+
+    def section(self, name: str) -> "_Section":
+        return _Section(self._value(name, _REQUIRED), self.key(name))
+
+    def optional_section(self, name: str) -> dict[str, Any] | None:
+        value = self.raw.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise self._bad(name, value, "a JSON object or null")
+        return value
 
 
 def _preset(text: dict, backbone: dict, depth: dict, base_vocab: int) -> dict[str, Any]:
