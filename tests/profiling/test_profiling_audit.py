@@ -116,22 +116,25 @@ def test_explicit_waits_and_bool_comparisons_are_counted(monkeypatch):
     """torch.cuda.synchronize (mocked: no CUDA here), Stream/Event.synchronize, torch.equal, torch.allclose."""
     waited = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    # no stream or event can be made without CUDA: their methods are mocked and called on a stand-in
+    monkeypatch.setattr(torch.cuda.Stream, "synchronize", lambda self: waited.append("stream"))
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", lambda self: waited.append("event"))
     stream_sync, event_sync = torch.cuda.Stream.synchronize, torch.cuda.Event.synchronize
     cpu = torch.device("cpu")
     with SyncDetector(cpu) as d:
         torch.cuda.synchronize(cpu)
-        torch.cuda.Stream.synchronize(object())  # a method call on an instance (none can be made without CUDA)
+        torch.cuda.Stream.synchronize(object())
         torch.cuda.Event.synchronize(object())
         dev, host = torch.ones(3, device=cpu), torch.ones(3)
         assert torch.equal(dev, dev.clone()) and dev.allclose(dev) and torch.allclose(dev, dev)
         assert torch.equal(host, host)  # two host tensors: free
     assert [e.op for e in d.events] == ["synchronize", "stream_synchronize", "event_synchronize", "equal",
                                         "allclose", "allclose"]
-    assert waited == [cpu]  # the wrapped function still ran
+    assert waited == [cpu, "stream", "event"]  # the wrapped functions still ran
     # restored on exit: nothing is recorded afterwards, the originals are back
     assert torch.cuda.Stream.synchronize is stream_sync and torch.cuda.Event.synchronize is event_sync
     torch.cuda.synchronize()
-    assert len(d.events) == 6 and waited == [cpu, None]
+    assert len(d.events) == 6 and waited == [cpu, "stream", "event", None]
 
 
 def test_a_deliberately_added_cuda_synchronize_in_the_fast_path_is_caught(tmp_path, use_tiny, monkeypatch):
