@@ -24,7 +24,6 @@ from collections import OrderedDict
 from concurrent.futures import Future
 
 import numpy as np
-import soundfile
 
 from breeze_worker.engine.types import ResolvedReference
 from breeze_worker.errors import InvalidRequest, NotFound
@@ -55,6 +54,8 @@ def reference_id(audio: bytes, transcript: str) -> str:
 def decode_reference_audio(audio: bytes, max_seconds: float,
                            min_seconds: float = MIN_REFERENCE_SECONDS) -> tuple[np.ndarray, float]:
     """Audio file bytes -> (float32 mono samples at 24 kHz, duration in seconds of the original)."""
+    import soundfile  # here, not at module import: the engine imports on hosts without libsndfile
+
     if not audio:
         raise InvalidRequest("reference audio is empty: send a WAV, FLAC or OGG file with a few seconds of speech")
     try:
