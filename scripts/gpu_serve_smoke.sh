@@ -9,7 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH="/tmp/site"
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}worker:client:protos" PYTHONUNBUFFERED=1
-python3 -m breeze_worker.cli serve --device cuda --port 0 --artifact-port 0 --artifact-dir /tmp/breeze-art \
+python3 -m breeze_worker.cli serve --device "${SMOKE_DEVICE:-cuda}" --port 0 --artifact-port 0 --artifact-dir /tmp/breeze-art \
   > "$OUT/serve.log" 2>&1 &
 worker=$!
 for _ in $(seq 1 240); do grep -q "breeze-worker ready" "$OUT/serve.log" && break; sleep 0.5; done

@@ -31,6 +31,7 @@ class SynthesisReceiver:
         self.collect_audio = collect_audio
         self.job: JobInfo | None = None
         self._audio = bytearray()
+        self._audio_bytes = 0  # every PCM byte received, collected or not
         self._chunks = 0
         self._started_ns = self._first_ns = self._final_ns = self._server_first = None
         self._finished: synthesis_pb2.JobFinished | None = None
@@ -47,6 +48,7 @@ class SynthesisReceiver:
                 self._first_ns = received_ns
                 self._server_first = self.clock.to_client(c.emitted_unix_ns)
             self._chunks += 1
+            self._audio_bytes += len(c.pcm)
             if self.collect_audio:
                 self._audio += c.pcm
             return AudioChunk(c.sequence, c.sample_offset, c.pcm, c.num_samples,
@@ -74,7 +76,8 @@ class SynthesisReceiver:
             server_committed_ns=artifact.server_committed_ns if artifact else None,
             clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns)
         return SynthesisResult(job=self.job, stats=_convert.stats_from_pb(f.stats), artifact=artifact,
-                               timing=timing, chunks=self._chunks, audio=bytes(self._audio))
+                               timing=timing, chunks=self._chunks, audio=bytes(self._audio),
+                               audio_bytes=self._audio_bytes)
 
 
 class FetchReceiver:

@@ -14,6 +14,10 @@ client wall time (request sent -> final message) mean / stddev / min / max, audi
 (wall / audio), frames per second, time to first audio (client and worker), inter-chunk latency
 p50 / p90 / p99 (gaps between consecutive chunks' arrival, pooled over requests), the worker's stage split,
 and each round's aggregate throughput (audio seconds / round wall time).
+
+A request that fails (a `BreezeClientError`: the worker's queue is full, a deadline, ...) does not stop the
+benchmark: it is counted under its status code per label (`errors`, `failures`) and left out of every
+statistic, which are computed over the requests that completed (`requests`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from breeze_client.errors import BreezeClientError
 from breeze_client.sdk import BreezeClient
 from breeze_client.types import SynthesisRequest
 
@@ -133,23 +138,38 @@ def _one(client: BreezeClient, request: SynthesisRequest, timeout_s: float | Non
 
 def _round(clients: list[BreezeClient], pool: ThreadPoolExecutor, label: BenchLabel, frame_limit: int,
            seed: int, options: dict, timeout_s: float | None) -> list[dict]:
-    """One request per client, all released together."""
+    """One request per client, all released together; a failed request gives {"client", "code", "message"}."""
     gate = threading.Barrier(len(clients))
 
     def go(i: int) -> dict:
         request = SynthesisRequest(text=label.text, seed=seed + i, max_frames=frame_limit, **options)
         gate.wait()
-        return _one(clients[i], request, timeout_s)
+        try:
+            return {"client": i, **_one(clients[i], request, timeout_s)}
+        except BreezeClientError as exc:  # one failed request is a result, not the end of the benchmark
+            return {"client": i, "code": exc.code, "message": exc.message}
 
     return list(pool.map(go, range(len(clients))))
 
 
+def _failed(result: dict) -> bool:
+    return "code" in result
+
+
 def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds: list[list[dict]]) -> dict:
+    """Statistics over the requests that completed; failed ones (in `requests` and `rounds` too) are counted
+    by status code in `errors` and listed in `failures`."""
+    failures = [{"round": i, **r} for i, batch in enumerate(rounds) for r in batch if _failed(r)]
+    requests = [r for r in requests if not _failed(r)]
+    rounds = [[r for r in batch if not _failed(r)] for batch in rounds]
     valid = [r for r in requests if r["audio_s"] > 0]
     stages = {k: statistics.fmean(r["stages_s"][k] for r in requests) for k in requests[0]["stages_s"]} \
         if requests else {}
     throughput = []
     for batch in rounds:
+        if not batch:  # every request of the round failed
+            throughput.append({"elapsed_s": None, "audio_s": 0.0, "x_realtime": None, "rtf": None})
+            continue
         elapsed = (max(r["final_ns"] for r in batch) - min(r["sent_ns"] for r in batch)) / 1e9
         audio = sum(r["audio_s"] for r in batch)
         throughput.append({"elapsed_s": elapsed, "audio_s": audio,
@@ -158,7 +178,9 @@ def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds:
     ttfa = [r["ttfa_ms"] for r in requests if r["ttfa_ms"] is not None]
     return {
         "label": label.name, "words": label.words, "text": label.text, "frame_limit": frame_limit,
-        "sized_by": label.sized_by, "requests": len(requests),
+        "sized_by": label.sized_by, "requests": len(requests), "attempted": len(requests) + len(failures),
+        "errors": dict(Counter(f["code"] for f in failures)),
+        "failures": [{k: f.get(k) for k in ("round", "client", "code", "message")} for f in failures],
         "frames": spread([float(r["frames"]) for r in requests]),
         "end_reasons": dict(Counter(r["end_reason"] for r in requests)),
         "wall_s": spread([r["wall_s"] for r in requests]),

@@ -143,11 +143,11 @@ class SynthesisResult(_Dict):
     timing: SynthesisTiming
     chunks: int
     audio: bytes = field(default=b"", repr=False)  # the streamed PCM (empty if not collected)
+    audio_bytes: int = 0  # PCM bytes streamed, whether or not `audio` collected them
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("audio")
-        d["audio_bytes"] = len(self.audio)
         d["timing"]["ttfa_ms"] = self.timing.ttfa_ms
         return d
 

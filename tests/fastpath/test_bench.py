@@ -9,8 +9,10 @@ from breeze_worker.cli import main
 
 def test_bench_json_schema(tmp_path, capsys):
     out = tmp_path / "bench.json"
+    trace = tmp_path / "bench-trace.json"
     rc = main(["--log-level", "WARNING", "bench", "--size", "tiny", "--device", "cpu", "--precision", "fp32",
-               "--frames", "3", "--repeats", "1", "--cfg", "on", "--check", "--json", str(out)])
+               "--frames", "3", "--repeats", "1", "--cfg", "on", "--check", "--json", str(out),
+               "--trace", str(trace)])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["schema"] == "breeze-bench/1"
@@ -28,4 +30,35 @@ def test_bench_json_schema(tmp_path, capsys):
     floor = doc["floor"]["fp32"]["bytes_per_frame"]
     assert floor["total"] == floor["backbone"] + 15 * floor["depth_per_step"] + floor["codebook_heads"]
     assert "fp32" in doc["targets"]
-    assert "fast/cfg/fp32" in capsys.readouterr().out  # the terminal table
+    printed = capsys.readouterr().out
+    assert "fast/cfg/fp32" in printed  # the terminal table
+    # memory: GPU figures are None on the CPU, the host's peak resident set is measured
+    for v in doc["variants"]:
+        assert v["gpu_peak_allocated_bytes"] is None and v["gpu_peak_reserved_bytes"] is None
+        assert v["host_peak_rss_bytes"] > 0 and v["host_peak_scope"] in ("section", "process")
+    head = printed.splitlines()[0]
+    assert "resv GiB" in head and "RSS GiB" in head and "syncs lm+codec" in head
+    # host syncs per frame on the CPU (emulated device), split into the language model's and the codec's
+    eager, fast = doc["variants"]
+    for v in (eager, fast):
+        assert v["host_syncs_source"].startswith("emulated")
+        assert v["host_syncs_per_frame_codec"] == 2.0  # codes to the codec's device, audio back to the host
+        assert v["host_syncs_per_frame"] == v["host_syncs_per_frame_lm"] + v["host_syncs_per_frame_codec"]
+    assert fast["host_syncs_per_frame_lm"] == 1.0  # the one packed host read
+    assert eager["host_syncs_per_frame_lm"] == 18.0  # as audit-syncs counts frames 1.. of the eager reference
+    # --trace: each variant's first timed request (spans only) and its sync-count request (with marks)
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    marks = [e for e in events if e["ph"] == "i" and e["name"] == "gpu_sync"]
+    requests = [e for e in spans if e["name"] == "request"]
+    assert sorted((r["args"]["variant"], r["args"]["timed"]) for r in requests) == [
+        ("eager/cfg/fp32", False), ("eager/cfg/fp32", True), ("fast/cfg/fp32", False), ("fast/cfg/fp32", True)]
+
+    def inside(child: dict, parent: dict) -> bool:
+        return parent["ts"] <= child["ts"] and child["ts"] + child.get("dur", 0) <= parent["ts"] + parent["dur"]
+
+    for r in requests:
+        held = [e["name"] for e in spans if e is not r and inside(e, r)]
+        assert held.count("frame") == 3 and held.count("codec_decode") == 3 and held.count("text_encode") == 1
+        assert any(inside(m, r) for m in marks) is (not r["args"]["timed"])
+    assert all(any(inside(m, r) for r in requests) for m in marks)

@@ -73,3 +73,35 @@ def test_bench_table_says_frames_are_limited(two_stream_worker, capsys):
 def test_unknown_label_is_a_usage_error(two_stream_worker, capsys):
     assert client_main(["bench", "--target", two_stream_worker.target, "--labels", "huge"]) == 2
     assert "unknown label" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def one_slot_worker(tmp_path_factory):
+    settings = WorkerSettings(
+        engine=EngineSettings(device="cpu", max_active_streams=1, max_queue=1),
+        artifacts=ArtifactSettings(directory=tmp_path_factory.mktemp("bench-one-slot")),
+        server=ServerSettings(port=0, artifact_port=0),
+    )
+    thread = WorkerThread(settings)
+    running = thread.start()
+    yield running
+    thread.stop()
+
+
+def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker, capsys):
+    """1 slot and 1 queue place for 3 clients at once: the third is refused (RESOURCE_EXHAUSTED); the bench
+    goes on, counts it per label and keeps it out of the statistics."""
+    code = client_main(["bench", "--target", one_slot_worker.target, "--labels", "chunk-4.80s", "--frames", "6",
+                        "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    s = json.loads(out)["labels"][0]
+    assert s["attempted"] == 6 and s["requests"] + sum(s["errors"].values()) == 6
+    assert set(s["errors"]) == {"RESOURCE_EXHAUSTED"} and s["errors"]["RESOURCE_EXHAUSTED"] >= 1
+    assert len(s["failures"]) == sum(s["errors"].values()) and all(f["message"] for f in s["failures"])
+    assert len(s["per_request"]) == s["requests"] >= 2 and all(r["frames"] >= 1 for r in s["per_request"])
+    for i in range(2):  # every round: what completed plus what was refused is the three clients
+        done = {r["client"] for r in s["per_request"] if r["round"] == i}
+        refused = {f["client"] for f in s["failures"] if f["round"] == i}
+        assert done | refused == {0, 1, 2} and not done & refused
+    assert s["wall_s"]["min"] > 0 and s["inter_chunk_ms"]["count"] == sum(r["frames"] - 1 for r in s["per_request"])

@@ -70,6 +70,7 @@ def test_synth_stream_then_fetch(served, tmp_path):
     artifact_id = report["artifact"]["artifact_id"]
     streamed, rate = sf.read(out, dtype="int16")
     assert rate == 24000 and len(streamed) == round(report["stats"]["audio_seconds"] * 24000)
+    assert report["audio_bytes"] == 2 * len(streamed)  # counted while streaming, though not collected
 
     fetched = tmp_path / "fetched.wav"
     fetch = _client("fetch", artifact_id, "-o", str(fetched), "--target", target, "--artifact-target",

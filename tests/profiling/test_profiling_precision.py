@@ -79,3 +79,41 @@ def test_cli_json_schema(tmp_path, tiny_lm, monkeypatch):
         assert [s["frame"] for s in p["per_step"]] == [0, 1]
         assert all(SUMMARY_KEYS <= set(s) for s in p["per_step"])
     assert "refuses" in doc["policies"][2]["note"]  # half precision on the CPU: the worker would refuse it
+
+
+def test_policy_models_are_built_from_the_host_copy_one_at_a_time(tiny_lm, monkeypatch):
+    """The device never holds two models: every policy model is a fresh copy of the (host) FP32 model, and the
+    previous policy's model is gone before the next one is built; the FP32 weights are never converted."""
+    import gc
+    import weakref
+
+    from breeze_worker.profiling import precision
+
+    built: list[weakref.ref] = []
+    original = precision.policy_model
+    fp32_weights = {n: p.detach().clone() for n, p in tiny_lm.lm.named_parameters()}
+
+    def tracked(fp32, name, keep, device=None):
+        gc.collect()
+        assert all(ref() is None for ref in built), "a previous policy model is still alive"
+        assert fp32.lm is tiny_lm.lm and fp32.device.type == "cpu"  # built from the FP32 model on the host
+        model, recipe = original(fp32, name, keep, device)
+        assert model.lm is not fp32.lm and model.device == device
+        built.append(weakref.ref(model.lm))
+        return model, recipe
+
+    monkeypatch.setattr(precision, "policy_model", tracked)
+    request = make_request(tiny_lm, "hello there world", False, 2, 5)
+    result = precision_check(tiny_lm, request, ["fp32", "fp16-mixed", "fp16"])
+    assert [p["policy"] for p in result["policies"]] == ["fp32", "fp16-mixed", "fp16"] and len(built) == 3
+    gc.collect()
+    assert all(ref() is None for ref in built)
+    assert all(p.dtype == torch.float32 and torch.equal(p, fp32_weights[n]) for n, p in tiny_lm.lm.named_parameters())
+    assert result["policies"][0]["summary"]["kl_max"] == 0.0  # the reference itself is untouched
+
+
+def test_move_to_host_leaves_a_cpu_model_where_it_is(tiny_lm):
+    from breeze_worker.profiling.precision import move_to_host
+
+    weight = tiny_lm.lm.lm_head.weight
+    assert move_to_host(tiny_lm) == torch.device("cpu") and tiny_lm.lm.lm_head.weight is weight

@@ -4,6 +4,8 @@
     breeze-client bench --labels chunk-4.80s --frames 8 --json        # quick, machine-readable
 
 Prints one table row per label; --json prints the whole document (every statistic, per-round throughput).
+A failed request is counted by status code per label ("fail" column, `errors` in the JSON) and left out of
+the statistics; the exit status is 1 only when no request of the whole run completed.
 """
 
 from __future__ import annotations
@@ -38,22 +40,28 @@ def table(doc: dict) -> str:
     m = doc["meta"]
     head = (f"{'label':<14}{'words':>6}{'frames':>8}{'req':>5}{'wall s':>8}{'sd':>7}{'min':>7}{'max':>7}"
             f"{'audio s':>8}{'RTF':>7}{'fr/s':>7}{'TTFA ms':>9}{'p90':>7}{'ICL p50':>8}{'p90':>7}{'p99':>7}"
-            f"{'xRT':>7}")
+            f"{'xRT':>7}{'fail':>6}")
     lines = [f"worker {m['target']}: {m['worker_model']}",
              f"streaming, {m['concurrency']} client(s) at once, {m['warmup']} warm-up + {m['iterations']} timed "
              f"round(s) per label",
              f"note: {m['frame_limit_note']}", head, "-" * len(head)]
     for s in doc["labels"]:
         w, t, icl = s["wall_s"], s["ttfa_ms"], s["inter_chunk_ms"]
-        frames = f"{s['frames']['mean']:.0f}/{s['frame_limit']}"
+        frames = f"{_f(s['frames']['mean'], '.0f')}/{s['frame_limit']}"
         lines.append(
             f"{s['label']:<14}{s['words']:>6}{frames:>8}{s['requests']:>5}{_f(w['mean']):>8}{_f(w['stddev']):>7}"
             f"{_f(w['min']):>7}{_f(w['max']):>7}{_f(s['audio_s']['mean']):>8}{_f(s['rtf']['mean'], '.3f'):>7}"
             f"{_f(s['frames_per_s']['mean'], '.1f'):>7}{_f(t['mean'], '.1f'):>9}{_f(t['p90'], '.1f'):>7}"
             f"{_f(icl['p50'], '.1f'):>8}{_f(icl['p90'], '.1f'):>7}{_f(icl['p99'], '.1f'):>7}"
-            f"{_f(s['aggregate_x_realtime']['mean'], '.2f'):>7}")
+            f"{_f(s['aggregate_x_realtime']['mean'], '.2f'):>7}{s['attempted'] - s['requests']:>6}")
+    for s in doc["labels"]:
+        if s["errors"]:
+            codes = ", ".join(f"{code} x{n}" for code, n in sorted(s["errors"].items()))
+            lines.append(f"{s['label']}: {s['attempted'] - s['requests']} of {s['attempted']} requests failed "
+                         f"({codes}); left out of the statistics")
     lines.append("frames: mean frames / frame limit; RTF: wall / audio (lower is better); TTFA: request sent -> "
-                 "first chunk; ICL: inter-chunk latency (ms); xRT: audio s per wall s of a whole round")
+                 "first chunk; ICL: inter-chunk latency (ms); xRT: audio s per wall s of a whole round; fail: failed "
+                 "requests")
     return "\n".join(lines)
 
 
@@ -74,4 +82,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         print_json(doc)
     else:
         print(table(doc))
+    if not any(s["requests"] for s in doc["labels"]):
+        print("error: no request completed", file=sys.stderr)
+        return 1
     return 0

@@ -27,28 +27,62 @@ def now(device: torch.device) -> float:
 
 
 class SyncCounter:
-    """Counts device-to-host synchronizations (`.item()`, `.cpu()`, `.tolist()`, nonzero, multinomial, ...)
-    using PyTorch's CUDA sync debug mode, which warns on every synchronizing ATen call. On the CPU there is
-    nothing to count and `count` stays None."""
+    """Counts device-to-host synchronizations (`.item()`, `.cpu()`, `.tolist()`, nonzero, multinomial, explicit
+    waits, ...) per named section of the code (`with counter.section("lm"): ...`) while `counting()` is open.
 
-    def __init__(self, device: torch.device):
+    On CUDA: PyTorch's CUDA sync debug mode, which warns on every synchronizing ATen call (the ground truth).
+    On the CPU: engine/syncaudit.py's `SyncDetector`, which emulates a device (it counts what would synchronize
+    on a GPU; it slows every tensor operation down, so count in a run that is not timed). `on_sync(event)`
+    (e.g. a trace mark) is called for every sync the detector sees; on CUDA a detector runs for it alongside
+    the debug mode, which alone is counted."""
+
+    def __init__(self, device: torch.device, on_sync: Callable | None = None):
         self.device = device
-        self.count: int | None = None
+        self.on_sync = on_sync
+        self.counts: dict[str, int] = {}
+        self.source = "cuda sync debug mode" if device.type == "cuda" else "emulated (engine/syncaudit.py)"
+        self._total: Callable[[], int] | None = None
+
+    @property
+    def count(self) -> int | None:
+        """Syncs counted in every section (None before anything was counted)."""
+        return sum(self.counts.values()) if self.counts else None
 
     @contextlib.contextmanager
     def counting(self) -> Iterator["SyncCounter"]:
+        from breeze_worker.engine.syncaudit import SyncDetector
+
         if self.device.type != "cuda":
-            yield self
+            with SyncDetector(self.device, on_sync=self.on_sync) as detector:
+                self._total = lambda: len(detector.events)
+                try:
+                    yield self
+                finally:
+                    self._total = None
             return
+        marks = SyncDetector(self.device, on_sync=self.on_sync) if self.on_sync else contextlib.nullcontext()
         previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, marks:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
+            self._total = lambda: sum(1 for w in caught if "synchroniz" in str(w.message))
             try:
                 yield self
             finally:
+                self._total = None
                 torch.cuda.set_sync_debug_mode(previous)
-        self.count = sum(1 for w in caught if "synchroniz" in str(w.message))
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """Syncs inside the block are added to `counts[name]` (nothing is counted outside `counting()`)."""
+        if self._total is None:
+            yield
+            return
+        before = self._total()
+        try:
+            yield
+        finally:
+            self.counts[name] = self.counts.get(name, 0) + self._total() - before
 
 
 def gpu_busy_fraction(device: torch.device, work: Callable[[], object]) -> dict:

@@ -88,9 +88,20 @@ def _fmt(value, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _gib(value: int | None) -> str:
+    return _fmt(None if value is None else value / 2**30)
+
+
+def _syncs(v: dict) -> str:
+    lm, codec = v.get("host_syncs_per_frame_lm"), v.get("host_syncs_per_frame_codec")
+    if lm is None:
+        return _fmt(v.get("host_syncs_per_frame"), ".1f")
+    return f"{lm:.1f}+{_fmt(codec, '.1f')}"
+
+
 def table(doc: dict) -> str:
     head = (f"{'variant':<26}{'ms/frame':>10}{'RTF':>8}{'TTFA ms':>9}{'enc ms':>8}{'prefill':>9}{'codec ms':>9}"
-            f"{'peak GiB':>9}{'syncs/f':>8}{'busy':>6}{'floor x':>8}")
+            f"{'peak GiB':>9}{'resv GiB':>9}{'RSS GiB':>8}{'syncs lm+codec':>15}{'busy':>6}{'floor x':>8}")
     lines = [head, "-" * len(head)]
     for v in doc["variants"]:
         s = v["stages_s"]
@@ -101,8 +112,11 @@ def table(doc: dict) -> str:
             f"{v['name']:<26}{_fmt(v['ms_per_frame']):>10}{_fmt(v['rtf'], '.3f'):>8}{_fmt(v['ttfa_ms'], '.1f'):>9}"
             f"{_fmt(1000 * s['text_encode_s'], '.1f'):>8}{_fmt(1000 * s['prefill_s'], '.1f'):>9}"
             f"{_fmt(None if codec is None else 1000 * codec / max(v['frames'], 1), '.2f'):>9}"
-            f"{_fmt(None if v['peak_memory_bytes'] is None else v['peak_memory_bytes'] / 2**30):>9}"
-            f"{_fmt(v['host_syncs_per_frame'], '.1f'):>8}{_fmt(v['gpu_busy_fraction']):>6}{_fmt(ratio, '.1f'):>8}")
+            f"{_gib(v['peak_memory_bytes']):>9}{_gib(v.get('gpu_peak_reserved_bytes')):>9}"
+            f"{_gib(v.get('host_peak_rss_bytes')):>8}{_syncs(v):>15}{_fmt(v['gpu_busy_fraction']):>6}"
+            f"{_fmt(ratio, '.1f'):>8}")
+    lines.append("peak: GPU allocated; resv: GPU reserved (the allocator's pool, what nvidia-smi shows); RSS: host "
+                 "peak resident set; syncs: host syncs per frame (language model + codec)")
     for precision, t in doc.get("targets", {}).items():
         lines.append(f"targets [{precision}, CFG on]: {_fmt(t['fast_ms_per_frame'])} ms/frame (<= 8: "
                      f"{t['meets_ms_per_frame']}), x{_fmt(t['speedup_vs_eager'], '.1f')} vs eager (>= 15: "

@@ -6,6 +6,7 @@ so every request runs exactly `frames` frames and the paths do the same work.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
@@ -15,6 +16,7 @@ import torch
 
 from breeze_worker.bench.measure import (SyncCounter, gpu_busy_fraction, now, peak_memory_bytes,
                                          reset_peak_memory)
+from breeze_worker.engine import tracing
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
@@ -69,7 +71,10 @@ class RunResult:
     ttfa_s: float
     stages: dict
     frame_times_s: list[float] = field(default_factory=list)
-    syncs_per_frame: float | None = None
+    syncs_per_frame: float | None = None  # language model + codec
+    syncs_lm_per_frame: float | None = None  # asking the generator for a frame
+    syncs_codec_per_frame: float | None = None  # decoding it (codes to the codec's device, audio to the host)
+    sync_source: str | None = None
     host_reads_per_frame: float | None = None
     warmup_s: float | None = None
     fallback_reason: str | None = None
@@ -79,14 +84,31 @@ class RunResult:
     ttfa_codec_s: float | None = None
 
 
-def run_once(path: str, model: LoadedModel, request, device: torch.device, count_syncs: bool = False) -> RunResult:
+def _decode(codec, stream, frame: torch.Tensor) -> None:
+    with tracing.span("codec_decode"), torch.inference_mode():
+        codec.decode_stream(frame.reshape(1, -1, 1).to(codec.device), stream).cpu()
+
+
+def run_once(path: str, model: LoadedModel, request, device: torch.device, count_syncs: bool = False,
+             on_sync=None) -> RunResult:
     """One request: frames, wall time, time to first audio (first frame decoded by the codec when there is
-    one), stage split, per-frame times and (optionally) host syncs per frame after the first."""
+    one), stage split, per-frame times. With `count_syncs`, host syncs per frame after the first, split into
+    the language model's and the codec's (measure.SyncCounter: slows the run down on the CPU, so not a timed
+    run); `on_sync(event)` sees each of them (trace marks)."""
     codec = model.codec
     stream = codec.new_stream(1) if codec is not None else None
+    counter = SyncCounter(device, on_sync=on_sync)
+    scope = contextlib.ExitStack()
+    if count_syncs:  # the whole request is watched (every sync reaches `on_sync`); only frames 2.. are counted
+        scope.enter_context(counter.counting())
+    with scope:
+        return _run(path, model, request, device, codec, stream, counter, count_syncs)
+
+
+def _run(path: str, model: LoadedModel, request, device: torch.device, codec, stream, counter: SyncCounter,
+         count_syncs: bool) -> RunResult:
     codec_s = 0.0
     frames, frame_times = [], []
-    counter = SyncCounter(device)
     t0 = now(device)
     gen = open_generator(path, model, request, device)
     it = iter(gen)
@@ -95,28 +117,39 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
     frames.append(first)
     if codec is not None:
         c0 = time.perf_counter()
-        with torch.inference_mode():
-            codec.decode_stream(first.reshape(1, -1, 1).to(codec.device), stream).cpu()
+        _decode(codec, stream, first)
         codec_s += time.perf_counter() - c0
     ttfa = time.perf_counter() - t0
-    with counter.counting():
+    last = time.perf_counter()
+    while True:
+        with counter.section("lm"):
+            frame = next(it, None)
+        if frame is None:
+            break
+        frames.append(frame)
+        t = time.perf_counter()
+        frame_times.append(t - last)
+        if codec is not None:
+            with counter.section("codec"):
+                _decode(codec, stream, frame)
+            codec_s += time.perf_counter() - t
         last = time.perf_counter()
-        for frame in it:
-            frames.append(frame)
-            t = time.perf_counter()
-            frame_times.append(t - last)
-            if codec is not None:
-                with torch.inference_mode():
-                    codec.decode_stream(frame.reshape(1, -1, 1).to(codec.device), stream).cpu()
-                codec_s += time.perf_counter() - t
-            last = time.perf_counter()
     wall = now(device) - t0
     stages = dict(gen.timings)
     stages["codec_s"] = codec_s if codec is not None else None
-    n = max(len(frames) - 1, 1)
+    counted = len(frames) - 1  # frames after the first (the first carries the request's setup)
+
+    def per_frame(section: str) -> float | None:
+        if not count_syncs or counted < 1 or (section == "codec" and codec is None):
+            return None
+        return counter.counts.get(section, 0) / counted
+
+    lm, codec_syncs = per_frame("lm"), per_frame("codec")
     return RunResult(
         frames=frames, wall_s=wall, ttfa_s=ttfa, stages=stages, frame_times_s=frame_times,
-        syncs_per_frame=None if counter.count is None else counter.count / n,
+        syncs_per_frame=None if lm is None else lm + (codec_syncs or 0.0),
+        syncs_lm_per_frame=lm, syncs_codec_per_frame=codec_syncs,
+        sync_source=counter.source if count_syncs else None,
         host_reads_per_frame=(gen.host_reads / len(frames)) if hasattr(gen, "host_reads") else None,
         fallback_reason=getattr(gen, "fallback_reason", None), compiled=getattr(gen, "compiled", None),
         compile_fallback_reason=getattr(gen, "compile_fallback_reason", None),
@@ -125,8 +158,10 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
 
 
 def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
-                    repeats: int, seed: int, profile_frames: int = 8) -> dict:
-    """Warm up once, time `repeats` requests, count syncs, profile GPU busy time; one JSON-able dict."""
+                    repeats: int, seed: int, profile_frames: int = 8, tracer: tracing.Tracer | None = None) -> dict:
+    """Warm up once, time `repeats` requests, count syncs (one untimed request), profile GPU busy time; one
+    JSON-able dict. With `tracer`, the first timed request is traced (spans only) and so is the sync-count
+    request (with a gpu_sync mark at every sync it counts)."""
     request = make_request(model, cfg, frames, seed)
     warm_t0 = time.perf_counter()
     warm = run_once(path, model, request, device)  # first use: graph capture for the fast path
@@ -134,10 +169,24 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
     reset_peak_memory(device)
     from breeze_worker.profiling.memory import PeakMemory  # issue 7: reserved GPU memory, host peak RSS
 
+    runs = []
     with PeakMemory(device) as peaks:
-        runs = [run_once(path, model, request, device, count_syncs=True) for _ in range(repeats)]
+        for i in range(repeats):
+            if tracer is not None and i == 0:
+                with tracer.recording(), tracing.span("request", variant=name, path=path, cfg=cfg, timed=True,
+                                                      frames=frames):
+                    runs.append(run_once(path, model, request, device))
+            else:
+                runs.append(run_once(path, model, request, device))
     peak = peak_memory_bytes(device)
     short = make_request(model, cfg, min(profile_frames, frames), seed)
+    if tracer is not None:
+        marks = lambda e: tracing.mark("gpu_sync", op=e.op, site=e.site, code=e.code)  # noqa: E731
+        with tracer.recording(), tracing.span("request", variant=name, path=path, cfg=cfg, timed=False,
+                                              purpose="host sync count", frames=short.max_frames):
+            counted = run_once(path, model, short, device, count_syncs=True, on_sync=marks)
+    else:
+        counted = run_once(path, model, short, device, count_syncs=True)
     busy = gpu_busy_fraction(device, lambda: run_once(path, model, short, device))
     best = min(runs, key=lambda r: r.wall_s)
     per_frame = [statistics.median(r.frame_times_s) for r in runs if r.frame_times_s]
@@ -163,7 +212,11 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
         "stages_s": stages,
         "peak_memory_bytes": peak,
         **peaks.result,  # gpu_peak_allocated_bytes, gpu_peak_reserved_bytes, host_peak_rss_bytes, host_peak_scope
-        "host_syncs_per_frame": best.syncs_per_frame,
+        # host syncs per frame after the first, from one untimed request of `profiled_frames` frames
+        "host_syncs_per_frame": counted.syncs_per_frame,
+        "host_syncs_per_frame_lm": counted.syncs_lm_per_frame,
+        "host_syncs_per_frame_codec": counted.syncs_codec_per_frame,
+        "host_syncs_source": counted.sync_source,
         "host_reads_per_frame": best.host_reads_per_frame,
         "gpu_busy_fraction": busy["busy_fraction"],
         "gpu_kernel_s_profiled": busy["kernel_s"],

@@ -1,7 +1,9 @@
 """`breeze-worker bench`: the engine benchmark. Eager reference and fast path in the same run, with and
 without CFG, on the full-size Breeze architecture with seeded random weights built on the device (no
 download), a smaller size, or a real checkpoint (`--model DIR`). End of speech is masked so every request
-runs `--frames` frames. Prints a table; `--json FILE` writes everything (schema in bench/report.py).
+runs `--frames` frames. Prints a table; `--json FILE` writes everything (schema in bench/report.py);
+`--trace FILE.json` writes a Chrome / Perfetto trace of each variant's first timed request (spans only) and
+of its untimed host-sync count request (with a gpu_sync mark at every sync).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agreement", default="", help="policies to compare against fp32 (e.g. fp16-mixed,bf16)")
     parser.add_argument("--commit", default=os.environ.get("BREEZE_COMMIT"), help="commit id to record")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    parser.add_argument("--trace", default=None, metavar="FILE.json",
+                        help="Chrome / Perfetto trace of every variant's first timed request and its sync count run")
     from breeze_worker.commands import bench_concurrency  # issue 8: --concurrency sweep
 
     bench_concurrency.add_arguments(parser)
@@ -59,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
 
     device = pick_device(args.device)
     torch.manual_seed(args.seed)
+    tracer = None
+    if args.trace:
+        from breeze_worker.engine.tracing import Tracer
+
+        tracer = Tracer(nvtx=device.type == "cuda")
     bandwidth = copy_bandwidth(device)
     doc: dict = {
         "schema": report.SCHEMA,
@@ -92,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 name = f"{path}/{'cfg' if cfg else 'nocfg'}/{policy.name}"
                 log.info("running %s (%d frames x %d)", name, frames, args.repeats)
                 v = measure_variant(name, path, cfg, model, device, frames=frames, repeats=args.repeats,
-                                    seed=args.seed)
+                                    seed=args.seed, tracer=tracer)
                 v.update(precision=policy.name, floor_ms=floor)
                 results[(path, cfg)] = v
                 doc["variants"].append(v)
@@ -113,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
               f"kept_fp32={a['kept_fp32']}")
     if args.json:
         report.write_json(doc, args.json)
+    if tracer is not None:
+        tracer.write(args.trace, {**doc["meta"], "variants": ",".join(v["name"] for v in doc["variants"])})
+        print(f"wrote {args.trace} ({len(tracer.events)} events)")
     failed = [k for k, c in doc["checks"].items() if not c["equal"]]
     if failed:
         log.error("fast path frames differ from the eager reference: %s", failed)

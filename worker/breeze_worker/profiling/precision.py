@@ -9,6 +9,11 @@
    sampler can draw (reserved ids masked), whether the arg-max agrees, the overlap of the top-k sets, and
    the number of non-finite logits.
 
+Memory (a 2.85 B-parameter checkpoint is 11.4 GB in FP32, most of a 16 GB T4): everything that needs the FP32
+model (teacher codes, reference logits, the overflow scan) runs first; then the FP32 model is moved to the
+host, freeing the device, and each policy's model is built from that host copy (copied and converted there,
+then moved to the device), checked, and freed before the next one. The device never holds two models.
+
 Policies: `fp32` (the reference against a copy of itself: all zeros), `bf16`, `fp16-mixed` (the serving
 policies) and `fp16` (everything FP16, residual stream and norms included: not a serving policy, shown for
 contrast). A policy this device would refuse is computed anyway, with the refusal in its `note`; one whose
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import logging
 
 import torch
@@ -119,31 +125,60 @@ def compare(ref: torch.Tensor, test: torch.Tensor, blocked: torch.Tensor, top_k:
             "topk": (top_ref & top_test).sum(-1).float() / k, "nonfinite": nonfinite}
 
 
-def policy_model(fp32: LoadedModel, name: str, keep_fp32: dict[str, float]) -> tuple[LoadedModel, str]:
-    """A converted copy of the FP32 model; the string says how it was made."""
+def _copy(fp32: LoadedModel) -> LoadedModel:
+    """A LoadedModel sharing everything with `fp32` but a deep copy of its language model (on its device)."""
     model = copy.copy(fp32)
     model.lm = copy.deepcopy(fp32.lm)
     for stale in _INSTANCE_STATE:
         model.lm.__dict__.pop(stale, None)
+    return model
+
+
+def policy_model(fp32: LoadedModel, name: str, keep_fp32: dict[str, float],
+                 device: torch.device | None = None) -> tuple[LoadedModel, str]:
+    """A converted copy of the FP32 model, on `device` (default: the FP32 model's); the string says how it was
+    made. The copy is made and converted where `fp32` lives (the host, in `precision_check`), then moved."""
+    model = _copy(fp32)
     if name == "fp16":
         model.lm.to(torch.float16)
-        return model, "every weight and activation FP16 (residual stream and norms too); logits upcast to FP32"
-    converted = apply_policy(model.lm, make_policy(name, "precision-check"), keep_fp32 if name == "fp16-mixed" else ())
-    if name == "fp16-mixed":
-        return model, f"{len(converted)} linear layers FP16, {len(keep_fp32)} kept FP32 for overflow, rest FP32"
-    return model, f"apply_policy({name})"
+        recipe = "every weight and activation FP16 (residual stream and norms too); logits upcast to FP32"
+    else:
+        converted = apply_policy(model.lm, make_policy(name, "precision-check"),
+                                 keep_fp32 if name == "fp16-mixed" else ())
+        recipe = (f"{len(converted)} linear layers FP16, {len(keep_fp32)} kept FP32 for overflow, rest FP32"
+                  if name == "fp16-mixed" else f"apply_policy({name})")
+    if device is not None:
+        model.lm.to(device)
+    return model, recipe
 
 
-def emulated_model(fp32: LoadedModel, name: str) -> LoadedModel:
+def emulated_model(fp32: LoadedModel, name: str, device: torch.device | None = None) -> LoadedModel:
     """FP32 arithmetic with every weight rounded to the policy's half type: the weights' share of the error."""
-    model = copy.copy(fp32)
-    model.lm = copy.deepcopy(fp32.lm)
-    for stale in _INSTANCE_STATE:
-        model.lm.__dict__.pop(stale, None)
+    model = _copy(fp32)
     with torch.no_grad():
         for param in model.lm.parameters():
             param.copy_(param.to(_HALF[name]).float())
+    if device is not None:
+        model.lm.to(device)
     return model
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Return freed blocks of the caching allocator to the device (after a model is dropped)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def move_to_host(model: LoadedModel) -> torch.device:
+    """Move the FP32 language model to the host in place (freeing its device memory); returns the device it
+    was on. The codec stays where it is (the check does not use it)."""
+    device = model.device
+    if device.type != "cpu":
+        model.lm.to("cpu")
+        release_device_memory(device)
+        log.info("precision-check: FP32 reference model moved to the host; policies are built from it one at a time")
+    return device
 
 
 def _device_note(name: str, device: torch.device) -> str | None:
@@ -157,21 +192,31 @@ def _device_note(name: str, device: torch.device) -> str | None:
 
 
 def check_policy(fp32: LoadedModel, request, codes, reference, name: str, keep: dict[str, float],
-                 blocked0: torch.Tensor, blocked: torch.Tensor, top_k: int) -> dict:
-    out = {"policy": name, "applied": True, "emulated": False, "note": _device_note(name, fp32.device),
+                 blocked0: torch.Tensor, blocked: torch.Tensor, top_k: int, device: torch.device | None = None) -> dict:
+    """One policy against the reference logits. `fp32` may live on the host: the policy's model is built from
+    it and run on `device` (default: where `fp32` is), then dropped before this returns."""
+    device = fp32.device if device is None else device
+    out = {"policy": name, "applied": True, "emulated": False, "note": _device_note(name, device),
            "kept_fp32": sorted(keep) if name == "fp16-mixed" else [], "recipe": None, "error": None}
+    model = None
     try:
-        model, out["recipe"] = policy_model(fp32, name, keep)
+        model, out["recipe"] = policy_model(fp32, name, keep, device)
         logits = teacher_forced_logits(model, request, codes)
     except (RuntimeError, NotImplementedError) as exc:  # an operator this device lacks in that dtype
-        log.warning("%s failed on %s (%s); emulating it", name, fp32.device, exc)
+        log.warning("%s failed on %s (%s); emulating it", name, device, exc)
         out.update(emulated=True, error=f"{type(exc).__name__}: {exc}",
                    recipe=f"EMULATED: weights rounded to {_HALF[name]} and back, arithmetic in FP32")
+        model = None
+        release_device_memory(device)
         try:
-            logits = teacher_forced_logits(emulated_model(fp32, name), request, codes)
+            model = emulated_model(fp32, name, device)
+            logits = teacher_forced_logits(model, request, codes)
         except (RuntimeError, NotImplementedError) as exc2:
             out.update(applied=False, error=f"{out['error']}; emulation failed too: {exc2}")
             return out
+    finally:
+        del model  # the policy's model is not needed past its logits
+    release_device_memory(device)
     ref0, ref_depth = reference
     got0, got_depth = logits
     first = compare(ref0, got0, blocked0, top_k)  # [N]
@@ -200,16 +245,19 @@ def _summary(metric: dict[str, torch.Tensor], rows: slice, frame: int | None = N
 
 
 def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int = 50) -> dict:
-    """Teacher codes from `fp32`, then every policy against it; the JSON-able result (`policies` list)."""
+    """Teacher codes from `fp32`, then every policy against it; the JSON-able result (`policies` list).
+
+    Everything that needs the FP32 model runs first; on a GPU the FP32 model is then moved to the host (it
+    stays there: `fp32.device` is the CPU afterwards) and each policy's model is built from it in turn."""
     codes = teacher_codes(fp32, request)
     reference = teacher_forced_logits(fp32, request, codes)
     config = fp32.config
-    device = fp32.device
-    blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
-    blocked[list(config.reserved_code_ids)] = True
     keep = {}
     if "fp16-mixed" in policies:
         keep = find_overflowing_layers(fp32.lm, lambda: teacher_forced_logits(fp32, request, codes))
+    device = move_to_host(fp32)  # from here on the device holds one policy's model at a time
+    blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
+    blocked[list(config.reserved_code_ids)] = True
     results = [check_policy(fp32, request, codes, reference, name, keep, blocked, blocked[:config.vocab_size],
-                            top_k) for name in policies]
+                            top_k, device) for name in policies]
     return {"frames": int(codes.shape[0]), "top_k": top_k, "policies": results}
