@@ -18,7 +18,7 @@ echo "$line"
 target=$(sed -E 's/.*synthesis=([^ ]+).*/\1/' <<<"$line")
 client=(python3 -m breeze_client.cli)
 status=0
-run() { echo "+ $*"; "$@" || { status=1; echo "!!! exit $?"; }; }
+run() { echo "+ $*" >&2; "$@" || { status=1; echo "!!! exit $?"; }; }
 run "${client[@]}" synth "Hello from the GPU." --stream -o "$OUT/plain.wav" --seed 7 --target "$target" --json \
   | tee "$OUT/plain.json"
 run "${client[@]}" synth "Softly now." --instruction "Whisper." --cfg-scale 1.5 --seed 7 --stream \
