@@ -80,6 +80,33 @@ class SynthesisReceiver:
                                audio_bytes=self._audio_bytes)
 
 
+class StreamHandle:
+    """What the sync and asyncio synthesis streams share: the call, its receiver and the final result."""
+
+    def __init__(self, call, receiver: SynthesisReceiver) -> None:
+        self._call = call
+        self._receiver = receiver
+        self._result: SynthesisResult | None = None
+
+    def _hang_up_unless_done(self) -> None:
+        if not self._receiver.done:
+            self._call.cancel()
+
+    @property
+    def job(self):
+        return self._receiver.job
+
+    @property
+    def result(self) -> SynthesisResult:
+        if self._result is None:
+            raise RuntimeError("the stream has not finished: iterate it to the end first")
+        return self._result
+
+    def cancel(self) -> None:
+        """Hang up; the worker cancels the job and frees its slot."""
+        self._call.cancel()
+
+
 class FetchReceiver:
     """Writes one artifact's bytes to `dest` (a path, a binary file, or None for memory)."""
 

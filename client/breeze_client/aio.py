@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2
 from breeze_tts_proto.v1 import synthesis_pb2_grpc
 from breeze_client import _convert, clock as clock_exchange
-from breeze_client._receive import FetchReceiver, SynthesisReceiver
+from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, open_aio_channel
 from breeze_client.clock import ClockMapping
@@ -32,18 +32,13 @@ from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisR
 log = logging.getLogger(__name__)
 
 
-class AsyncSynthesisStream:
+class AsyncSynthesisStream(StreamHandle):
     """`async for` AudioChunk as they arrive; `job` once started, `result` once the stream ended.
 
     Leaving the iteration before the final message hangs up (the worker cancels the job and frees its
     slot). After a `break` the event loop closes the abandoned iterator soon, not at once; use
     `async with stream:` (or `cancel()`) to hang up deterministically.
     """
-
-    def __init__(self, call, receiver: SynthesisReceiver) -> None:
-        self._call = call
-        self._receiver = receiver
-        self._result: SynthesisResult | None = None
 
     async def __aiter__(self) -> AsyncIterator[AudioChunk]:
         try:
@@ -62,24 +57,6 @@ class AsyncSynthesisStream:
 
     async def __aexit__(self, *exc) -> None:
         self._hang_up_unless_done()
-
-    def _hang_up_unless_done(self) -> None:
-        if not self._receiver.done:
-            self._call.cancel()
-
-    @property
-    def job(self):
-        return self._receiver.job
-
-    @property
-    def result(self) -> SynthesisResult:
-        if self._result is None:
-            raise RuntimeError("the stream has not finished: iterate it to the end first")
-        return self._result
-
-    def cancel(self) -> None:
-        """Hang up; the worker cancels the job and frees its slot."""
-        self._call.cancel()
 
 
 class AsyncBreezeClient:

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2
 from breeze_tts_proto.v1 import synthesis_pb2_grpc
 from breeze_client import _convert, clock as clock_exchange
-from breeze_client._receive import FetchReceiver, SynthesisReceiver
+from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, open_channel
 from breeze_client.clock import ClockMapping
@@ -41,7 +41,7 @@ def make_request(text_or_request: str | SynthesisRequest, options: dict) -> Synt
     return SynthesisRequest(text=text_or_request, **options)
 
 
-class SynthesisStream:
+class SynthesisStream(StreamHandle):
     """Iterate for AudioChunk as they arrive; `job` once started, `result` once the stream ended.
 
     Leaving the iteration before the final message (a `break`, an exception in the loop body, the
@@ -49,11 +49,6 @@ class SynthesisStream:
     As a context manager (`with client.stream(...) as stream:`) the call is cancelled on leaving the
     block unless the job finished.
     """
-
-    def __init__(self, call, receiver: SynthesisReceiver) -> None:
-        self._call = call
-        self._receiver = receiver
-        self._result: SynthesisResult | None = None
 
     def __iter__(self) -> Iterator[AudioChunk]:
         try:
@@ -72,24 +67,6 @@ class SynthesisStream:
 
     def __exit__(self, *exc) -> None:
         self._hang_up_unless_done()
-
-    def _hang_up_unless_done(self) -> None:
-        if not self._receiver.done:
-            self._call.cancel()
-
-    @property
-    def job(self):
-        return self._receiver.job
-
-    @property
-    def result(self) -> SynthesisResult:
-        if self._result is None:
-            raise RuntimeError("the stream has not finished: iterate it to the end first")
-        return self._result
-
-    def cancel(self) -> None:
-        """Hang up; the worker cancels the job and frees its slot."""
-        self._call.cancel()
 
 
 class BreezeClient:
