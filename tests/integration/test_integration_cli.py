@@ -123,3 +123,13 @@ def test_sigterm_stops_the_worker_gracefully(served):
     proc = served[0]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
+
+
+def test_a_refused_precision_stops_serve_with_one_clear_line(tmp_path):
+    """Emulated half precision without --force-precision: exit 1, the reason and the fix, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--precision",
+                           "bf16", "--port", "0", "--artifact-port", "0", "--artifact-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 1
+    assert "the engine failed to start" in proc.stderr and "--force-precision" in proc.stderr
+    assert "Traceback" not in proc.stderr and "breeze-worker ready" not in proc.stdout

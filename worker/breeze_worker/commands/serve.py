@@ -19,6 +19,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
+from breeze_worker.errors import BreezeError
 
 log = logging.getLogger("breeze_worker.serve")
 
@@ -34,7 +35,11 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("engine", "max_queue", "--max-queue", "requests waiting for a slot"),
     ("engine", "max_queue_wait_s", "--max-queue-wait-s", "longest wait for a slot, seconds"),
     ("engine", "max_text_chars", "--max-text-chars", "longest accepted text"),
+    ("engine", "force_precision", "--force-precision", "run --precision bf16 even where the device only "
+                                                       "emulates it (slow; refused otherwise)"),
     ("engine", "max_reference_seconds", "--max-reference-seconds", "longest accepted reference audio"),
+    ("engine", "min_reference_seconds", "--min-reference-seconds", "shortest accepted reference audio"),
+    ("engine", "reference_cache_entries", "--reference-cache-entries", "encoded references kept in memory"),
     ("server", "host", "--host", "address to listen on (0.0.0.0 for all interfaces)"),
     ("server", "port", "--port", "Synthesize port (0 = any free port)"),
     ("server", "artifact_port", "--artifact-port", "Artifacts port (0 = any free port)"),
@@ -59,6 +64,8 @@ FLAGS: list[tuple[str, str, str, str]] = [
 def _field_type(section: str, name: str):
     default = {f.name: f for f in fields(_SECTIONS[section])}[name]
     text = str(default.type)
+    if text == "bool":
+        return bool
     if "Path" in text:
         return Path
     if "float" in text:
@@ -74,6 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if help_text is not argparse.SUPPRESS:
             help_text = f"{help_text} (default: {default})" if default is not None else help_text
         kind = _field_type(section, name)
+        if kind is bool:  # a switch: present = True; absent = the environment's value or the default
+            parser.add_argument(flag, dest=f"{section}__{name}", action="store_const", const=True, default=None,
+                                help=help_text)
+            continue
         metavar = "DIR" if kind is Path and "dir" in name + flag else flag.lstrip("-").split("-")[-1].upper()
         parser.add_argument(flag, dest=f"{section}__{name}", type=kind, default=None, help=help_text,
                             metavar=metavar)
@@ -137,7 +148,11 @@ async def serve(settings: WorkerSettings) -> int:
               + (f"; TEST FAULTS ON: {faults}" if faults else ""), flush=True)
         await stopping
     elif starting.done() and starting.exception() is not None:
-        log.error("the engine failed to start", exc_info=starting.exception())
+        exc = starting.exception()
+        if isinstance(exc, (ValueError, BreezeError)):  # a setting or checkpoint to fix: its message says how
+            log.error("the engine failed to start: %s", exc)
+        else:
+            log.error("the engine failed to start", exc_info=exc)
         code = 1
     log.info("stopping: in-flight calls get %.1f s", settings.server.grace_s)
     stopping.cancel()
