@@ -33,19 +33,24 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _noise(seed: torch.Tensor, draw: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [R, K, vocab] for rows `seed` [R] and draw counters `draw` [R, K] (frame * 16 + codebook)."""
+    seed = seed.to(torch.int64)
+    row = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
+    row = _mix32(row[:, None] ^ (draw & _M32))
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
+    x = _mix32(row[:, :, None] ^ ((ids[None, None, :] * _GOLDEN) & _M32))
+    x = _mix32(x + _GOLDEN)
+    uniform = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # (0, 1), 24 bits
+    return -torch.log(uniform)
+
+
 def exponential_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab: int) -> torch.Tensor:
     """Exp(1) noise [R, vocab] (float32) for rows with `seed` [R] and `frame` [R] (int64), one codebook.
 
     The same (seed, frame, codebook) always gives the same noise, on any device and in any batch row.
     """
-    seed = seed.to(torch.int64)
-    row = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
-    row = _mix32(row ^ ((frame.to(torch.int64) * 16 + codebook) & _M32))
-    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
-    x = _mix32(row[:, None] ^ ((ids[None, :] * _GOLDEN) & _M32))
-    x = _mix32(x + _GOLDEN)
-    uniform = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # (0, 1), 24 bits
-    return -torch.log(uniform)
+    return _noise(seed, (frame.to(torch.int64) * 16 + codebook)[:, None], vocab)[:, 0]
 
 
 @dataclass
@@ -130,12 +135,5 @@ def sample_rows(
 def frame_noise(seed: torch.Tensor, frame: torch.Tensor, codebooks: int, vocab: int) -> torch.Tensor:
     """`exponential_noise` for codebooks 0..codebooks-1 at once: [R, codebooks, vocab], bit-identical to
     calling it per codebook (same integer hash), in one batch of element-wise kernels."""
-    seed = seed.to(torch.int64)
-    row = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
     book = torch.arange(codebooks, device=seed.device, dtype=torch.int64)
-    row = _mix32(row[:, None] ^ ((frame.to(torch.int64)[:, None] * 16 + book[None, :]) & _M32))
-    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
-    x = _mix32(row[:, :, None] ^ ((ids[None, None, :] * _GOLDEN) & _M32))
-    x = _mix32(x + _GOLDEN)
-    uniform = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
-    return -torch.log(uniform)
+    return _noise(seed, frame.to(torch.int64)[:, None] * 16 + book[None, :], vocab)
