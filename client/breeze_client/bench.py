@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from breeze_client import phases
 from breeze_client.errors import BreezeClientError
 from breeze_client.sdk import BreezeClient
 from breeze_client.types import SynthesisRequest
@@ -96,14 +97,8 @@ FRAME_LIMIT_NOTE = ("every request carries an explicit frame limit (max_frames) 
 
 # ---- statistics ----
 def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    """The phase model's percentile (linear interpolation, q in 0..100); None for no values."""
+    return phases.percentile(values, q) if values else None
 
 
 def spread(values: list[float]) -> dict:
