@@ -91,7 +91,7 @@ def one_slot_worker(tmp_path_factory):
 def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker, capsys):
     """1 slot and 1 queue place for 3 clients at once: the third is refused (RESOURCE_EXHAUSTED); the bench
     goes on, counts it per label and keeps it out of the statistics."""
-    code = client_main(["bench", "--target", one_slot_worker.target, "--labels", "chunk-4.80s", "--frames", "6",
+    code = client_main(["bench", "--target", one_slot_worker.target, "--labels", "chunk-4.80s", "--frames", "40",
                         "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
