@@ -14,7 +14,12 @@ export PYTHONPATH="worker:client:protos${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFF
 FRAMES="${BENCH_FRAMES:-64}"
 EAGER_FRAMES="${BENCH_EAGER_FRAMES:-16}"
 CAPACITY="${BENCH_CAPACITY:-512}"  # backbone slots: 2 attention buckets (256, 512) to capture and compile
-PATHS="eager,fast-uncompiled,fast-compiled"
+# decode paths: eager, fast-uncompiled, fast-compiled[:FORM] (FORM: the compiled layers' form, fastpath/layers.py;
+# fast-compiled alone = the default choice, gemv-rows at batch 1)
+PATHS="${BENCH_PATHS:-eager,fast-uncompiled,fast-compiled:gemm,fast-compiled}"
+CHECK_PATHS="${BENCH_CHECK_PATHS:-$PATHS}"
+FP16_PATHS="${BENCH_FP16_PATHS:-eager,fast-compiled}"
+CFGS="${BENCH_CFG:-off,on}"
 BENCH=(python3 -m breeze_worker.cli --log-level WARNING bench --device cuda --capacity "$CAPACITY")
 status=0
 step() {
@@ -29,11 +34,12 @@ step() {
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
-step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 --frames 12 --repeats 1 --check \
-  --paths "$PATHS" --json "$OUT/check_mid.json"
-step full_bf16 "${LIMIT_BF16:-230}" "${BENCH[@]}" --size full --precision bf16 --frames "$FRAMES" \
-  --eager-frames "$EAGER_FRAMES" --repeats 3 --paths "$PATHS" --json "$OUT/full_bf16.json"
-step full_fp16mixed "${LIMIT_FP16:-100}" "${BENCH[@]}" --size full --precision fp16-mixed --cfg on --frames "$FRAMES" \
-  --eager-frames "$EAGER_FRAMES" --repeats 3 --paths eager,fast-compiled --force-precision \
-  --json "$OUT/full_fp16mixed.json"
+[ "${SKIP_CHECK:-0}" = 1 ] || step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 \
+  --frames 12 --repeats 1 --check --cfg "$CFGS" --paths "$CHECK_PATHS" --json "$OUT/check_mid.json"
+[ "${SKIP_BF16:-0}" = 1 ] || step full_bf16 "${LIMIT_BF16:-230}" "${BENCH[@]}" --size full --precision bf16 \
+  --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" --repeats 3 --cfg "$CFGS" --paths "$PATHS" \
+  --json "$OUT/full_bf16.json"
+[ "${SKIP_FP16:-0}" = 1 ] || step full_fp16mixed "${LIMIT_FP16:-100}" "${BENCH[@]}" --size full \
+  --precision fp16-mixed --cfg on --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" --repeats 3 --paths "$FP16_PATHS" \
+  --force-precision --json "$OUT/full_fp16mixed.json"
 exit $status

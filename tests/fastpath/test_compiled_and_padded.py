@@ -46,3 +46,35 @@ def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
     again = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
     assert again.compiled and again.compile_fallback_reason is None
     clear_runners()
+
+
+@pytest.mark.parametrize("form", ["gemv-rows", "gemv-cols", "gemv-rows+attn"])
+def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
+    """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
+    frames as the eager reference, CFG on (2 rows)."""
+    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
+    monkeypatch.setenv(compiled.FORM_ENV, form)
+    request = request_for(model, True, frames=3)
+    eager = list(EagerFrameGenerator(model, request, "cpu"))
+    clear_runners()
+    from breeze_worker.engine.fastpath.graph import acquire_runner
+
+    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
+    assert runner.compiled and runner.step.form == form
+    from breeze_worker.engine.fastpath.graph import release_runner
+
+    release_runner(model.lm, runner)
+    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
+    clear_runners()
+    assert len(fast) == 3 and _equal(eager, fast)
+
+
+def test_layer_form_by_rows_and_environment(monkeypatch):
+    monkeypatch.delenv(compiled.FORM_ENV, raising=False)
+    assert compiled.layer_form(2) == "gemv-rows"
+    assert compiled.layer_form(compiled.SMALL_ROWS + 1) == "gemm"
+    monkeypatch.setenv(compiled.FORM_ENV, "gemm")
+    assert compiled.layer_form(2) == "gemm"
+    monkeypatch.setenv(compiled.FORM_ENV, "fast-please")
+    with pytest.raises(ValueError, match="BREEZE_FASTPATH_FORM"):
+        compiled.layer_form(2)

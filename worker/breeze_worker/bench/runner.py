@@ -55,10 +55,13 @@ FAST_PATHS = {"fast": None, "fast-uncompiled": False, "fast-compiled": True}  # 
 
 
 def open_generator(path: str, model: LoadedModel, request, device: torch.device):
-    if path in FAST_PATHS:
+    """`path`: eager, or a FAST_PATHS name, optionally `:FORM` (the compiled layers' form, fastpath/layers.py)."""
+    base, _, form = path.partition(":")
+    if base in FAST_PATHS:
         from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 
-        return FastFrameGenerator(model, request, device, compile=FAST_PATHS[path], timed_stages=True)
+        return FastFrameGenerator(model, request, device, compile=FAST_PATHS[base], timed_stages=True,
+                                  form=form or None)
     from breeze_worker.engine.eager import EagerFrameGenerator
 
     return EagerFrameGenerator(model, request, device)

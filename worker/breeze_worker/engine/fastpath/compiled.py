@@ -7,6 +7,11 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE`: `auto` (default: compile on CUDA when Triton is importable), `on`, `off`.
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
+- `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
+  (default): `gemv-rows` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`.
+- `BREEZE_FASTPATH_TUNE`: `on` (default) lets Inductor's coordinate-descent tuning pick the block sizes
+  of the reduction kernels (those are what read the weights at small row counts); `off` skips it
+  (faster compilation).
 
 Any failure to compile is the caller's to catch: the runner logs it and serves the uncompiled step.
 """
@@ -24,6 +29,9 @@ log = logging.getLogger(__name__)
 
 COMPILE_ENV = "BREEZE_FASTPATH_COMPILE"
 BACKEND_ENV = "BREEZE_FASTPATH_COMPILE_BACKEND"
+FORM_ENV = "BREEZE_FASTPATH_FORM"
+TUNE_ENV = "BREEZE_FASTPATH_TUNE"
+SMALL_ROWS = 8  # up to this many model rows a step's projections run as reductions (see layers.py)
 RECOMPILE_LIMIT = 128  # one entry per (unit, shape, dtype, runner): a bench run has a few dozen
 _compiled: dict[tuple, Callable] = {}
 
@@ -38,6 +46,18 @@ def compile_wanted(device: torch.device, requested: bool | None = None) -> bool:
     if mode in ("1", "on", "true", "yes"):
         return True
     return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+def layer_form(rows: int) -> str:
+    """The compiled decoder layers' form for a step of `rows` model rows (environment, else by rows)."""
+    from breeze_worker.engine.fastpath.layers import FORMS
+
+    form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
+    if form == "auto":
+        return "gemv-rows" if rows <= SMALL_ROWS else "gemm"
+    if form not in FORMS:
+        raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
+    return form
 
 
 def backend() -> str:
@@ -58,13 +78,17 @@ def compile_unit(fn: Callable) -> Callable:
 
     Compiled once per process and function (the compiled form is shared; Dynamo guards add an entry per
     new shape, dtype or step object)."""
-    key = (fn, backend())
+    tune = os.environ.get(TUNE_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+    key = (fn, backend(), tune)
     if key in _compiled:
         return _compiled[key]
     _raise_limits()
     name = backend()
     options = {"fullgraph": True, "dynamic": False, "backend": name}
-    if name == "inductor":
-        options["mode"] = "default"
+    if name == "inductor":  # Inductor's own CUDA graphs stay off: ours capture the compiled code
+        if tune:  # torch.compile takes `mode` or `options`, not both; "default" mode is these options' base
+            options["options"] = {"coordinate_descent_tuning": True}
+        else:
+            options["mode"] = "default"
     compiled = _compiled[key] = torch.compile(fn, **options)
     return compiled

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted
+from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted, layer_form
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
@@ -32,7 +32,7 @@ class FrameRunner:
     pad_prompts_without_graphs = False  # tests: pad prompts to their bucket on the CPU too
 
     def __init__(self, lm, rows: int, capacity: int, device: torch.device, use_graphs: bool | None = None,
-                 compile: bool | None = None):
+                 compile: bool | None = None, form: str | None = None):
         self.step = FrameStep(lm, rows=rows, streams=1, capacity=capacity, device=device)
         self.device, self.capacity = device, capacity
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
@@ -45,6 +45,8 @@ class FrameRunner:
         self.compile_s = 0.0
         self._prompt_pool = None
         self.compile_requested = compile_wanted(device, compile)
+        # the compiled layers' form (fastpath/layers.py); part of the pool key, so fixed at creation
+        self.form_requested = (form or layer_form(rows)) if self.compile_requested else None
         if self.compile_requested:
             self._compile()
         if self.use_graphs:
@@ -64,7 +66,7 @@ class FrameRunner:
         """Compile the step's units and run them once (compilation happens on first call)."""
         t0 = time.perf_counter()
         try:
-            self.step.use_compiled(compile_unit)
+            self.step.use_compiled(compile_unit, self.form_requested)
             self._on_side_stream(self._warm)
         except Exception as exc:  # compilation is an optimization: keep the uncompiled step
             self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); running uncompiled"
@@ -211,20 +213,22 @@ _POOLS: dict[tuple, list[FrameRunner]] = {}
 _LOCK = threading.Lock()
 
 
-def acquire_runner(lm, rows: int, capacity: int, device: torch.device, compile: bool | None = None) -> FrameRunner:
-    """A free runner of this shape (captured at its creation), or a new one. `compile`: None = the
-    environment's choice (fastpath/compiled.py)."""
+def acquire_runner(lm, rows: int, capacity: int, device: torch.device, compile: bool | None = None,
+                   form: str | None = None) -> FrameRunner:
+    """A free runner of this shape (captured at its creation), or a new one. `compile` and `form`: None =
+    the environment's choice (fastpath/compiled.py)."""
     wanted = compile_wanted(device, compile)
-    key = (id(lm), rows, capacity, str(device), wanted)
+    key = (id(lm), rows, capacity, str(device), wanted, (form or layer_form(rows)) if wanted else None)
     with _LOCK:
         free = _POOLS.setdefault(key, [])
         if free:
             return free.pop()
-    return FrameRunner(lm, rows, capacity, device, compile=wanted)
+    return FrameRunner(lm, rows, capacity, device, compile=wanted, form=form)
 
 
 def release_runner(lm, runner: FrameRunner) -> None:
-    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.compile_requested)
+    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.compile_requested,
+           runner.form_requested)
     with _LOCK:
         _POOLS.setdefault(key, []).append(runner)
 

@@ -11,6 +11,15 @@ softmax. Layer inputs and outputs keep the residual stream's dtype; each GEMM ru
 `decode_layer` is the same layer as one pure function of tensors (weights, cache, slot indices, mask)
 and constants, with the cache write inside: the function `torch.compile` fuses (fastpath/compiled.py).
 Because every layer of a kind has the same shapes, one compilation serves all of them.
+
+Small-row forms (`form`, chosen per step in FrameStep): at 1-8 rows every GEMM of a decode step is
+GEMV-shaped; a GEMM library call then reads the weight near bandwidth only for the largest matrices,
+adds split-K helper kernels, and fuses with nothing around it (~1,250 such calls were ~7.5 ms of a
+16 ms frame on the H200 against a 3 ms byte floor). Written as multiply-and-sum over the input axis
+(`small_rows_linear`), Inductor generates one bandwidth-bound reduction kernel per projection with the
+RMSNorm / activation in front and the residual add behind it fused in. Attention over the cache can
+take the same form (`reduce_attention`). These forms accumulate in FP32, as the GEMMs do; they are
+only worth it compiled (eager they materialize FP32 copies of the weights).
 """
 
 from __future__ import annotations
@@ -25,6 +34,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype == weight.dtype:
         return F.linear(x, weight, bias)
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+
+
+FORMS = ("gemm", "gemv-rows", "gemv-cols", "gemv-rows+attn")  # see the module docstring
+
+
+def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, by_rows: bool = True) -> torch.Tensor:
+    """x [..., K] with few rows times weight [N, K] transposed, as a multiply-and-sum over K in FP32.
+
+    The input is rounded to the weight's dtype first, as the GEMM sees it. `by_rows`: one reduction per
+    input row over the same weight (Inductor fuses them into one kernel that reads the weight once);
+    otherwise one reduction over [N, rows] (one node by construction; rows read the same weight row)."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    flat = x.reshape(-1, k).to(weight.dtype).float()
+    w = weight.float()
+    if by_rows:
+        y = torch.stack([(flat[i] * w).sum(-1) for i in range(flat.shape[0])])
+    else:
+        y = (w[:, None, :] * flat[None]).sum(-1).t()
+    return y.reshape(*lead, weight.shape[0]).to(x.dtype)
+
+
+def reduce_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """Grouped attention as reductions: q [R, kv, G, T, D], keys/values [R, kv, L, D], additive `mask`
+    broadcastable to [R, 1, 1, T, L] -> [R, kv, G, T, D] in FP32 (softmax in FP32 as everywhere)."""
+    scores = (q.float()[..., None, :] * keys.float()[:, :, None, None]).sum(-1) * scale  # [R, kv, G, T, L]
+    probs = torch.softmax(scores + mask, dim=-1).to(values.dtype).float()
+    return (probs[..., None] * values.float()[:, :, None, None]).sum(-2)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -66,15 +103,21 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
                  slots: torch.Tensor, mask: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
                  qk_norm: torch.Tensor | None, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor,
                  down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, scale: float, eps_in: float,
-                 eps_post: float, qk_eps: float, intermediate: int, act) -> torch.Tensor:
+                 eps_post: float, qk_eps: float, intermediate: int, act, form: str = "gemm") -> torch.Tensor:
     """One packed decoder layer over a static cache, as a pure function.
 
     x [R, T, hidden]; cos/sin [R or 1, 1, T, D]; k_cache/v_cache [R, kv, L, D] (views into the static
     cache; this call writes its keys/values at `slots` int64 [R or 1, T] and attends over all L slots);
-    `mask` additive float32, broadcastable to [R, 1, T, L] (it must block every slot not yet written)."""
+    `mask` additive float32, broadcastable to [R, 1, T, L] (it must block every slot not yet written).
+    `form`: one of FORMS (the GEMMs as library calls, or the small-row reductions)."""
     rows, t, _ = x.shape
     h, kv, d = heads, kv_heads, head_dim
-    qkv_out = linear(rms_norm(x, w_in, eps_in), qkv).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+    if form == "gemm":
+        linear_fn = linear
+    else:
+        def linear_fn(a, w, by_rows=form != "gemv-cols"):
+            return small_rows_linear(a, w, by_rows)
+    qkv_out = linear_fn(rms_norm(x, w_in, eps_in), qkv).view(rows, t, h + 2 * kv, d).transpose(1, 2)
     qk, v = qkv_out[:, :h + kv], qkv_out[:, h + kv:]
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, qk_eps)
@@ -83,14 +126,19 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
     k_cache.scatter_(2, index, qk[:, h:].to(k_cache.dtype))
     v_cache.scatter_(2, index, v.to(v_cache.dtype))
     length = k_cache.shape[2]
-    q = qk[:, :h].reshape(rows, kv, (h // kv) * t, d)  # query head i reads kv head i // groups
-    scores = torch.matmul(q, k_cache.transpose(2, 3)).float() * scale
-    scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
-    probs = torch.softmax(scores, dim=-1).to(v_cache.dtype)
-    out = torch.matmul(probs, v_cache).view(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
-    x = x + linear(out, o_proj)
-    gu = linear(rms_norm(x, w_post, eps_post), gate_up)
-    return x + linear(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
+    if form == "gemv-rows+attn":
+        q = qk[:, :h].reshape(rows, kv, h // kv, t, d)
+        out = reduce_attention(q, k_cache, v_cache, mask[:, :, None], scale).to(x.dtype)
+        out = out.reshape(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
+    else:
+        q = qk[:, :h].reshape(rows, kv, (h // kv) * t, d)  # query head i reads kv head i // groups
+        scores = torch.matmul(q, k_cache.transpose(2, 3)).float() * scale
+        scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
+        probs = torch.softmax(scores, dim=-1).to(v_cache.dtype)
+        out = torch.matmul(probs, v_cache).view(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
+    x = x + linear_fn(out, o_proj)
+    gu = linear_fn(rms_norm(x, w_post, eps_post), gate_up)
+    return x + linear_fn(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
 
 
 class PackedLayer:
@@ -122,13 +170,14 @@ class PackedLayer:
                 and self.mlp.down_proj.bias is None)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, fn=decode_layer) -> torch.Tensor:
+               v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, fn=decode_layer,
+               form: str = "gemm") -> torch.Tensor:
         """`decode_layer` over this layer's weights; `fn` is it or its compiled form."""
         return fn(x, cos, sin, k_cache, v_cache, slots, mask, self.w_in, self.qkv, self.qk_norm,
                   self.attn.o_proj.weight, self.w_post, self.gate_up, self.mlp.down_proj.weight,
                   heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, scale=self.scale,
                   eps_in=self.eps_in, eps_post=self.eps_post, qk_eps=self.qk_eps, intermediate=self.intermediate,
-                  act=self.act)
+                  act=self.act, form=form)
 
     def _qkv(self, h: torch.Tensor) -> torch.Tensor:
         if self.qkv is not None:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from breeze_worker.engine import tracing
+from breeze_worker.engine.fastpath.compiled import layer_form
 from breeze_worker.engine.fastpath.layers import PackedLayer, decode_layer, linear, rms_norm
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
@@ -86,6 +87,7 @@ class FrameStep:
         self.depth_embeds = [embed[p * self.vocab:(p + 1) * self.vocab] for p in range(n_pos)]  # [V, H]
         # the units as plain functions of the step (called with `self`, so `narrow` views use them too)
         self.layer_fn = decode_layer
+        self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
         self.compiled = False
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
         # per-row and per-stream state
@@ -164,13 +166,16 @@ class FrameStep:
         self.nonfinite |= ~torch.isfinite(logits).all(dim=-1)
         return sample_rows(logits, self.sampling, self.frame, codebook, blocked, noise=noise)
 
-    def use_compiled(self, compile_fn) -> None:
-        """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py)."""
+    def use_compiled(self, compile_fn, form: str | None = None) -> None:
+        """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py); `form`: the
+        layers' form (None: `layer_form`'s choice for this step's row count)."""
+        self.form = form or layer_form(self.rows)
         self.layer_fn = compile_fn(decode_layer)
         self._start_fn, self._next_fn = compile_fn(FrameStep._frame_start), compile_fn(FrameStep._depth_next)
         self.compiled = True
 
     def use_uncompiled(self) -> None:
+        self.form = "gemm"
         self.layer_fn = decode_layer
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
         self.compiled = False
@@ -240,7 +245,8 @@ class FrameStep:
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            x = layer.decode(x, cos, sin, cache.key[i], cache.value[i], slots, mask, fn=self.layer_fn)
+            x = layer.decode(x, cos, sin, cache.key[i], cache.value[i], slots, mask, fn=self.layer_fn,
+                             form=self.form)
         return x
 
     @torch.no_grad()
@@ -256,7 +262,7 @@ class FrameStep:
         slots = cache.write_pos[:, None]
         for i, layer in enumerate(self.backbone_layers):
             x = layer.decode(x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket], slots, mask,
-                             fn=self.layer_fn)
+                             fn=self.layer_fn, form=self.form)
         norm = lm.backbone_model.norm
         last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
