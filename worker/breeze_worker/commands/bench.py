@@ -105,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
                 v.update(precision=policy.name, floor_ms=floor)
                 results[(path, cfg)] = v
                 doc["variants"].append(v)
+                print(f"[{name}] ms/frame {v.get('ms_per_frame')} ttfa_ms {v.get('ttfa_ms')} (lm {v.get('ttfa_lm_ms')}) "
+                      f"first use s {v.get('first_use_s')} kernels {v.get('gpu_kernels_profiled')} fallback {v.get('compile_fallback_reason')}", flush=True)
+                if args.json:  # a run cut short by a time limit still leaves what it measured
+                    report.write_json({**doc, "partial": True}, args.json)
             for path in paths:
                 if args.check and path != "eager" and ("eager", cfg) in results and (path, cfg) in results:
                     key = f"{policy.name}/{'cfg' if cfg else 'nocfg'}" + ("" if path == "fast" else f"/{path}")
