@@ -128,7 +128,7 @@ def gpu_busy_fraction(device: torch.device, work: Callable[[], object]) -> dict:
         busy_ns += cur_end - cur_start
         kernel_us = busy_ns / 1000.0
     kernel_s = kernel_us / 1e6
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:30]
     return {"kernel_s": kernel_s, "wall_s": wall, "busy_fraction": kernel_s / wall if wall > 0 else None,
             "kernels": len(intervals),
             "top_kernels": [{"name": n, "count": c, "total_us": round(us, 1)} for n, (c, us) in top]}

@@ -36,7 +36,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
-FORMS = ("gemm", "gemv-rows", "gemv-cols", "gemv-rows+attn")  # see the module docstring
+FORMS = ("gemm", "gemv-rows", "gemv-cols", "gemv-rows+attn", "units", "units+attn")  # see the module docstring
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, by_rows: bool = True) -> torch.Tensor:
@@ -141,6 +141,58 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
     return x + linear_fn(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
 
 
+# ---- the small-row forms as three units per layer ----
+# Unit boundaries are where Inductor must write a tensor to memory. Inside one compiled function it inlines
+# a pointwise producer into every consumer, so a projection's input is recomputed per output block: for
+# the down projection that is SiLU(gate) * up, one exp per weight element (measured 3x its byte floor on
+# the H200). Cut after the activation and after the q/k/v projection (the cache write between them is a
+# single in-place scatter per tensor), each projection reads a ready input.
+
+def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
+              qk_norm: torch.Tensor | None, *, heads: int, kv_heads: int, head_dim: int, eps_in: float,
+              qk_eps: float, by_rows: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input norm, q/k/v projection, q/k norm and RoPE: q [R, h, T, D], k and v [R, kv, T, D]."""
+    rows, t, _ = x.shape
+    h, kv, d = heads, kv_heads, head_dim
+    out = small_rows_linear(rms_norm(x, w_in, eps_in), qkv, by_rows).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+    qk, v = out[:, :h + kv], out[:, h + kv:]
+    if qk_norm is not None:
+        qk = rms_norm(qk, qk_norm, qk_eps)
+    qk = rotate(qk, cos, sin)
+    return qk[:, :h], qk[:, h:], v
+
+
+def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+                           x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor, *,
+                           scale: float, eps_post: float, intermediate: int, act, by_rows: bool,
+                           reduce_attn: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the (already written) cache, output projection and residual, post norm, gate and up
+    projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
+    rows, h, t, d = q.shape
+    kv, length = k_cache.shape[1], k_cache.shape[2]
+    if reduce_attn:
+        out = reduce_attention(q.reshape(rows, kv, h // kv, t, d), k_cache, v_cache, mask[:, :, None], scale)
+        out = out.to(x.dtype).reshape(rows, h, t, d)
+    else:
+        scores = torch.matmul(q.reshape(rows, kv, (h // kv) * t, d), k_cache.transpose(2, 3)).float() * scale
+        scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
+        probs = torch.softmax(scores, dim=-1).to(v_cache.dtype)
+        out = torch.matmul(probs, v_cache).view(rows, h, t, d)
+    x = x + small_rows_linear(out.transpose(1, 2).reshape(rows, t, h * d), o_proj, by_rows)
+    normed = rms_norm(x, w_post, eps_post)
+    gate = small_rows_linear(normed, gate_up[:intermediate], by_rows)
+    up = small_rows_linear(normed, gate_up[intermediate:], by_rows)
+    return x, act(gate) * up
+
+
+def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, by_rows: bool) -> torch.Tensor:
+    """Down projection and residual."""
+    return x + small_rows_linear(hidden, down, by_rows)
+
+
+UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
+
+
 class PackedLayer:
     """One pre-norm decoder layer (Qwen3 with q/k-norm, or Llama) packed for decoding with a static cache."""
 
@@ -178,6 +230,24 @@ class PackedLayer:
                   heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, scale=self.scale,
                   eps_in=self.eps_in, eps_post=self.eps_post, qk_eps=self.qk_eps, intermediate=self.intermediate,
                   act=self.act, form=form)
+
+    def decode_units(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, units=UNITS,
+                     form: str = "gemv-rows") -> torch.Tensor:
+        """The same layer as `decode`, in a small-row form, through the three units (`units`: UNITS or
+        their compiled forms); the cache write between them is an in-place scatter."""
+        qkv_fn, attn_fn, mlp_fn = units
+        by_rows = form != "gemv-cols"
+        q, k, v = qkv_fn(x, cos, sin, self.w_in, self.qkv, self.qk_norm, heads=self.heads, kv_heads=self.kv_heads,
+                         head_dim=self.head_dim, eps_in=self.eps_in, qk_eps=self.qk_eps, by_rows=by_rows)
+        rows, kv, t, d = k.shape
+        index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv, t, d)
+        k_cache.scatter_(2, index, k.to(k_cache.dtype))
+        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        x, hidden = attn_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, self.w_post, self.gate_up,
+                            scale=self.scale, eps_post=self.eps_post, intermediate=self.intermediate, act=self.act,
+                            by_rows=by_rows, reduce_attn=form.endswith("+attn"))
+        return mlp_fn(hidden, x, self.mlp.down_proj.weight, by_rows=by_rows)
 
     def _qkv(self, h: torch.Tensor) -> torch.Tensor:
         if self.qkv is not None:

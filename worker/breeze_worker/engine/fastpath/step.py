@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form
-from breeze_worker.engine.fastpath.layers import PackedLayer, decode_layer, linear, rms_norm
+from breeze_worker.engine.fastpath.layers import UNITS, PackedLayer, decode_layer, linear, rms_norm
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -87,6 +87,7 @@ class FrameStep:
         self.depth_embeds = [embed[p * self.vocab:(p + 1) * self.vocab] for p in range(n_pos)]  # [V, H]
         # the units as plain functions of the step (called with `self`, so `narrow` views use them too)
         self.layer_fn = decode_layer
+        self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
         self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
         self.compiled = False
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
@@ -171,12 +172,14 @@ class FrameStep:
         layers' form (None: `layer_form`'s choice for this step's row count)."""
         self.form = form or layer_form(self.rows)
         self.layer_fn = compile_fn(decode_layer)
+        self.units = tuple(compile_fn(fn) for fn in UNITS)
         self._start_fn, self._next_fn = compile_fn(FrameStep._frame_start), compile_fn(FrameStep._depth_next)
         self.compiled = True
 
     def use_uncompiled(self) -> None:
         self.form = "gemm"
         self.layer_fn = decode_layer
+        self.units = UNITS
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
         self.compiled = False
 
@@ -240,13 +243,18 @@ class FrameStep:
         self.readout[:, READOUT_EOS] = (self.codes[:, 0] == self.lm.config.end_of_speech_id).long()
         self.readout[:, READOUT_NONFINITE] = self.nonfinite.long()
 
+    def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask) -> torch.Tensor:
+        if self.form.startswith("units"):
+            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units,
+                                      form="gemv-rows+attn" if self.form.endswith("+attn") else "gemv-rows")
+        return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn, form=self.form)
+
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Depth layers at positions from `start` (0: the 2-position prefill); x projected [R, n, H]."""
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            x = layer.decode(x, cos, sin, cache.key[i], cache.value[i], slots, mask, fn=self.layer_fn,
-                             form=self.form)
+            x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask)
         return x
 
     @torch.no_grad()
@@ -261,8 +269,8 @@ class FrameStep:
         cos, sin = cos[:, None], sin[:, None]
         slots = cache.write_pos[:, None]
         for i, layer in enumerate(self.backbone_layers):
-            x = layer.decode(x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket], slots, mask,
-                             fn=self.layer_fn, form=self.form)
+            x = self._layer(layer, x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket], slots,
+                            mask)
         norm = lm.backbone_model.norm
         last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
