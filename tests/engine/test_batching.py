@@ -110,11 +110,131 @@ def test_concurrency_sweep_measures_every_level_and_agreement(model):
     from breeze_worker.bench import concurrency
 
     stepper = BatchedStepper(model, 2, "cpu")
-    rows = concurrency.measure_concurrency(model, torch.device("cpu"), [1, 2], frames=2, seed=5, stepper=stepper)
+    saved = []
+    rows = concurrency.measure_concurrency(model, torch.device("cpu"), [1, 2], frames=2, seed=5, stepper=stepper,
+                                           on_row=lambda rs: saved.append(len(rs)))
     assert [r["streams"] for r in rows] == [1, 2] and [r["cfg_streams"] for r in rows] == [1, 1]
+    assert saved == [1, 2]  # the command rewrites its JSON after each level
+    # the stepper given was used (an idle stepper has len() 0: `stepper or BatchedStepper(...)` built another)
+    assert stepper.steps == 2 * (2 + 2 + 2)  # per level: the warm-up burst, the burst, the burst without codec
+    assert [r["batch_shape"] for r in rows] == [[1, 2], [2, 3]]
     for r in rows:
         assert r["aggregate_x_realtime"] > 0 and 0 < r["ttfa_ms_p50"] <= r["ttfa_ms_p95"]
         assert r["stream_rtf_p50"] <= r["stream_rtf_max"]
-    agree = concurrency.agreement(model, torch.device("cpu"), streams=2, frames=3, seed=5, stepper=stepper)
-    assert agree["identical_fraction"] == 1.0 and agree["first_differing_frame"] == [None, None]
-    assert "streams" in concurrency.table(rows)
+        # no codec in this model: the step is the language model's, timed with and without the codec loop
+        assert r["codec_ms_p50"] is None and 0 < r["lm_ms_p50"] and 0 < r["lm_only_step_ms_p50"]
+    requests = concurrency.stream_requests(model, 2, 3, 5)
+    alone = concurrency.alone_frames(stepper, requests, torch.device("cpu"))
+    steps = stepper.steps
+    for joins in (True, False):
+        agree = concurrency.agreement(model, torch.device("cpu"), streams=2, frames=3, seed=5, stepper=stepper,
+                                      batch_joins=joins, alone=alone)
+        assert agree["identical_fraction"] == 1.0 and agree["first_differing_frame"] == [None, None]
+        assert agree["prefill"] == ("batched" if joins else "per-stream") and stepper.batch_joins is False
+    assert stepper.steps == steps + 2 * 3
+    targets = concurrency.check_targets(rows, batch1_ms=1e9, batch1_source="test")
+    assert targets["one_stream_lm_ms_per_frame"] == rows[0]["lm_only_step_ms_p50"]
+    assert targets["one_stream_no_worse_than_batch1"] is True
+    assert "LM-only" in concurrency.table(rows)
+
+
+# ---- compiled bucket views, bucket shapes, cache bounds ----
+
+def _compiled_env(monkeypatch, model):
+    from dataclasses import replace
+
+    from breeze_worker.engine.fastpath import compiled
+
+    monkeypatch.setenv(compiled.COMPILE_ENV, "on")  # what a CUDA worker gets by default ("auto")
+    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")  # Dynamo's tracing without code generation
+    # one attention bucket (256): fewer shapes to compile
+    monkeypatch.setattr(model, "generation_defaults", replace(model.generation_defaults, max_sequence=256))
+
+
+def test_compiled_bucket_views_give_the_frames_of_the_uncompiled_stepper(model, requests, alone, monkeypatch):
+    _compiled_env(monkeypatch, model)
+    r = requests
+    schedule = {0: [("a", r["a"])], 2: [("b", r["b"]), ("d", r["d"])]}  # CFG beside plain, joining mid-flight
+    frames = {}
+    for name, compile in (("compiled", None), ("uncompiled", False)):  # None: the environment's choice (on)
+        stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(3, 6)], compile=compile)
+        stats = stepper.stats()
+        assert stats["compiled"] is (name == "compiled") and stats["compile_fallback"] is None
+        if name == "compiled":
+            view = stepper.graphs.views[(3, 6)]
+            assert view.compiled and view is not stepper.step_buffers and not stepper.step_buffers.compiled
+            assert stats["compile_s"] > 0 and stats["forms"] == {"3x6": view.form}
+        frames[name], _ = _run(stepper, schedule)
+    assert set(frames["compiled"]) == set("abd")
+    for key in "abd":
+        assert len(frames["compiled"][key]) == len(frames["uncompiled"][key]) == len(alone[key])
+        assert all(torch.equal(x, y) for x, y in zip(frames["compiled"][key], frames["uncompiled"][key])), key
+    _assert_identical(frames["compiled"], alone, "abd")
+
+
+def test_a_compile_error_leaves_the_bucket_views_uncompiled(model, requests, alone, monkeypatch):
+    from breeze_worker.engine import batch_graphs
+
+    _compiled_env(monkeypatch, model)
+
+    def broken(fn):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(batch_graphs, "compile_unit", broken)
+    stepper = BatchedStepper(model, 2, "cpu", buckets=True)
+    stats = stepper.stats()
+    assert stats["compile_requested"] and not stats["compiled"]
+    assert "no compiler today" in stats["compile_fallback"]
+    assert not any(v.compiled for v in stepper.graphs.views.values())
+    frames, _ = _run(stepper, {0: [("a", requests["a"]), ("d", requests["d"])]})
+    _assert_identical(frames, alone, "ad")
+
+
+def test_bucket_shapes_are_few_and_fit_half_cfg_bursts():
+    from breeze_worker.bench.concurrency import sweep_shapes
+    from breeze_worker.engine.batching import bucket_shapes, pick_shape
+
+    shapes = bucket_shapes(32)
+    assert sorted(shapes) == [(1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 48), (32, 64)]
+    assert pick_shape(shapes, 32, 48) == (32, 48)  # 32 streams, 16 with CFG: not 64 rows
+    assert pick_shape(shapes, 32, 49) == (32, 64) and pick_shape(shapes, 1, 1) == (1, 2)
+    assert pick_shape(shapes, 5, 5) == (8, 16) and pick_shape(shapes, 33, 33) is None
+    # a 1..32 sweep with the agreement at 8 needs six of them (one Dynamo compile per shape and unit)
+    assert sweep_shapes(32, [1, 2, 4, 8, 16, 32], 8) == [(1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 48)]
+    assert bucket_shapes(3) == [(1, 2), (2, 4), (3, 6)]
+
+
+def test_rows_far_into_the_cache_beside_a_young_stream_stay_inside_the_attention_bucket(model, monkeypatch):
+    """Every row of a step's prefix writes one cache slot at its own position, so the step's attention bucket
+    must hold them all: the last step of a stream whose position passed the first bucket ("long"), and an
+    idle row that kept advancing ("gone", cancelled at once) beside a young stream in the first bucket
+    ("young"). On CUDA an out-of-range cache write is a device-side error; on the CPU it raises."""
+    from breeze_worker.engine.fastpath import static_cache
+
+    monkeypatch.setattr(static_cache, "BUCKETS", (96,) + static_cache.BUCKETS[1:])  # a first bucket reached sooner
+    BUCKETS = static_cache.BUCKETS
+    gone = _request(model, "short one", False, 10, 50)
+    long = _request(model, "a much longer sentence with many more words in it than the others", False, 11, 1000)
+    young = _request(model, "hi", True, 12, 15)
+    stepper = BatchedStepper(model, 3, "cpu")
+    assert stepper.join([("gone", gone), ("long", long)]) == {}
+    assert stepper._streams["gone"].rows == [0] and stepper._streams["long"].rows == [1]
+    stepper.step()
+    stepper.leave("gone")  # row 0 stays inside the prefix, idle, its position advancing every step
+    last = BUCKETS[0] + 6  # the step of long's last frame: by then row 0 is past the first bucket too
+    stepper._streams["long"].limit = last
+    young_frames, ends = [], {}
+    for n in range(1, last + 12):
+        if n == last - 8:
+            assert stepper.join([("young", young)]) == {}
+            assert stepper._streams["young"].rows == [2, 3]  # a CFG pair above the idle row 0
+        for key, out in stepper.step().items():
+            assert out.error is None
+            if key == "young" and out.frame is not None:
+                young_frames.append(out.frame)
+            if out.end_reason is not None:
+                ends[key] = out.end_reason
+    assert ends == {"long": EndReason.FRAME_LIMIT, "young": EndReason.FRAME_LIMIT} and len(young_frames) == 15
+    assert stepper._row_pos[0] < BUCKETS[0]  # the idle row was restarted rather than written out of range
+    want = list(EagerFrameGenerator(model, young, "cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(young_frames, want))

@@ -17,6 +17,7 @@ import torch
 from breeze_worker.bench.measure import (SyncCounter, gpu_busy_fraction, now, peak_memory_bytes,
                                          reset_peak_memory)
 from breeze_worker.engine import tracing
+from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
@@ -87,9 +88,10 @@ class RunResult:
     ttfa_codec_s: float | None = None
 
 
-def _decode(codec, stream, frame: torch.Tensor) -> None:
-    with tracing.span("codec_decode"), torch.inference_mode():
-        codec.decode_stream(frame.reshape(1, -1, 1).to(codec.device), stream).cpu()
+def _decode(rows, frame: torch.Tensor) -> None:
+    """The engine's codec step (engine/codec_rows.py: a CUDA graph replay on CUDA) for the one stream."""
+    with tracing.span("codec_decode"):
+        rows.decode({0: frame})
 
 
 def run_once(path: str, model: LoadedModel, request, device: torch.device, count_syncs: bool = False,
@@ -99,16 +101,23 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
     the language model's and the codec's (measure.SyncCounter: slows the run down on the CPU, so not a timed
     run); `on_sync(event)` sees each of them (trace marks)."""
     codec = model.codec
-    stream = codec.new_stream(1) if codec is not None else None
+    rows = None
+    if codec is not None:  # the first request of a run captures the codec's graph (the pool keeps it)
+        rows = CodecRows(codec)
+        rows.add(0)
     counter = SyncCounter(device, on_sync=on_sync)
     scope = contextlib.ExitStack()
     if count_syncs:  # the whole request is watched (every sync reaches `on_sync`); only frames 2.. are counted
         scope.enter_context(counter.counting())
-    with scope:
-        return _run(path, model, request, device, codec, stream, counter, count_syncs)
+    try:
+        with scope:
+            return _run(path, model, request, device, codec, rows, counter, count_syncs)
+    finally:
+        if rows is not None:
+            rows.remove(0)
 
 
-def _run(path: str, model: LoadedModel, request, device: torch.device, codec, stream, counter: SyncCounter,
+def _run(path: str, model: LoadedModel, request, device: torch.device, codec, rows, counter: SyncCounter,
          count_syncs: bool) -> RunResult:
     codec_s = 0.0
     frames, frame_times = [], []
@@ -120,7 +129,7 @@ def _run(path: str, model: LoadedModel, request, device: torch.device, codec, st
     frames.append(first)
     if codec is not None:
         c0 = time.perf_counter()
-        _decode(codec, stream, first)
+        _decode(rows, first)
         codec_s += time.perf_counter() - c0
     ttfa = time.perf_counter() - t0
     last = time.perf_counter()
@@ -134,7 +143,7 @@ def _run(path: str, model: LoadedModel, request, device: torch.device, codec, st
         frame_times.append(t - last)
         if codec is not None:
             with counter.section("codec"):
-                _decode(codec, stream, frame)
+                _decode(rows, frame)
             codec_s += time.perf_counter() - t
         last = time.perf_counter()
     wall = now(device) - t0

@@ -2,8 +2,13 @@
 
 Full-size Breeze architecture with seeded random weights (or `--model DIR`), end of speech masked, half of
 the streams with CFG; per concurrency: aggregate real-time factor, per-stream RTF and TTFA p50 / p95, step
-time, peak GPU memory; then (`--agreement-streams N`) the fraction of frames identical batched vs alone.
-Prints a table; `--json FILE` writes it all. Reuses the bench's model, precision and device options.
+time split into the language model's and the codec's, the LM step without the codec, peak GPU memory;
+then (`--agreement-streams N`) the fraction of frames identical batched vs alone, for each prefill mode of
+`--agreement-prefill`; then (`--batch1`) the batch-1 fast path's ms per frame on the same model, for the
+1-stream row's comparison. The stepper compiles its bucket shapes when BREEZE_FASTPATH_COMPILE says so
+(default on CUDA); its build time (compile + capture) is in `meta.stepper`.
+Prints a table; `--json FILE` writes it all, rewritten after each phase (a run cut short keeps what it
+measured). Reuses the bench's model, precision, device and `--capacity` options.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import datetime
 import json
 import logging
 import platform
+import statistics
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,8 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the batched-engine concurrency sweep instead, e.g. 1,2,4,8,16,32")
     parser.add_argument("--agreement-streams", type=int, default=0,
                         help="with --concurrency: streams for the batched-vs-alone frame agreement (0: skip)")
+    parser.add_argument("--agreement-prefill", default="batched",
+                        help="with --agreement-streams: joiners' prefill modes to measure, comma list of batched "
+                             "(one text-encoder call and prefill for all joiners) and per-stream (each on its own)")
     parser.add_argument("--batch1-ms", type=float, default=None,
                         help="with --concurrency: the fast path's batch-1 ms per frame to compare the 1-stream row with")
+    parser.add_argument("--batch1", action="store_true",
+                        help="with --concurrency: measure the batch-1 fast path (CFG on, no codec) on the same model "
+                             "and compare the 1-stream row with it (overrides --batch1-ms)")
+    parser.add_argument("--batch-shapes", default="all", choices=("all", "sweep"),
+                        help="with --concurrency: build every bucket shape of the engine (all) or only those this "
+                             "run's bursts land in (sweep: less start-up, the same shape per step)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,38 +61,98 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda":
         torch.backends.cudnn.allow_tf32 = False
     levels = [int(n) for n in str(args.concurrency).split(",") if n]
+    modes = [m.strip() for m in str(args.agreement_prefill).split(",") if m.strip()]
+    unknown = [m for m in modes if m not in ("batched", "per-stream")]
+    if unknown:
+        raise SystemExit(f"--agreement-prefill: unknown mode(s) {unknown}; use batched and/or per-stream")
     precision = str(args.precision).split(",")[0]
     policy = choose_policy(precision, device, force=args.force_precision)
     torch.manual_seed(args.seed)
     model = (checkpoint_model(args.model, device, policy) if args.model
              else random_model(args.size, args.seed, device, policy))
+    if args.capacity:
+        model.generation_defaults = replace(model.generation_defaults, max_sequence=args.capacity)
     mask_end_of_speech(model)
-    t0 = datetime.datetime.now()
-    stepper = BatchedStepper(model, max(levels + [args.agreement_streams]), device)
-    warmup_s = (datetime.datetime.now() - t0).total_seconds()
+    max_streams = max(levels + [args.agreement_streams])
+    shapes = (sweep.sweep_shapes(max_streams, levels, args.agreement_streams) if args.batch_shapes == "sweep"
+              else None)
+    t0 = time.perf_counter()
+    stepper = BatchedStepper(model, max_streams, device, shapes=shapes)
+    build_s = time.perf_counter() - t0
+    stats = stepper.stats()
+    log.info("batched stepper: %d shapes, compiled %s, compile %.1f s, capture %.1f s, built in %.1f s",
+             len(stats["shapes"]), stats["compiled"], stats["compile_s"], stats["capture_s"], build_s)
     doc = {
-        "schema": "breeze-bench-concurrency/1",
+        "schema": "breeze-bench-concurrency/2",
         "meta": {"device": device_name(device), "device_type": device.type,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "commit": args.commit, "torch": torch.__version__, "python": platform.python_version(),
                  "model": args.model or f"random-{args.size}", "precision": policy.name, "frames": args.frames,
-                 "seed": args.seed, "max_streams": stepper.max_streams, "graphs": stepper.graphs.graph_count,
-                 "graph_fallback": stepper.graphs.fallback_reason, "stepper_build_s": warmup_s,
-                 "codec": model.codec is not None},
+                 "seed": args.seed, "capacity": model.generation_defaults.max_sequence,
+                 "max_streams": stepper.max_streams, "graphs": stats["graphs"],
+                 "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
+                 "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
+                 "stepper": stats, "codec": model.codec is not None},
     }
-    if args.agreement_streams:
-        doc["agreement"] = sweep.agreement(model, device, streams=args.agreement_streams, frames=min(args.frames, 32),
-                                           seed=args.seed, stepper=stepper)
+
+    def save(rows=None) -> None:
+        if rows is not None:
+            doc["rows"] = rows
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
     doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
-                                            stepper=stepper)
-    doc["targets"] = sweep.check_targets(doc["rows"], args.batch1_ms)
-    print(sweep.table(doc["rows"]))
-    if "agreement" in doc:
-        a = doc["agreement"]
-        print(f"agreement, {a['streams']} streams batched vs alone: {a['identical_fraction']:.3f} of frames identical; "
-              f"first differing frame per stream {a['first_differing_frame']}")
-    print("targets:", {k: v for k, v in doc["targets"].items() if k != "targets"})
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+                                            stepper=stepper, on_row=save)
+    print(sweep.table(doc["rows"]), flush=True)
+    batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)
+    doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
+    save()
+    if args.batch1:  # before the agreement: the 1-stream comparison is one of the issue's targets
+        doc["batch1"] = _batch1(model, device, args.frames, args.seed)
+        batch1_ms, source = doc["batch1"]["ms_per_frame"], "measured in this run"
+        doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
+        save()
+    one = next((r for r in doc["rows"] if r["streams"] == 1), None)
+    if one is not None:
+        print(f"1 stream: LM {_fmt(one.get('lm_only_step_ms_p50'))} ms/frame without the codec "
+              f"(step with codec {one['step_ms_p50']:.2f} ms: LM {_fmt(one.get('lm_ms_p50'))} + codec "
+              f"{_fmt(one.get('codec_ms_p50'))}); batch-1 fast path: {_fmt(batch1_ms)} ms/frame ({source})")
+    print("targets:", {k: v for k, v in doc["targets"].items() if k != "targets"}, flush=True)
+    if args.agreement_streams:
+        frames = min(args.frames, 32)
+        requests = sweep.stream_requests(model, args.agreement_streams, frames, args.seed)
+        alone = sweep.alone_frames(stepper, requests, device)
+        for mode in modes:
+            key = "agreement" if mode == "batched" else "agreement_per_stream_prefill"
+            a = doc[key] = sweep.agreement(model, device, streams=args.agreement_streams, frames=frames,
+                                           seed=args.seed, stepper=stepper, batch_joins=mode == "batched", alone=alone)
+            print(f"agreement ({mode} prefill), {a['streams']} streams batched vs alone: "
+                  f"{a['identical_fraction']:.3f} of frames identical; first differing frame per stream "
+                  f"{a['first_differing_frame']}", flush=True)
+            save()
+    doc["meta"]["stepper"] = stepper.stats()
+    save()
     return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _batch1(model, device: torch.device, frames: int, seed: int, repeats: int = 2) -> dict:
+    """The batch-1 fast path (engine/fastpath, compiled as the environment says), CFG on, no codec: the
+    median inter-frame time over `repeats` requests after one warm-up."""
+    from breeze_worker.bench.runner import make_request, run_once
+
+    lm_only = replace(model, codec=None)
+    request = make_request(lm_only, True, frames, seed)
+    t0 = time.perf_counter()
+    warm = run_once("fast", lm_only, request, device)
+    first_use_s = time.perf_counter() - t0
+    runs = [run_once("fast", lm_only, request, device) for _ in range(repeats)]
+    per_frame = [statistics.median(r.frame_times_s) for r in runs if r.frame_times_s]
+    return {"ms_per_frame": 1000 * statistics.median(per_frame) if per_frame else None, "cfg": True,
+            "frames": len(runs[0].frames), "repeats": repeats, "compiled": warm.compiled,
+            "compile_fallback_reason": warm.compile_fallback_reason, "graph_fallback_reason": warm.fallback_reason,
+            "first_use_s": first_use_s}

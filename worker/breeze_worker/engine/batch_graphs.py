@@ -1,13 +1,20 @@
-"""CUDA graphs for the batched frame step: one per batch-shape bucket, captured once at start-up.
+"""CUDA graphs for the batched frame step: one per batch-shape bucket, built once at start-up.
 
 A shape is (streams, rows): the prefix of stream slots and model rows a step covers (`FrameStep.narrow`
 gives a view of the one static cache with that prefix). `sample_frame` is captured per shape; the backbone
 step per (rows, attention bucket). All graphs share one memory pool: their only live outputs are the
 step's static buffers, so replaying them in any order is safe.
 
+With compilation on (fastpath/compiled.py) every bucket view runs `torch.compile`d units (each view picks
+its layers' form by its row count), compiled by one warm-up pass before capture; Dynamo compiles once per
+distinct shape, so the buckets are few (engine/batching.py `bucket_shapes`). The fallbacks are the batch-1
+runner's (fastpath/graph.py): a compile error is logged and the uncompiled views are captured; a capture
+error of the compiled views retries them uncompiled; a second capture error leaves the views eager.
+
 Capture runs the step on the real buffers (warm-up runs, then capture), so it happens before any stream
-joins; the caller resets the rows afterwards. On the CPU, or if capture fails (the reason is logged and
-kept in `fallback_reason`), the same views run eagerly.
+joins; the caller resets the rows afterwards. On the CPU the same views run eagerly (compiled if asked).
+Shapes outside the buckets (the CPU's exact prefixes) get uncompiled views on first use: compiling a new
+shape while streams wait would stall them.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import time
 
 import torch
 
+from breeze_worker.engine.fastpath.compiled import compile_unit
 from breeze_worker.engine.fastpath.static_cache import buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
@@ -24,10 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class ShapeGraphs:
-    def __init__(self, step: FrameStep, shapes: list[tuple[int, int]], use_graphs: bool):
+    def __init__(self, step: FrameStep, shapes: list[tuple[int, int]], use_graphs: bool, compile: bool = False):
         self.step = step
         self.shapes = sorted(set(shapes))
         self.views = {shape: step.narrow(shape[1], shape[0]) for shape in self.shapes}
+        self._extra: dict[tuple[int, int], FrameStep] = {}  # uncompiled views of non-bucket shapes
         # the backbone step reads per-stream buffers only through row -> stream gathers: capture it on the
         # widest stream prefix paired with each row count, so any paired shape's indices stay in bounds
         self._backbone_view: dict[int, FrameStep] = {}
@@ -38,7 +47,14 @@ class ShapeGraphs:
         self.sample_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.backbone_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.fallback_reason: str | None = None
+        self.compile_fallback_reason: str | None = None
+        self.compile_requested = bool(compile and self.views)
+        self.compile_s = 0.0
         self.capture_s = 0.0
+        self._host: torch.Tensor | None = None  # pinned host copy of `readout` (CUDA)
+        self._read_done: torch.cuda.Event | None = None
+        if self.compile_requested:
+            self._compile()
         if use_graphs:
             self._capture()
 
@@ -46,58 +62,135 @@ class ShapeGraphs:
     def graph_count(self) -> int:
         return len(self.sample_graphs) + len(self.backbone_graphs)
 
-    def _capture(self) -> None:
+    @property
+    def compiled(self) -> bool:
+        return any(view.compiled for view in self.views.values())
+
+    def view(self, shape: tuple[int, int]) -> FrameStep:
+        view = self.views.get(shape, self._extra.get(shape))
+        if view is None:
+            view = self._extra[shape] = self.step.narrow(shape[1], shape[0])
+        return view
+
+    # ---- start-up ----
+    def _set_compiled(self, on: bool) -> None:
+        for view in self.views.values():
+            if on:
+                view.use_compiled(compile_unit)  # the layers' form follows the view's row count
+            else:
+                view.use_uncompiled()
+
+    def _warm(self) -> None:
+        for view in self.views.values():
+            view.sample_frame()
+        for view in self._backbone_view.values():
+            for bucket in self.buckets:
+                view.backbone_step(bucket)
+
+    def _on_side_stream(self, work) -> None:
         device = self.step.device
+        if device.type != "cuda":
+            work()
+            return
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up runs allocate workspaces outside the captures
+            work()
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+
+    def _compile(self) -> None:
+        """Compile every bucket view's units (Dynamo compiles on first call: one warm-up pass)."""
         t0 = time.perf_counter()
         try:
-            pool = torch.cuda.graph_pool_handle()
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):  # warm-up runs allocate workspaces outside the captures
-                for view in self.views.values():
-                    view.sample_frame()
-                for view in self._backbone_view.values():
-                    for bucket in self.buckets:
-                        view.backbone_step(bucket)
-            torch.cuda.current_stream(device).wait_stream(side)
-            torch.cuda.synchronize(device)
-            for shape, view in self.views.items():
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    view.sample_frame()
-                self.sample_graphs[shape] = graph
-            for rows, view in self._backbone_view.items():
-                for bucket in self.buckets:
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        view.backbone_step(bucket)
-                    self.backbone_graphs[(rows, bucket)] = graph
-            torch.cuda.synchronize(device)
-        except Exception as exc:  # capture is an optimization: serve on the same views, eagerly
-            self.fallback_reason = (f"CUDA graph capture failed ({type(exc).__name__}: {exc}); "
-                                    "running the batched step eagerly")
-            log.warning("%s", self.fallback_reason)
-            self.sample_graphs, self.backbone_graphs = {}, {}
+            self._set_compiled(True)
+            self._on_side_stream(self._warm)
+        except Exception as exc:  # compilation is an optimization: keep the uncompiled step
+            self.compile_fallback_reason = (f"torch.compile failed ({type(exc).__name__}: {exc}); "
+                                            "running the batched step uncompiled")
+            log.warning("%s", self.compile_fallback_reason)
+            self._set_compiled(False)
+        self.compile_s = time.perf_counter() - t0
+        if self.compiled:
+            log.info("compiled the batched step for %d batch shapes in %.1f s", len(self.shapes), self.compile_s)
+
+    def _capture(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._capture_all()
+        except Exception as exc:
+            if self.compiled:  # retry once with the uncompiled views before giving up on graphs
+                self.compile_fallback_reason = (f"CUDA graph capture of the compiled batched step failed "
+                                                f"({type(exc).__name__}: {exc}); capturing the uncompiled step")
+                log.warning("%s", self.compile_fallback_reason)
+                self._set_compiled(False)
+                self.sample_graphs, self.backbone_graphs = {}, {}
+                try:
+                    self._capture_all()
+                except Exception as again:
+                    self._graphs_failed(again)
+            else:
+                self._graphs_failed(exc)
         self.capture_s = time.perf_counter() - t0
         if self.sample_graphs:
-            log.info("captured %d CUDA graphs for %d batch shapes in %.2f s", self.graph_count, len(self.shapes),
-                     self.capture_s)
+            log.info("captured %d CUDA graphs for %d batch shapes in %.2f s (compiled: %s)", self.graph_count,
+                     len(self.shapes), self.capture_s, self.compiled)
+
+    def _graphs_failed(self, exc: Exception) -> None:
+        self.fallback_reason = (f"CUDA graph capture failed ({type(exc).__name__}: {exc}); "
+                                "running the batched step eagerly")
+        log.warning("%s", self.fallback_reason)
+        self.sample_graphs, self.backbone_graphs = {}, {}
+
+    def _capture_all(self) -> None:
+        device = self.step.device
+        pool = torch.cuda.graph_pool_handle()
+        self._on_side_stream(self._warm)
+        for shape, view in self.views.items():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                view.sample_frame()
+            self.sample_graphs[shape] = graph
+        for rows, view in self._backbone_view.items():
+            for bucket in self.buckets:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    view.backbone_step(bucket)
+                self.backbone_graphs[(rows, bucket)] = graph
+        torch.cuda.synchronize(device)
 
     # ---- per step ----
-    def sample_frame(self, shape: tuple[int, int]) -> torch.Tensor:
-        """Sample one frame for every stream of `shape`; returns the host copy of `readout` [streams, 18]
-        (the step's one host read)."""
+    def sample_frame(self, shape: tuple[int, int], then=None) -> torch.Tensor:
+        """Sample one frame for every stream of `shape` and return the host copy of `readout` [streams, 18]
+        (the step's one host read). `then()`, if given, is queued on the device right behind the copy
+        (the next backbone step): on CUDA the host waits for the copy only, so `then`'s work runs while
+        the caller reads the frame."""
         graph = self.sample_graphs.get(shape)
-        view = self.views[shape]
+        view = self.view(shape)
         if graph is not None:
             graph.replay()
         else:
             view.sample_frame()
-        return view.readout.cpu()
+        if view.readout.device.type != "cuda":
+            out = view.readout.clone()
+            if then is not None:
+                then()
+            return out
+        if self._host is None:
+            self._host = torch.empty(self.step.readout.shape, dtype=self.step.readout.dtype, pin_memory=True)
+            self._read_done = torch.cuda.Event()
+        host = self._host[: view.streams]
+        host.copy_(view.readout, non_blocking=True)
+        self._read_done.record()
+        if then is not None:
+            then()
+        self._read_done.synchronize()
+        return host.clone()
 
     def backbone_step(self, shape: tuple[int, int], bucket: int) -> None:
         graph = self.backbone_graphs.get((shape[1], bucket))
         if graph is not None:
             graph.replay()
         else:
-            self._backbone_view[shape[1]].backbone_step(bucket)
+            view = self._backbone_view.get(shape[1])
+            (view if view is not None else self.view(shape)).backbone_step(bucket)

@@ -9,14 +9,17 @@ settings, frame limit and cache rows. Streams join and leave at frame boundaries
   at one boundary share one text-encoder call and one prefill per contiguous run of rows on CUDA; on the
   CPU each is prefilled on its own, exactly as it would be alone);
 - each step: ONE `sample_frame` over the covered prefix of slots and rows, ONE host read (codes,
-  end-of-speech and non-finite flags of every stream), then ONE `backbone_step` for the streams that go on;
+  end-of-speech and non-finite flags of every stream) and ONE `backbone_step` for the next frame, queued
+  on the device before that read (every stream of the step writes its slot; those that turn out to end
+  with this frame then leave), so the device never waits for the host's bookkeeping in between;
 - leave: the slot and rows are parked (`FrameStep.release`) and reused by the next joiner.
 
 A step covers a prefix of slots and rows, the *batch shape* (streams, rows). On CUDA the shape is rounded
-up to a bucket (powers of two, rows = streams or 2 x streams) and each bucket replays its own CUDA graph
-(engine/batch_graphs.py); on the CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame,
-codebook) per stream and rows never mix, so a stream's frames do not depend on its company: on the CPU in
-FP32 they are identical alone and batched (tests/engine/test_batching.py).
+up to a bucket (`bucket_shapes`: few shapes, because with compilation on each costs a compile) and each
+bucket replays its own CUDA graph (engine/batch_graphs.py), compiled when `compile_wanted` says so; on the
+CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame, codebook) per stream and rows
+never mix, so a stream's frames do not depend on its company: on the CPU in FP32 they are identical alone
+and batched (tests/engine/test_batching.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 
 from breeze_worker.engine.batch_graphs import ShapeGraphs
 from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_text_segments
+from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep
 from breeze_worker.engine.sampling import RowSampling
@@ -61,10 +65,34 @@ def stream_buckets(max_streams: int) -> list[int]:
     return out + [max_streams]
 
 
+def bucket_shapes(max_streams: int) -> list[tuple[int, int]]:
+    """The (streams, rows) buckets a CUDA stepper compiles and captures: each stream bucket s with room for
+    all of them using CFG (2s rows), plus (max, 1.5 x max) so that a full batch of which half use CFG does
+    not pay for 2 x max rows. No s-row shapes: at these sizes a step costs about the same for s and 2s
+    rows, while every distinct shape costs a compile (~5 units) and graphs at start-up."""
+    shapes = [(s, 2 * s) for s in stream_buckets(max_streams)]
+    if max_streams >= 4:
+        shapes.append((max_streams, (3 * max_streams + 1) // 2))
+    return shapes
+
+
+def pick_shape(shapes, need_streams: int, need_rows: int) -> tuple[int, int] | None:
+    """The bucket with the fewest rows (then streams) covering the prefix; None when none does."""
+    fits = [(r, s) for s, r in shapes if s >= need_streams and r >= need_rows]
+    if not fits:
+        return None
+    r, s = min(fits)
+    return s, r
+
+
 class BatchedStepper:
     def __init__(self, model: LoadedModel, max_streams: int, device: torch.device | str | None = None, *,
                  use_graphs: bool | None = None, batch_joins: bool | None = None, buckets: bool | None = None,
-                 eos_masked: bool = False):
+                 eos_masked: bool = False, compile: bool | None = None,
+                 shapes: list[tuple[int, int]] | None = None):
+        """`compile`: None = the environment's choice (fastpath/compiled.py `compile_wanted`); applies to
+        the bucket shapes. `shapes`: the buckets to build (default `bucket_shapes(max_streams)`; the bench
+        passes the subset its workloads land in)."""
         self.model = model
         self.device = torch.device(device) if device is not None else model.device
         self.max_streams = max_streams
@@ -76,37 +104,49 @@ class BatchedStepper:
         self.step_buffers = FrameStep(model.lm, rows=self.max_rows, streams=max_streams, capacity=self.capacity,
                                       device=self.device)
         self.bucketed = on_cuda if buckets is None else buckets  # tests: CUDA's bucketed shapes on the CPU
-        shapes = self._bucket_shapes() if self.bucketed else []
+        if not self.bucketed:
+            shapes = []
+        elif shapes is None:
+            shapes = bucket_shapes(max_streams)
+        bad = [sh for sh in shapes if not (0 < sh[0] <= max_streams and 0 < sh[1] <= self.max_rows)]
+        if bad:
+            raise ValueError(f"batch shapes {bad} outside {max_streams} streams / {self.max_rows} rows")
         self.graphs = ShapeGraphs(self.step_buffers, shapes,
-                                  use_graphs=on_cuda if use_graphs is None else (use_graphs and on_cuda))
-        self._views: dict[tuple[int, int], FrameStep] = dict(self.graphs.views)
+                                  use_graphs=on_cuda if use_graphs is None else (use_graphs and on_cuda),
+                                  compile=compile_wanted(self.device, compile))
         self._streams: dict[object, _Stream] = {}
         self._slot_owner: list[_Stream | None] = [None] * max_streams
         self._row_owner: list[_Stream | None] = [None] * self.max_rows
         self._row_pos = [0] * self.max_rows  # host mirror of each row's cache write position
         self._left: dict[object, dict] = {}  # info of streams that left, until the caller reads it
+        self._unbucketed: set[tuple[int, int]] = set()  # prefixes no bucket covered (logged once each)
         self.release_all()
         self.steps = 0
         self.host_reads = 0
 
-    # ---- shapes ----
-    def _bucket_shapes(self) -> list[tuple[int, int]]:
-        return [(s, r) for s in stream_buckets(self.max_streams) for r in (s, 2 * s)]
+    def stats(self) -> dict:
+        """What the stepper serves with and what building it cost (bench JSON, logs)."""
+        g = self.graphs
+        return {"max_streams": self.max_streams, "capacity": self.capacity, "shapes": [list(s) for s in g.shapes],
+                "graphs": g.graph_count, "compile_requested": g.compile_requested, "compiled": g.compiled,
+                "forms": {f"{s}x{r}": v.form for (s, r), v in g.views.items()},
+                "compile_s": g.compile_s, "capture_s": g.capture_s, "build_s": g.compile_s + g.capture_s,
+                "compile_fallback": g.compile_fallback_reason, "graph_fallback": g.fallback_reason,
+                "batch_joins": self.batch_joins, "steps": self.steps, "host_reads": self.host_reads}
 
+    # ---- shapes ----
     def _shape(self) -> tuple[int, int]:
         need_s = 1 + max(st.slot for st in self._streams.values())
         need_r = 1 + max(r for st in self._streams.values() for r in st.rows)
         if not self.bucketed:
             return need_s, need_r
-        fits = [(r, s) for s, r in self.graphs.shapes if s >= need_s and r >= need_r]
-        r, s = min(fits)
-        return s, r
-
-    def _view(self, shape: tuple[int, int]) -> FrameStep:
-        view = self._views.get(shape)
-        if view is None:
-            view = self._views[shape] = self.step_buffers.narrow(shape[1], shape[0])
-        return view
+        shape = pick_shape(self.graphs.shapes, need_s, need_r)
+        if shape is None:  # only with a custom `shapes` list: run the exact prefix, uncompiled and eager
+            shape = (need_s, need_r)
+            if shape not in self._unbucketed:
+                self._unbucketed.add(shape)
+                log.warning("no batch bucket covers %d streams / %d rows; that step runs eagerly", *shape)
+        return shape
 
     # ---- slots and rows ----
     def __len__(self) -> int:
@@ -283,10 +323,17 @@ class BatchedStepper:
         if not self._streams:
             return outcomes
         shape = self._shape()
-        readout = self.graphs.sample_frame(shape) if shape in self.graphs.views else self._sample_eager(shape)
+        then = None
+        if any(st.frames + 1 < st.limit for st in self._streams.values()):  # someone may go on
+            # every row of the step writes one slot: the bucket must hold all of them, ending or not
+            next_slot = max(self._row_pos[r] for st in self._streams.values() for r in st.rows)
+            bucket = bucket_for(next_slot + 1, self.capacity)
+
+            def then():
+                self._backbone_step(shape, bucket)
+        readout = self.graphs.sample_frame(shape, then)
         self.host_reads += 1
         self.steps += 1
-        going_on = []
         for stream in list(self._streams.values()):
             row = readout[stream.slot]
             if bool(row[READOUT_NONFINITE]):
@@ -302,11 +349,6 @@ class BatchedStepper:
                 done = stream.frames >= stream.limit
                 outcomes[stream.key] = StepOutcome(frame=row[:READOUT_EOS].clone(),
                                                    end_reason=EndReason.FRAME_LIMIT if done else None)
-                if not done:
-                    going_on.append(stream)
-        if going_on:  # the next frame's backbone step is queued before the caller decodes this one
-            next_slot = max(self._row_pos[r] for s in going_on for r in s.rows)
-            self._backbone_step(shape, bucket_for(next_slot + 1, self.capacity))
         elapsed = time.perf_counter() - started
         for stream in list(self._streams.values()):
             stream.info["generate_s"] += elapsed
@@ -314,21 +356,15 @@ class BatchedStepper:
                 self.leave(stream.key)
         return outcomes
 
-    def _sample_eager(self, shape: tuple[int, int]) -> torch.Tensor:
-        view = self._view(shape)
-        view.sample_frame()
-        return view.readout.cpu()
-
     def _backbone_step(self, shape: tuple[int, int], bucket: int) -> None:
-        if shape in self.graphs.views:
-            self.graphs.backbone_step(shape, bucket)
-        else:
-            self._view(shape).backbone_step(bucket)
         rows = shape[1]
-        for r in range(rows):  # every covered row wrote one slot
-            self._row_pos[r] += 1
-        stale = [r for r in range(rows) if self._row_owner[r] is None and self._row_pos[r] >= self.capacity - 2]
-        if stale:  # idle rows inside the prefix write too: restart them before they run off the cache
+        # idle rows inside the prefix write too, at their own position: restart those that would write
+        # outside the bucket's slots (an out-of-range cache write is a device-side error on CUDA)
+        stale = [r for r in range(rows) if self._row_owner[r] is None and self._row_pos[r] >= bucket]
+        if stale:
             self.step_buffers.release(None, stale)
             for r in stale:
                 self._row_pos[r] = 0
+        self.graphs.backbone_step(shape, bucket)
+        for r in range(rows):  # every covered row wrote one slot
+            self._row_pos[r] += 1

@@ -78,7 +78,7 @@ class Runtime:
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
         runtime.stepper_for(settings.max_active_streams)
-        runtime.warm_up()
+        runtime.warm_up(max_streams=settings.max_active_streams)
         return runtime
 
     # ---- the engine thread's stepper ----
@@ -107,13 +107,17 @@ class Runtime:
         return EagerFrameGenerator(self.model, params, self.device)
 
     # ---- start-up ----
-    def warm_up(self, frames: int = 3) -> None:
-        """Run a short job through the whole path so the first real request pays no first-call costs."""
+    def warm_up(self, frames: int = 3, max_streams: int = 1) -> None:
+        """Run a short job through the whole path so the first real request pays no first-call costs; the
+        codec's graphs for every batch bucket up to `max_streams` are captured here too."""
         t0 = time.perf_counter()
         params = _probe_request(frames)
         from breeze_worker.engine.codec_rows import CodecRows
 
         rows = CodecRows(self.codec)
+        codec_s = rows.prepare(max_streams)
+        if codec_s > 0.01:
+            log.info("codec graphs for up to %d streams ready in %.2f s", max_streams, codec_s)
         rows.add("warm-up")
         stepper = self.stepper_for(1)
         errors = stepper.join([("warm-up", params)])

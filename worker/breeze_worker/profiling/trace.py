@@ -23,16 +23,16 @@ import numpy as np
 import torch
 
 from breeze_worker.engine import tracing
+from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.session import encode_pcm
 from breeze_worker.engine.syncaudit import SyncDetector
 from breeze_worker.engine.types import PcmEncoding
 from breeze_worker.profiling.setup import frame_source
 
 
-def _decode(codec, stream, frame: torch.Tensor) -> np.ndarray:
-    with torch.inference_mode():
-        pcm = codec.decode_stream(frame.reshape(1, -1, 1).to(codec.device), stream)
-    return pcm.reshape(-1).float().cpu().numpy()
+def _decode(rows: CodecRows, frame: torch.Tensor) -> np.ndarray:
+    """The engine's codec step (a CUDA graph replay on CUDA) for the traced stream."""
+    return rows.decode({0: frame})[0]
 
 
 def trace_request(model, request, device: torch.device, path: str, tracer: tracing.Tracer,
@@ -40,17 +40,19 @@ def trace_request(model, request, device: torch.device, path: str, tracer: traci
     """Run one request on `path` with `tracer` recording; returns the number of frames."""
     codec = model.codec
     frames = 0
+    rows = CodecRows(codec) if codec is not None else None
+    if rows is not None:  # before the detector: a first use captures the codec's graph
+        rows.add(0)
     with tracer.recording():
         detector = (SyncDetector(device, on_sync=lambda e: tracing.mark("gpu_sync", op=e.op, site=e.site,
                                                                           code=e.code))
                     if sync_marks else contextlib.nullcontext())
         with tracing.span("request", path=path, cfg=request.uses_cfg, max_frames=request.max_frames), detector:
             gen = frame_source(path, model, request, device)
-            stream = codec.new_stream(1) if codec is not None else None
             for frame in gen:
-                if stream is not None:
+                if rows is not None:
                     with tracing.span("codec_decode", index=frames):
-                        pcm = _decode(codec, stream, frame)
+                        pcm = _decode(rows, frame)
                 else:
                     pcm = np.zeros(0, dtype=np.float32)
                 with tracing.span("emit", index=frames):
@@ -59,6 +61,8 @@ def trace_request(model, request, device: torch.device, path: str, tracer: traci
             if device.type == "cuda":  # the trace's own wait for the device: not a mark
                 with detector.paused() if isinstance(detector, SyncDetector) else contextlib.nullcontext():
                     torch.cuda.synchronize(device)
+    if rows is not None:
+        rows.remove(0)
     return frames
 
 

@@ -1,0 +1,157 @@
+"""The codec's streaming step over a fixed number of row slots, replayed from a CUDA graph on CUDA.
+
+Why: the eager `decode_stream` is launch-bound (hundreds of small kernels per frame): on an H200 its
+first frame cost 15-42 ms, most of the time to first audio, and a batched step ~15-20 ms. A graph needs
+static shapes and addresses, so a `SlotBatch` keeps a static `DecoderStreamState` of `rows` slots
+(a bucket: 1, 2, 4, ...) and a static codes input [rows, 16, 1], and every step decodes one frame for
+ALL slots. Rows are independent in the decoder (embedding, convolutions and norms act per row, attention
+per row and head, the mask per row), so a slot nobody uses decodes junk that changes no other row.
+
+The captured function, `SlotBatch.advance`, runs `decode_stream` on an alias of the static state
+(decode_stream rebinds the state's tensors to new ones and never writes into them), then copies the new
+tensors back into the static ones: each replay advances the state. On the CPU, or when capture fails
+(logged, kept in `fallback_reason`), the same function runs eagerly. decode_stream has no host sync and
+no value-dependent shape or branch (positions are only used in tensor arithmetic: streaming.window_mask).
+
+`SlotPool` keeps the built batches of one codec by row count, so a graph captured once (e.g. at the
+runtime's warm-up, or by `prepare`) serves every later `CodecRows` (engine/codec_rows.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def bucket_for(rows: int) -> int:
+    """The smallest power of two >= rows (the slot counts graphs are captured for)."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+class SlotBatch:
+    """A static streaming state of `rows` slots, its codes input, and the step decoding all slots at once."""
+
+    def __init__(self, decoder, rows: int, use_graphs: bool | None = None):
+        self.decoder = decoder
+        self.rows = rows
+        self.device = decoder.device
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.audio: torch.Tensor | None = None  # the graph's output [rows, 1920], rewritten by each replay
+        self.fallback_reason: str | None = None
+        self.capture_s = 0.0
+        with torch.inference_mode():
+            self.state = decoder.new_stream(rows)
+            self.codes = torch.zeros(rows, decoder.config.num_quantizers, 1, dtype=torch.long, device=self.device)
+        if self.use_graphs:
+            self._capture()
+
+    @property
+    def graphed(self) -> bool:
+        return self.graph is not None
+
+    def advance(self) -> torch.Tensor:
+        """Decode `self.codes` for every slot and write the new state into the static tensors -> [rows, 1920].
+        This is what the graph captures; eagerly it is the whole step."""
+        work = self.state.alias()
+        audio = self.decoder.decode_stream(self.codes, work)
+        self.state.copy_(work)
+        return audio
+
+    def step(self, host_codes: torch.Tensor) -> torch.Tensor:
+        """int64 [rows, 16] on the host (pinned on CUDA) -> audio [rows, 1920] on the device, no host sync.
+        The caller reads the audio (the step's one host read) before the next step."""
+        with torch.inference_mode():
+            self.codes.copy_(host_codes.unsqueeze(-1), non_blocking=True)
+            if self.graph is not None:
+                self.graph.replay()
+                return self.audio
+            return self.advance()
+
+    def new_host_codes(self) -> torch.Tensor:
+        """A zeroed host buffer for one step's codes (pinned on CUDA, so the upload does not wait); idle
+        slots keep code 0, a valid code."""
+        return torch.zeros(self.rows, self.codes.shape[1], dtype=torch.long, pin_memory=self.device.type == "cuda")
+
+    def clear(self) -> None:
+        with torch.inference_mode():
+            self.state.zero_rows_(slice(None))
+            self.codes.zero_()
+
+    def _capture(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                current = torch.cuda.current_stream(self.device)
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):  # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
+                    for _ in range(2):
+                        self.advance()
+                current.wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: CUDA work of other threads (e.g. a reference being encoded) may go on meanwhile
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    audio = self.advance()
+                torch.cuda.synchronize(self.device)
+            self.graph, self.audio = graph, audio
+        except Exception as exc:  # graphs are an optimization: the same step runs eagerly
+            self.graph = self.audio = None
+            self.use_graphs = False
+            self.fallback_reason = (f"CUDA graph capture of the codec step failed ({type(exc).__name__}: {exc}); "
+                                    f"decoding {self.rows} slots eagerly")
+            log.warning("%s", self.fallback_reason)
+        self.clear()  # the warm-up steps advanced the state
+        self.capture_s = time.perf_counter() - t0
+        if self.graph is not None:
+            log.info("captured the codec step for %d slots in %.2f s", self.rows, self.capture_s)
+
+
+class SlotPool:
+    """Built `SlotBatch`es of one codec decoder, free ones by row count; `acquire` builds (and captures)
+    one when none is free. Thread-safe."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.device = decoder.device
+        self._free: dict[int, list[SlotBatch]] = {}
+        self._lock = threading.RLock()  # a CodecRows finalizer may release from inside a locked allocation
+
+    def acquire(self, rows: int) -> SlotBatch:
+        with self._lock:
+            free = self._free.get(rows)
+            if free:
+                return free.pop()
+        return SlotBatch(self.decoder, rows)  # outside the lock: capture runs gc, which may release
+
+    def release(self, batch: SlotBatch) -> None:
+        with self._lock:
+            self._free.setdefault(batch.rows, []).append(batch)
+
+    def prepare(self, max_rows: int) -> float:
+        """Build (capture) one batch of every bucket up to `max_rows` now, so serving never captures; seconds."""
+        t0 = time.perf_counter()
+        rows = 1
+        while rows <= bucket_for(max_rows):
+            self.release(self.acquire(rows))
+            rows *= 2
+        return time.perf_counter() - t0
+
+
+_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # codec -> SlotPool (holds the decoder only)
+_POOLS_LOCK = threading.Lock()
+
+
+def pool_for(codec) -> SlotPool:
+    """The pool of `codec` (a new one if the codec moved to another device)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(codec)
+        if pool is None or pool.decoder is not codec.decoder or pool.device != codec.device:
+            pool = _POOLS[codec] = SlotPool(codec.decoder)
+        return pool
