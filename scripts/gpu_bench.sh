@@ -34,6 +34,7 @@ step() {
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
+[ "${SKIP_GEMV:-0}" = 1 ] || step gemv_check "${LIMIT_GEMV:-90}" python3 scripts/gpu_gemv_check.py --json "$OUT/gemv_check.json"
 [ "${SKIP_CHECK:-0}" = 1 ] || step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 \
   --frames 12 --repeats 1 --check --cfg "$CFGS" --paths "$CHECK_PATHS" --json "$OUT/check_mid.json"
 [ "${SKIP_BF16:-0}" = 1 ] || step full_bf16 "${LIMIT_BF16:-230}" "${BENCH[@]}" --size full --precision bf16 \

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from breeze_worker.engine.fastpath import gemv
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """A GEMM in the weight's dtype, returning the input's dtype (no casts when they agree)."""
@@ -36,7 +38,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
-FORMS = ("gemm", "gemv-rows", "gemv-cols", "gemv-rows+attn", "units", "units+attn")  # see the module docstring
+# see the module docstring; "units*" run the layer as UNITS with Inductor's reductions, "triton*" as UNITS
+# with the Triton GEMV (fastpath/gemv.py) for the projections; "+attn": attention as reductions too
+FORMS = ("gemm", "gemv-rows", "gemv-cols", "gemv-rows+attn", "units", "units+attn", "triton", "triton+attn")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, by_rows: bool = True) -> torch.Tensor:
@@ -148,23 +152,34 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
 # the H200). Cut after the activation and after the q/k/v projection (the cache write between them is a
 # single in-place scatter per tensor), each projection reads a ready input.
 
+def _unit_linear(x: torch.Tensor, weight: torch.Tensor, triton_gemv: bool) -> torch.Tensor:
+    return gemv.small_linear(x, weight) if triton_gemv else small_rows_linear(x, weight)
+
+
 def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
-              qk_norm: torch.Tensor | None, *, heads: int, kv_heads: int, head_dim: int, eps_in: float,
-              qk_eps: float, by_rows: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Input norm, q/k/v projection, q/k norm and RoPE: q [R, h, T, D], k and v [R, kv, T, D]."""
+              qk_norm: torch.Tensor | None, k_out: torch.Tensor | None, v_out: torch.Tensor | None, *, heads: int,
+              kv_heads: int, head_dim: int, eps_in: float, qk_eps: float,
+              triton_gemv: bool) -> tuple[torch.Tensor, ...]:
+    """Input norm, q/k/v projection, q/k norm and RoPE: q [R, h, T, D], k and v [R, kv, T, D]. With
+    `k_out`/`v_out` (cache slots known when the step is built: the depth decoder's) k and v are written
+    there and only q is returned."""
     rows, t, _ = x.shape
     h, kv, d = heads, kv_heads, head_dim
-    out = small_rows_linear(rms_norm(x, w_in, eps_in), qkv, by_rows).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+    out = _unit_linear(rms_norm(x, w_in, eps_in), qkv, triton_gemv).view(rows, t, h + 2 * kv, d).transpose(1, 2)
     qk, v = out[:, :h + kv], out[:, h + kv:]
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, qk_eps)
     qk = rotate(qk, cos, sin)
+    if k_out is not None and v_out is not None:
+        k_out.copy_(qk[:, h:])
+        v_out.copy_(v)
+        return (qk[:, :h],)
     return qk[:, :h], qk[:, h:], v
 
 
 def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
                            x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor, *,
-                           scale: float, eps_post: float, intermediate: int, act, by_rows: bool,
+                           scale: float, eps_post: float, intermediate: int, act, triton_gemv: bool,
                            reduce_attn: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the (already written) cache, output projection and residual, post norm, gate and up
     projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
@@ -178,16 +193,20 @@ def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
         probs = torch.softmax(scores, dim=-1).to(v_cache.dtype)
         out = torch.matmul(probs, v_cache).view(rows, h, t, d)
-    x = x + small_rows_linear(out.transpose(1, 2).reshape(rows, t, h * d), o_proj, by_rows)
+    x = x + _unit_linear(out.transpose(1, 2).reshape(rows, t, h * d), o_proj, triton_gemv)
     normed = rms_norm(x, w_post, eps_post)
-    gate = small_rows_linear(normed, gate_up[:intermediate], by_rows)
-    up = small_rows_linear(normed, gate_up[intermediate:], by_rows)
+    if triton_gemv:  # one pass over the packed gate/up weight
+        gu = gemv.small_linear(normed, gate_up)
+        gate, up = gu[..., :intermediate], gu[..., intermediate:]
+    else:
+        gate = small_rows_linear(normed, gate_up[:intermediate])
+        up = small_rows_linear(normed, gate_up[intermediate:])
     return x, act(gate) * up
 
 
-def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, by_rows: bool) -> torch.Tensor:
+def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, triton_gemv: bool) -> torch.Tensor:
     """Down projection and residual."""
-    return x + small_rows_linear(hidden, down, by_rows)
+    return x + _unit_linear(hidden, down, triton_gemv)
 
 
 UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
@@ -233,21 +252,31 @@ class PackedLayer:
 
     def decode_units(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, units=UNITS,
-                     form: str = "gemv-rows") -> torch.Tensor:
-        """The same layer as `decode`, in a small-row form, through the three units (`units`: UNITS or
-        their compiled forms); the cache write between them is an in-place scatter."""
+                     form: str = "units", static_slot: int | None = None) -> torch.Tensor:
+        """The same layer as `decode`, in a "units*" or "triton*" form, through the three units (`units`:
+        UNITS or their compiled forms). The cache write: inside the first unit when the slots are the same
+        for every row and known now (`static_slot`, the depth decoder), else an in-place scatter between
+        the units (the backbone: each row writes at its own position)."""
         qkv_fn, attn_fn, mlp_fn = units
-        by_rows = form != "gemv-cols"
-        q, k, v = qkv_fn(x, cos, sin, self.w_in, self.qkv, self.qk_norm, heads=self.heads, kv_heads=self.kv_heads,
-                         head_dim=self.head_dim, eps_in=self.eps_in, qk_eps=self.qk_eps, by_rows=by_rows)
-        rows, kv, t, d = k.shape
-        index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv, t, d)
-        k_cache.scatter_(2, index, k.to(k_cache.dtype))
-        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        triton_gemv = form.startswith("triton")
+        t = x.shape[1]
+        k_out = v_out = None
+        if static_slot is not None:
+            k_out, v_out = k_cache[:, :, static_slot:static_slot + t], v_cache[:, :, static_slot:static_slot + t]
+        qkv = qkv_fn(x, cos, sin, self.w_in, self.qkv, self.qk_norm, k_out, v_out, heads=self.heads,
+                     kv_heads=self.kv_heads, head_dim=self.head_dim, eps_in=self.eps_in, qk_eps=self.qk_eps,
+                     triton_gemv=triton_gemv)
+        q = qkv[0]
+        if static_slot is None:
+            k, v = qkv[1], qkv[2]
+            rows, kv, t, d = k.shape
+            index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv, t, d)
+            k_cache.scatter_(2, index, k.to(k_cache.dtype))
+            v_cache.scatter_(2, index, v.to(v_cache.dtype))
         x, hidden = attn_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, self.w_post, self.gate_up,
                             scale=self.scale, eps_post=self.eps_post, intermediate=self.intermediate, act=self.act,
-                            by_rows=by_rows, reduce_attn=form.endswith("+attn"))
-        return mlp_fn(hidden, x, self.mlp.down_proj.weight, by_rows=by_rows)
+                            triton_gemv=triton_gemv, reduce_attn=form.endswith("+attn"))
+        return mlp_fn(hidden, x, self.mlp.down_proj.weight, triton_gemv=triton_gemv)
 
     def _qkv(self, h: torch.Tensor) -> torch.Tensor:
         if self.qkv is not None:

@@ -243,10 +243,11 @@ class FrameStep:
         self.readout[:, READOUT_EOS] = (self.codes[:, 0] == self.lm.config.end_of_speech_id).long()
         self.readout[:, READOUT_NONFINITE] = self.nonfinite.long()
 
-    def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask) -> torch.Tensor:
-        if self.form.startswith("units"):
-            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units,
-                                      form="gemv-rows+attn" if self.form.endswith("+attn") else "gemv-rows")
+    def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
+               static_slot: int | None = None) -> torch.Tensor:
+        if self.form.startswith(("units", "triton")):
+            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=self.form,
+                                      static_slot=static_slot)
         return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn, form=self.form)
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
@@ -254,7 +255,7 @@ class FrameStep:
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask)
+            x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
 
     @torch.no_grad()
