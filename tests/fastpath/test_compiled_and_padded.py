@@ -71,7 +71,7 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
 
 def test_layer_form_by_rows_and_environment(monkeypatch):
     monkeypatch.delenv(compiled.FORM_ENV, raising=False)
-    assert compiled.layer_form(2) == "triton+attn"
+    assert compiled.layer_form(2) == "units+attn"
     assert compiled.layer_form(compiled.SMALL_ROWS + 1) == "gemm"
     monkeypatch.setenv(compiled.FORM_ENV, "gemm")
     assert compiled.layer_form(2) == "gemm"

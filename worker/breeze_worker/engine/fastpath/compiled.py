@@ -8,7 +8,7 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
-  (default): `triton+attn` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`.
+  (default): `units+attn` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`.
 - `BREEZE_FASTPATH_TUNE`: `on` (default) lets Inductor's coordinate-descent tuning pick the block sizes
   of the reduction kernels (those are what read the weights at small row counts); `off` skips it
   (faster compilation).
@@ -54,7 +54,7 @@ def layer_form(rows: int) -> str:
 
     form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
     if form == "auto":
-        return "triton+attn" if rows <= SMALL_ROWS else "gemm"
+        return "units+attn" if rows <= SMALL_ROWS else "gemm"
     if form not in FORMS:
         raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
     return form
