@@ -77,6 +77,21 @@ def test_unknown_label_is_a_usage_error(two_stream_worker, capsys):
 
 @pytest.fixture(scope="module")
 def one_slot_worker(tmp_path_factory):
+    # every engine step takes at least 25 ms, so a 40-frame job lasts ~1 s and the three clients, which
+    # start within a few ms of each other, always overlap: the third meets a full slot and a full queue
+    # (without this, a fast machine can finish a job before the third client's request arrives)
+    import time
+
+    from breeze_worker.engine.stepper import PerStreamStepper
+
+    original = PerStreamStepper.step
+
+    def slow_step(self):
+        time.sleep(0.025)
+        return original(self)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(PerStreamStepper, "step", slow_step)
     settings = WorkerSettings(
         engine=EngineSettings(device="cpu", max_active_streams=1, max_queue=1),
         artifacts=ArtifactSettings(directory=tmp_path_factory.mktemp("bench-one-slot")),
@@ -86,6 +101,7 @@ def one_slot_worker(tmp_path_factory):
     running = thread.start()
     yield running
     thread.stop()
+    patch.undo()
 
 
 def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker, capsys):
