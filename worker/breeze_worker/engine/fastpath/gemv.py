@@ -39,7 +39,10 @@ if importlib.util.find_spec("triton") is not None:
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             row_ok = rows < R
             col_ok = cols < N
-            acc = tl.zeros([R_PAD, BLOCK_N], dtype=tl.float32)
+            # element-wise products accumulate in registers; the one reduction over K comes after the loop
+            # (a reduction per chunk costs a cross-warp exchange per iteration: the first version did that
+            # and ran at ~2x the library's time on the H200, results/gpu_run6/gemv_check.json)
+            acc = tl.zeros([R_PAD, BLOCK_N, BLOCK_K], dtype=tl.float32)
             k_start = split * k_per_split
             for k0 in range(0, k_per_split, BLOCK_K):
                 ks = k_start + k0 + tl.arange(0, BLOCK_K)
@@ -47,9 +50,9 @@ if importlib.util.find_spec("triton") is not None:
                 x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=col_ok[:, None] & k_ok[None, :],
                             other=0.0)
-                acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+                acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
             out = y_ptr + split * R * N + rows[:, None] * N + cols[None, :]
-            tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
+            tl.store(out, tl.sum(acc, axis=2), mask=row_ok[:, None] & col_ok[None, :])
 
         _triton = triton
     except Exception:  # an unusable Triton: the torch formula serves
@@ -65,7 +68,7 @@ def plan(rows: int, n: int, k: int) -> tuple[int, int, int]:
     row_pad = 1
     while row_pad < rows:
         row_pad *= 2
-    block_k = max(64, 512 // row_pad)  # R_PAD x BLOCK_N x BLOCK_K products in registers
+    block_k = max(32, 512 // row_pad)  # R_PAD x BLOCK_N x BLOCK_K FP32 accumulators in registers (64 per thread)
     programs = -(-n // BLOCK_N)
     splits = 1
     while programs * splits < TARGET_PROGRAMS and k // (splits * 2) >= 2 * block_k and splits < 8:
