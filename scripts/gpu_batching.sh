@@ -15,7 +15,7 @@
 # Knobs: BENCH_FRAMES (64), BENCH_CAPACITY (256: one attention bucket to compile; prompts + frames fit),
 # BATCH_SHAPES (all: every bucket shape the engine builds for 32 streams; sweep: only those the bursts use),
 # BATCH1_MS (compare with this figure instead of measuring batch 1), BREEZE_FASTPATH_COMPILE (auto),
-# BREEZE_FASTPATH_TUNE (on; off compiles faster), SKIP_MID=1, SKIP_MID_COMPILED=1, LIMIT_* (seconds).
+# BREEZE_FASTPATH_TUNE (off by default; on tunes the reduction kernels, ~75 s more per shape), SKIP_MID=1, SKIP_MID_COMPILED=1, LIMIT_* (seconds).
 set -u
 OUT="${OUT:-results/gpu_batching}"
 mkdir -p "$OUT"

@@ -9,9 +9,10 @@ before capture. Choice, per process, from the environment:
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
   (default): `units+attn` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`.
-- `BREEZE_FASTPATH_TUNE`: `on` (default) lets Inductor's coordinate-descent tuning pick the block sizes
-  of the reduction kernels (those are what read the weights at small row counts); `off` skips it
-  (faster compilation).
+- `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
+  reduction kernels; `off` (default) skips it. On the H200 it cost ~75 s of compilation per batch shape
+  and showed no gain (units+attn, CFG on: 12.69 ms/frame tuned in run 5, 11.25 ms untuned in run 7;
+  results/NOTES.md).
 
 Any failure to compile is the caller's to catch: the runner logs it and serves the uncompiled step.
 """
@@ -78,7 +79,7 @@ def compile_unit(fn: Callable) -> Callable:
 
     Compiled once per process and function (the compiled form is shared; Dynamo guards add an entry per
     new shape, dtype or step object)."""
-    tune = os.environ.get(TUNE_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+    tune = os.environ.get(TUNE_ENV, "off").strip().lower() in ("1", "on", "true", "yes")
     key = (fn, backend(), tune)
     if key in _compiled:
         return _compiled[key]
