@@ -18,8 +18,10 @@ adds split-K helper kernels, and fuses with nothing around it (~1,250 such calls
 16 ms frame on the H200 against a 3 ms byte floor). Written as multiply-and-sum over the input axis
 (`small_rows_linear`), Inductor generates one bandwidth-bound reduction kernel per projection with the
 RMSNorm / activation in front and the residual add behind it fused in. Attention over the cache can
-take the same form (`reduce_attention`). These forms accumulate in FP32, as the GEMMs do; they are
-only worth it compiled (eager they materialize FP32 copies of the weights).
+take the same form (`reduce_attention`). The layer then runs as three units (UNITS, see below). These
+forms accumulate in FP32, as the GEMMs do; they are only worth it compiled (eager they materialize FP32
+copies of the weights). Forms that kept the whole layer in one compiled function with these reductions
+were measured slower and removed (results/NOTES.md, runs 4-5).
 """
 
 from __future__ import annotations
@@ -38,24 +40,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
-# see the module docstring; "units*" run the layer as UNITS with Inductor's reductions, "triton*" as UNITS
-# with the Triton GEMV (fastpath/gemv.py) for the projections; "+attn": attention as reductions too
-FORMS = ("gemm", "gemv-rows", "gemv-cols", "gemv-rows+attn", "units", "units+attn", "triton", "triton+attn")
+# see the module docstring: "gemm" is `decode_layer`; "units*" run the layer as UNITS with Inductor's
+# reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions
+FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn")
 
 
-def small_rows_linear(x: torch.Tensor, weight: torch.Tensor, by_rows: bool = True) -> torch.Tensor:
+def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] with few rows times weight [N, K] transposed, as a multiply-and-sum over K in FP32.
 
-    The input is rounded to the weight's dtype first, as the GEMM sees it. `by_rows`: one reduction per
-    input row over the same weight (Inductor fuses them into one kernel that reads the weight once);
-    otherwise one reduction over [N, rows] (one node by construction; rows read the same weight row)."""
+    The input is rounded to the weight's dtype first, as the GEMM sees it. One reduction per input row over
+    the same weight: Inductor fuses them into one kernel that reads the weight once."""
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k).to(weight.dtype).float()
     w = weight.float()
-    if by_rows:
-        y = torch.stack([(flat[i] * w).sum(-1) for i in range(flat.shape[0])])
-    else:
-        y = (w[:, None, :] * flat[None]).sum(-1).t()
+    y = torch.stack([(flat[i] * w).sum(-1) for i in range(flat.shape[0])])
     return y.reshape(*lead, weight.shape[0]).to(x.dtype)
 
 
@@ -66,6 +64,34 @@ def reduce_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     scores = (q.float()[..., None, :] * keys.float()[:, :, None, None]).sum(-1) * scale  # [R, kv, G, T, L]
     probs = torch.softmax(scores + mask, dim=-1).to(values.dtype).float()
     return (probs[..., None] * values.float()[:, :, None, None]).sum(-2)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           reduce: bool = False) -> torch.Tensor:
+    """Grouped-query attention without repeating the cache: q [R, h, T, D] over keys/values [R, kv, L, D]
+    (query head i reads kv head i // (h / kv)), additive `mask` broadcastable to [R, 1, T, L] or None;
+    FP32 softmax. -> [R, h, T, D] in the values' dtype. `reduce`: as reductions (`reduce_attention`),
+    else two batched matmuls."""
+    rows, h, t, d = q.shape
+    kv, length = keys.shape[1], keys.shape[2]
+    if reduce:
+        out = reduce_attention(q.reshape(rows, kv, h // kv, t, d), keys, values,
+                               0.0 if mask is None else mask[:, :, None], scale)
+        return out.to(values.dtype).reshape(rows, h, t, d)
+    scores = torch.matmul(q.reshape(rows, kv, (h // kv) * t, d), keys.transpose(2, 3)).float() * scale
+    if mask is not None:
+        scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).view(rows, h, t, d)
+
+
+def write_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> None:
+    """Keys/values [R, kv, T, D] into the caches [R, kv, L, D] at `slots` int64 [R or 1, T], in place."""
+    rows, kv, t, d = k.shape
+    index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv, t, d)
+    k_cache.scatter_(2, index, k.to(k_cache.dtype))
+    v_cache.scatter_(2, index, v.to(v_cache.dtype))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -107,42 +133,24 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
                  slots: torch.Tensor, mask: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
                  qk_norm: torch.Tensor | None, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor,
                  down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, scale: float, eps_in: float,
-                 eps_post: float, qk_eps: float, intermediate: int, act, form: str = "gemm") -> torch.Tensor:
-    """One packed decoder layer over a static cache, as a pure function.
+                 eps_post: float, qk_eps: float, intermediate: int, act) -> torch.Tensor:
+    """One packed decoder layer over a static cache, as a pure function (the "gemm" form).
 
     x [R, T, hidden]; cos/sin [R or 1, 1, T, D]; k_cache/v_cache [R, kv, L, D] (views into the static
     cache; this call writes its keys/values at `slots` int64 [R or 1, T] and attends over all L slots);
-    `mask` additive float32, broadcastable to [R, 1, T, L] (it must block every slot not yet written).
-    `form`: one of FORMS (the GEMMs as library calls, or the small-row reductions)."""
+    `mask` additive float32, broadcastable to [R, 1, T, L] (it must block every slot not yet written)."""
     rows, t, _ = x.shape
     h, kv, d = heads, kv_heads, head_dim
-    if form == "gemm":
-        linear_fn = linear
-    else:
-        def linear_fn(a, w, by_rows=form != "gemv-cols"):
-            return small_rows_linear(a, w, by_rows)
-    qkv_out = linear_fn(rms_norm(x, w_in, eps_in), qkv).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+    qkv_out = linear(rms_norm(x, w_in, eps_in), qkv).view(rows, t, h + 2 * kv, d).transpose(1, 2)
     qk, v = qkv_out[:, :h + kv], qkv_out[:, h + kv:]
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, qk_eps)
     qk = rotate(qk, cos, sin)
-    index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv, t, d)
-    k_cache.scatter_(2, index, qk[:, h:].to(k_cache.dtype))
-    v_cache.scatter_(2, index, v.to(v_cache.dtype))
-    length = k_cache.shape[2]
-    if form == "gemv-rows+attn":
-        q = qk[:, :h].reshape(rows, kv, h // kv, t, d)
-        out = reduce_attention(q, k_cache, v_cache, mask[:, :, None], scale).to(x.dtype)
-        out = out.reshape(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
-    else:
-        q = qk[:, :h].reshape(rows, kv, (h // kv) * t, d)  # query head i reads kv head i // groups
-        scores = torch.matmul(q, k_cache.transpose(2, 3)).float() * scale
-        scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
-        probs = torch.softmax(scores, dim=-1).to(v_cache.dtype)
-        out = torch.matmul(probs, v_cache).view(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
-    x = x + linear_fn(out, o_proj)
-    gu = linear_fn(rms_norm(x, w_post, eps_post), gate_up)
-    return x + linear_fn(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
+    write_cache(k_cache, v_cache, slots, qk[:, h:], v)
+    out = attend(qk[:, :h], k_cache, v_cache, mask, scale).transpose(1, 2).reshape(rows, t, h * d)
+    x = x + linear(out, o_proj)
+    gu = linear(rms_norm(x, w_post, eps_post), gate_up)
+    return x + linear(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
 
 
 # ---- the small-row forms as three units per layer ----
@@ -184,15 +192,7 @@ def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Attention over the (already written) cache, output projection and residual, post norm, gate and up
     projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
     rows, h, t, d = q.shape
-    kv, length = k_cache.shape[1], k_cache.shape[2]
-    if reduce_attn:
-        out = reduce_attention(q.reshape(rows, kv, h // kv, t, d), k_cache, v_cache, mask[:, :, None], scale)
-        out = out.to(x.dtype).reshape(rows, h, t, d)
-    else:
-        scores = torch.matmul(q.reshape(rows, kv, (h // kv) * t, d), k_cache.transpose(2, 3)).float() * scale
-        scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
-        probs = torch.softmax(scores, dim=-1).to(v_cache.dtype)
-        out = torch.matmul(probs, v_cache).view(rows, h, t, d)
+    out = attend(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
     x = x + _unit_linear(out.transpose(1, 2).reshape(rows, t, h * d), o_proj, triton_gemv)
     normed = rms_norm(x, w_post, eps_post)
     if triton_gemv:  # one pass over the packed gate/up weight
@@ -241,14 +241,13 @@ class PackedLayer:
                 and self.mlp.down_proj.bias is None)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, fn=decode_layer,
-               form: str = "gemm") -> torch.Tensor:
+               v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, fn=decode_layer) -> torch.Tensor:
         """`decode_layer` over this layer's weights; `fn` is it or its compiled form."""
         return fn(x, cos, sin, k_cache, v_cache, slots, mask, self.w_in, self.qkv, self.qk_norm,
                   self.attn.o_proj.weight, self.w_post, self.gate_up, self.mlp.down_proj.weight,
                   heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, scale=self.scale,
                   eps_in=self.eps_in, eps_post=self.eps_post, qk_eps=self.qk_eps, intermediate=self.intermediate,
-                  act=self.act, form=form)
+                  act=self.act)
 
     def decode_units(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, units=UNITS,
@@ -268,11 +267,7 @@ class PackedLayer:
                      triton_gemv=triton_gemv)
         q = qkv[0]
         if static_slot is None:
-            k, v = qkv[1], qkv[2]
-            rows, kv, t, d = k.shape
-            index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv, t, d)
-            k_cache.scatter_(2, index, k.to(k_cache.dtype))
-            v_cache.scatter_(2, index, v.to(v_cache.dtype))
+            write_cache(k_cache, v_cache, slots, qkv[1], qkv[2])
         x, hidden = attn_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, self.w_post, self.gate_up,
                             scale=self.scale, eps_post=self.eps_post, intermediate=self.intermediate, act=self.act,
                             triton_gemv=triton_gemv, reduce_attn=form.endswith("+attn"))
@@ -305,12 +300,6 @@ class PackedLayer:
         qk = rotate(qk, cos, sin)
         write_kv(qk[:, h:], v)
         keys, values = read_kv()
-        q = qk[:, :h].reshape(rows, kv, (h // kv) * t, d)  # query head i reads kv head i // groups
-        scores = torch.matmul(q, keys.transpose(2, 3)).float() * self.scale
-        if mask is not None:
-            length = keys.shape[2]
-            scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values).view(rows, h, t, d).transpose(1, 2).reshape(rows, t, h * d)
+        out = attend(qk[:, :h], keys, values, mask, self.scale).transpose(1, 2).reshape(rows, t, h * d)
         x = x + self.attn.o_proj(out)
         return x + self._mlp(rms_norm(x, self.w_post, self.eps_post))

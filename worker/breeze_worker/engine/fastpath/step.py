@@ -248,7 +248,7 @@ class FrameStep:
         if self.form.startswith(("units", "triton")):
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=self.form,
                                       static_slot=static_slot)
-        return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn, form=self.form)
+        return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn)
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Depth layers at positions from `start` (0: the 2-position prefill); x projected [R, n, H]."""
