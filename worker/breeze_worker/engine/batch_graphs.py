@@ -25,6 +25,7 @@ import time
 import torch
 
 from breeze_worker.engine.fastpath.compiled import compile_unit
+from breeze_worker.engine.fastpath.graph import run_on_side_stream
 from breeze_worker.engine.fastpath.static_cache import buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
@@ -87,24 +88,13 @@ class ShapeGraphs:
             for bucket in self.buckets:
                 view.backbone_step(bucket)
 
-    def _on_side_stream(self, work) -> None:
-        device = self.step.device
-        if device.type != "cuda":
-            work()
-            return
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up runs allocate workspaces outside the captures
-            work()
-        torch.cuda.current_stream(device).wait_stream(side)
-        torch.cuda.synchronize(device)
 
     def _compile(self) -> None:
         """Compile every bucket view's units (Dynamo compiles on first call: one warm-up pass)."""
         t0 = time.perf_counter()
         try:
             self._set_compiled(True)
-            self._on_side_stream(self._warm)
+            run_on_side_stream(self.step.device, self._warm)
         except Exception as exc:  # compilation is an optimization: keep the uncompiled step
             self.compile_fallback_reason = (f"torch.compile failed ({type(exc).__name__}: {exc}); "
                                             "running the batched step uncompiled")
@@ -145,7 +135,7 @@ class ShapeGraphs:
     def _capture_all(self) -> None:
         device = self.step.device
         pool = torch.cuda.graph_pool_handle()
-        self._on_side_stream(self._warm)
+        run_on_side_stream(self.step.device, self._warm)
         for shape, view in self.views.items():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

@@ -26,6 +26,8 @@ import weakref
 
 import torch
 
+from breeze_worker.engine.fastpath.graph import run_on_side_stream
+
 log = logging.getLogger(__name__)
 
 
@@ -94,13 +96,8 @@ class SlotBatch:
             cudnn = torch.backends.cudnn
             with torch.inference_mode(), cudnn.flags(enabled=cudnn.enabled, benchmark=True,
                                                      deterministic=cudnn.deterministic, allow_tf32=cudnn.allow_tf32):
-                current = torch.cuda.current_stream(self.device)
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(current)
-                with torch.cuda.stream(side):  # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
-                    for _ in range(2):
-                        self.advance()
-                current.wait_stream(side)
+                # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
+                run_on_side_stream(self.device, lambda: [self.advance() for _ in range(2)])
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: CUDA work of other threads (e.g. a reference being encoded) may go on meanwhile
                 with torch.cuda.graph(graph, capture_error_mode="thread_local"):

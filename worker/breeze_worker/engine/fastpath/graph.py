@@ -28,6 +28,20 @@ log = logging.getLogger(__name__)
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024)
 
 
+def run_on_side_stream(device: torch.device, work) -> None:
+    """Run `work()` on a side CUDA stream and wait for it: warm-up runs before a capture, so workspaces and
+    library handles are allocated outside it (on the CPU: just `work()`)."""
+    if device.type != "cuda":
+        work()
+        return
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        work()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+
+
 class FrameRunner:
     pad_prompts_without_graphs = False  # tests: pad prompts to their bucket on the CPU too
 
@@ -67,7 +81,7 @@ class FrameRunner:
         t0 = time.perf_counter()
         try:
             self.step.use_compiled(compile_unit, self.form_requested)
-            self._on_side_stream(self._warm)
+            run_on_side_stream(self.device, self._warm)
         except Exception as exc:  # compilation is an optimization: keep the uncompiled step
             self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); running uncompiled"
             log.warning("%s", self.compile_fallback_reason)
@@ -76,16 +90,6 @@ class FrameRunner:
         if self.step.compiled:
             log.info("compiled the frame step for %d rows in %.1f s", self.step.rows, self.compile_s)
 
-    def _on_side_stream(self, work) -> None:
-        if self.device.type != "cuda":
-            work()
-            return
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up runs allocate workspaces outside the capture
-            work()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
 
     def _capture(self) -> None:
         t0 = time.perf_counter()
@@ -118,7 +122,7 @@ class FrameRunner:
     def _capture_frame_graphs(self) -> None:
         if True:
             pool = torch.cuda.graph_pool_handle()
-            self._on_side_stream(self._warm)
+            run_on_side_stream(self.device, self._warm)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.step.sample_frame()
@@ -161,7 +165,8 @@ class FrameRunner:
                       torch.ones(rows, slots, dtype=torch.int64, device=self.device),
                       torch.zeros(rows, slots, dtype=torch.bool, device=self.device))
             self._fill_prompt(static, embeds, positions, allowed)
-            self._on_side_stream(lambda: self.step.prefill(slice(0, rows), *static))  # runs it for this request
+            # runs it for this request
+            run_on_side_stream(self.device, lambda: self.step.prefill(slice(0, rows), *static))
             try:
                 if self._prompt_pool is None:
                     self._prompt_pool = torch.cuda.graph_pool_handle()
@@ -172,7 +177,7 @@ class FrameRunner:
             except Exception as exc:  # no graph for this bucket: the result of the eager run above stands
                 log.warning("prefill graph capture for %d slots failed (%s: %s); prefill runs eagerly", slots,
                             type(exc).__name__, exc)
-                self._on_side_stream(lambda: self.step.prefill(slice(0, rows), *static))
+                run_on_side_stream(self.device, lambda: self.step.prefill(slice(0, rows), *static))
             return
         graph, static = entry
         self._fill_prompt(static, embeds, positions, allowed)
