@@ -13,6 +13,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from breeze_worker.bench.measure import copy_bandwidth
 from breeze_worker.engine.fastpath import gemv
 
 SHAPES = {  # name: (N, K) of the full-size model's projections
@@ -20,13 +21,6 @@ SHAPES = {  # name: (N, K) of the full-size model's projections
     "backbone down": (2048, 6144), "depth qkv": (1536, 1024), "depth o": (1024, 1024),
     "depth gate_up": (16384, 1024), "depth down": (1024, 8192),
 }
-
-
-def copy_bandwidth() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src))
-    return 2 * src.numel() / (ms / 1000)
 
 
 def bench(fn) -> float:
@@ -41,7 +35,7 @@ def main() -> int:
     parser.add_argument("--rows", default="1,2,4,8")
     args = parser.parse_args()
     assert gemv.available(torch.device("cuda")), "Triton GEMV not available"
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     out = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_bytes_per_s": bandwidth, "rows": []}
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     print(f"{'shape':18} {'R':>2} {'dtype':>9} {'rel err':>9} {'triton us':>9} {'F.linear':>9} {'floor us':>8} {'x floor':>7}")

@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
                 v.update(precision=policy.name, floor_ms=floor)
                 results[(path, cfg)] = v
                 doc["variants"].append(v)
-                print(f"[{name}] ms/frame {v.get('ms_per_frame')} ttfa_ms {v.get('ttfa_ms')} (lm {v.get('ttfa_lm_ms')}) "
-                      f"first use s {v.get('first_use_s')} kernels {v.get('gpu_kernels_profiled')} fallback {v.get('compile_fallback_reason')}", flush=True)
+                print(f"[{name}] ms/frame {v['ms_per_frame']} ttfa_ms {v['ttfa_ms']} (lm {v['ttfa_lm_ms']}) "
+                      f"first use s {v['first_use_s']} kernels {v['gpu_kernels_profiled']} "
+                      f"fallback {v['compile_fallback_reason']}", flush=True)
                 if args.json:  # a run cut short by a time limit still leaves what it measured
                     report.write_json({**doc, "partial": True}, args.json)
             for path in paths:
