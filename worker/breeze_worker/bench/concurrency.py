@@ -48,12 +48,17 @@ def stream_requests(model: LoadedModel, n: int, frames: int, seed: int) -> list:
     return out
 
 
+def burst_need(n: int) -> tuple[int, int]:
+    """(streams, rows) a burst of n streams covers: half of them (rounded up) use CFG, two rows each."""
+    return n, n + (n + 1) // 2
+
+
 def sweep_shapes(max_streams: int, levels: list[int], agreement_streams: int = 0) -> list[tuple[int, int]]:
     """The buckets of `bucket_shapes(max_streams)` that this bench's bursts land in (N streams, half of them
     with CFG, join together into rows 0 .. N + ceil(N/2) - 1; a stream alone takes (1, 2)): building only
     these saves start-up time and changes no step's shape."""
     shapes = bucket_shapes(max_streams)
-    needs = {(1, 2)} | {(n, n + (n + 1) // 2) for n in list(levels) + [agreement_streams] if n > 0}
+    needs = {(1, 2)} | {burst_need(n) for n in list(levels) + [agreement_streams] if n > 0}
     return sorted({pick_shape(shapes, s, r) for s, r in needs} - {None})
 
 
@@ -190,7 +195,7 @@ def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: l
 
 def _burst_shape(stepper: BatchedStepper, n: int) -> tuple[int, int]:
     """The batch shape a burst of n streams (half CFG) runs in on this stepper."""
-    need = (n, n + (n + 1) // 2)
+    need = burst_need(n)
     if not stepper.bucketed:
         return need
     return pick_shape(stepper.graphs.shapes, *need) or need
