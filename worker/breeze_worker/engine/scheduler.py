@@ -43,6 +43,9 @@ class Scheduler:
         self.max_queue_wait_s = max_queue_wait_s
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
+        # jobs taken off the queue whose join (text encode + prefill) is running: they hold slots although
+        # they are neither pending nor active yet (lock held to read or write)
+        self._starting = 0
         self._codec = CodecRows(runtime.codec)
         self._stepper = runtime.stepper_for(max_active)
         self._lock = threading.Condition()
@@ -69,10 +72,10 @@ class Scheduler:
             if self._stopping:
                 raise Unavailable("the worker is shutting down; retry on another worker")
             # jobs the engine thread has not picked up yet may still take free slots: they are not queued
-            free_slots = max(0, self.max_active - len(self._active))
+            free_slots = max(0, self.max_active - len(self._active) - self._starting)
             if len(self._pending) >= self.max_queue + free_slots:
                 raise ResourceExhausted(
-                    f"the request queue is full ({self.max_queue} waiting, {len(self._active)} active streams "
+                    f"the request queue is full ({self.max_queue} waiting, {len(self._active) + self._starting} active streams "
                     f"of max {self.max_active}); retry later or raise --max-queue"
                 )
             self._pending.append(job)
@@ -85,7 +88,7 @@ class Scheduler:
 
     def load(self) -> tuple[int, int]:
         with self._lock:
-            return len(self._active), len(self._pending)
+            return len(self._active) + self._starting, len(self._pending)
 
     # ---- engine thread ----
     def _run(self) -> None:
@@ -98,8 +101,13 @@ class Scheduler:
             self._drop_gone(time.monotonic())  # frees slots before admission
             with self._lock:
                 admitted = self._take_admissible()
+                self._starting = len(admitted)
             if admitted:
-                self._admit(admitted)
+                try:
+                    self._admit(admitted)
+                finally:
+                    with self._lock:
+                        self._starting = 0
             self.metrics.set_load(len(self._active), len(self._pending))
             if self._active:
                 try:
@@ -168,7 +176,9 @@ class Scheduler:
             started = job.started_event(self.runtime.sample_rate)
             self.metrics.job_started(started.queue_wait_s)
             job.sink.put(started)
-            self._active.append(job)
+            with self._lock:  # its slot moves from starting to active in one step, as submit() sees it
+                self._active.append(job)
+                self._starting -= 1
             self._codec.add(job)
 
     def _drop_gone(self, now: float) -> None:
