@@ -11,6 +11,12 @@
 #      phase, so a step cut short by its limit keeps what it measured.
 #   3. agree_mid_fp32_compiled: step 1's agreement with the compiled step (each bucket's layers take the form
 #      its row count selects, fastpath/compiled.py layer_form: frames may differ between forms even in FP32)
+#   0. codec_variants: the full-size codec step per slot bucket (1, 8, 32) in true FP32 with cuDNN's heuristic,
+#      FP32 with benchmark mode (the default), TF32 with benchmark mode; ms per step, SNR against FP32, and the
+#      kernels of one eager 32-slot step (scripts/gpu_codec_variants.py)
+#   2b. sweep_full_bf16_tf32 (TF32_SWEEP=1): step 2's sweep with BREEZE_ENGINE_CODEC_TF32=1, no agreement or batch 1
+#      (the Inductor cache of step 2 makes its compile short)
+# Step 2 runs every burst with the codec overlap on and off (--compare-overlap; COMPARE_OVERLAP=0 drops it).
 # Steps run independently, each under its own time limit: a failing step is reported and the next one runs.
 # Knobs: BENCH_FRAMES (64), BENCH_CAPACITY (256: one attention bucket to compile; prompts + frames fit),
 # BATCH_SHAPES (all: every bucket shape the engine builds for 32 streams; sweep: only those the bursts use),
@@ -38,12 +44,19 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
 AGREE=(--agreement-streams 8 --agreement-prefill batched,per-stream)
+if [ "${COMPARE_OVERLAP:-1}" = 1 ]; then OVERLAP=(--compare-overlap); else OVERLAP=(); fi
+LEVELS="${BENCH_LEVELS:-1,2,4,8,16,32}"
+[ "${SKIP_CODEC:-0}" = 1 ] || step codec_variants "${LIMIT_CODEC:-120}" python3 scripts/gpu_codec_variants.py \
+  --buckets 1,8,32 --commit "${BREEZE_COMMIT:-unknown}" --json "$OUT/codec_variants.json"
 [ "${SKIP_MID:-0}" = 1 ] || step agree_mid_fp32 "${LIMIT_MID:-60}" env BREEZE_FASTPATH_COMPILE=off "${BENCH[@]}" \
   --size mid --precision fp32 --concurrency 1,2 --frames 16 "${AGREE[@]}" --batch-shapes sweep \
   --json "$OUT/agree_mid_fp32.json"
 step sweep_full_bf16 "${LIMIT_FULL:-300}" "${BENCH[@]}" --size full --precision bf16 \
-  --concurrency 1,2,4,8,16,32 --frames "$FRAMES" "${AGREE[@]}" "${BATCH1[@]}" --batch-shapes "${BATCH_SHAPES:-all}" \
-  --json "$OUT/sweep_full_bf16.json"
+  --concurrency "$LEVELS" --frames "$FRAMES" "${AGREE[@]}" "${BATCH1[@]}" "${OVERLAP[@]}" \
+  --batch-shapes "${BATCH_SHAPES:-all}" --json "$OUT/sweep_full_bf16.json"
+[ "${TF32_SWEEP:-0}" = 1 ] && step sweep_full_bf16_tf32 "${LIMIT_TF32:-200}" env BREEZE_ENGINE_CODEC_TF32=1 \
+  "${BENCH[@]}" --size full --precision bf16 --concurrency "$LEVELS" --frames "$FRAMES" "${OVERLAP[@]}" \
+  --batch-shapes "${BATCH_SHAPES:-all}" --json "$OUT/sweep_full_bf16_tf32.json"
 [ "${SKIP_MID_COMPILED:-0}" = 1 ] || step agree_mid_fp32_compiled "${LIMIT_MID_COMPILED:-120}" "${BENCH[@]}" \
   --size mid --precision fp32 --concurrency 1,2 --frames 16 "${AGREE[@]}" --batch-shapes sweep \
   --json "$OUT/agree_mid_fp32_compiled.json"

@@ -16,6 +16,7 @@ from breeze_worker.config import ArtifactSettings, EngineSettings
 from breeze_worker.engine.service import Engine
 from breeze_worker.engine.types import AudioChunk, JobFinished, JobStarted, PcmEncoding, SynthesisRequest
 from breeze_worker.errors import ResourceExhausted
+from engine_helpers import spy_frames_by_seed
 
 MAX_ACTIVE = 3
 
@@ -51,19 +52,7 @@ async def _collect(engine, request, started: asyncio.Event | None = None) -> tup
 @pytest.fixture
 def frames_by_seed(engine, monkeypatch):
     """Record the frames the stepper hands the scheduler, per request seed (the engine emits only PCM)."""
-    stepper = engine.scheduler._stepper
-    recorded: dict[int, list] = {}
-    step = stepper.step
-
-    def spy():
-        outcomes = step()
-        for job, out in outcomes.items():
-            if out.frame is not None:
-                recorded.setdefault(job.params.seed, []).append(out.frame)
-        return outcomes
-
-    monkeypatch.setattr(stepper, "step", spy)
-    return recorded
+    return spy_frames_by_seed(engine.scheduler._stepper, monkeypatch)
 
 
 def test_concurrent_streams_get_their_frames_alone(engine, frames_by_seed):

@@ -238,3 +238,27 @@ def test_rows_far_into_the_cache_beside_a_young_stream_stay_inside_the_attention
     assert stepper._row_pos[0] < BUCKETS[0]  # the idle row was restarted rather than written out of range
     want = list(EagerFrameGenerator(model, young, "cpu"))
     assert all(torch.equal(a, b) for a, b in zip(young_frames, want))
+
+
+def test_concurrency_sweep_with_the_codec_both_overlap_modes():
+    """With a codec: each burst runs in the engine's order with the overlap on and, compared, off; the frames
+    and the number of audio deliveries are the same, and every stream gets first audio before it is done."""
+    from breeze_worker.bench import concurrency
+    from breeze_worker.model.tiny import tiny_model
+
+    model = tiny_model(seed=0)
+    stepper = BatchedStepper(model, 2, "cpu")
+    requests = concurrency.stream_requests(model, 2, 3, 7)
+    runs = {overlap: concurrency.run_burst(stepper, model.codec, requests, torch.device("cpu"), overlap=overlap)
+            for overlap in (True, False)}
+    for overlap, r in runs.items():
+        assert r["overlap"] is overlap and len(r["codec_ms"]) == 3 and all(ms > 0 for ms in r["codec_ms"])
+        assert all(r["t0"] < r["first_audio"][k] <= r["done"][k] for k in (0, 1))
+    for k in (0, 1):
+        assert len(runs[True]["frames"][k]) == 3
+        assert all(torch.equal(a, b) for a, b in zip(runs[True]["frames"][k], runs[False]["frames"][k]))
+    [row] = concurrency.measure_concurrency(model, torch.device("cpu"), [2], frames=3, seed=7, stepper=stepper,
+                                            lm_only=False, compare_overlap=True)
+    assert row["overlap"] is True and row["other_overlap"]["overlap"] is False
+    assert row["codec_ms_p50"] > 0 and row["other_overlap"]["codec_ms_p50"] > 0
+    assert "on" in concurrency.table([row]).splitlines()[1]

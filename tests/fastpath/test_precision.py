@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from breeze_worker.bench.agreement import first_frame_logits
-from breeze_worker.engine.precision import (HalfLinear, UnsupportedPrecision, apply_policy, find_overflowing_layers,
-                                            make_policy, policy_for_capability, resolve_policy)
+from breeze_worker.engine.precision import (HalfLinear, UnsupportedPrecision, apply_policy, codec_tf32_wanted,
+                                            find_overflowing_layers, make_policy, policy_for_capability,
+                                            resolve_policy)
 from breeze_worker.model.tiny import tiny_model
 
 
@@ -33,6 +34,25 @@ def test_bf16_refused_without_native_support_unless_forced():
     assert resolve_policy("fp16-mixed", (9, 0)).weight_dtype == torch.float32  # loads FP32, converts GEMMs
     with pytest.raises(ValueError, match="precision must be"):
         resolve_policy("fp8", (9, 0))
+
+
+@pytest.mark.parametrize("capability, asked, expected", [
+    ((9, 0), False, False), ((9, 0), True, True), ((8, 0), True, True), ((8, 6), False, False),
+    ((7, 5), True, False), ((7, 0), True, False), (None, True, False),
+])
+def test_codec_convolutions_are_fp32_unless_tf32_is_asked_for_and_exists(capability, asked, expected):
+    assert codec_tf32_wanted(capability, asked) is expected
+
+
+def test_codec_tf32_setting_comes_from_the_worker_settings():
+    from breeze_worker.config import WorkerSettings
+    from breeze_worker.engine.runtime import configure_codec_convolutions
+
+    assert WorkerSettings.from_env({}).engine.codec_tf32 is False
+    assert WorkerSettings.from_env({"BREEZE_ENGINE_CODEC_TF32": "1"}).engine.codec_tf32 is True
+    with pytest.raises(ValueError, match="BREEZE_ENGINE_CODEC_TF32='maybe' is not a valid bool"):
+        WorkerSettings.from_env({"BREEZE_ENGINE_CODEC_TF32": "maybe"})
+    assert configure_codec_convolutions(torch.device("cpu"), True) is False  # the CPU has no cuDNN convolutions
 
 
 def test_half_precision_on_cpu_needs_force():

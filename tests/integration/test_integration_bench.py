@@ -86,9 +86,9 @@ def one_slot_worker(tmp_path_factory):
 
     original = PerStreamStepper.step
 
-    def slow_step(self):
+    def slow_step(self, **kwargs):
         time.sleep(0.025)
-        return original(self)
+        return original(self, **kwargs)
 
     patch = pytest.MonkeyPatch()
     patch.setattr(PerStreamStepper, "step", slow_step)

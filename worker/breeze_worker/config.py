@@ -27,6 +27,10 @@ class EngineSettings:
     max_reference_seconds: float = 30.0
     min_reference_seconds: float = 1.0  # shorter reference audio is refused (too little speech to clone)
     reference_cache_entries: int = 64
+    # the codec's convolutions in TF32 where the device has it (compute capability >= 8.0); else true FP32
+    codec_tf32: bool = False
+    # read each step's audio at once instead of during the next step (no codec / language-model overlap)
+    codec_serial: bool = False
 
     def validate(self) -> None:
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):

@@ -8,7 +8,9 @@ RTF (wall / audio, lower is better) and TTFA (arrival -> first decoded audio, p5
 and peak GPU memory. Each step's time is split into the language model's part (the batched frame step:
 sample, host read, next backbone step) and the codec's, timed with CUDA events so that neither adds a
 host sync; each N is also run once without the codec (`lm_only_step_ms_p50`, the figure comparable with
-the batch-1 fast path's ms per frame). `agreement` compares each stream's frames batched with the same
+the batch-1 fast path's ms per frame). The codec call of a step overlaps the next step's language model as
+in the engine (unless its `codec_serial` setting is on, engine/scheduler.py); `compare_overlap` runs each burst the other way
+round too (`other_overlap`), in the same process and on the same stepper. `agreement` compares each stream's frames batched with the same
 stream alone, with the joiners' prompts prefilled together (the CUDA default) or one by one.
 """
 
@@ -23,6 +25,7 @@ import torch
 from breeze_worker.bench.measure import peak_memory_bytes, reset_peak_memory, synchronize
 from breeze_worker.bench.runner import INSTRUCTION
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
+from breeze_worker.config import WorkerSettings
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
@@ -87,16 +90,41 @@ class _StepClock:
         return [1000 * (m[j] - m[i]) for m in self.steps]
 
 
-def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.device) -> dict:
-    """All requests join at once; step until all ended. Returns frames per stream and timings: per step the
-    host wall time (`step_times_s`), and the language model's and the codec's parts (`lm_ms`, `codec_ms`)."""
-    rows = CodecRows(codec) if codec is not None else None
+def codec_overlap_default() -> bool:
+    """What the worker does with its settings from the environment (BREEZE_ENGINE_CODEC_SERIAL)."""
+    return not WorkerSettings.from_env().engine.codec_serial
+
+
+def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.device,
+              overlap: bool | None = None) -> dict:
+    """All requests join at once; step until all ended, in the engine's order (engine/scheduler.py): a
+    step's codec call is launched after its frames are read and its audio is read during the next step
+    (`overlap`; None: unless the worker's `codec_serial` setting says otherwise), or at once. Returns frames per stream and timings: per step
+    the host wall time (`step_times_s`), the language model's part (`lm_ms`: CUDA events around the
+    stepper's work on the default stream) and the codec's (`codec_ms`: events on the codec's own stream)."""
+    overlap = codec_overlap_default() if overlap is None else overlap
+    rows = CodecRows(codec, overlap=overlap) if codec is not None else None
     keys = list(range(len(requests)))
     frames: dict[int, list] = {k: [] for k in keys}
     first_audio: dict[int, float] = {}
     done: dict[int, float] = {}
-    step_times = []
+    step_times, codec_ms = [], []
     clock = _StepClock(device)
+    in_flight: list = []  # [(PendingAudio, keys whose last frame it holds)], at most one
+
+    def deliver() -> None:
+        if not in_flight:
+            return
+        audio, ending = in_flight.pop()
+        audio.wait()  # the codec step's one host read
+        now = time.perf_counter()
+        codec_ms.append(audio.device_ms())
+        for k in audio.keys:
+            first_audio.setdefault(k, now)
+        for k in ending:
+            done[k] = now
+            rows.remove(k)
+
     synchronize(device)
     t0 = time.perf_counter()
     errors = stepper.join(list(zip(keys, requests)))
@@ -105,40 +133,41 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
     if rows is not None:
         for k in keys:
             rows.add(k)
-    while len(done) < len(keys):
+    while len(done) < len(keys) or in_flight:
         s0 = time.perf_counter()
         m0 = clock.mark()
-        outcomes = stepper.step()
+        outcomes = stepper.step(while_running=deliver) if len(done) < len(keys) else {}
         m1 = clock.mark()  # the next backbone step is queued: on CUDA this event closes the LM part
-        emitted = {}
+        deliver()  # if the stepper had nothing to run
+        emitted, ending = {}, []
         for k, out in outcomes.items():
             if out.error is not None:
                 raise out.error
             if out.frame is not None:
                 frames[k].append(out.frame)
                 emitted[k] = out.frame
-        if rows is not None:
-            for k, out in outcomes.items():  # streams that ended without a frame leave the codec batch
-                if out.frame is None:
+                if out.end_reason is not None:
+                    ending.append(k)
+            elif out.end_reason is not None:  # ended without a frame: leaves the codec batch now
+                done[k] = time.perf_counter()
+                if rows is not None:
                     rows.remove(k)
-            if emitted:
-                rows.decode(emitted)  # includes the one host read of the audio
-        else:
+        if rows is None:
             synchronize(device)
-        clock.add(m0, m1, clock.mark())
-        now = time.perf_counter()
-        step_times.append(now - s0)
-        for k, out in outcomes.items():
-            if out.frame is not None:
+            now = time.perf_counter()
+            for k in emitted:
                 first_audio.setdefault(k, now)
-            if out.end_reason is not None or out.error is not None:
+            for k in ending:
                 done[k] = now
-                if rows is not None and out.frame is not None:
-                    rows.remove(k)
+        elif emitted:
+            in_flight.append((rows.launch(emitted, timed=True), ending))
+            if not overlap or len(done) + len(ending) == len(keys):  # nothing left to overlap with
+                deliver()
+        clock.add(m0, m1)
+        step_times.append(time.perf_counter() - s0)
     wall = max(done.values()) - t0
     return {"frames": frames, "t0": t0, "first_audio": first_audio, "done": done, "wall_s": wall,
-            "step_times_s": step_times, "lm_ms": clock.spans_ms(0, 1),
-            "codec_ms": clock.spans_ms(1, 2) if rows is not None else []}
+            "step_times_s": step_times, "lm_ms": clock.spans_ms(0, 1), "codec_ms": codec_ms, "overlap": overlap}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -152,45 +181,57 @@ def _median(values: list[float]) -> float | None:
 
 def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: list[int], *, frames: int,
                         seed: int, stepper: BatchedStepper | None = None, lm_only: bool = True,
-                        on_row=None) -> list[dict]:
-    """One row per N (see the module doc). `lm_only`: also time N streams without the codec. `on_row(rows)`
-    is called after each N (the command rewrites its JSON, so a run cut short keeps what it measured)."""
+                        compare_overlap: bool = False, on_row=None) -> list[dict]:
+    """One row per N (see the module doc). `lm_only`: also time N streams without the codec.
+    `compare_overlap`: also run each burst with the codec overlap the other way round (`other_overlap`).
+    `on_row(rows)` is called after each N (the command rewrites its JSON, so a run cut short keeps what it
+    measured)."""
     stepper = stepper if stepper is not None else BatchedStepper(model, max(concurrency), device)
+    overlap = codec_overlap_default()
     rows = []
     for n in concurrency:
         requests = stream_requests(model, n, frames, seed)
         run_burst(stepper, model.codec, stream_requests(model, n, 2, seed + 1000), device)  # warm this size
         reset_peak_memory(device)
-        r = run_burst(stepper, model.codec, requests, device)
-        audio = {k: len(f) / FRAME_RATE_HZ for k, f in r["frames"].items()}
-        rtf = [(r["done"][k] - r["t0"]) / audio[k] for k in audio]
-        ttfa = [1000 * (r["first_audio"][k] - r["t0"]) for k in audio]
-        steady = r["step_times_s"][1:] or r["step_times_s"]
-        step_ms = 1000 * statistics.median(steady)
-        row = {
-            "streams": n, "cfg_streams": sum(1 for q in requests if q.uses_cfg), "frames_per_stream": frames,
-            "aggregate_x_realtime": sum(audio.values()) / r["wall_s"],
-            # audio per step over the step's time: the burst's rate once every stream is running
-            "steady_x_realtime": n / FRAME_RATE_HZ / (step_ms / 1000),
-            "stream_rtf_p50": statistics.median(rtf), "stream_rtf_p95": _pct(rtf, 0.95), "stream_rtf_max": max(rtf),
-            "ttfa_ms_p50": statistics.median(ttfa), "ttfa_ms_p95": _pct(ttfa, 0.95), "ttfa_ms_max": max(ttfa),
-            "step_ms_p50": step_ms, "first_step_ms": 1000 * r["step_times_s"][0],
-            "lm_ms_p50": _median(r["lm_ms"][1:] or r["lm_ms"]),
-            "codec_ms_p50": _median(r["codec_ms"][1:] or r["codec_ms"]),
-            "wall_s": r["wall_s"], "peak_memory_bytes": peak_memory_bytes(device),
-            "codec": model.codec is not None, "batch_shape": list(_burst_shape(stepper, n)),
-        }
+        row = {"streams": n, "cfg_streams": sum(1 for q in requests if q.uses_cfg), "frames_per_stream": frames,
+               **_burst_figures(run_burst(stepper, model.codec, requests, device, overlap=overlap), n),
+               "peak_memory_bytes": peak_memory_bytes(device), "codec": model.codec is not None,
+               "batch_shape": list(_burst_shape(stepper, n))}
+        if compare_overlap and model.codec is not None:
+            row["other_overlap"] = _burst_figures(
+                run_burst(stepper, model.codec, requests, device, overlap=not overlap), n)
         if lm_only:  # the same burst without the codec: the language model's step alone
             alone = run_burst(stepper, None, requests, device)
             lm_steps = alone["step_times_s"][1:] or alone["step_times_s"]
             row["lm_only_step_ms_p50"] = 1000 * statistics.median(lm_steps)
         log.info("%d streams: %.1fx real time (steady %.1fx), stream RTF max %.3f, TTFA p95 %.0f ms, step %.1f ms "
-                 "(LM %s, codec %s)", n, row["aggregate_x_realtime"], row["steady_x_realtime"],
-                 row["stream_rtf_max"], row["ttfa_ms_p95"], step_ms, _ms(row["lm_ms_p50"]), _ms(row["codec_ms_p50"]))
+                 "(LM %s, codec %s, overlap %s)", n, row["aggregate_x_realtime"], row["steady_x_realtime"],
+                 row["stream_rtf_max"], row["ttfa_ms_p95"], row["step_ms_p50"], _ms(row["lm_ms_p50"]),
+                 _ms(row["codec_ms_p50"]), row["overlap"])
         rows.append(row)
         if on_row is not None:
             on_row(rows)
     return rows
+
+
+def _burst_figures(r: dict, n: int) -> dict:
+    """A burst's figures: aggregate and steady real-time factor, per-stream RTF, TTFA, step times."""
+    audio = {k: len(f) / FRAME_RATE_HZ for k, f in r["frames"].items()}
+    rtf = [(r["done"][k] - r["t0"]) / audio[k] for k in audio]
+    ttfa = [1000 * (r["first_audio"][k] - r["t0"]) for k in audio]
+    steady = r["step_times_s"][1:] or r["step_times_s"]
+    step_ms = 1000 * statistics.median(steady)
+    return {
+        "overlap": r["overlap"], "aggregate_x_realtime": sum(audio.values()) / r["wall_s"],
+        # audio per step over the step's time: the burst's rate once every stream is running
+        "steady_x_realtime": n / FRAME_RATE_HZ / (step_ms / 1000),
+        "stream_rtf_p50": statistics.median(rtf), "stream_rtf_p95": _pct(rtf, 0.95), "stream_rtf_max": max(rtf),
+        "ttfa_ms_p50": statistics.median(ttfa), "ttfa_ms_p95": _pct(ttfa, 0.95), "ttfa_ms_max": max(ttfa),
+        "step_ms_p50": step_ms, "first_step_ms": 1000 * r["step_times_s"][0],
+        "lm_ms_p50": _median(r["lm_ms"][1:] or r["lm_ms"]),
+        "codec_ms_p50": _median(r["codec_ms"][1:] or r["codec_ms"]),
+        "wall_s": r["wall_s"],
+    }
 
 
 def _burst_shape(stepper: BatchedStepper, n: int) -> tuple[int, int]:
@@ -257,10 +298,16 @@ def check_targets(rows: list[dict], batch1_ms: float | None, batch1_source: str 
     return out
 
 
+def _other(figures: dict | None) -> str:
+    if not figures:
+        return "-"
+    return f"{figures['aggregate_x_realtime']:.1f} / {figures['step_ms_p50']:.2f}"
+
+
 def table(rows: list[dict]) -> str:
     head = (f"{'streams':>7} {'cfg':>4} {'shape':>6} {'agg x RT':>9} {'steady x':>9} {'RTF p50':>8} {'RTF max':>8} "
             f"{'TTFA p50':>9} {'TTFA p95':>9} {'step ms':>8} {'LM ms':>7} {'codec ms':>8} {'LM-only':>8} "
-            f"{'GPU GiB':>8}")
+            f"{'GPU GiB':>8} {'overlap':>7} {'other: agg x / step ms':>22}")
     lines = [head]
 
     def num(value, width, digits=2):
@@ -273,5 +320,6 @@ def table(rows: list[dict]) -> str:
                      f"{num(r.get('steady_x_realtime'), 9, 1)} {r['stream_rtf_p50']:>8.3f} {r['stream_rtf_max']:>8.3f} "
                      f"{r['ttfa_ms_p50']:>9.1f} {r['ttfa_ms_p95']:>9.1f} {r['step_ms_p50']:>8.2f} "
                      f"{num(r.get('lm_ms_p50'), 7)} {num(r.get('codec_ms_p50'), 8)} "
-                     f"{num(r.get('lm_only_step_ms_p50'), 8)} {(mem / 2**30 if mem else 0):>8.2f}")
+                     f"{num(r.get('lm_only_step_ms_p50'), 8)} {(mem / 2**30 if mem else 0):>8.2f} "
+                     f"{('on' if r.get('overlap') else 'off'):>7} {_other(r.get('other_overlap')):>22}")
     return "\n".join(lines)

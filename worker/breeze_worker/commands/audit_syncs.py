@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def audit(args: argparse.Namespace) -> dict:
     """Run the audit the flags describe; the JSON document (`breeze-audit-syncs/1`)."""
-    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.profiling.audit import SCHEMA, audit_path
     from breeze_worker.profiling.setup import load_model, make_request
 
@@ -49,6 +49,7 @@ def audit(args: argparse.Namespace) -> dict:
         raise ValueError(f"--frames must be at least 1, not {args.frames}")
     paths = parse_paths(args.path)
     device = pick_device(args.device)
+    configure_codec_convolutions(device)  # as the worker serves
     model = load_model(args, device)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
     doc = {

@@ -59,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
         return bench_concurrency.run(args)
     from breeze_worker.bench.models import checkpoint_model, random_model
     from breeze_worker.engine.precision import choose_policy
-    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
 
     device = pick_device(args.device)
+    codec_tf32 = configure_codec_convolutions(device)  # as the worker serves
     torch.manual_seed(args.seed)
     tracer = None
     if args.trace:
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     bandwidth = copy_bandwidth(device)
     doc: dict = {
         "schema": report.SCHEMA,
-        "meta": {"device": device_name(device), "device_type": device.type,
+        "meta": {"device": device_name(device), "device_type": device.type, "codec_tf32": codec_tf32,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "commit": args.commit, "torch": torch.__version__, "python": platform.python_version(),
                  "model": args.model or f"random-{args.size}", "frames": args.frames, "seed": args.seed,

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch1", action="store_true",
                         help="with --concurrency: measure the batch-1 fast path (CFG on, no codec) on the same model "
                              "and compare the 1-stream row with it (overrides --batch1-ms)")
+    parser.add_argument("--compare-overlap", action="store_true",
+                        help="with --concurrency: run each burst with the codec overlap on and off "
+                             "(the default is the worker's: BREEZE_ENGINE_CODEC_SERIAL)")
     parser.add_argument("--batch-shapes", default="all", choices=("all", "sweep"),
                         help="with --concurrency: build every bucket shape of the engine (all) or only those this "
                              "run's bursts land in (sweep: less start-up, the same shape per step)")
@@ -55,11 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from breeze_worker.bench.models import checkpoint_model, random_model
     from breeze_worker.engine.batching import BatchedStepper
     from breeze_worker.engine.precision import choose_policy
-    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
 
     device = pick_device(args.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.allow_tf32 = False
+    codec_tf32 = configure_codec_convolutions(device)  # as the worker serves
     levels = [int(n) for n in str(args.concurrency).split(",") if n]
     modes = [m.strip() for m in str(args.agreement_prefill).split(",") if m.strip()]
     unknown = [m for m in modes if m not in ("batched", "per-stream")]
@@ -92,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
                  "max_streams": stepper.max_streams, "graphs": stats["graphs"],
                  "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
                  "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
-                 "stepper": stats, "codec": model.codec is not None},
+                 "stepper": stats, "codec": model.codec is not None, "codec_overlap": sweep.codec_overlap_default(),
+                 "codec_tf32": codec_tf32},
     }
 
     def save(rows=None) -> None:
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
     doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
-                                            stepper=stepper, on_row=save)
+                                            stepper=stepper, compare_overlap=args.compare_overlap, on_row=save)
     print(sweep.table(doc["rows"]), flush=True)
     batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)
     doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)

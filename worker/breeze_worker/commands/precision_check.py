@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> dict:
-    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.profiling.precision import POLICIES, SCHEMA, precision_check
     from breeze_worker.profiling.setup import load_model, make_request
 
@@ -41,6 +41,7 @@ def check(args: argparse.Namespace) -> dict:
     if args.top_k < 1:
         raise ValueError(f"--top-k must be at least 1, not {args.top_k}")
     device = pick_device(args.device)
+    configure_codec_convolutions(device)  # as the worker serves
     model = load_model(args, device, precision="fp32")
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
     result = precision_check(model, request, policies, top_k=args.top_k)

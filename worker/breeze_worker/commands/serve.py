@@ -40,6 +40,10 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("engine", "max_reference_seconds", "--max-reference-seconds", "longest accepted reference audio"),
     ("engine", "min_reference_seconds", "--min-reference-seconds", "shortest accepted reference audio"),
     ("engine", "reference_cache_entries", "--reference-cache-entries", "encoded references kept in memory"),
+    ("engine", "codec_tf32", "--codec-tf32", "TF32 convolutions in the codec (compute capability >= 8.0 only; "
+                                             "default: true FP32)"),
+    ("engine", "codec_serial", "--codec-serial", "decode each step's audio before the next step starts "
+                                                 "(default: overlapped with it)"),
     ("server", "host", "--host", "address to listen on (0.0.0.0 for all interfaces)"),
     ("server", "port", "--port", "Synthesize port (0 = any free port)"),
     ("server", "artifact_port", "--artifact-port", "Artifacts port (0 = any free port)"),

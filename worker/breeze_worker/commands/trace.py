@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from breeze_worker.engine.runtime import pick_device
+    from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.engine.tracing import Tracer
     from breeze_worker.profiling.setup import frame_source, load_model, make_request
     from breeze_worker.profiling.trace import summarize, table, trace_request
@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         if args.frames < 1:
             raise ValueError(f"--frames must be at least 1, not {args.frames}")
         device = pick_device(args.device)
+        configure_codec_convolutions(device)  # as the worker serves
         model = load_model(args, device)
         request = make_request(model, args.text, args.cfg, args.frames, args.seed)
         for _ in frame_source(args.path, model, request, device):  # warm-up, untraced

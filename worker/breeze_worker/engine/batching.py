@@ -310,8 +310,14 @@ class BatchedStepper:
 
     # ---- step ----
     @torch.no_grad()
-    def step(self) -> dict[object, StepOutcome]:
-        """One frame for every joined stream: one sample_frame, one host read, one backbone step."""
+    def step(self, while_running=None) -> dict[object, StepOutcome]:
+        """One frame for every joined stream: one sample_frame, one host read, one backbone step.
+        `while_running()` runs once the step's device work is queued, before the host read (on the CPU,
+        where nothing is queued, before the step)."""
+        if not self._streams or self.device.type != "cuda":
+            if while_running is not None:
+                while_running()
+            while_running = None
         if not self._streams:
             return {}
         started = time.perf_counter()
@@ -321,16 +327,21 @@ class BatchedStepper:
                 outcomes[stream.key] = StepOutcome(end_reason=EndReason.FRAME_LIMIT)
                 self.leave(stream.key)
         if not self._streams:
+            if while_running is not None:
+                while_running()
             return outcomes
         shape = self._shape()
-        then = None
+        bucket = None
         if any(st.frames + 1 < st.limit for st in self._streams.values()):  # someone may go on
             # every row of the step writes one slot: the bucket must hold all of them, ending or not
             next_slot = max(self._row_pos[r] for st in self._streams.values() for r in st.rows)
             bucket = bucket_for(next_slot + 1, self.capacity)
 
-            def then():
+        def then():
+            if bucket is not None:
                 self._backbone_step(shape, bucket)
+            if while_running is not None:
+                while_running()
         readout = self.graphs.sample_frame(shape, then)
         self.host_reads += 1
         self.steps += 1

@@ -39,9 +39,16 @@ def bucket_for(rows: int) -> int:
 class SlotBatch:
     """A static streaming state of `rows` slots, its codes input, and the step decoding all slots at once."""
 
-    def __init__(self, decoder, rows: int, use_graphs: bool | None = None):
+    def __init__(self, decoder, rows: int, use_graphs: bool | None = None, *, benchmark: bool = True,
+                 tf32: bool | None = None):
+        """`benchmark`: cuDNN benchmark mode for the warm-up and capture; `tf32`: TF32 convolutions in the
+        captured graph (None: the process's `torch.backends.cudnn.allow_tf32`, which the runtime sets from
+        the `codec_tf32` setting, engine/runtime.py `configure_codec_convolutions`). Both matter on CUDA
+        only."""
         self.decoder = decoder
         self.rows = rows
+        self.benchmark = benchmark
+        self.tf32 = tf32
         self.device = decoder.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -53,6 +60,8 @@ class SlotBatch:
             self.codes = torch.zeros(rows, decoder.config.num_quantizers, 1, dtype=torch.long, device=self.device)
         if self.use_graphs:
             self._capture()
+        if self.device.type == "cuda":  # the zero-fills above ran on this thread's stream; the batch may be
+            torch.cuda.synchronize(self.device)  # used on another one (engine/codec_rows.py's codec stream)
 
     @property
     def graphed(self) -> bool:
@@ -94,8 +103,9 @@ class SlotBatch:
             # (results/batching/NOTES.md); benchmarking once per bucket picks the fastest algorithm for
             # these fixed shapes, and the captured graph keeps it. Other precision flags stay as they are.
             cudnn = torch.backends.cudnn
-            with torch.inference_mode(), cudnn.flags(enabled=cudnn.enabled, benchmark=True,
-                                                     deterministic=cudnn.deterministic, allow_tf32=cudnn.allow_tf32):
+            tf32 = cudnn.allow_tf32 if self.tf32 is None else self.tf32
+            with torch.inference_mode(), cudnn.flags(enabled=cudnn.enabled, benchmark=self.benchmark,
+                                                     deterministic=cudnn.deterministic, allow_tf32=tf32):
                 # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
                 run_on_side_stream(self.device, lambda: [self.advance() for _ in range(2)])
                 graph = torch.cuda.CUDAGraph()

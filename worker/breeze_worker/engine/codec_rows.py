@@ -11,31 +11,83 @@ to the next bucket; when the occupied slots fit in a quarter of the bucket they 
 (not at half, so one stream joining and leaving at a boundary does not switch buckets every step).
 Every step decodes all slots; idle ones decode junk that nobody reads. On the CPU the same slots run
 eagerly.
+
+Overlap (`launch` / `PendingAudio.wait`): on CUDA every codec operation runs on the codec's own CUDA
+stream, so a launched step decodes while the engine queues and runs the next language-model step on the
+default stream; its inputs come from the host, so it waits for nothing there. `launch` returns at once
+(codes uploaded, graph replayed, audio copied to pinned host memory, all queued); `wait` blocks for that
+copy only. `decode` is both in one call. `CodecRows(overlap=False)` keeps the codec on the caller's
+stream (the engine's `codec_serial` setting, for comparison).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 import weakref
 
-import numpy as np
 import torch
 
 from breeze_worker.engine.codec_graphs import SlotBatch, bucket_for, pool_for
 
 
-def _give_back(pool, held: list) -> None:
+def _give_back(pool, held: list, stream: torch.cuda.Stream | None) -> None:
     if held[0] is not None:
-        pool.release(held[0])
+        _release(pool, held[0], stream)
         held[0] = None
 
 
+def _release(pool, batch: SlotBatch, stream: torch.cuda.Stream | None) -> None:
+    """Back to the pool with no work of ours still queued on it: its next user may be on another stream."""
+    if stream is not None:
+        stream.synchronize()
+    pool.release(batch)
+
+
+class PendingAudio:
+    """A launched codec step. `wait()` -> {key: float32 samples [1920]}: the step's one host read."""
+
+    def __init__(self, slots: dict, audio: torch.Tensor, done: torch.cuda.Event | None, keep: tuple = (),
+                 started: torch.cuda.Event | None = None, host_ms: float | None = None):
+        self._slots = slots  # key -> slot at launch time
+        self._audio = audio  # [rows, 1920]: host (pinned, filled by a queued copy) or the CPU result
+        self._done = done  # recorded after the copy on the codec's stream (CUDA)
+        self._keep = keep  # host buffers the queued copies read, alive until the wait
+        self._started = started  # timing event before the step (CUDA, `launch(timed=True)`)
+        self._host_ms = host_ms  # the CPU's step time (computed in `launch`)
+        self._result: dict | None = None
+
+    def device_ms(self) -> float | None:
+        """The step's own time after `wait()`: between events on the codec's stream (CUDA, timed), or the
+        CPU's compute time."""
+        if self._started is not None and self._result is not None:
+            return self._started.elapsed_time(self._done)
+        return self._host_ms
+
+    @property
+    def keys(self) -> list:
+        return list(self._slots)
+
+    def wait(self) -> dict:
+        if self._result is None:
+            if self._done is not None:
+                self._done.synchronize()
+            samples = self._audio.numpy()
+            self._result = {k: samples[slot].copy() for k, slot in self._slots.items()}
+            self._audio = self._keep = None
+        return self._result
+
+
 class CodecRows:
-    def __init__(self, codec):
+    def __init__(self, codec, overlap: bool = True):
+        """`overlap`: run on a CUDA stream of its own (no effect on the CPU)."""
         self.codec = codec
         self._pool = pool_for(codec)
+        device = self._pool.device
+        self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
         self._slots: dict[object, int] = {}  # key -> slot, in join order
         self._held: list[SlotBatch | None] = [None]  # a list, so the finalizer can return it without `self`
-        weakref.finalize(self, _give_back, self._pool, self._held)  # a dropped CodecRows frees its batch
+        weakref.finalize(self, _give_back, self._pool, self._held, self.stream)  # a dropped CodecRows frees it
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -56,6 +108,10 @@ class CodecRows:
     def slot_of(self, key) -> int:
         return self._slots[key]
 
+    def _on_stream(self):
+        """Every device operation on the slot states runs here, in the order the host issues them."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
     def prepare(self, max_streams: int) -> float:
         """Capture the graphs of every bucket up to `max_streams` now (e.g. at warm-up); seconds taken."""
         return self._pool.prepare(max_streams)
@@ -68,7 +124,7 @@ class CodecRows:
         slot = next(i for i in range(len(used) + 1) if i not in used)
         if slot >= self.capacity:
             self._move_to(bucket_for(slot + 1))
-        with torch.inference_mode():
+        with torch.inference_mode(), self._on_stream():
             self._held[0].state.zero_rows_(slot)
         self._slots[key] = slot
 
@@ -76,7 +132,7 @@ class CodecRows:
         if self._slots.pop(key, None) is None:
             return
         if not self._slots:
-            _give_back(self._pool, self._held)
+            _give_back(self._pool, self._held, self.stream)
             return
         needed = max(self._slots.values()) + 1
         if needed <= self.capacity // 4:
@@ -86,22 +142,39 @@ class CodecRows:
         """Continue in a batch of `rows` slots: every slot below both sizes is copied, slot numbers kept."""
         new, old = self._pool.acquire(rows), self._held[0]
         if old is not None:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._on_stream():
                 new.state.copy_(old.state, slice(0, min(old.rows, rows)))
-            self._pool.release(old)
+            _release(self._pool, old, self.stream)
         self._held[0] = new
 
-    def decode(self, frames: dict) -> dict:
-        """{key: int64 [16] frame} for EVERY active stream -> {key: float32 samples [1920]}: one batched
-        call (a graph replay on CUDA) and one host read."""
+    def launch(self, frames: dict, timed: bool = False) -> PendingAudio:
+        """{key: int64 [16] frame} for EVERY active stream -> the queued step (one batched call, a graph
+        replay on CUDA); `.wait()` gives {key: float32 samples [1920]}. The next `launch` may follow the
+        wait only (the graph's output is rewritten by each replay). `timed`: record CUDA timing events
+        around the step (`PendingAudio.device_ms`)."""
         if set(frames) != set(self._slots):
             raise RuntimeError("the codec batch must get exactly one frame per active stream")
         if not self._slots:
-            return {}
+            return PendingAudio({}, torch.zeros(0, 0), None)
         batch = self._held[0]
         host = batch.new_host_codes()
         for key, slot in self._slots.items():
             host[slot].copy_(torch.as_tensor(frames[key], dtype=torch.long).reshape(-1))
-        audio = batch.step(host)
-        samples = audio.cpu().numpy()  # the one host read of the codec step
-        return {k: samples[slot].copy() for k, slot in self._slots.items()}
+        if batch.device.type != "cuda":
+            t0 = time.perf_counter()
+            audio = batch.step(host)
+            return PendingAudio(dict(self._slots), audio, None, host_ms=1000 * (time.perf_counter() - t0))
+        with self._on_stream():
+            started = torch.cuda.Event(enable_timing=True) if timed else None
+            if started is not None:
+                started.record()
+            audio = batch.step(host)
+            out = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
+            out.copy_(audio, non_blocking=True)
+            done = torch.cuda.Event(enable_timing=timed)
+            done.record()
+        return PendingAudio(dict(self._slots), out, done, keep=(host,), started=started)
+
+    def decode(self, frames: dict) -> dict:
+        """`launch(frames).wait()`: decode now, one host read."""
+        return self.launch(frames).wait()

@@ -13,7 +13,9 @@ The `fp16-mixed` recipe (`apply_policy`): FP16 weights and GEMMs (cuBLAS accumul
 everything else in FP32: the residual stream, the norms, attention softmax, the embeddings, the logits
 (`lm_head` and `codebooks_head` stay FP32). Any linear layer whose input or output is shown to leave the
 FP16 range on an FP32 reference run (`find_overflowing_layers`, forward hooks) is kept in FP32. The codec is
-always FP32 (SnakeBeta's `exp` overflows even in BF16); it is not touched here.
+always FP32 (SnakeBeta's `exp` overflows even in BF16); it is not touched here. Its convolutions run in
+true FP32 unless the `codec_tf32` setting asks for TF32 on a device that has it (`codec_tf32_wanted`:
+FP32 storage and range, operands rounded to a 10-bit mantissa on the tensor cores; off by default).
 
 Everything here is a pure function of (requested name, capability) or of a module, so it is testable on
 the CPU with a fake capability.
@@ -124,6 +126,16 @@ def device_capability(device: torch.device | str) -> tuple[int, int] | None:
 def choose_policy(requested: str, device: torch.device | str, force: bool = False) -> PrecisionPolicy:
     """`resolve_policy` for a real device (reads its compute capability)."""
     return resolve_policy(requested, device_capability(device), force=force)
+
+
+def codec_tf32_wanted(capability: tuple[int, int] | None, asked: bool) -> bool:
+    """TF32 for the codec's convolutions when `asked` (the `codec_tf32` setting) and the device has it: TF32
+    exists from compute capability 8.0 on, so a T4 (7.5) or the CPU gets False whatever is asked (logged)."""
+    if asked and not has_native_bf16(capability):  # the same hardware line: Ampere's tensor cores
+        log.warning("codec_tf32 ignored: %s has no TF32", "the CPU" if capability is None else
+                    f"compute capability {capability[0]}.{capability[1]}")
+        return False
+    return asked
 
 
 # ---------------------------------------------------------------- applying a policy to a model

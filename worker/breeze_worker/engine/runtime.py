@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from breeze_worker.config import EngineSettings
+from breeze_worker.config import EngineSettings, WorkerSettings
 from breeze_worker.engine.types import PcmEncoding, ResolvedRequest, SamplingParams, Template
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,23 @@ def pick_device(name: str) -> torch.device:
         if index >= torch.cuda.device_count():
             raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     return device
+
+
+def configure_codec_convolutions(device: torch.device, tf32: bool | None = None) -> bool:
+    """Process-wide: the codec's cuDNN convolutions in true FP32, or TF32 where `tf32` (the `codec_tf32`
+    setting; None: as the worker's settings from the environment say) asks for it and the device has it
+    (engine/precision.py `codec_tf32_wanted`). The worker and every bench call this, so a bench measures
+    what the worker serves. Returns whether TF32 is on."""
+    from breeze_worker.engine.precision import codec_tf32_wanted, device_capability
+
+    if tf32 is None:
+        tf32 = WorkerSettings.from_env().engine.codec_tf32
+    if device.type != "cuda":
+        return False
+    torch.backends.cudnn.allow_tf32 = codec_tf32_wanted(device_capability(device), tf32)
+    if torch.backends.cudnn.allow_tf32:
+        log.info("codec convolutions in TF32 (codec_tf32 setting)")
+    return torch.backends.cudnn.allow_tf32
 
 
 class Runtime:
@@ -55,8 +72,7 @@ class Runtime:
         from breeze_worker.engine.precision import choose_policy
 
         device = pick_device(settings.device)
-        if device.type == "cuda":
-            torch.backends.cudnn.allow_tf32 = False  # the codec's convolutions in true FP32
+        configure_codec_convolutions(device, settings.codec_tf32)
         policy = choose_policy(settings.precision, device, force=settings.force_precision)
         t0 = time.perf_counter()
         if settings.model_dir is None:

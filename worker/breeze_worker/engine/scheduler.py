@@ -6,6 +6,13 @@ free slots (all joiners of a pass in one `join`), and gives every active stream 
 runtime's *stepper* (engine/stepper.py: one batched frame step on the fast path, engine/batching.py),
 then decodes all the step's frames in ONE batched codec call. A job that ends hands its artifact commit
 (fsync + rename) to a small I/O pool so the other streams never wait on the disk.
+
+Overlap (engine/codec_rows.py; the `codec_serial` setting turns it off): the codec call of step t is
+launched, not waited for; its audio is read and sent while step t+1's language model runs (the stepper
+calls back once that step's device work is queued), so on CUDA the two run side by side. Whatever
+changes the codec batch (a join, a drop, a finish) first delivers the step in flight, and a step after
+which no stream goes on delivers at once. A job whose last frame is in flight has left the active list
+(its language-model slot is free) and finishes when that audio is delivered.
 """
 
 from __future__ import annotations
@@ -15,10 +22,11 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from breeze_worker.engine.codec_rows import CodecRows
+from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
 from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import Job
 from breeze_worker.engine.stepper import StepOutcome
@@ -30,11 +38,21 @@ log = logging.getLogger(__name__)
 _NO_SAMPLES = np.zeros(0, dtype=np.float32)
 
 
+@dataclass
+class _InFlight:
+    """A launched codec step: its jobs, those whose last frame it holds, and the host time launching took."""
+
+    audio: PendingAudio
+    jobs: list
+    ending: dict = field(default_factory=dict)  # Job -> EndReason
+    launch_s: float = 0.0
+
+
 class Scheduler:
     """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
 
     def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
-                 metrics: EngineMetrics | None = None):
+                 metrics: EngineMetrics | None = None, overlap: bool = True):
         self.runtime = runtime
         self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
@@ -46,7 +64,9 @@ class Scheduler:
         # jobs taken off the queue whose join (text encode + prefill) is running: they hold slots although
         # they are neither pending nor active yet (lock held to read or write)
         self._starting = 0
-        self._codec = CodecRows(runtime.codec)
+        self.overlap = overlap
+        self._codec = CodecRows(runtime.codec, overlap=self.overlap)
+        self._in_flight: _InFlight | None = None
         self._stepper = runtime.stepper_for(max_active)
         self._lock = threading.Condition()
         self._stopping = False
@@ -119,6 +139,7 @@ class Scheduler:
             elif not admitted:
                 with self._lock:  # only expired or cancelled jobs are waiting: sleep briefly
                     self._lock.wait(0.01)
+        self._deliver()  # audio already decoded goes out; jobs whose last frame it held finish
         for job in list(self._active):
             self._drop(job, Unavailable("the worker shut down before this job finished; retry"))
         for job in list(self._pending):
@@ -150,6 +171,7 @@ class Scheduler:
 
     def _admit(self, jobs: list[Job]) -> None:
         """Start jobs at this frame boundary: artifacts, then one `join` for all (prompt encode + prefill)."""
+        self._deliver()  # the running streams' audio goes out before the join; the codec batch changes below
         joiners = []
         for job in jobs:
             job.started_at = time.monotonic()
@@ -183,6 +205,8 @@ class Scheduler:
 
     def _drop_gone(self, now: float) -> None:
         """Cancelled or expired streams leave now: their slots are free for this pass's admission."""
+        if any(job.cancelled or job.expired(now) for job in self._active):
+            self._deliver()
         for job in list(self._active):
             if job.cancelled:
                 self._drop(job, Cancelled("the caller cancelled the request"))
@@ -191,10 +215,22 @@ class Scheduler:
                     f"the deadline passed after {job.frames} frames; raise the timeout or lower the frame limit"))
 
     def _step_all(self) -> None:
-        """One frame for every active stream (one stepper call), then one batched codec call for all."""
+        """One frame for every active stream (one stepper call), then one batched codec call for all,
+        delivered during the next step (see the module doc) or at once."""
         self.steps += 1
-        outcomes: dict[Job, StepOutcome] = self._stepper.step()
-        frames = {}
+        delivered = False
+
+        def while_running() -> None:  # the stepper's device work is queued: read the previous audio now
+            nonlocal delivered
+            delivered = True
+            self._deliver()
+
+        try:
+            outcomes: dict[Job, StepOutcome] = self._stepper.step(while_running=while_running)
+        finally:
+            if not delivered:
+                self._deliver()
+        frames, ending = {}, {}
         for job in list(self._active):
             out = outcomes.get(job)
             if out is None:
@@ -206,23 +242,43 @@ class Scheduler:
             else:
                 job.frames += 1
                 frames[job] = out.frame
+                if out.end_reason is not None:  # that is its last frame
+                    ending[job] = out.end_reason
         if not frames:
             return
         t0 = time.perf_counter()
         try:
-            samples = self._codec.decode(frames)
+            audio = self._codec.launch(frames)
         except BaseException as exc:  # the codec failed: every stream in the batch is affected
             for job in frames:
                 self._drop(job, exc)
             return
-        codec_s = time.perf_counter() - t0
-        for job, pcm in samples.items():
+        self._in_flight = _InFlight(audio, list(frames), ending, time.perf_counter() - t0)
+        for job in ending:  # its slot is free for admission; it finishes when its audio is delivered
+            self._active.remove(job)
+        if not self.overlap or not self._active:  # no next step to overlap with
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Read the codec step in flight (if any), send each job its audio and finish the jobs it ended."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            samples = flight.audio.wait()
+        except BaseException as exc:  # the codec failed: every stream in the batch is affected
+            for job in flight.jobs:
+                self._drop(job, exc)
+            return
+        codec_s = flight.launch_s + time.perf_counter() - t0
+        for job in flight.jobs:
             job.timers.codec_s += codec_s
-            chunk = job.add_audio(pcm, flush=False)
+            chunk = job.add_audio(samples[job], flush=False)
             if chunk is not None:
                 job.sink.put(chunk)
-            if outcomes[job].end_reason is not None:  # that was its last frame
-                self._finish(job, outcomes[job].end_reason)
+            if job in flight.ending:
+                self._finish(job, flight.ending[job])
 
     def _take_stream_info(self, job: Job) -> None:
         info = self._stepper.stream_info(job)
@@ -238,7 +294,8 @@ class Scheduler:
             forget(job)
 
     def _finish(self, job: Job, end_reason: EndReason) -> None:
-        self._active.remove(job)
+        if job in self._active:
+            self._active.remove(job)
         self._codec.remove(job)
         self._stepper.leave(job)
         chunk = job.add_audio(_NO_SAMPLES, flush=True)

@@ -7,7 +7,9 @@ Two implementations share this interface:
 
 Contract: `join` at a frame boundary (prompt encoding and prefill happen there), `step` gives every joined
 stream one outcome, `leave` frees a stream's slot (idempotent; a stream that ended in `step` has already
-left). Keys are opaque (the scheduler uses its `Job` objects).
+left). Keys are opaque (the scheduler uses its `Job` objects). `step(while_running=f)` calls `f()` once,
+when the step's device work is queued and before the host waits for it (on the CPU: before the work), so
+the caller's own host work, such as reading the previous step's audio, overlaps the step.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Stepper(Protocol):
 
     def leave(self, key: object) -> None: ...
 
-    def step(self) -> dict[object, StepOutcome]: ...
+    def step(self, while_running: Callable[[], None] | None = None) -> dict[object, StepOutcome]: ...
 
     def stream_info(self, key: object) -> dict: ...
 
@@ -73,7 +75,9 @@ class PerStreamStepper:
         if source is not None and hasattr(source, "close"):
             source.close()
 
-    def step(self) -> dict[object, StepOutcome]:
+    def step(self, while_running: Callable[[], None] | None = None) -> dict[object, StepOutcome]:
+        if while_running is not None:  # each generator computes synchronously: nothing is queued to overlap
+            while_running()
         outcomes = {}
         for key, source in list(self._sources.items()):
             t0 = time.perf_counter()
