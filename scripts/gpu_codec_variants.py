@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     decoder = decoder_only_codec(seed=0, device=device).decoder
-    flops = 5.0e9  # per frame per stream, counted with torch.utils.flop_counter on the full-size decoder
+    flops = 5.0e9  # per frame per stream on the full-size decoder (scripts/codec_flops.py)
     out = {"schema": "breeze-codec-variants/1",
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit,
