@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,12 +38,23 @@ FRAMES = 12  # 0.96 s of 24 kHz s16le audio per job: 46,124 bytes
 DELAY = 0.4  # seconds injected into one phase
 TOL = 0.15  # measured - injected must lie in [-0.02, TOL] (the phase also holds its own normal time)
 CALL_TIMEOUT_S = 120  # a deadline on every call: a stuck path fails the test instead of hanging it
+# The worker's artifacts and the fetched files live in memory (/dev/shm where there is one): the commit and
+# client-write phases end with an fsync, and on this class of machine a disk fsync stalled for up to 0.75 s
+# while the suite ran (seen in a CI-like run), which is not the delay these tests inject and measure.
+RAM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 @pytest.fixture(scope="module")
 def worker():
-    with InProcessWorker() as w:
+    with tempfile.TemporaryDirectory(prefix="breeze-artifacts-", dir=RAM_DIR) as artifacts, \
+            InProcessWorker(artifacts) as w:
         yield w
+
+
+@pytest.fixture
+def ram_path():
+    with tempfile.TemporaryDirectory(prefix="breeze-fetched-", dir=RAM_DIR) as path:
+        yield Path(path)
 
 
 @pytest.fixture
@@ -53,6 +65,10 @@ def clean_faults(worker):
 
 def diagnose_jobs(worker, *, artifact_target=None, jobs=2, frames=FRAMES, configs=(FetchConfig(),), **kw):
     dest_factory = kw.pop("dest_factory", None)
+    if kw.get("out_dir") is None:
+        with tempfile.TemporaryDirectory(prefix="breeze-fetched-", dir=RAM_DIR) as out_dir:
+            return diagnose_jobs(worker, artifact_target=artifact_target, jobs=jobs, frames=frames, configs=configs,
+                                 dest_factory=dest_factory, **{**kw, "out_dir": Path(out_dir)})
     with BreezeClient(worker.target, artifact_target=artifact_target or worker.artifact_target,
                       timeout_s=CALL_TIMEOUT_S) as client:
         return run_diagnosis(client, DiagnoseSettings(jobs=jobs, max_frames=frames, configs=configs, **kw),
@@ -99,7 +115,7 @@ class SlowFile:
         return getattr(self._f, name)
 
 
-def test_slow_client_write_is_named(worker, tmp_path):
+def test_slow_client_write_is_named(worker, ram_path):
     files: list[SlowFile] = []
 
     def slow(_artifact_id, path):
@@ -107,7 +123,7 @@ def test_slow_client_write_is_named(worker, tmp_path):
         return files[-1]
 
     chunk = 8 * 1024  # 46 KB -> 6 writes -> 0.36 s of writing per file
-    run = diagnose_jobs(worker, configs=(FetchConfig(chunk_size=chunk),), dest_factory=slow, out_dir=tmp_path)
+    run = diagnose_jobs(worker, configs=(FetchConfig(chunk_size=chunk),), dest_factory=slow, out_dir=ram_path)
     assert [f.writes for f in files] == [6, 6]
     assert_injected(run, "client_write", 6 * 0.06)
     assert run.diagnosis.verdict.cause == "slow_client_disk"
@@ -129,18 +145,18 @@ def test_one_way_latency_from_the_proxy_is_named(worker, direction, phase):
     assert all(t.clock_uncertainty_ns < 0.05e9 for t in run.timelines)
 
 
-def test_mid_transfer_drop_resumes_and_verifies(worker, tmp_path):
+def test_mid_transfer_drop_resumes_and_verifies(worker, ram_path):
     host, port = worker.artifact_target.rsplit(":", 1)
     one_way = 0.05  # the reconnect after the drop costs at least a round trip of the path
     proxy = DelayProxy((host, int(port)), up_delay_s=0.0, down_delay_s=one_way, drop_after_bytes=20_000,
                        max_drops=1)
     with ProxyThread([proxy]):
         run = diagnose_jobs(worker, artifact_target=proxy.address, jobs=1, configs=(FetchConfig(chunk_size=4096),),
-                            out_dir=tmp_path)
+                            out_dir=ram_path)
     assert proxy.stats.drops == 1 and proxy.stats.connections >= 2
     (t,) = run.timelines
     assert t.resumes == 1 and t.extra["verified"]
-    fetched = (tmp_path / f"{t.label}.wav").read_bytes()
+    fetched = (ram_path / f"{t.label}.wav").read_bytes()
     on_worker = worker.store.wav_path(t.label).read_bytes()
     assert fetched == on_worker and len(fetched) == t.file_bytes
     assert hashlib.sha256(fetched).hexdigest() == worker.store.stat(t.label).sha256

@@ -41,10 +41,8 @@ class TcpProxy:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", port)
         self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
-    async def _outage(self) -> None:
-        """Refuse connections for `outage_s` (nothing listens), then listen on the same port again."""
-        port = self._server.sockets[0].getsockname()[1]
-        self._server.close()
+    async def _outage(self, port: int) -> None:
+        """Nothing listens on `port` (closed by the caller): wait `outage_s`, then listen on it again."""
         await asyncio.sleep(self.outage_s)
         await self._serve(port)
         self.outages += 1
@@ -82,8 +80,10 @@ class TcpProxy:
                     if cap is not None and sent + len(data) >= cap:
                         writer.write(data[:max(cap - sent, 0)])
                         self.dropped += 1
-                        if self.outage_s:
-                            self._tasks.add(asyncio.create_task(self._outage()))
+                        if self.outage_s:  # stop listening BEFORE the cut: no reconnect can slip in between
+                            port = self._server.sockets[0].getsockname()[1]
+                            self._server.close()
+                            self._tasks.add(asyncio.create_task(self._outage(port)))
                         for w in (client_w, target_w):
                             w.transport.abort()
                         break
