@@ -19,7 +19,7 @@ from breeze_worker.engine.types import AudioChunk, JobFinished, PcmEncoding, Syn
 from engine_helpers import spy_frames_by_seed
 
 
-def _engine(tmp_path, monkeypatch, overlap: str) -> Engine:
+def _engine(tmp_path, overlap: str) -> Engine:
     torch.set_num_threads(1)
     settings = EngineSettings(device="cpu", fast_path="fast", max_active_streams=2, max_queue=2,
                               codec_serial=overlap == "off")
@@ -75,8 +75,8 @@ def _requests() -> list[SynthesisRequest]:
 
 
 @pytest.mark.parametrize("overlap", ["on", "off"])
-def test_audio_is_read_during_the_next_step(tmp_path, monkeypatch, overlap):
-    engine = _engine(tmp_path, monkeypatch, overlap)
+def test_audio_is_read_during_the_next_step(tmp_path, overlap):
+    engine = _engine(tmp_path, overlap)
     try:
         assert engine.scheduler.overlap is (overlap == "on")
         events = _trace(engine)
@@ -98,7 +98,7 @@ def test_overlap_changes_no_sample(tmp_path, monkeypatch):
     (whether they join at one step or two depends on timing, and with it the codec batch's width)."""
     results, frames = {}, {}
     for overlap in ("on", "off"):
-        engine = _engine(tmp_path, monkeypatch, overlap)
+        engine = _engine(tmp_path, overlap)
         try:
             frames[overlap] = spy_frames_by_seed(engine.scheduler._stepper, monkeypatch)
             results[overlap] = asyncio.run(_run(engine, _requests()[1:])), asyncio.run(_run(engine, _requests()))

@@ -8,10 +8,11 @@ RTF (wall / audio, lower is better) and TTFA (arrival -> first decoded audio, p5
 and peak GPU memory. Each step's time is split into the language model's part (the batched frame step:
 sample, host read, next backbone step) and the codec's, timed with CUDA events so that neither adds a
 host sync; each N is also run once without the codec (`lm_only_step_ms_p50`, the figure comparable with
-the batch-1 fast path's ms per frame). The codec call of a step overlaps the next step's language model as
-in the engine (unless its `codec_serial` setting is on, engine/scheduler.py); `compare_overlap` runs each burst the other way
-round too (`other_overlap`), in the same process and on the same stepper. `agreement` compares each stream's frames batched with the same
-stream alone, with the joiners' prompts prefilled together (the CUDA default) or one by one.
+the batch-1 fast path's ms per frame). The codec call of a step overlaps the next step's language model
+as in the engine (unless its `codec_serial` setting is on, engine/scheduler.py); `compare_overlap` runs
+each burst the other way round too (`other_overlap`), in the same process and on the same stepper.
+`agreement` compares each stream's frames batched with the same stream alone, with the joiners' prompts
+prefilled together (the CUDA default) or one by one.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch
 
 from breeze_worker.bench.measure import peak_memory_bytes, reset_peak_memory, synchronize
 from breeze_worker.bench.runner import INSTRUCTION
-from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
 from breeze_worker.config import WorkerSettings
+from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
@@ -99,9 +100,10 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
               overlap: bool | None = None) -> dict:
     """All requests join at once; step until all ended, in the engine's order (engine/scheduler.py): a
     step's codec call is launched after its frames are read and its audio is read during the next step
-    (`overlap`; None: unless the worker's `codec_serial` setting says otherwise), or at once. Returns frames per stream and timings: per step
-    the host wall time (`step_times_s`), the language model's part (`lm_ms`: CUDA events around the
-    stepper's work on the default stream) and the codec's (`codec_ms`: events on the codec's own stream)."""
+    (`overlap`; None: unless the worker's `codec_serial` setting says otherwise), or at once. Returns
+    frames per stream and timings: per step the host wall time (`step_times_s`), the language model's
+    part (`lm_ms`: CUDA events around the stepper's work on the default stream) and the codec's
+    (`codec_ms`: events on the codec's own stream)."""
     overlap = codec_overlap_default() if overlap is None else overlap
     rows = CodecRows(codec, overlap=overlap) if codec is not None else None
     keys = list(range(len(requests)))
@@ -133,12 +135,12 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
     if rows is not None:
         for k in keys:
             rows.add(k)
-    while len(done) < len(keys) or in_flight:
+    while len(done) < len(keys):
         s0 = time.perf_counter()
         m0 = clock.mark()
-        outcomes = stepper.step(while_running=deliver) if len(done) < len(keys) else {}
+        outcomes = stepper.step(while_running=deliver)
         m1 = clock.mark()  # the next backbone step is queued: on CUDA this event closes the LM part
-        deliver()  # if the stepper had nothing to run
+        deliver()  # a no-op if the stepper called it
         emitted, ending = {}, []
         for k, out in outcomes.items():
             if out.error is not None:

@@ -313,11 +313,10 @@ class BatchedStepper:
     def step(self, while_running=None) -> dict[object, StepOutcome]:
         """One frame for every joined stream: one sample_frame, one host read, one backbone step.
         `while_running()` runs once the step's device work is queued, before the host read (on the CPU,
-        where nothing is queued, before the step)."""
-        if not self._streams or self.device.type != "cuda":
-            if while_running is not None:
-                while_running()
-            while_running = None
+        where nothing is queued, before the step; not at all when the step queues nothing)."""
+        ahead = while_running if self.device.type == "cuda" else None
+        if while_running is not None and ahead is None:
+            while_running()
         if not self._streams:
             return {}
         started = time.perf_counter()
@@ -327,8 +326,6 @@ class BatchedStepper:
                 outcomes[stream.key] = StepOutcome(end_reason=EndReason.FRAME_LIMIT)
                 self.leave(stream.key)
         if not self._streams:
-            if while_running is not None:
-                while_running()
             return outcomes
         shape = self._shape()
         bucket = None
@@ -340,8 +337,8 @@ class BatchedStepper:
         def then():
             if bucket is not None:
                 self._backbone_step(shape, bucket)
-            if while_running is not None:
-                while_running()
+            if ahead is not None:
+                ahead()
         readout = self.graphs.sample_frame(shape, then)
         self.host_reads += 1
         self.steps += 1

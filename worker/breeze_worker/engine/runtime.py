@@ -40,10 +40,10 @@ def configure_codec_convolutions(device: torch.device, tf32: bool | None = None)
     what the worker serves. Returns whether TF32 is on."""
     from breeze_worker.engine.precision import codec_tf32_wanted, device_capability
 
-    if tf32 is None:
-        tf32 = WorkerSettings.from_env().engine.codec_tf32
     if device.type != "cuda":
         return False
+    if tf32 is None:
+        tf32 = WorkerSettings.from_env().engine.codec_tf32
     torch.backends.cudnn.allow_tf32 = codec_tf32_wanted(device_capability(device), tf32)
     if torch.backends.cudnn.allow_tf32:
         log.info("codec convolutions in TF32 (codec_tf32 setting)")

@@ -218,18 +218,10 @@ class Scheduler:
         """One frame for every active stream (one stepper call), then one batched codec call for all,
         delivered during the next step (see the module doc) or at once."""
         self.steps += 1
-        delivered = False
-
-        def while_running() -> None:  # the stepper's device work is queued: read the previous audio now
-            nonlocal delivered
-            delivered = True
-            self._deliver()
-
-        try:
-            outcomes: dict[Job, StepOutcome] = self._stepper.step(while_running=while_running)
+        try:  # the previous step's audio is read while this step's device work runs
+            outcomes: dict[Job, StepOutcome] = self._stepper.step(while_running=self._deliver)
         finally:
-            if not delivered:
-                self._deliver()
+            self._deliver()  # nothing left to read if the stepper did; else (it queued no work) now
         frames, ending = {}, {}
         for job in list(self._active):
             out = outcomes.get(job)

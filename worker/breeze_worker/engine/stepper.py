@@ -7,9 +7,10 @@ Two implementations share this interface:
 
 Contract: `join` at a frame boundary (prompt encoding and prefill happen there), `step` gives every joined
 stream one outcome, `leave` frees a stream's slot (idempotent; a stream that ended in `step` has already
-left). Keys are opaque (the scheduler uses its `Job` objects). `step(while_running=f)` calls `f()` once,
-when the step's device work is queued and before the host waits for it (on the CPU: before the work), so
-the caller's own host work, such as reading the previous step's audio, overlaps the step.
+left). Keys are opaque (the scheduler uses its `Job` objects). `step(while_running=f)` calls `f()` at most
+once, when the step's device work is queued and before the host waits for it (on the CPU: before the work),
+so the caller's own host work, such as reading the previous step's audio, overlaps the step; a step that
+queues no device work may not call it, so the caller runs `f` after the step if it was not called.
 """
 
 from __future__ import annotations
