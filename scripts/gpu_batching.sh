@@ -16,7 +16,10 @@
 #      kernels of one eager 32-slot step (scripts/gpu_codec_variants.py)
 #   2b. sweep_full_bf16_tf32 (TF32_SWEEP=1): step 2's sweep with BREEZE_ENGINE_CODEC_TF32=1, no agreement or batch 1
 #      (the Inductor cache of step 2 makes its compile short)
-# Step 2 runs every burst with the codec overlap on and off (--compare-overlap; COMPARE_OVERLAP=0 drops it).
+# Step 2 runs every burst with the codec overlap on and off (--compare-overlap; COMPARE_OVERLAP=0 drops it) and
+# with the language model's stream at high and at the codec's priority (--compare-priority; COMPARE_PRIORITY=0
+# drops it), then profiles one codec-less burst of PROFILE_STREAMS (32) streams. A join or step still running
+# after 5 s dumps the Python stacks (--stall-dump-s); TORCH_LOGS=recompiles names any recompilation.
 # Steps run independently, each under its own time limit: a failing step is reported and the next one runs.
 # Knobs: BENCH_FRAMES (64), BENCH_CAPACITY (256: one attention bucket to compile; prompts + frames fit),
 # BATCH_SHAPES (all: every bucket shape the engine builds for 32 streams; sweep: only those the bursts use),
@@ -45,6 +48,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
 AGREE=(--agreement-streams 8 --agreement-prefill batched,per-stream)
 if [ "${COMPARE_OVERLAP:-1}" = 1 ]; then OVERLAP=(--compare-overlap); else OVERLAP=(); fi
+[ "${COMPARE_PRIORITY:-1}" = 1 ] && OVERLAP+=(--compare-priority)
+export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
 LEVELS="${BENCH_LEVELS:-1,2,4,8,16,32}"
 [ "${SKIP_CODEC:-0}" = 1 ] || step codec_variants "${LIMIT_CODEC:-120}" python3 scripts/gpu_codec_variants.py \
   --buckets 1,8,32 --commit "${BREEZE_COMMIT:-unknown}" --json "$OUT/codec_variants.json"
@@ -53,7 +58,7 @@ LEVELS="${BENCH_LEVELS:-1,2,4,8,16,32}"
   --json "$OUT/agree_mid_fp32.json"
 step sweep_full_bf16 "${LIMIT_FULL:-300}" "${BENCH[@]}" --size full --precision bf16 \
   --concurrency "$LEVELS" --frames "$FRAMES" "${AGREE[@]}" "${BATCH1[@]}" "${OVERLAP[@]}" \
-  --batch-shapes "${BATCH_SHAPES:-all}" --json "$OUT/sweep_full_bf16.json"
+  --profile-streams "${PROFILE_STREAMS:-32}" --batch-shapes "${BATCH_SHAPES:-all}" --json "$OUT/sweep_full_bf16.json"
 [ "${TF32_SWEEP:-0}" = 1 ] && step sweep_full_bf16_tf32 "${LIMIT_TF32:-200}" env BREEZE_ENGINE_CODEC_TF32=1 \
   "${BENCH[@]}" --size full --precision bf16 --concurrency "$LEVELS" --frames "$FRAMES" "${OVERLAP[@]}" \
   --batch-shapes "${BATCH_SHAPES:-all}" --json "$OUT/sweep_full_bf16_tf32.json"

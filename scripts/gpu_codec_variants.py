@@ -3,15 +3,18 @@ two thirds of the batched step; results/batching/NOTES.md run 2).
 
 Per bucket (--buckets, default 1,8,32) and variant, one captured `SlotBatch` (engine/codec_graphs.py) on
 the full-size decoder with seeded random weights:
-  fp32-heuristic   true FP32 convolutions, cuDNN's heuristic algorithm choice (the engine before b3b55b7's
-                   follow-up)
-  fp32-benchmark   true FP32, cuDNN benchmark mode at capture (the engine's default since then)
-  tf32-benchmark   TF32 convolutions (the worker's `codec_tf32` setting), benchmark mode
+  fp32-library     true FP32, every convolution through cuDNN (benchmark mode at capture): the engine
+                   before per-shape convolution forms (run 2 of results/batching/NOTES.md measured 33.6 ms
+                   at 32 slots, two thirds of it in one FFT convolution)
+  fp32-tuned       true FP32, each one-group convolution timed as cuDNN and as one GEMM at this bucket's
+                   shape, the faster captured (engine/codec_graphs.py `tune_convolutions`; the default)
+  tf32-library     TF32 convolutions (the worker's `codec_tf32` setting), all through cuDNN
+  tf32-tuned       TF32 cuDNN convolutions or FP32 GEMMs, whichever is faster per shape
 Measured: ms per step (codes up, one replay, audio to the host) with every slot active, median of
 --repeats; the same frames decoded by each variant from the same start, compared with fp32-heuristic:
-max abs difference and SNR in dB (10 log10 of signal energy over difference energy; inf when equal).
-Then the kernels of one eager step at the largest bucket (true FP32, heuristic; torch.profiler, top 15 by
-device time), to name what the step spends its time in. Prints a table last; --json writes everything.
+max abs difference and SNR in dB (10 log10 of signal energy over difference energy; inf when equal)
+against fp32-library. Each tuned row keeps its per-convolution report. Then the kernels of one eager
+step at the largest bucket in true FP32, library and tuned forms (torch.profiler, top 15 by device time). Prints a table last; --json writes everything.
 Usage: PYTHONPATH=worker:client:protos python3 scripts/gpu_codec_variants.py --json out.json
 """
 
@@ -27,9 +30,19 @@ import time
 import torch
 
 from breeze_worker.bench.models import decoder_only_codec
-from breeze_worker.engine.codec_graphs import SlotBatch
+from breeze_worker.engine.codec_graphs import SlotBatch, tune_convolutions
+from breeze_worker.model.codec.layers import CausalConv1d
 
-VARIANTS = {"fp32-heuristic": (False, False), "fp32-benchmark": (True, False), "tf32-benchmark": (True, True)}
+# name -> (TF32 convolutions, per-shape forms tuned)
+VARIANTS = {"fp32-library": (False, False), "fp32-tuned": (False, True), "tf32-library": (True, False),
+            "tf32-tuned": (True, True)}
+REFERENCE = "fp32-library"
+
+
+def clear_forms(decoder) -> None:
+    for m in decoder.modules():
+        if isinstance(m, CausalConv1d):
+            m.gemm_shapes = set()
 
 
 def sync(device: torch.device) -> None:
@@ -43,8 +56,9 @@ def frames_for(rows: int, frames: int, seed: int, device: torch.device) -> list[
     return [f.pin_memory() for f in out] if device.type == "cuda" else out
 
 
-def run_variant(decoder, rows: int, benchmark: bool, tf32: bool, frames: list[torch.Tensor], repeats: int) -> dict:
-    batch = SlotBatch(decoder, rows, benchmark=benchmark, tf32=tf32)
+def run_variant(decoder, rows: int, tf32: bool, tune: bool, frames: list[torch.Tensor], repeats: int) -> dict:
+    clear_forms(decoder)
+    batch = SlotBatch(decoder, rows, benchmark=True, tf32=tf32, tune=tune)
     audio = [batch.step(f).cpu() for f in frames]  # from silence: the same start for every variant
     times = []
     for i in range(repeats):
@@ -53,7 +67,8 @@ def run_variant(decoder, rows: int, benchmark: bool, tf32: bool, frames: list[to
         batch.step(frames[i % len(frames)]).cpu()
         times.append(1000 * (time.perf_counter() - t0))
     return {"graphed": batch.graphed, "fallback_reason": batch.fallback_reason, "capture_s": batch.capture_s,
-            "ms_per_step": statistics.median(times), "ms_min": min(times), "audio": torch.stack(audio)}
+            "ms_per_step": statistics.median(times), "ms_min": min(times), "audio": torch.stack(audio),
+            "gemm_convs": sum(c["gemm"] for c in batch.conv_tuning), "conv_tuning": batch.conv_tuning}
 
 
 def compare(audio: torch.Tensor, reference: torch.Tensor) -> dict:
@@ -65,15 +80,18 @@ def compare(audio: torch.Tensor, reference: torch.Tensor) -> dict:
             "nonfinite": int((~torch.isfinite(audio)).sum())}
 
 
-def kernel_profile(decoder, rows: int, top: int = 15) -> list[dict]:
+def kernel_profile(decoder, rows: int, tuned: bool, top: int = 15) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     device = decoder.device
     activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
     state = decoder.new_stream(rows)
     codes = torch.randint(0, 2048, (rows, 16, 1), device=decoder.device)
-    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=False), \
+    clear_forms(decoder)
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=False), \
             torch.inference_mode():
+        if tuned:
+            tune_convolutions(decoder, lambda: decoder.decode_stream(codes, state))
         for _ in range(2):
             decoder.decode_stream(codes, state)
         sync(device)
@@ -109,30 +127,38 @@ def main() -> None:
            "gflop_per_frame_per_stream": flops / 1e9, "rows": []}
     for rows in [int(b) for b in args.buckets.split(",") if b]:
         frames = frames_for(rows, args.frames, seed=rows, device=device)
-        results = {name: run_variant(decoder, rows, bench, tf32, frames, args.repeats)
-                   for name, (bench, tf32) in VARIANTS.items()}
-        reference = results["fp32-heuristic"]["audio"]
+        results = {name: run_variant(decoder, rows, tf32, tune, frames, args.repeats)
+                   for name, (tf32, tune) in VARIANTS.items()}
+        reference = results[REFERENCE]["audio"]
         for name, r in results.items():
             row = {"rows": rows, "variant": name, **{k: v for k, v in r.items() if k != "audio"},
                    **compare(r["audio"], reference),
                    "tflop_per_s": rows * flops / (r["ms_per_step"] / 1000) / 1e12}
             out["rows"].append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "conv_tuning"}), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=2)
-    out["kernels_eager_fp32_heuristic"] = {"rows": max(int(b) for b in args.buckets.split(",") if b),
-                                           "top": kernel_profile(decoder, max(int(b) for b in args.buckets.split(",")))}
+    largest = max(int(b) for b in args.buckets.split(",") if b)
+    out["kernels_eager_fp32"] = {"rows": largest, "library": kernel_profile(decoder, largest, tuned=False),
+                                 "tuned": kernel_profile(decoder, largest, tuned=True)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
-    print(f"{'rows':>4} {'variant':>15} {'ms/step':>8} {'TFLOP/s':>8} {'SNR dB':>8} {'max diff':>9} graphed")
+    print(f"{'rows':>4} {'variant':>15} {'ms/step':>8} {'TFLOP/s':>8} {'SNR dB':>8} {'max diff':>9} {'GEMMs':>5} graphed")
     for r in out["rows"]:
         print(f"{r['rows']:>4} {r['variant']:>15} {r['ms_per_step']:>8.2f} {r['tflop_per_s']:>8.1f} "
-              f"{r['snr_db']:>8.1f} {r['max_abs_diff']:>9.2e} {r['graphed']}")
-    print("eager step kernels (largest bucket, FP32 heuristic):")
-    for k in out["kernels_eager_fp32_heuristic"]["top"]:
-        print(f"  {k['share']:6.1%} {k['us']:9.0f} us x{k['calls']:<4} {k['kernel']}")
+              f"{r['snr_db']:>8.1f} {r['max_abs_diff']:>9.2e} {r['gemm_convs']:>5} {r['graphed']}")
+    tuned = next((r for r in out["rows"] if r["rows"] == largest and r["variant"] == "fp32-tuned"), None)
+    if tuned is not None:
+        print(f"convolutions at {largest} slots, FP32 (largest library time first):")
+        for c in sorted(tuned["conv_tuning"], key=lambda c: -c["library_us"])[:12]:
+            print(f"  {c['conv']:<34} {str(c['shape']):>18} library {c['library_us']:8.0f} us  gemm "
+                  f"{c['gemm_us']:8.0f} us  -> {'gemm' if c['gemm'] else 'library'}")
+    for form in ("library", "tuned"):
+        print(f"eager step kernels ({largest} slots, FP32, {form} forms):")
+        for k in out["kernels_eager_fp32"][form]:
+            print(f"  {k['share']:6.1%} {k['us']:9.0f} us x{k['calls']:<4} {k['kernel']}")
 
 
 if __name__ == "__main__":

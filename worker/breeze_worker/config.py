@@ -31,6 +31,9 @@ class EngineSettings:
     codec_tf32: bool = False
     # read each step's audio at once instead of during the next step (no codec / language-model overlap)
     codec_serial: bool = False
+    # queue the language model's steps at the codec's CUDA stream priority (default: a high-priority stream,
+    # so the codec's decode never delays the next step's kernels)
+    equal_priority: bool = False
 
     def validate(self) -> None:
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):

@@ -17,8 +17,10 @@ prefilled together (the CUDA default) or one by one.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import statistics
+import sys
 import time
 
 import torch
@@ -29,6 +31,7 @@ from breeze_worker.config import WorkerSettings
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
+from breeze_worker.engine.runtime import lm_stream
 from breeze_worker.engine.types import SynthesisRequest
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
 
@@ -91,20 +94,37 @@ class _StepClock:
         return [1000 * (m[j] - m[i]) for m in self.steps]
 
 
+def lm_priority_default() -> bool:
+    """What the worker does with its settings from the environment (BREEZE_ENGINE_EQUAL_PRIORITY)."""
+    return not WorkerSettings.from_env().engine.equal_priority
+
+
 def codec_overlap_default() -> bool:
     """What the worker does with its settings from the environment (BREEZE_ENGINE_CODEC_SERIAL)."""
     return not WorkerSettings.from_env().engine.codec_serial
 
 
 def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.device,
-              overlap: bool | None = None) -> dict:
+              overlap: bool | None = None, stall_dump_s: float | None = None, priority: bool | None = None) -> dict:
     """All requests join at once; step until all ended, in the engine's order (engine/scheduler.py): a
     step's codec call is launched after its frames are read and its audio is read during the next step
     (`overlap`; None: unless the worker's `codec_serial` setting says otherwise), or at once. Returns
     frames per stream and timings: per step the host wall time (`step_times_s`), the language model's
-    part (`lm_ms`: CUDA events around the stepper's work on the default stream) and the codec's
-    (`codec_ms`: events on the codec's own stream)."""
+    part (`lm_ms`: CUDA events around the stepper's work on its stream) and the codec's
+    (`codec_ms`: events on the codec's own stream). `stall_dump_s`: a step (or the join) still running after
+    that many seconds dumps every thread's stack to stderr (faulthandler), to say where a stall sits.
+    `priority`: the language model's work on the engine thread's high-priority stream (engine/runtime.py
+    `lm_stream`; None: as the worker's `equal_priority` setting says)."""
     overlap = codec_overlap_default() if overlap is None else overlap
+    priority = lm_priority_default() if priority is None else priority
+    with lm_stream(device, priority):
+        out = _burst(stepper, codec, requests, device, overlap, stall_dump_s)
+    out["priority"] = priority and device.type == "cuda"
+    return out
+
+
+def _burst(stepper: BatchedStepper, codec, requests: list, device: torch.device, overlap: bool,
+           stall_dump_s: float | None) -> dict:
     rows = CodecRows(codec, overlap=overlap) if codec is not None else None
     keys = list(range(len(requests)))
     frames: dict[int, list] = {k: [] for k in keys}
@@ -127,48 +147,59 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
             done[k] = now
             rows.remove(k)
 
+    def watch() -> None:
+        if stall_dump_s:
+            faulthandler.dump_traceback_later(stall_dump_s, file=sys.stderr)
+
     synchronize(device)
     t0 = time.perf_counter()
-    errors = stepper.join(list(zip(keys, requests)))
-    if errors:
-        raise RuntimeError(f"join failed: {errors}")
-    if rows is not None:
-        for k in keys:
-            rows.add(k)
-    while len(done) < len(keys):
-        s0 = time.perf_counter()
-        m0 = clock.mark()
-        outcomes = stepper.step(while_running=deliver)
-        m1 = clock.mark()  # the next backbone step is queued: on CUDA this event closes the LM part
-        deliver()  # a no-op if the stepper called it
-        emitted, ending = {}, []
-        for k, out in outcomes.items():
-            if out.error is not None:
-                raise out.error
-            if out.frame is not None:
-                frames[k].append(out.frame)
-                emitted[k] = out.frame
-                if out.end_reason is not None:
-                    ending.append(k)
-            elif out.end_reason is not None:  # ended without a frame: leaves the codec batch now
-                done[k] = time.perf_counter()
-                if rows is not None:
-                    rows.remove(k)
-        if rows is None:
-            synchronize(device)
-            now = time.perf_counter()
-            for k in emitted:
-                first_audio.setdefault(k, now)
-            for k in ending:
-                done[k] = now
-        elif emitted:
-            in_flight.append((rows.launch(emitted, timed=True), ending))
-            if not overlap or len(done) + len(ending) == len(keys):  # nothing left to overlap with
-                deliver()
-        clock.add(m0, m1)
-        step_times.append(time.perf_counter() - s0)
+    try:
+        watch()
+        errors = stepper.join(list(zip(keys, requests)))
+        join_s = time.perf_counter() - t0
+        if errors:
+            raise RuntimeError(f"join failed: {errors}")
+        if rows is not None:
+            for k in keys:
+                rows.add(k)
+        while len(done) < len(keys):
+            watch()
+            s0 = time.perf_counter()
+            m0 = clock.mark()
+            outcomes = stepper.step(while_running=deliver)
+            m1 = clock.mark()  # the next backbone step is queued: on CUDA this event closes the LM part
+            deliver()  # a no-op if the stepper called it
+            emitted, ending = {}, []
+            for k, out in outcomes.items():
+                if out.error is not None:
+                    raise out.error
+                if out.frame is not None:
+                    frames[k].append(out.frame)
+                    emitted[k] = out.frame
+                    if out.end_reason is not None:
+                        ending.append(k)
+                elif out.end_reason is not None:  # ended without a frame: leaves the codec batch now
+                    done[k] = time.perf_counter()
+                    if rows is not None:
+                        rows.remove(k)
+            if rows is None:
+                synchronize(device)
+                now = time.perf_counter()
+                for k in emitted:
+                    first_audio.setdefault(k, now)
+                for k in ending:
+                    done[k] = now
+            elif emitted:
+                in_flight.append((rows.launch(emitted, timed=True), ending))
+                if not overlap or len(done) + len(ending) == len(keys):  # nothing left to overlap with
+                    deliver()
+            clock.add(m0, m1)
+            step_times.append(time.perf_counter() - s0)
+    finally:
+        if stall_dump_s:
+            faulthandler.cancel_dump_traceback_later()
     wall = max(done.values()) - t0
-    return {"frames": frames, "t0": t0, "first_audio": first_audio, "done": done, "wall_s": wall,
+    return {"frames": frames, "t0": t0, "first_audio": first_audio, "done": done, "wall_s": wall, "join_s": join_s,
             "step_times_s": step_times, "lm_ms": clock.spans_ms(0, 1), "codec_ms": codec_ms, "overlap": overlap}
 
 
@@ -183,8 +214,11 @@ def _median(values: list[float]) -> float | None:
 
 def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: list[int], *, frames: int,
                         seed: int, stepper: BatchedStepper | None = None, lm_only: bool = True,
-                        compare_overlap: bool = False, on_row=None) -> list[dict]:
+                        compare_overlap: bool = False, compare_priority: bool = False, on_row=None,
+                        stall_dump_s: float | None = None) -> list[dict]:
     """One row per N (see the module doc). `lm_only`: also time N streams without the codec.
+    `compare_priority`: also run each burst (with the overlap of the main one) with the language model's
+    stream priority the other way round (`other_priority`). `stall_dump_s`: see `run_burst`.
     `compare_overlap`: also run each burst with the codec overlap the other way round (`other_overlap`).
     `on_row(rows)` is called after each N (the command rewrites its JSON, so a run cut short keeps what it
     measured)."""
@@ -196,14 +230,19 @@ def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: l
         run_burst(stepper, model.codec, stream_requests(model, n, 2, seed + 1000), device)  # warm this size
         reset_peak_memory(device)
         row = {"streams": n, "cfg_streams": sum(1 for q in requests if q.uses_cfg), "frames_per_stream": frames,
-               **_burst_figures(run_burst(stepper, model.codec, requests, device, overlap=overlap), n),
+               **_burst_figures(run_burst(stepper, model.codec, requests, device, overlap=overlap,
+                                          stall_dump_s=stall_dump_s), n),
                "peak_memory_bytes": peak_memory_bytes(device), "codec": model.codec is not None,
                "batch_shape": list(_burst_shape(stepper, n))}
         if compare_overlap and model.codec is not None:
             row["other_overlap"] = _burst_figures(
-                run_burst(stepper, model.codec, requests, device, overlap=not overlap), n)
+                run_burst(stepper, model.codec, requests, device, overlap=not overlap, stall_dump_s=stall_dump_s), n)
+        if compare_priority and model.codec is not None and device.type == "cuda":
+            row["other_priority"] = _burst_figures(
+                run_burst(stepper, model.codec, requests, device, overlap=overlap, stall_dump_s=stall_dump_s,
+                          priority=not lm_priority_default()), n)
         if lm_only:  # the same burst without the codec: the language model's step alone
-            alone = run_burst(stepper, None, requests, device)
+            alone = run_burst(stepper, None, requests, device, stall_dump_s=stall_dump_s)
             lm_steps = alone["step_times_s"][1:] or alone["step_times_s"]
             row["lm_only_step_ms_p50"] = 1000 * statistics.median(lm_steps)
         log.info("%d streams: %.1fx real time (steady %.1fx), stream RTF max %.3f, TTFA p95 %.0f ms, step %.1f ms "
@@ -224,7 +263,7 @@ def _burst_figures(r: dict, n: int) -> dict:
     steady = r["step_times_s"][1:] or r["step_times_s"]
     step_ms = 1000 * statistics.median(steady)
     return {
-        "overlap": r["overlap"], "aggregate_x_realtime": sum(audio.values()) / r["wall_s"],
+        "overlap": r["overlap"], "priority": r["priority"], "aggregate_x_realtime": sum(audio.values()) / r["wall_s"],
         # audio per step over the step's time: the burst's rate once every stream is running
         "steady_x_realtime": n / FRAME_RATE_HZ / (step_ms / 1000),
         "stream_rtf_p50": statistics.median(rtf), "stream_rtf_p95": _pct(rtf, 0.95), "stream_rtf_max": max(rtf),
@@ -232,8 +271,21 @@ def _burst_figures(r: dict, n: int) -> dict:
         "step_ms_p50": step_ms, "first_step_ms": 1000 * r["step_times_s"][0],
         "lm_ms_p50": _median(r["lm_ms"][1:] or r["lm_ms"]),
         "codec_ms_p50": _median(r["codec_ms"][1:] or r["codec_ms"]),
-        "wall_s": r["wall_s"],
+        "wall_s": r["wall_s"], "join_ms": 1000 * r["join_s"], "step_ms_max": 1000 * max(r["step_times_s"]),
+        "slow_steps": _slow_steps(r, step_ms),
     }
+
+
+def _slow_steps(r: dict, median_ms: float, factor: float = 5.0) -> list[dict]:
+    """Steps that took more than `factor` x the median (host time), with their device parts: where a burst's
+    time went when its wall time and its median step disagree."""
+    lm, codec = r["lm_ms"], r["codec_ms"]
+    out = []
+    for i, seconds in enumerate(r["step_times_s"]):
+        if 1000 * seconds > factor * median_ms:
+            out.append({"step": i, "ms": 1000 * seconds, "lm_ms": lm[i] if i < len(lm) else None,
+                        "codec_ms": codec[i] if i < len(codec) else None})
+    return out
 
 
 def _burst_shape(stepper: BatchedStepper, n: int) -> tuple[int, int]:
@@ -309,7 +361,7 @@ def _other(figures: dict | None) -> str:
 def table(rows: list[dict]) -> str:
     head = (f"{'streams':>7} {'cfg':>4} {'shape':>6} {'agg x RT':>9} {'steady x':>9} {'RTF p50':>8} {'RTF max':>8} "
             f"{'TTFA p50':>9} {'TTFA p95':>9} {'step ms':>8} {'LM ms':>7} {'codec ms':>8} {'LM-only':>8} "
-            f"{'GPU GiB':>8} {'overlap':>7} {'other: agg x / step ms':>22}")
+            f"{'GPU GiB':>8} {'overlap':>7} {'other: agg x / step ms':>22} {'prio':>4} {'other prio':>14}")
     lines = [head]
 
     def num(value, width, digits=2):
@@ -323,5 +375,6 @@ def table(rows: list[dict]) -> str:
                      f"{r['ttfa_ms_p50']:>9.1f} {r['ttfa_ms_p95']:>9.1f} {r['step_ms_p50']:>8.2f} "
                      f"{num(r.get('lm_ms_p50'), 7)} {num(r.get('codec_ms_p50'), 8)} "
                      f"{num(r.get('lm_only_step_ms_p50'), 8)} {(mem / 2**30 if mem else 0):>8.2f} "
-                     f"{('on' if r.get('overlap') else 'off'):>7} {_other(r.get('other_overlap')):>22}")
+                     f"{('on' if r.get('overlap') else 'off'):>7} {_other(r.get('other_overlap')):>22} "
+                     f"{('on' if r.get('priority') else 'off'):>4} {_other(r.get('other_priority')):>14}")
     return "\n".join(lines)

@@ -49,6 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-overlap", action="store_true",
                         help="with --concurrency: run each burst with the codec overlap on and off "
                              "(the default is the worker's: BREEZE_ENGINE_CODEC_SERIAL)")
+    parser.add_argument("--compare-priority", action="store_true",
+                        help="with --concurrency: run each burst with the language model's CUDA stream at high "
+                             "and at the codec's priority (the default is the worker's: BREEZE_ENGINE_EQUAL_PRIORITY)")
+    parser.add_argument("--profile-streams", type=int, default=0,
+                        help="with --concurrency: after the sweep, profile one burst of this many streams without the "
+                             "codec (16 frames, join included) and list its kernels by device time (0: skip)")
+    parser.add_argument("--stall-dump-s", type=float, default=5.0,
+                        help="with --concurrency: a join or step still running after this many seconds dumps every "
+                             "thread's stack to stderr (0: never)")
     parser.add_argument("--batch-shapes", default="all", choices=("all", "sweep"),
                         help="with --concurrency: build every bucket shape of the engine (all) or only those this "
                              "run's bursts land in (sweep: less start-up, the same shape per step)")
@@ -95,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                  "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
                  "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
                  "stepper": stats, "codec": model.codec is not None, "codec_overlap": sweep.codec_overlap_default(),
+                 "lm_priority": sweep.lm_priority_default(),
                  "codec_tf32": codec_tf32},
     }
 
@@ -106,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
     doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
-                                            stepper=stepper, compare_overlap=args.compare_overlap, on_row=save)
+                                            stepper=stepper, compare_overlap=args.compare_overlap,
+                                            compare_priority=args.compare_priority, on_row=save,
+                                            stall_dump_s=args.stall_dump_s or None)
     print(sweep.table(doc["rows"]), flush=True)
     batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)
     doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
@@ -122,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
               f"(step with codec {one['step_ms_p50']:.2f} ms: LM {_fmt(one.get('lm_ms_p50'))} + codec "
               f"{_fmt(one.get('codec_ms_p50'))}); batch-1 fast path: {_fmt(batch1_ms)} ms/frame ({source})")
     print("targets:", {k: v for k, v in doc["targets"].items() if k != "targets"}, flush=True)
+    if args.profile_streams:
+        doc["lm_profile"] = _profile(model, stepper, device, args.profile_streams, args.seed)
+        save()
     if args.agreement_streams:
         frames = min(args.frames, 32)
         requests = sweep.stream_requests(model, args.agreement_streams, frames, args.seed)
@@ -137,6 +152,21 @@ def run(args: argparse.Namespace) -> int:
     doc["meta"]["stepper"] = stepper.stats()
     save()
     return 0
+
+
+def _profile(model, stepper, device: torch.device, streams: int, seed: int, frames: int = 16) -> dict:
+    """One codec-less burst of `streams` streams under torch.profiler: busy fraction and kernels by time."""
+    from breeze_worker.bench.measure import gpu_busy_fraction
+
+    requests = sweep.stream_requests(model, streams, frames, seed)
+    profiled = gpu_busy_fraction(device, lambda: sweep.run_burst(stepper, None, requests, device))
+    out = {"streams": streams, "frames": frames, **profiled}
+    if profiled["top_kernels"]:
+        print(f"kernels of one {streams}-stream burst without the codec ({frames} frames, join included; busy "
+              f"{profiled['busy_fraction']:.2f}, {profiled['kernels']} kernels):")
+        for k in profiled["top_kernels"][:20]:
+            print(f"  {k['total_us'] / frames:9.1f} us/frame x{k['count'] / frames:<7.1f} {k['name']}")
+    return out
 
 
 def _fmt(value: float | None) -> str:

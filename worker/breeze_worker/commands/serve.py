@@ -44,6 +44,8 @@ FLAGS: list[tuple[str, str, str, str]] = [
                                              "default: true FP32)"),
     ("engine", "codec_serial", "--codec-serial", "decode each step's audio before the next step starts "
                                                  "(default: overlapped with it)"),
+    ("engine", "equal_priority", "--equal-priority", "run the language model's steps at the codec's CUDA "
+                                                     "stream priority (default: a high-priority stream)"),
     ("server", "host", "--host", "address to listen on (0.0.0.0 for all interfaces)"),
     ("server", "port", "--port", "Synthesize port (0 = any free port)"),
     ("server", "artifact_port", "--artifact-port", "Artifacts port (0 = any free port)"),

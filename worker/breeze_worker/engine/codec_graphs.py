@@ -13,6 +13,12 @@ tensors back into the static ones: each replay advances the state. On the CPU, o
 (logged, kept in `fallback_reason`), the same function runs eagerly. decode_stream has no host sync and
 no value-dependent shape or branch (positions are only used in tensor arithmetic: streaming.window_mask).
 
+Convolution forms (`tune_convolutions`): before capture, each one-group causal convolution is timed at
+this bucket's input shape as the library's convolution (cuDNN, under the capture's flags) and as one
+GEMM over its stacked taps (model/codec/layers.py `conv1d_as_gemm`, true FP32), and the graph captures
+the faster. cuDNN's best FP32 algorithm for one 32-slot convolution was an FFT that took two thirds of
+the step on an H200 (results/batching/NOTES.md).
+
 `SlotPool` keeps the built batches of one codec by row count, so a graph captured once (e.g. at the
 runtime's warm-up, or by `prepare`) serves every later `CodecRows` (engine/codec_rows.py).
 """
@@ -31,6 +37,70 @@ from breeze_worker.engine.fastpath.graph import run_on_side_stream
 log = logging.getLogger(__name__)
 
 
+def _time_us(fn, device: torch.device, repeats: int) -> float:
+    """Mean microseconds of `fn()` after one warm-up call (CUDA events on CUDA, host time elsewhere)."""
+    fn()
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        end.synchronize()
+        return 1000.0 * start.elapsed_time(end) / repeats
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return 1e6 * (time.perf_counter() - t0) / repeats
+
+
+def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> list[dict]:
+    """For every one-group causal convolution of `decoder`, at the input shape `step()` (one decode step)
+    gives it: time the library's convolution and `conv1d_as_gemm` on random input of that shape, and run
+    the shape as a GEMM when that takes less than `margin` x the library's time (the module's
+    `gemm_shapes`). A GEMM whose output does not match the library's (relative difference > 1e-2: a bug,
+    not rounding) is never chosen. Returns per convolution: name, input shape, both times (us), the
+    choice, the relative difference."""
+    from breeze_worker.model.codec.layers import CausalConv1d
+
+    names = {m: name for name, m in decoder.named_modules() if isinstance(m, CausalConv1d) and m.gemm_capable}
+    shapes: dict = {}
+
+    def record(module, _inputs, output):
+        shapes.setdefault(module, (output.shape[0], module.in_channels, output.shape[-1] + module.context_steps))
+
+    hooks = [m.register_forward_hook(record) for m in names]
+    try:
+        with torch.no_grad():
+            step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        return _tune(names, shapes, repeats, margin)
+
+
+def _tune(names: dict, shapes: dict, repeats: int, margin: float) -> list[dict]:
+    report = []
+    for module, shape in shapes.items():
+        weight = module.conv.weight
+        generator = torch.Generator(device=weight.device).manual_seed(0)
+        x = torch.randn(shape, generator=generator, device=weight.device, dtype=weight.dtype)
+        library = module.convolve(x, gemm=False)
+        gemm = module.convolve(x, gemm=True)
+        diff = float((library - gemm).abs().max() / library.abs().max().clamp_min(1e-30))
+        library_us = _time_us(lambda: module.convolve(x, gemm=False), weight.device, repeats)
+        gemm_us = _time_us(lambda: module.convolve(x, gemm=True), weight.device, repeats)
+        use = gemm_us < margin * library_us and diff <= 1e-2
+        if use:
+            module.gemm_shapes.add(shape)
+        else:
+            module.gemm_shapes.discard(shape)
+        report.append({"conv": names[module], "shape": list(shape), "library_us": library_us, "gemm_us": gemm_us,
+                       "gemm": use, "relative_diff": diff})
+    return report
+
+
 def bucket_for(rows: int) -> int:
     """The smallest power of two >= rows (the slot counts graphs are captured for)."""
     return 1 << max(0, rows - 1).bit_length()
@@ -40,15 +110,18 @@ class SlotBatch:
     """A static streaming state of `rows` slots, its codes input, and the step decoding all slots at once."""
 
     def __init__(self, decoder, rows: int, use_graphs: bool | None = None, *, benchmark: bool = True,
-                 tf32: bool | None = None):
+                 tf32: bool | None = None, tune: bool = True):
         """`benchmark`: cuDNN benchmark mode for the warm-up and capture; `tf32`: TF32 convolutions in the
         captured graph (None: the process's `torch.backends.cudnn.allow_tf32`, which the runtime sets from
-        the `codec_tf32` setting, engine/runtime.py `configure_codec_convolutions`). Both matter on CUDA
-        only."""
+        the `codec_tf32` setting, engine/runtime.py `configure_codec_convolutions`); `tune`: choose each
+        convolution's form by measurement before capture (`tune_convolutions`; `conv_tuning` keeps the
+        report). All three matter on CUDA only."""
         self.decoder = decoder
         self.rows = rows
         self.benchmark = benchmark
         self.tf32 = tf32
+        self.tune = tune
+        self.conv_tuning: list[dict] = []
         self.device = decoder.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -106,6 +179,8 @@ class SlotBatch:
             tf32 = cudnn.allow_tf32 if self.tf32 is None else self.tf32
             with torch.inference_mode(), cudnn.flags(enabled=cudnn.enabled, benchmark=self.benchmark,
                                                      deterministic=cudnn.deterministic, allow_tf32=tf32):
+                if self.tune:
+                    self.conv_tuning = tune_convolutions(self.decoder, self.advance)
                 # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
                 run_on_side_stream(self.device, lambda: [self.advance() for _ in range(2)])
                 graph = torch.cuda.CUDAGraph()
@@ -123,7 +198,10 @@ class SlotBatch:
         self.clear()  # the warm-up steps advanced the state
         self.capture_s = time.perf_counter() - t0
         if self.graph is not None:
-            log.info("captured the codec step for %d slots in %.2f s", self.rows, self.capture_s)
+            gemm = [c for c in self.conv_tuning if c["gemm"]]
+            saved = sum(c["library_us"] - c["gemm_us"] for c in gemm)
+            log.info("captured the codec step for %d slots in %.2f s (%d of %d convolutions as GEMMs, %.0f us "
+                     "less than the library's)", self.rows, self.capture_s, len(gemm), len(self.conv_tuning), saved)
 
 
 class SlotPool:

@@ -12,7 +12,9 @@ launched, not waited for; its audio is read and sent while step t+1's language m
 calls back once that step's device work is queued), so on CUDA the two run side by side. Whatever
 changes the codec batch (a join, a drop, a finish) first delivers the step in flight, and a step after
 which no stream goes on delivers at once. A job whose last frame is in flight has left the active list
-(its language-model slot is free) and finishes when that audio is delivered.
+(its language-model slot is free) and finishes when that audio is delivered. On CUDA the engine thread
+queues the language model's work on a high-priority stream (engine/runtime.py `lm_stream`; the
+`equal_priority` setting turns it off), so the codec's kernels only take what the step leaves idle.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
 from breeze_worker.engine.metrics import EngineMetrics
+from breeze_worker.engine.runtime import lm_stream
 from breeze_worker.engine.session import Job
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason
@@ -52,7 +55,7 @@ class Scheduler:
     """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
 
     def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
-                 metrics: EngineMetrics | None = None, overlap: bool = True):
+                 metrics: EngineMetrics | None = None, overlap: bool = True, lm_priority: bool = True):
         self.runtime = runtime
         self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
@@ -65,6 +68,7 @@ class Scheduler:
         # they are neither pending nor active yet (lock held to read or write)
         self._starting = 0
         self.overlap = overlap
+        self.lm_priority = lm_priority
         self._codec = CodecRows(runtime.codec, overlap=self.overlap)
         self._in_flight: _InFlight | None = None
         self._stepper = runtime.stepper_for(max_active)
@@ -112,6 +116,10 @@ class Scheduler:
 
     # ---- engine thread ----
     def _run(self) -> None:
+        with lm_stream(getattr(self.runtime, "device", None), self.lm_priority):
+            self._loop()
+
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 while not self._stopping and not self._active and not self._pending:

@@ -72,6 +72,7 @@ class Engine:
             max_queue_wait_s=self.settings.max_queue_wait_s,
             metrics=self.metrics,
             overlap=not self.settings.codec_serial,
+            lm_priority=not self.settings.equal_priority,
         )
 
     async def stop(self) -> None:

@@ -16,8 +16,29 @@ from torch import nn
 from breeze_worker.model.codec.streaming import DecoderStreamState, slide_context
 
 
+def conv1d_as_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int = 1) -> torch.Tensor:
+    """`F.conv1d(x, weight, bias, dilation=dilation)` (stride 1, no padding, one group) as ONE matrix product:
+    the k dilated taps of every batch row are stacked into [C_in * k, B * T] and multiplied by the weight
+    as [C_out, C_in * k]. Same arithmetic (FP32 sums of the same products, in another order); on a GPU it
+    runs as one large GEMM, where cuDNN may pick a slow algorithm for some shapes (an FFT convolution
+    took two thirds of a 32-slot codec step on an H200, results/batching/NOTES.md)."""
+    b, c_in, length = x.shape
+    c_out, _, k = weight.shape
+    t = length - (k - 1) * dilation
+    rows = x.transpose(0, 1)  # [C_in, B, L] (a view)
+    taps = torch.stack([rows[..., j * dilation: j * dilation + t] for j in range(k)], dim=1)  # [C_in, k, B, T]
+    out = torch.mm(weight.reshape(c_out, c_in * k), taps.reshape(c_in * k, b * t))
+    if bias is not None:
+        out = out + bias[:, None]
+    return out.view(c_out, b, t).transpose(0, 1).contiguous()
+
+
 class CausalConv1d(nn.Module):
-    """Stride-1 convolution that only looks back: `(kernel - 1) * dilation` samples of left context."""
+    """Stride-1 convolution that only looks back: `(kernel - 1) * dilation` samples of left context.
+
+    `gemm_shapes`: input shapes (with context) at which the convolution runs as `conv1d_as_gemm` instead
+    of the library's convolution; empty by default. On CUDA the codec's slot batches measure both forms per
+    shape before capturing their graph and fill it (engine/codec_graphs.py `tune_convolutions`)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -25,15 +46,29 @@ class CausalConv1d(nn.Module):
         self.in_channels = in_channels
         self.context_steps = (kernel_size - 1) * dilation
         self.stream_slot: int | None = None  # index into DecoderStreamState.contexts, set by the decoder
+        self.gemm_shapes: set[tuple[int, ...]] = set()
+
+    @property
+    def gemm_capable(self) -> bool:
+        return self.conv.groups == 1
+
+    def convolve(self, x: torch.Tensor, gemm: bool | None = None) -> torch.Tensor:
+        """The convolution of an input that already holds its left context; `gemm`: force a form (None:
+        `gemm_shapes` decides)."""
+        if gemm is None:
+            gemm = bool(self.gemm_shapes) and tuple(x.shape) in self.gemm_shapes
+        if gemm:
+            return conv1d_as_gemm(x, self.conv.weight, self.conv.bias, self.conv.dilation[0])
+        return self.conv(x)
 
     def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
         if self.context_steps == 0:
-            return self.conv(x)
+            return self.convolve(x)
         if state is None:
-            return self.conv(F.pad(x, (self.context_steps, 0)))
+            return self.convolve(F.pad(x, (self.context_steps, 0)))
         slot = self.stream_slot
         x, state.contexts[slot] = slide_context(state.contexts[slot], x)
-        return self.conv(x)
+        return self.convolve(x)
 
 
 class CausalTransposedConv1d(nn.Module):
