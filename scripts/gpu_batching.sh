@@ -16,9 +16,8 @@
 #      kernels of one eager 32-slot step (scripts/gpu_codec_variants.py)
 #   2b. sweep_full_bf16_tf32 (TF32_SWEEP=1): step 2's sweep with BREEZE_ENGINE_CODEC_TF32=1, no agreement or batch 1
 #      (the Inductor cache of step 2 makes its compile short)
-# Step 2 runs every burst with the codec overlap on and off (--compare-overlap; COMPARE_OVERLAP=0 drops it) and
-# with the language model's stream at high and at the codec's priority (--compare-priority; COMPARE_PRIORITY=0
-# drops it), then profiles one codec-less burst of PROFILE_STREAMS (32) streams. A join or step still running
+# Step 2 runs every burst with the codec overlap on and off (--compare-overlap; COMPARE_OVERLAP=0 drops it),
+# then profiles one codec-less burst of PROFILE_STREAMS (32) streams. A join or step still running
 # after 5 s dumps the Python stacks (--stall-dump-s); TORCH_LOGS=recompiles names any recompilation.
 # Steps run independently, each under its own time limit: a failing step is reported and the next one runs.
 # Knobs: BENCH_FRAMES (64), BENCH_CAPACITY (256: one attention bucket to compile; prompts + frames fit),
@@ -48,7 +47,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
 AGREE=(--agreement-streams 8 --agreement-prefill batched,per-stream)
 if [ "${COMPARE_OVERLAP:-1}" = 1 ]; then OVERLAP=(--compare-overlap); else OVERLAP=(); fi
-[ "${COMPARE_PRIORITY:-1}" = 1 ] && OVERLAP+=(--compare-priority)
 export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
 LEVELS="${BENCH_LEVELS:-1,2,4,8,16,32}"
 [ "${SKIP_CODEC:-0}" = 1 ] || step codec_variants "${LIMIT_CODEC:-120}" python3 scripts/gpu_codec_variants.py \

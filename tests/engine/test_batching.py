@@ -259,6 +259,6 @@ def test_concurrency_sweep_with_the_codec_both_overlap_modes():
         assert all(torch.equal(a, b) for a, b in zip(runs[True]["frames"][k], runs[False]["frames"][k]))
     [row] = concurrency.measure_concurrency(model, torch.device("cpu"), [2], frames=3, seed=7, stepper=stepper,
                                             lm_only=False, compare_overlap=True)
-    assert row["overlap"] is True and row["other_overlap"]["overlap"] is False
+    assert row["overlap"] is False and row["other_overlap"]["overlap"] is True  # the worker's default: serial
     assert row["codec_ms_p50"] > 0 and row["other_overlap"]["codec_ms_p50"] > 0
-    assert "on" in concurrency.table([row]).splitlines()[1]
+    assert "off" in concurrency.table([row]).splitlines()[1]

@@ -22,7 +22,7 @@ from engine_helpers import spy_frames_by_seed
 def _engine(tmp_path, overlap: str) -> Engine:
     torch.set_num_threads(1)
     settings = EngineSettings(device="cpu", fast_path="fast", max_active_streams=2, max_queue=2,
-                              codec_serial=overlap == "off")
+                              codec_overlap=overlap == "on")
     engine = Engine(settings, ArtifactStore(ArtifactSettings(directory=tmp_path / overlap)))
     asyncio.run(engine.start())
     return engine
@@ -122,11 +122,11 @@ def test_overlap_setting(monkeypatch):
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert settings_from_args(parser.parse_args([]), {}).engine.codec_serial is False
-    assert settings_from_args(parser.parse_args(["--codec-serial"]), {}).engine.codec_serial is True
-    assert settings_from_args(parser.parse_args([]), {"BREEZE_ENGINE_CODEC_SERIAL": "1"}).engine.codec_serial
-    monkeypatch.setenv("BREEZE_ENGINE_CODEC_SERIAL", "1")  # the benches do what the worker would
-    assert codec_overlap_default() is False
-    monkeypatch.delenv("BREEZE_ENGINE_CODEC_SERIAL")
+    assert settings_from_args(parser.parse_args([]), {}).engine.codec_overlap is False  # serial by default
+    assert settings_from_args(parser.parse_args(["--codec-overlap"]), {}).engine.codec_overlap is True
+    assert settings_from_args(parser.parse_args([]), {"BREEZE_ENGINE_CODEC_OVERLAP": "1"}).engine.codec_overlap
+    monkeypatch.setenv("BREEZE_ENGINE_CODEC_OVERLAP", "1")  # the benches do what the worker would
     assert codec_overlap_default() is True
+    monkeypatch.delenv("BREEZE_ENGINE_CODEC_OVERLAP")
+    assert codec_overlap_default() is False
     assert CodecRows(tiny_codec(seed=0), overlap=True).stream is None  # no CUDA stream on the CPU

@@ -29,11 +29,9 @@ class EngineSettings:
     reference_cache_entries: int = 64
     # the codec's convolutions in TF32 where the device has it (compute capability >= 8.0); else true FP32
     codec_tf32: bool = False
-    # read each step's audio at once instead of during the next step (no codec / language-model overlap)
-    codec_serial: bool = False
-    # queue the language model's steps at the codec's CUDA stream priority (default: a high-priority stream,
-    # so the codec's decode never delays the next step's kernels)
-    equal_priority: bool = False
+    # decode a step's audio on a CUDA stream of its own and read it during the next step (off by default: on
+    # an H200 it stalled 16-stream bursts for ~8.7 s at a time, results/batching/NOTES.md)
+    codec_overlap: bool = False
 
     def validate(self) -> None:
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):

@@ -9,7 +9,7 @@ and peak GPU memory. Each step's time is split into the language model's part (t
 sample, host read, next backbone step) and the codec's, timed with CUDA events so that neither adds a
 host sync; each N is also run once without the codec (`lm_only_step_ms_p50`, the figure comparable with
 the batch-1 fast path's ms per frame). The codec call of a step overlaps the next step's language model
-as in the engine (unless its `codec_serial` setting is on, engine/scheduler.py); `compare_overlap` runs
+as in the engine when its `codec_overlap` setting is on (engine/scheduler.py); `compare_overlap` runs
 each burst the other way round too (`other_overlap`), in the same process and on the same stepper.
 `agreement` compares each stream's frames batched with the same stream alone, with the joiners' prompts
 prefilled together (the CUDA default) or one by one.
@@ -31,7 +31,6 @@ from breeze_worker.config import WorkerSettings
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
-from breeze_worker.engine.runtime import lm_stream
 from breeze_worker.engine.types import SynthesisRequest
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
 
@@ -94,37 +93,21 @@ class _StepClock:
         return [1000 * (m[j] - m[i]) for m in self.steps]
 
 
-def lm_priority_default() -> bool:
-    """What the worker does with its settings from the environment (BREEZE_ENGINE_EQUAL_PRIORITY)."""
-    return not WorkerSettings.from_env().engine.equal_priority
-
-
 def codec_overlap_default() -> bool:
-    """What the worker does with its settings from the environment (BREEZE_ENGINE_CODEC_SERIAL)."""
-    return not WorkerSettings.from_env().engine.codec_serial
+    """What the worker does with its settings from the environment (BREEZE_ENGINE_CODEC_OVERLAP)."""
+    return WorkerSettings.from_env().engine.codec_overlap
 
 
 def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.device,
-              overlap: bool | None = None, stall_dump_s: float | None = None, priority: bool | None = None) -> dict:
+              overlap: bool | None = None, stall_dump_s: float | None = None) -> dict:
     """All requests join at once; step until all ended, in the engine's order (engine/scheduler.py): a
     step's codec call is launched after its frames are read and its audio is read during the next step
-    (`overlap`; None: unless the worker's `codec_serial` setting says otherwise), or at once. Returns
+    (`overlap`; None: as the worker's `codec_overlap` setting says), or at once. Returns
     frames per stream and timings: per step the host wall time (`step_times_s`), the language model's
     part (`lm_ms`: CUDA events around the stepper's work on its stream) and the codec's
     (`codec_ms`: events on the codec's own stream). `stall_dump_s`: a step (or the join) still running after
-    that many seconds dumps every thread's stack to stderr (faulthandler), to say where a stall sits.
-    `priority`: the language model's work on the engine thread's high-priority stream (engine/runtime.py
-    `lm_stream`; None: as the worker's `equal_priority` setting says)."""
+    that many seconds dumps every thread's stack to stderr (faulthandler), to say where a stall sits."""
     overlap = codec_overlap_default() if overlap is None else overlap
-    priority = lm_priority_default() if priority is None else priority
-    with lm_stream(device, priority):
-        out = _burst(stepper, codec, requests, device, overlap, stall_dump_s)
-    out["priority"] = priority and device.type == "cuda"
-    return out
-
-
-def _burst(stepper: BatchedStepper, codec, requests: list, device: torch.device, overlap: bool,
-           stall_dump_s: float | None) -> dict:
     rows = CodecRows(codec, overlap=overlap) if codec is not None else None
     keys = list(range(len(requests)))
     frames: dict[int, list] = {k: [] for k in keys}
@@ -214,11 +197,9 @@ def _median(values: list[float]) -> float | None:
 
 def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: list[int], *, frames: int,
                         seed: int, stepper: BatchedStepper | None = None, lm_only: bool = True,
-                        compare_overlap: bool = False, compare_priority: bool = False, on_row=None,
-                        stall_dump_s: float | None = None) -> list[dict]:
+                        compare_overlap: bool = False, on_row=None, stall_dump_s: float | None = None) -> list[dict]:
     """One row per N (see the module doc). `lm_only`: also time N streams without the codec.
-    `compare_priority`: also run each burst (with the overlap of the main one) with the language model's
-    stream priority the other way round (`other_priority`). `stall_dump_s`: see `run_burst`.
+    `stall_dump_s`: see `run_burst`.
     `compare_overlap`: also run each burst with the codec overlap the other way round (`other_overlap`).
     `on_row(rows)` is called after each N (the command rewrites its JSON, so a run cut short keeps what it
     measured)."""
@@ -237,10 +218,6 @@ def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: l
         if compare_overlap and model.codec is not None:
             row["other_overlap"] = _burst_figures(
                 run_burst(stepper, model.codec, requests, device, overlap=not overlap, stall_dump_s=stall_dump_s), n)
-        if compare_priority and model.codec is not None and device.type == "cuda":
-            row["other_priority"] = _burst_figures(
-                run_burst(stepper, model.codec, requests, device, overlap=overlap, stall_dump_s=stall_dump_s,
-                          priority=not lm_priority_default()), n)
         if lm_only:  # the same burst without the codec: the language model's step alone
             alone = run_burst(stepper, None, requests, device, stall_dump_s=stall_dump_s)
             lm_steps = alone["step_times_s"][1:] or alone["step_times_s"]
@@ -263,7 +240,7 @@ def _burst_figures(r: dict, n: int) -> dict:
     steady = r["step_times_s"][1:] or r["step_times_s"]
     step_ms = 1000 * statistics.median(steady)
     return {
-        "overlap": r["overlap"], "priority": r["priority"], "aggregate_x_realtime": sum(audio.values()) / r["wall_s"],
+        "overlap": r["overlap"], "aggregate_x_realtime": sum(audio.values()) / r["wall_s"],
         # audio per step over the step's time: the burst's rate once every stream is running
         "steady_x_realtime": n / FRAME_RATE_HZ / (step_ms / 1000),
         "stream_rtf_p50": statistics.median(rtf), "stream_rtf_p95": _pct(rtf, 0.95), "stream_rtf_max": max(rtf),
@@ -361,7 +338,7 @@ def _other(figures: dict | None) -> str:
 def table(rows: list[dict]) -> str:
     head = (f"{'streams':>7} {'cfg':>4} {'shape':>6} {'agg x RT':>9} {'steady x':>9} {'RTF p50':>8} {'RTF max':>8} "
             f"{'TTFA p50':>9} {'TTFA p95':>9} {'step ms':>8} {'LM ms':>7} {'codec ms':>8} {'LM-only':>8} "
-            f"{'GPU GiB':>8} {'overlap':>7} {'other: agg x / step ms':>22} {'prio':>4} {'other prio':>14}")
+            f"{'GPU GiB':>8} {'overlap':>7} {'other: agg x / step ms':>22}")
     lines = [head]
 
     def num(value, width, digits=2):
@@ -375,6 +352,5 @@ def table(rows: list[dict]) -> str:
                      f"{r['ttfa_ms_p50']:>9.1f} {r['ttfa_ms_p95']:>9.1f} {r['step_ms_p50']:>8.2f} "
                      f"{num(r.get('lm_ms_p50'), 7)} {num(r.get('codec_ms_p50'), 8)} "
                      f"{num(r.get('lm_only_step_ms_p50'), 8)} {(mem / 2**30 if mem else 0):>8.2f} "
-                     f"{('on' if r.get('overlap') else 'off'):>7} {_other(r.get('other_overlap')):>22} "
-                     f"{('on' if r.get('priority') else 'off'):>4} {_other(r.get('other_priority')):>14}")
+                     f"{('on' if r.get('overlap') else 'off'):>7} {_other(r.get('other_overlap')):>22}")
     return "\n".join(lines)

@@ -48,10 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and compare the 1-stream row with it (overrides --batch1-ms)")
     parser.add_argument("--compare-overlap", action="store_true",
                         help="with --concurrency: run each burst with the codec overlap on and off "
-                             "(the default is the worker's: BREEZE_ENGINE_CODEC_SERIAL)")
-    parser.add_argument("--compare-priority", action="store_true",
-                        help="with --concurrency: run each burst with the language model's CUDA stream at high "
-                             "and at the codec's priority (the default is the worker's: BREEZE_ENGINE_EQUAL_PRIORITY)")
+                             "(the default is the worker's: BREEZE_ENGINE_CODEC_OVERLAP)")
     parser.add_argument("--profile-streams", type=int, default=0,
                         help="with --concurrency: after the sweep, profile one burst of this many streams without the "
                              "codec (16 frames, join included) and list its kernels by device time (0: skip)")
@@ -104,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
                  "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
                  "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
                  "stepper": stats, "codec": model.codec is not None, "codec_overlap": sweep.codec_overlap_default(),
-                 "lm_priority": sweep.lm_priority_default(),
                  "codec_tf32": codec_tf32},
     }
 
@@ -117,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
                                             stepper=stepper, compare_overlap=args.compare_overlap,
-                                            compare_priority=args.compare_priority, on_row=save,
+                                            on_row=save,
                                             stall_dump_s=args.stall_dump_s or None)
     print(sweep.table(doc["rows"]), flush=True)
     batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)

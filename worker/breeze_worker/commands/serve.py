@@ -42,10 +42,8 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("engine", "reference_cache_entries", "--reference-cache-entries", "encoded references kept in memory"),
     ("engine", "codec_tf32", "--codec-tf32", "TF32 convolutions in the codec (compute capability >= 8.0 only; "
                                              "default: true FP32)"),
-    ("engine", "codec_serial", "--codec-serial", "decode each step's audio before the next step starts "
-                                                 "(default: overlapped with it)"),
-    ("engine", "equal_priority", "--equal-priority", "run the language model's steps at the codec's CUDA "
-                                                     "stream priority (default: a high-priority stream)"),
+    ("engine", "codec_overlap", "--codec-overlap", "decode each step's audio on its own CUDA stream while the "
+                                                   "next step runs (experimental: stalls seen at 16 streams)"),
     ("server", "host", "--host", "address to listen on (0.0.0.0 for all interfaces)"),
     ("server", "port", "--port", "Synthesize port (0 = any free port)"),
     ("server", "artifact_port", "--artifact-port", "Artifacts port (0 = any free port)"),

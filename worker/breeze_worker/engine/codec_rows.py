@@ -17,7 +17,7 @@ stream, so a launched step decodes while the engine queues and runs the next lan
 default stream; its inputs come from the host, so it waits for nothing there. `launch` returns at once
 (codes uploaded, graph replayed, audio copied to pinned host memory, all queued); `wait` blocks for that
 copy only. `decode` is both in one call. `CodecRows(overlap=False)` keeps the codec on the caller's
-stream (the engine's `codec_serial` setting, for comparison).
+stream (the engine's default; the `codec_overlap` setting asks for overlap).
 """
 
 from __future__ import annotations

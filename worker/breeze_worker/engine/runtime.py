@@ -8,9 +8,7 @@ captured here; eager: `PerStreamStepper`, each stream's own eager generator, the
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
 
 import torch
@@ -50,26 +48,6 @@ def configure_codec_convolutions(device: torch.device, tf32: bool | None = None)
     if torch.backends.cudnn.allow_tf32:
         log.info("codec convolutions in TF32 (codec_tf32 setting)")
     return torch.backends.cudnn.allow_tf32
-
-
-_LM_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-_LM_STREAMS_LOCK = threading.Lock()
-
-
-def lm_stream(device: torch.device | None, high_priority: bool = True):
-    """A context in which the calling thread queues its CUDA work (the language model's joins and steps)
-    on a high-priority stream of `device`, one per device and process. The codec's stream keeps the
-    default, lowest priority (engine/codec_rows.py), so when both have work waiting the GPU starts the
-    language model's blocks first: its step is the critical path, the codec's decode fills the gaps.
-    A no-op on the CPU, or when `high_priority` is off (the `equal_priority` setting)."""
-    if device is None or device.type != "cuda" or not high_priority:
-        return contextlib.nullcontext()
-    with _LM_STREAMS_LOCK:
-        stream = _LM_STREAMS.get(device)
-        if stream is None:
-            stream = _LM_STREAMS[device] = torch.cuda.Stream(device, priority=-1)  # -1: high (0 is the default)
-    torch.cuda.synchronize(device)  # buffers built on other streams (start-up, warm-up) are ready
-    return torch.cuda.stream(stream)
 
 
 class Runtime:

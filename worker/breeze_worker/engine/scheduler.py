@@ -7,14 +7,12 @@ runtime's *stepper* (engine/stepper.py: one batched frame step on the fast path,
 then decodes all the step's frames in ONE batched codec call. A job that ends hands its artifact commit
 (fsync + rename) to a small I/O pool so the other streams never wait on the disk.
 
-Overlap (engine/codec_rows.py; the `codec_serial` setting turns it off): the codec call of step t is
+Overlap (engine/codec_rows.py; the `codec_overlap` setting, off by default): the codec call of step t is
 launched, not waited for; its audio is read and sent while step t+1's language model runs (the stepper
 calls back once that step's device work is queued), so on CUDA the two run side by side. Whatever
 changes the codec batch (a join, a drop, a finish) first delivers the step in flight, and a step after
 which no stream goes on delivers at once. A job whose last frame is in flight has left the active list
-(its language-model slot is free) and finishes when that audio is delivered. On CUDA the engine thread
-queues the language model's work on a high-priority stream (engine/runtime.py `lm_stream`; the
-`equal_priority` setting turns it off), so the codec's kernels only take what the step leaves idle.
+(its language-model slot is free) and finishes when that audio is delivered.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ import numpy as np
 
 from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
 from breeze_worker.engine.metrics import EngineMetrics
-from breeze_worker.engine.runtime import lm_stream
 from breeze_worker.engine.session import Job
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason
@@ -55,7 +52,7 @@ class Scheduler:
     """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
 
     def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
-                 metrics: EngineMetrics | None = None, overlap: bool = True, lm_priority: bool = True):
+                 metrics: EngineMetrics | None = None, overlap: bool = False):
         self.runtime = runtime
         self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
@@ -68,7 +65,6 @@ class Scheduler:
         # they are neither pending nor active yet (lock held to read or write)
         self._starting = 0
         self.overlap = overlap
-        self.lm_priority = lm_priority
         self._codec = CodecRows(runtime.codec, overlap=self.overlap)
         self._in_flight: _InFlight | None = None
         self._stepper = runtime.stepper_for(max_active)
@@ -116,10 +112,6 @@ class Scheduler:
 
     # ---- engine thread ----
     def _run(self) -> None:
-        with lm_stream(getattr(self.runtime, "device", None), self.lm_priority):
-            self._loop()
-
-    def _loop(self) -> None:
         while True:
             with self._lock:
                 while not self._stopping and not self._active and not self._pending:

@@ -71,8 +71,7 @@ class Engine:
             max_queue=self.settings.max_queue,
             max_queue_wait_s=self.settings.max_queue_wait_s,
             metrics=self.metrics,
-            overlap=not self.settings.codec_serial,
-            lm_priority=not self.settings.equal_priority,
+            overlap=self.settings.codec_overlap,
         )
 
     async def stop(self) -> None:
