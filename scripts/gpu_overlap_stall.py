@@ -10,7 +10,9 @@ This script builds the full-size random-weight model (bf16) once and runs bursts
   overlap-16            the engine's overlap path as it is (codec graphs with per-shape convolution forms)
   serial-16             the codec on the language model's stream (the default since run 3)
   overlap-16-untuned    codec graphs captured without the convolution tuner (cuDNN only)
-  overlap-16-eager      the 16-slot codec step eager (no graph), the other buckets graphed
+  overlap-16-eager      the 16-slot codec step eager (no graph; cuDNN's heuristic algorithms), the other
+                        buckets graphed
+  overlap-16-heuristic  codec graphs captured with cuDNN's heuristic algorithms (no benchmark mode, no tuner)
   overlap-16-lm-eager   the language model's step uncompiled (library kernels only), still graphed
   overlap-12            12 streams: the same buckets (16 codec slots, 16x32 rows), fewer live rows
   overlap-8             8 streams (no stall seen there), as a control
@@ -36,10 +38,10 @@ from breeze_worker.engine.runtime import configure_codec_convolutions
 from breeze_worker.model.codec.layers import CausalConv1d
 
 VARIANTS = ("overlap-16", "overlap-16-eager", "overlap-16-untuned", "overlap-16-lm-eager", "serial-16",
-            "overlap-12", "overlap-8")
+            "overlap-12", "overlap-8", "overlap-16-heuristic")
 
 
-def reset_codec_pool(codec, tuned: bool = True, eager_rows: int | None = None) -> None:
+def reset_codec_pool(codec, tuned: bool = True, eager_rows: int | None = None, benchmark: bool = True) -> None:
     """Empty the codec's slot pool and refill buckets 1..16 as the variant wants."""
     pool = pool_for(codec)
     pool._free.clear()
@@ -49,7 +51,8 @@ def reset_codec_pool(codec, tuned: bool = True, eager_rows: int | None = None) -
             m.gemm_shapes = set()
     rows = 1
     while rows <= 16:
-        pool.release(SlotBatch(decoder, rows, use_graphs=None if rows != eager_rows else False, tune=tuned))
+        pool.release(SlotBatch(decoder, rows, use_graphs=None if rows != eager_rows else False, tune=tuned,
+                               benchmark=benchmark))
         rows *= 2
 
 
@@ -57,8 +60,9 @@ def run_variant(name: str, model, steppers: dict, device, frames: int, seed: int
     streams = int(name.split("-")[1])
     overlap = name.startswith("overlap")
     stepper = steppers["uncompiled" if name.endswith("lm-eager") else "compiled"]
-    reset_codec_pool(model.codec, tuned=not name.endswith("untuned"),
-                     eager_rows=16 if name.endswith("-eager") and not name.endswith("lm-eager") else None)
+    reset_codec_pool(model.codec, tuned=not name.endswith(("untuned", "heuristic")),
+                     eager_rows=16 if name.endswith("-eager") and not name.endswith("lm-eager") else None,
+                     benchmark=not name.endswith("heuristic"))
     sweep.run_burst(stepper, model.codec, sweep.stream_requests(model, streams, 2, seed + 1000), device,
                     overlap=overlap)  # warm this size
     bursts = []
