@@ -6,7 +6,7 @@ the full-size decoder with seeded random weights:
   fp32-library     true FP32, every convolution through cuDNN (benchmark mode at capture): the engine
                    before per-shape convolution forms (run 2 of results/batching/NOTES.md measured 33.6 ms
                    at 32 slots, two thirds of it in one FFT convolution)
-  fp32-tuned       true FP32, each one-group convolution timed as cuDNN and as one GEMM at this bucket's
+  fp32-tuned       true FP32, each one-group (transposed) convolution timed as cuDNN and as one GEMM at this bucket's
                    shape, the faster captured (engine/codec_graphs.py `tune_convolutions`; the default)
   tf32-library     TF32 convolutions (the worker's `codec_tf32` setting), all through cuDNN
   tf32-tuned       TF32 cuDNN convolutions or FP32 GEMMs, whichever is faster per shape
@@ -31,7 +31,7 @@ import torch
 
 from breeze_worker.bench.models import decoder_only_codec
 from breeze_worker.engine.codec_graphs import SlotBatch, tune_convolutions
-from breeze_worker.model.codec.layers import CausalConv1d
+from breeze_worker.model.codec.layers import CausalConv1d, CausalTransposedConv1d
 
 # name -> (TF32 convolutions, per-shape forms tuned)
 VARIANTS = {"fp32-library": (False, False), "fp32-tuned": (False, True), "tf32-library": (True, False),
@@ -41,7 +41,7 @@ REFERENCE = "fp32-library"
 
 def clear_forms(decoder) -> None:
     for m in decoder.modules():
-        if isinstance(m, CausalConv1d):
+        if isinstance(m, (CausalConv1d, CausalTransposedConv1d)):
             m.gemm_shapes = set()
 
 

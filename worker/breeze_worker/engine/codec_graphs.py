@@ -13,10 +13,10 @@ tensors back into the static ones: each replay advances the state. On the CPU, o
 (logged, kept in `fallback_reason`), the same function runs eagerly. decode_stream has no host sync and
 no value-dependent shape or branch (positions are only used in tensor arithmetic: streaming.window_mask).
 
-Convolution forms (`tune_convolutions`): before capture, each one-group causal convolution is timed at
-this bucket's input shape as the library's convolution (cuDNN, under the capture's flags) and as one
-GEMM over its stacked taps (model/codec/layers.py `conv1d_as_gemm`, true FP32), and the graph captures
-the faster. cuDNN's best FP32 algorithm for one 32-slot convolution was an FFT that took two thirds of
+Convolution forms (`tune_convolutions`): before capture, each one-group causal convolution and transposed
+convolution is timed at this bucket's input shape as the library's (cuDNN, under the capture's flags)
+and as one GEMM (model/codec/layers.py `conv1d_as_gemm` over the stacked taps, `conv_transpose1d_as_gemm`
+with an overlap-add; true FP32), and the graph captures the faster. cuDNN's best FP32 algorithm for one 32-slot convolution was an FFT that took two thirds of
 the step on an H200 (results/batching/NOTES.md).
 
 `SlotPool` keeps the built batches of one codec by row count, so a graph captured once (e.g. at the
@@ -55,19 +55,21 @@ def _time_us(fn, device: torch.device, repeats: int) -> float:
 
 
 def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> list[dict]:
-    """For every one-group causal convolution of `decoder`, at the input shape `step()` (one decode step)
-    gives it: time the library's convolution and `conv1d_as_gemm` on random input of that shape, and run
+    """For every one-group causal convolution and transposed convolution of `decoder`, at the input shape
+    `step()` (one decode step) gives it: time the library's convolution and the GEMM form
+    (`conv1d_as_gemm`, `conv_transpose1d_as_gemm`) on random input of that shape, and run
     the shape as a GEMM when that takes less than `margin` x the library's time (the module's
     `gemm_shapes`). A GEMM whose output does not match the library's (relative difference > 1e-2: a bug,
     not rounding) is never chosen. Returns per convolution: name, input shape, both times (us), the
     choice, the relative difference."""
-    from breeze_worker.model.codec.layers import CausalConv1d
+    from breeze_worker.model.codec.layers import CausalConv1d, CausalTransposedConv1d
 
-    names = {m: name for name, m in decoder.named_modules() if isinstance(m, CausalConv1d) and m.gemm_capable}
+    kinds = (CausalConv1d, CausalTransposedConv1d)
+    names = {m: name for name, m in decoder.named_modules() if isinstance(m, kinds) and m.gemm_capable}
     shapes: dict = {}
 
     def record(module, _inputs, output):
-        shapes.setdefault(module, (output.shape[0], module.in_channels, output.shape[-1] + module.context_steps))
+        shapes.setdefault(module, module.input_shape(output))
 
     hooks = [m.register_forward_hook(record) for m in names]
     try:

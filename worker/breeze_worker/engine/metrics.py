@@ -12,6 +12,7 @@ from collections import defaultdict
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+_STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1.0, 5.0, 10.0)  # 0.08: one frame of audio
 
 
 class _Histogram:
@@ -43,11 +44,14 @@ class EngineMetrics:
         "breeze_frames_total": ("counter", "audio frames (80 ms each) generated"),
         "breeze_audio_seconds_total": ("counter", "seconds of audio streamed"),
         "breeze_nonfinite_events_total": ("counter", "frames whose logits held NaN/Inf (never emitted)"),
+        "breeze_slow_steps_total": ("counter", "engine steps that took longer than 1 s (every active stream waited)"),
         "breeze_active_streams": ("gauge", "streams decoding now"),
         "breeze_queued_requests": ("gauge", "requests waiting for a stream slot"),
         "breeze_ttfa_seconds": ("histogram", "job start to first audio chunk"),
         "breeze_queue_wait_seconds": ("histogram", "time a request waited for a slot"),
         "breeze_rtf": ("histogram", "per-job real-time factor (wall / audio, lower is better)"),
+        "breeze_step_seconds": ("histogram", "one engine step: a frame for every active stream, with its audio "
+                                             "(above 0.08 s the streams fall behind real time)"),
     }
 
     def __init__(self):
@@ -61,6 +65,8 @@ class EngineMetrics:
         self.ttfa = _Histogram(_LATENCY_BUCKETS)
         self.queue_wait = _Histogram(_LATENCY_BUCKETS)
         self.rtf = _Histogram(_RTF_BUCKETS)
+        self.step = _Histogram(_STEP_BUCKETS)
+        self.slow_steps = 0
 
     def job_started(self, queue_wait_s: float) -> None:
         with self._lock:
@@ -77,6 +83,11 @@ class EngineMetrics:
                     self.ttfa.observe(stats.ttfa_s)
                     self.rtf.observe(stats.rtf)
 
+    def step_done(self, seconds: float, slow: bool) -> None:
+        with self._lock:
+            self.step.observe(seconds)
+            self.slow_steps += int(slow)
+
     def set_load(self, active: int, queued: int) -> None:
         with self._lock:
             self.active, self.queued = active, queued
@@ -87,12 +98,14 @@ class EngineMetrics:
                 "breeze_frames_total": [f"breeze_frames_total {self.frames}"],
                 "breeze_audio_seconds_total": [f"breeze_audio_seconds_total {self.audio_seconds:.3f}"],
                 "breeze_nonfinite_events_total": [f"breeze_nonfinite_events_total {self.nonfinite_events}"],
+                "breeze_slow_steps_total": [f"breeze_slow_steps_total {self.slow_steps}"],
                 "breeze_active_streams": [f"breeze_active_streams {self.active}"],
                 "breeze_queued_requests": [f"breeze_queued_requests {self.queued}"],
                 "breeze_jobs_total": [f'breeze_jobs_total{{end_reason="{k}"}} {v}' for k, v in sorted(self.jobs.items())],
                 "breeze_ttfa_seconds": self.ttfa.render("breeze_ttfa_seconds"),
                 "breeze_queue_wait_seconds": self.queue_wait.render("breeze_queue_wait_seconds"),
                 "breeze_rtf": self.rtf.render("breeze_rtf"),
+                "breeze_step_seconds": self.step.render("breeze_step_seconds"),
             }
         out = []
         for name, (kind, help_text) in self.HELP.items():

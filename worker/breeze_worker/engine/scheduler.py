@@ -36,6 +36,7 @@ from breeze_worker.errors import BreezeError, Cancelled, DeadlineExceeded, Resou
 log = logging.getLogger(__name__)
 
 _NO_SAMPLES = np.zeros(0, dtype=np.float32)
+SLOW_STEP_S = 1.0  # a step this long is logged and counted (breeze_slow_steps_total): every stream waited
 
 
 @dataclass
@@ -130,12 +131,14 @@ class Scheduler:
                         self._starting = 0
             self.metrics.set_load(len(self._active), len(self._pending))
             if self._active:
+                streams, t0 = len(self._active), time.perf_counter()
                 try:
                     self._step_all()
                 except BaseException as exc:  # a bug in the step itself: fail its streams, keep serving
                     log.exception("engine step failed; failing the %d active stream(s)", len(self._active))
                     for job in list(self._active):
                         self._drop(job, exc)
+                self._step_timed(streams, time.perf_counter() - t0)
             elif not admitted:
                 with self._lock:  # only expired or cancelled jobs are waiting: sleep briefly
                     self._lock.wait(0.01)
@@ -146,6 +149,15 @@ class Scheduler:
             self._fail(job, Unavailable("the worker shut down before this job finished; retry"))
         self._active.clear()
         self._pending.clear()
+
+    def _step_timed(self, streams: int, seconds: float) -> None:
+        slow = seconds > SLOW_STEP_S
+        self.metrics.step_done(seconds, slow)
+        if slow:
+            log.warning("an engine step for %d stream(s) took %.2f s (usually tens of ms): every active stream "
+                        "waited%s", streams, seconds,
+                        "; the codec overlap is on, which stalled 16-stream steps on an H200 (--codec-overlap)"
+                        if self.overlap else "")
 
     def _take_admissible(self) -> list[Job]:
         """Pop jobs that may start now; fail those that waited too long or went away (lock held)."""

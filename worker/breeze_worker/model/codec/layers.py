@@ -52,6 +52,10 @@ class CausalConv1d(nn.Module):
     def gemm_capable(self) -> bool:
         return self.conv.groups == 1
 
+    def input_shape(self, output: torch.Tensor) -> tuple[int, int, int]:
+        """The shape of the convolution's input (left context included) that gave this module `output`."""
+        return output.shape[0], self.in_channels, output.shape[-1] + self.context_steps
+
     def convolve(self, x: torch.Tensor, gemm: bool | None = None) -> torch.Tensor:
         """The convolution of an input that already holds its left context; `gemm`: force a form (None:
         `gemm_shapes` decides)."""
@@ -71,11 +75,35 @@ class CausalConv1d(nn.Module):
         return self.convolve(x)
 
 
+def conv_transpose1d_as_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             stride: int) -> torch.Tensor:
+    """`F.conv_transpose1d(x, weight, bias, stride=stride)` (no padding, one group, kernel a multiple of the
+    stride) as ONE matrix product and an overlap-add: every input step's contribution to the kernel's k
+    output samples is [C_out * k, C_in] @ [C_in, B * n]; the k = m * stride samples of step i land at
+    output steps i .. i + m - 1 of `stride` samples each."""
+    b, c_in, n = x.shape
+    _, c_out, k = weight.shape  # ConvTranspose1d keeps [C_in, C_out, k]
+    m = k // stride
+    cols = torch.mm(weight.reshape(c_in, c_out * k).t(), x.transpose(0, 1).reshape(c_in, b * n))
+    cols = cols.view(c_out, m, stride, b, n).permute(1, 0, 3, 4, 2)  # [m, C_out, B, n, stride]
+    if m == 1:
+        out = cols[0]
+    else:
+        out = x.new_zeros(c_out, b, n + m - 1, stride)
+        for j in range(m):
+            out[:, :, j: j + n] += cols[j]
+    out = out.reshape(c_out, b, (n + m - 1) * stride)
+    if bias is not None:
+        out = out + bias[:, None, None]
+    return out.transpose(0, 1).contiguous()
+
+
 class CausalTransposedConv1d(nn.Module):
     """Transposed convolution (upsampling by `stride`) trimmed on the right so it stays causal.
 
     Output sample t depends on input steps floor((t - kernel) / stride) + 1 .. floor(t / stride), so a
     stream keeps `ceil(kernel / stride) - 1` input steps whose output overlaps the next call's.
+    `gemm_shapes`: as CausalConv1d's, with `conv_transpose1d_as_gemm`.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
@@ -87,15 +115,31 @@ class CausalTransposedConv1d(nn.Module):
         self.stride = stride
         self.context_steps = math.ceil(kernel_size / stride) - 1
         self.stream_slot: int | None = None
+        self.gemm_shapes: set[tuple[int, ...]] = set()
+
+    @property
+    def gemm_capable(self) -> bool:
+        return self.conv.groups == 1 and self.conv.kernel_size[0] % self.stride == 0
+
+    def input_shape(self, output: torch.Tensor) -> tuple[int, int, int]:
+        """The shape of the convolution's input (context included) that gave this module `output`."""
+        return output.shape[0], self.in_channels, output.shape[-1] // self.stride + self.context_steps
+
+    def convolve(self, x: torch.Tensor, gemm: bool | None = None) -> torch.Tensor:
+        if gemm is None:
+            gemm = bool(self.gemm_shapes) and tuple(x.shape) in self.gemm_shapes
+        if gemm:
+            return conv_transpose1d_as_gemm(x, self.conv.weight, self.conv.bias, self.stride)
+        return self.conv(x)
 
     def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
         steps = x.shape[-1]
         if state is None or self.context_steps == 0:
-            return self.conv(x)[..., : steps * self.stride]
+            return self.convolve(x)[..., : steps * self.stride]
         slot = self.stream_slot
         x, state.contexts[slot] = slide_context(state.contexts[slot], x)
         start = self.context_steps * self.stride
-        return self.conv(x)[..., start : start + steps * self.stride]
+        return self.convolve(x)[..., start : start + steps * self.stride]
 
 
 class SnakeBeta(nn.Module):
