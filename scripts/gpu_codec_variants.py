@@ -6,15 +6,16 @@ the full-size decoder with seeded random weights:
   fp32-library     true FP32, every convolution through cuDNN (benchmark mode at capture): the engine
                    before per-shape convolution forms (run 2 of results/batching/NOTES.md measured 33.6 ms
                    at 32 slots, two thirds of it in one FFT convolution)
-  fp32-tuned       true FP32, each one-group (transposed) convolution timed as cuDNN and as one GEMM at this bucket's
-                   shape, the faster captured (engine/codec_graphs.py `tune_convolutions`; the default)
+  fp32-tuned       true FP32, each one-group (transposed) convolution timed as cuDNN and as one GEMM at
+                   this bucket's shape, the faster captured (engine/codec_graphs.py `tune_convolutions`; the default)
   tf32-library     TF32 convolutions (the worker's `codec_tf32` setting), all through cuDNN
   tf32-tuned       TF32 cuDNN convolutions or FP32 GEMMs, whichever is faster per shape
 Measured: ms per step (codes up, one replay, audio to the host) with every slot active, median of
 --repeats; the same frames decoded by each variant from the same start, compared with fp32-heuristic:
 max abs difference and SNR in dB (10 log10 of signal energy over difference energy; inf when equal)
 against fp32-library. Each tuned row keeps its per-convolution report. Then the kernels of one eager
-step at the largest bucket in true FP32, library and tuned forms (torch.profiler, top 15 by device time). Prints a table last; --json writes everything.
+step at the largest bucket in true FP32, library and tuned forms (torch.profiler, top 15 by device time).
+Prints a table last; --json writes everything.
 Usage: PYTHONPATH=worker:client:protos python3 scripts/gpu_codec_variants.py --json out.json
 """
 
@@ -145,7 +146,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
-    print(f"{'rows':>4} {'variant':>15} {'ms/step':>8} {'TFLOP/s':>8} {'SNR dB':>8} {'max diff':>9} {'GEMMs':>5} graphed")
+    print(f"{'rows':>4} {'variant':>15} {'ms/step':>8} {'TFLOP/s':>8} {'SNR dB':>8} {'max diff':>9} "
+          f"{'GEMMs':>5} graphed")
     for r in out["rows"]:
         print(f"{r['rows']:>4} {r['variant']:>15} {r['ms_per_step']:>8.2f} {r['tflop_per_s']:>8.1f} "
               f"{r['snr_db']:>8.1f} {r['max_abs_diff']:>9.2e} {r['gemm_convs']:>5} {r['graphed']}")

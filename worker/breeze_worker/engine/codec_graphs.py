@@ -16,8 +16,7 @@ no value-dependent shape or branch (positions are only used in tensor arithmetic
 Convolution forms (`tune_convolutions`): before capture, each one-group causal convolution and transposed
 convolution is timed at this bucket's input shape as the library's (cuDNN, under the capture's flags)
 and as one GEMM (model/codec/layers.py `conv1d_as_gemm` over the stacked taps, `conv_transpose1d_as_gemm`
-with an overlap-add; true FP32), and the graph captures the faster. cuDNN's best FP32 algorithm for one 32-slot convolution was an FFT that took two thirds of
-the step on an H200 (results/batching/NOTES.md).
+with an overlap-add; true FP32), and the graph captures the faster (results/batching/NOTES.md, run 4).
 
 `SlotPool` keeps the built batches of one codec by row count, so a graph captured once (e.g. at the
 runtime's warm-up, or by `prepare`) serves every later `CodecRows` (engine/codec_rows.py).
