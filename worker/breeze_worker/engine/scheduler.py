@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 _NO_SAMPLES = np.zeros(0, dtype=np.float32)
 SLOW_STEP_S = 1.0  # a step this long is logged and counted (breeze_slow_steps_total): every stream waited
+SLOW_STEP_LOG_EVERY_S = 60.0  # after a slow-step warning, the next one waits this long (and says how many)
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="artifact-io")
         self.steps = 0  # engine loop passes that stepped at least one stream (for tests and metrics)
+        self._slow_unlogged = 0  # slow steps since the last warning
+        self._slow_logged_at = float("-inf")
 
     # ---- event-loop side ----
     def start(self) -> None:
@@ -151,13 +154,21 @@ class Scheduler:
         self._pending.clear()
 
     def _step_timed(self, streams: int, seconds: float) -> None:
+        """Metrics for every step; a warning for a slow one, at most one per SLOW_STEP_LOG_EVERY_S (a CPU
+        worker on a real checkpoint may be slow at every step)."""
         slow = seconds > SLOW_STEP_S
         self.metrics.step_done(seconds, slow)
-        if slow:
-            log.warning("an engine step for %d stream(s) took %.2f s (usually tens of ms): every active stream "
-                        "waited%s", streams, seconds,
-                        "; the codec overlap is on, which stalled 16-stream steps on an H200 (--codec-overlap)"
-                        if self.overlap else "")
+        if not slow:
+            return
+        self._slow_unlogged += 1
+        now = time.monotonic()
+        if now - self._slow_logged_at < SLOW_STEP_LOG_EVERY_S:
+            return
+        log.warning("an engine step for %d stream(s) took %.2f s (usually tens of ms on a GPU): every active "
+                    "stream waited (%d slow step(s) since the last such warning)%s", streams, seconds,
+                    self._slow_unlogged, "; the codec overlap is on, which stalled 16-stream steps on an H200 "
+                    "(--codec-overlap)" if self.overlap else "")
+        self._slow_unlogged, self._slow_logged_at = 0, now
 
     def _take_admissible(self) -> list[Job]:
         """Pop jobs that may start now; fail those that waited too long or went away (lock held)."""
