@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU run of issue 8 (continuous batching). Writes JSON and logs under $OUT (default ./results/gpu_batching).
-# Usage: BREEZE_COMMIT=$(git rev-parse HEAD) scripts/gpu_batching.sh    (estimated 4-6 minutes on an H200, mostly
-# torch.compile of the bucket shapes, ~5 units each; the step limits add up to 8 minutes)
+# Usage: BREEZE_COMMIT=<sha> scripts/gpu_batching.sh
+#   (write the sha out on the host: a copied working tree's git HEAD can be stale, as on the lent device in
+#   results/batching/NOTES.md runs 3-4; estimated 4-6 minutes on an H200, mostly torch.compile of the bucket
+#   shapes, ~5 units each; the step limits add up to 8 minutes)
 #   1. agree_mid_fp32: mid size (full widths, few layers), FP32, uncompiled: 8 streams (half CFG) batched vs
 #      each alone, prompts prefilled together and one by one, plus a 1,2 sweep as a smoke check
 #   2. sweep_full_bf16: full-size Breeze architecture, seeded random weights, bf16, the batched step compiled

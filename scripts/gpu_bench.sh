@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script the GPU device runs (issue 6): correctness first, then timings. Writes JSON and logs
-# under $OUT (default ./results/gpu). Usage: BREEZE_COMMIT=$(git rev-parse HEAD) scripts/gpu_bench.sh
+# under $OUT (default ./results/gpu). Usage: BREEZE_COMMIT=<sha> scripts/gpu_bench.sh (the sha as the host's
+# `git rev-parse HEAD` gives it: a copied working tree's git HEAD can be stale)
 #   1. mid-size config (full widths, few layers), FP32 on the GPU: eager frames == fast-path frames, for the
 #      uncompiled and the torch.compile'd fast path, CFG off and on
 #   2. full-size Breeze architecture, seeded random weights, full-size codec decoder: eager vs fast
