@@ -31,19 +31,12 @@ import time
 import torch
 
 from breeze_worker.bench.models import decoder_only_codec
-from breeze_worker.engine.codec_graphs import SlotBatch, tune_convolutions
-from breeze_worker.model.codec.layers import CausalConv1d, CausalTransposedConv1d
+from breeze_worker.engine.codec_graphs import SlotBatch, clear_convolution_forms, tune_convolutions
 
 # name -> (TF32 convolutions, per-shape forms tuned)
 VARIANTS = {"fp32-library": (False, False), "fp32-tuned": (False, True), "tf32-library": (True, False),
             "tf32-tuned": (True, True)}
 REFERENCE = "fp32-library"
-
-
-def clear_forms(decoder) -> None:
-    for m in decoder.modules():
-        if isinstance(m, (CausalConv1d, CausalTransposedConv1d)):
-            m.gemm_shapes = set()
 
 
 def sync(device: torch.device) -> None:
@@ -58,7 +51,7 @@ def frames_for(rows: int, frames: int, seed: int, device: torch.device) -> list[
 
 
 def run_variant(decoder, rows: int, tf32: bool, tune: bool, frames: list[torch.Tensor], repeats: int) -> dict:
-    clear_forms(decoder)
+    clear_convolution_forms(decoder)
     batch = SlotBatch(decoder, rows, benchmark=True, tf32=tf32, tune=tune)
     audio = [batch.step(f).cpu() for f in frames]  # from silence: the same start for every variant
     times = []
@@ -88,7 +81,7 @@ def kernel_profile(decoder, rows: int, tuned: bool, top: int = 15) -> list[dict]
     activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
     state = decoder.new_stream(rows)
     codes = torch.randint(0, 2048, (rows, 16, 1), device=decoder.device)
-    clear_forms(decoder)
+    clear_convolution_forms(decoder)
     with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=False), \
             torch.inference_mode():
         if tuned:

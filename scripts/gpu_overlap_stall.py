@@ -32,10 +32,9 @@ from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.engine.batching import BatchedStepper
-from breeze_worker.engine.codec_graphs import SlotBatch, pool_for
+from breeze_worker.engine.codec_graphs import SlotBatch, clear_convolution_forms, pool_for
 from breeze_worker.engine.precision import choose_policy
 from breeze_worker.engine.runtime import configure_codec_convolutions
-from breeze_worker.model.codec.layers import CausalConv1d, CausalTransposedConv1d
 
 VARIANTS = ("overlap-16", "overlap-16-eager", "overlap-16-untuned", "overlap-16-lm-eager", "serial-16",
             "overlap-12", "overlap-8", "overlap-16-heuristic")
@@ -46,9 +45,7 @@ def reset_codec_pool(codec, tuned: bool = True, eager_rows: int | None = None, b
     pool = pool_for(codec)
     pool._free.clear()
     decoder = codec.decoder
-    for m in decoder.modules():
-        if isinstance(m, (CausalConv1d, CausalTransposedConv1d)):
-            m.gemm_shapes = set()
+    clear_convolution_forms(decoder)
     rows = 1
     while rows <= 16:
         pool.release(SlotBatch(decoder, rows, use_graphs=None if rows != eager_rows else False, tune=tuned,

@@ -32,6 +32,7 @@ import weakref
 import torch
 
 from breeze_worker.engine.fastpath.graph import run_on_side_stream
+from breeze_worker.model.codec.layers import TwoFormConvolution
 
 log = logging.getLogger(__name__)
 
@@ -61,45 +62,45 @@ def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> 
     `gemm_shapes`). A GEMM whose output does not match the library's (relative difference > 1e-2: a bug,
     not rounding) is never chosen. Returns per convolution: name, input shape, both times (us), the
     choice, the relative difference."""
-    from breeze_worker.model.codec.layers import CausalConv1d, CausalTransposedConv1d
-
-    kinds = (CausalConv1d, CausalTransposedConv1d)
-    names = {m: name for name, m in decoder.named_modules() if isinstance(m, kinds) and m.gemm_capable}
+    names = {m: name for name, m in decoder.named_modules()
+             if isinstance(m, TwoFormConvolution) and m.gemm_capable}
     shapes: dict = {}
 
     def record(module, _inputs, output):
         shapes.setdefault(module, module.input_shape(output))
 
-    hooks = [m.register_forward_hook(record) for m in names]
-    try:
-        with torch.no_grad():
-            step()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    with torch.no_grad():
-        return _tune(names, shapes, repeats, margin)
-
-
-def _tune(names: dict, shapes: dict, repeats: int, margin: float) -> list[dict]:
     report = []
-    for module, shape in shapes.items():
-        weight = module.conv.weight
-        generator = torch.Generator(device=weight.device).manual_seed(0)
-        x = torch.randn(shape, generator=generator, device=weight.device, dtype=weight.dtype)
-        library = module.convolve(x, gemm=False)
-        gemm = module.convolve(x, gemm=True)
-        diff = float((library - gemm).abs().max() / library.abs().max().clamp_min(1e-30))
-        library_us = _time_us(lambda: module.convolve(x, gemm=False), weight.device, repeats)
-        gemm_us = _time_us(lambda: module.convolve(x, gemm=True), weight.device, repeats)
-        use = gemm_us < margin * library_us and diff <= 1e-2
-        if use:
-            module.gemm_shapes.add(shape)
-        else:
-            module.gemm_shapes.discard(shape)
-        report.append({"conv": names[module], "shape": list(shape), "library_us": library_us, "gemm_us": gemm_us,
-                       "gemm": use, "relative_diff": diff})
+    with torch.no_grad():
+        hooks = [m.register_forward_hook(record) for m in names]
+        try:
+            step()
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for module, shape in shapes.items():
+            weight = module.conv.weight
+            generator = torch.Generator(device=weight.device).manual_seed(0)
+            x = torch.randn(shape, generator=generator, device=weight.device, dtype=weight.dtype)
+            library = module.convolve(x, gemm=False)
+            gemm = module.convolve(x, gemm=True)
+            diff = float((library - gemm).abs().max() / library.abs().max().clamp_min(1e-30))
+            library_us = _time_us(lambda: module.convolve(x, gemm=False), weight.device, repeats)
+            gemm_us = _time_us(lambda: module.convolve(x, gemm=True), weight.device, repeats)
+            use = gemm_us < margin * library_us and diff <= 1e-2
+            if use:
+                module.gemm_shapes.add(shape)
+            else:
+                module.gemm_shapes.discard(shape)
+            report.append({"conv": names[module], "shape": list(shape), "library_us": library_us,
+                           "gemm_us": gemm_us, "gemm": use, "relative_diff": diff})
     return report
+
+
+def clear_convolution_forms(decoder) -> None:
+    """Every convolution of `decoder` back to the library's form at every shape."""
+    for module in decoder.modules():
+        if isinstance(module, TwoFormConvolution):
+            module.gemm_shapes = set()
 
 
 def bucket_for(rows: int) -> int:

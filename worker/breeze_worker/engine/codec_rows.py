@@ -79,8 +79,9 @@ class PendingAudio:
 
 
 class CodecRows:
-    def __init__(self, codec, overlap: bool = True):
-        """`overlap`: run on a CUDA stream of its own (no effect on the CPU)."""
+    def __init__(self, codec, overlap: bool = False):
+        """`overlap`: run on a CUDA stream of its own (no effect on the CPU; off, as in the engine, unless
+        asked)."""
         self.codec = codec
         self._pool = pool_for(codec)
         device = self._pool.device

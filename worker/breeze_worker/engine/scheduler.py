@@ -99,8 +99,8 @@ class Scheduler:
             free_slots = max(0, self.max_active - len(self._active) - self._starting)
             if len(self._pending) >= self.max_queue + free_slots:
                 raise ResourceExhausted(
-                    f"the request queue is full ({self.max_queue} waiting, {len(self._active) + self._starting} active streams "
-                    f"of max {self.max_active}); retry later or raise --max-queue"
+                    f"the request queue is full ({self.max_queue} waiting, {len(self._active) + self._starting} "
+                    f"active streams of max {self.max_active}); retry later or raise --max-queue"
                 )
             self._pending.append(job)
             self._lock.notify_all()

@@ -33,12 +33,30 @@ def conv1d_as_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out.view(c_out, b, t).transpose(0, 1).contiguous()
 
 
-class CausalConv1d(nn.Module):
-    """Stride-1 convolution that only looks back: `(kernel - 1) * dilation` samples of left context.
+class TwoFormConvolution(nn.Module):
+    """A convolution (`self.conv`) that can also run as one GEMM (`_as_gemm`). `gemm_shapes`: the input
+    shapes (left context included) at which it does; empty by default. On CUDA the codec's slot batches
+    measure both forms per shape before capturing their graph and fill it (engine/codec_graphs.py
+    `tune_convolutions`)."""
 
-    `gemm_shapes`: input shapes (with context) at which the convolution runs as `conv1d_as_gemm` instead
-    of the library's convolution; empty by default. On CUDA the codec's slot batches measure both forms per
-    shape before capturing their graph and fill it (engine/codec_graphs.py `tune_convolutions`)."""
+    def __init__(self):
+        super().__init__()
+        self.gemm_shapes: set[tuple[int, ...]] = set()
+
+    def _as_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def convolve(self, x: torch.Tensor, gemm: bool | None = None) -> torch.Tensor:
+        """The convolution of an input that already holds its left context; `gemm`: force a form (None:
+        `gemm_shapes` decides)."""
+        if gemm is None:
+            gemm = tuple(x.shape) in self.gemm_shapes
+        return self._as_gemm(x) if gemm else self.conv(x)
+
+
+class CausalConv1d(TwoFormConvolution):
+    """Stride-1 convolution that only looks back: `(kernel - 1) * dilation` samples of left context; its
+    GEMM form is `conv1d_as_gemm`."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -46,7 +64,6 @@ class CausalConv1d(nn.Module):
         self.in_channels = in_channels
         self.context_steps = (kernel_size - 1) * dilation
         self.stream_slot: int | None = None  # index into DecoderStreamState.contexts, set by the decoder
-        self.gemm_shapes: set[tuple[int, ...]] = set()
 
     @property
     def gemm_capable(self) -> bool:
@@ -56,14 +73,8 @@ class CausalConv1d(nn.Module):
         """The shape of the convolution's input (left context included) that gave this module `output`."""
         return output.shape[0], self.in_channels, output.shape[-1] + self.context_steps
 
-    def convolve(self, x: torch.Tensor, gemm: bool | None = None) -> torch.Tensor:
-        """The convolution of an input that already holds its left context; `gemm`: force a form (None:
-        `gemm_shapes` decides)."""
-        if gemm is None:
-            gemm = bool(self.gemm_shapes) and tuple(x.shape) in self.gemm_shapes
-        if gemm:
-            return conv1d_as_gemm(x, self.conv.weight, self.conv.bias, self.conv.dilation[0])
-        return self.conv(x)
+    def _as_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        return conv1d_as_gemm(x, self.conv.weight, self.conv.bias, self.conv.dilation[0])
 
     def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
         if self.context_steps == 0:
@@ -98,12 +109,12 @@ def conv_transpose1d_as_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     return out.transpose(0, 1).contiguous()
 
 
-class CausalTransposedConv1d(nn.Module):
+class CausalTransposedConv1d(TwoFormConvolution):
     """Transposed convolution (upsampling by `stride`) trimmed on the right so it stays causal.
 
     Output sample t depends on input steps floor((t - kernel) / stride) + 1 .. floor(t / stride), so a
     stream keeps `ceil(kernel / stride) - 1` input steps whose output overlaps the next call's.
-    `gemm_shapes`: as CausalConv1d's, with `conv_transpose1d_as_gemm`.
+    Its GEMM form is `conv_transpose1d_as_gemm`.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
@@ -115,7 +126,6 @@ class CausalTransposedConv1d(nn.Module):
         self.stride = stride
         self.context_steps = math.ceil(kernel_size / stride) - 1
         self.stream_slot: int | None = None
-        self.gemm_shapes: set[tuple[int, ...]] = set()
 
     @property
     def gemm_capable(self) -> bool:
@@ -125,12 +135,8 @@ class CausalTransposedConv1d(nn.Module):
         """The shape of the convolution's input (context included) that gave this module `output`."""
         return output.shape[0], self.in_channels, output.shape[-1] // self.stride + self.context_steps
 
-    def convolve(self, x: torch.Tensor, gemm: bool | None = None) -> torch.Tensor:
-        if gemm is None:
-            gemm = bool(self.gemm_shapes) and tuple(x.shape) in self.gemm_shapes
-        if gemm:
-            return conv_transpose1d_as_gemm(x, self.conv.weight, self.conv.bias, self.stride)
-        return self.conv(x)
+    def _as_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        return conv_transpose1d_as_gemm(x, self.conv.weight, self.conv.bias, self.stride)
 
     def forward(self, x: torch.Tensor, state: DecoderStreamState | None = None) -> torch.Tensor:
         steps = x.shape[-1]
