@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath import compiled
+from breeze_worker.engine.fastpath import compiled, fused
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import FrameRunner, clear_runners
 
@@ -48,12 +48,18 @@ def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
     clear_runners()
 
 
-@pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn"])
+@pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp"])
 def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
     """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
     frames as the eager reference, CFG on (2 rows)."""
     monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
     monkeypatch.setenv(compiled.FORM_ENV, form)
+    # "fused*": every depth layer step goes through the fused stages (their torch form here); "fused+mlp": the
+    # backbone's MLPs too
+    fused_layers, fused_mlps = [], []
+    real_depth_layer, real_mlp = fused.depth_layer, fused.mlp
+    monkeypatch.setattr(fused, "depth_layer", lambda *a, **k: fused_layers.append(1) or real_depth_layer(*a, **k))
+    monkeypatch.setattr(fused, "mlp", lambda layer, x, ws: fused_mlps.append(x.shape[-1]) or real_mlp(layer, x, ws))
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
@@ -64,9 +70,15 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     from breeze_worker.engine.fastpath.graph import release_runner
 
     release_runner(model.lm, runner)
+    fused_layers.clear()  # count the request's frames only (not the runner's warm-up)
+    fused_mlps.clear()
     fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
     clear_runners()
     assert len(fast) == 3 and _equal(eager, fast)
+    depth_layer_steps = 3 * 15 * model.lm.config.depth.num_hidden_layers  # 15 depth positions per frame
+    assert len(fused_layers) == (depth_layer_steps if form.startswith("fused") else 0)
+    backbone_mlps = fused_mlps.count(model.lm.config.backbone.hidden_size)
+    assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if form == "fused+mlp" else 0)
 
 
 def test_layer_form_by_rows_and_environment(monkeypatch):

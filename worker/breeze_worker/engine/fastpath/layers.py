@@ -41,8 +41,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 # see the module docstring: "gemm" is `decode_layer`; "units*" run the layer as UNITS with Inductor's
-# reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions
-FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn")
+# reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions;
+# "fused": the depth decoder's layers as four Triton kernels (fastpath/fused.py), the backbone's units+attn;
+# "fused+mlp": also the backbone's MLP as the fused kernels (norm + gate/up + SiLU, down + residual)
+FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -185,15 +187,22 @@ def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch
     return qk[:, :h], qk[:, h:], v
 
 
+def layer_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,
+                    o_proj: torch.Tensor, *, scale: float, triton_gemv: bool, reduce_attn: bool) -> torch.Tensor:
+    """Attention over the (already written) cache, output projection and residual: x after attention."""
+    rows, h, t, d = q.shape
+    out = attend(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
+    return x + _unit_linear(out.transpose(1, 2).reshape(rows, t, h * d), o_proj, triton_gemv)
+
+
 def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
                            x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor, *,
                            scale: float, eps_post: float, intermediate: int, act, triton_gemv: bool,
                            reduce_attn: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the (already written) cache, output projection and residual, post norm, gate and up
     projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
-    rows, h, t, d = q.shape
-    out = attend(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
-    x = x + _unit_linear(out.transpose(1, 2).reshape(rows, t, h * d), o_proj, triton_gemv)
+    x = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=scale, triton_gemv=triton_gemv,
+                        reduce_attn=reduce_attn)
     normed = rms_norm(x, w_post, eps_post)
     if triton_gemv:  # one pass over the packed gate/up weight
         gu = gemv.small_linear(normed, gate_up)
@@ -210,6 +219,8 @@ def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, 
 
 
 UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
+# "fused+mlp" (the backbone): layer_qkv, then layer_attention, then the MLP as fused kernels (fastpath/fused.py)
+ATTENTION_UNIT = layer_attention
 
 
 class PackedLayer:
@@ -251,11 +262,12 @@ class PackedLayer:
 
     def decode_units(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, units=UNITS,
-                     form: str = "units", static_slot: int | None = None) -> torch.Tensor:
+                     form: str = "units", static_slot: int | None = None, mlp=None) -> torch.Tensor:
         """The same layer as `decode`, in a "units*" or "triton*" form, through the three units (`units`:
         UNITS or their compiled forms). The cache write: inside the first unit when the slots are the same
         for every row and known now (`static_slot`, the depth decoder), else an in-place scatter between
-        the units (the backbone: each row writes at its own position)."""
+        the units (the backbone: each row writes at its own position). `mlp`: (attention unit, fn(layer,
+        x) -> x) to run the MLP outside the units (the fused kernels) instead of units 2-3's second half."""
         qkv_fn, attn_fn, mlp_fn = units
         triton_gemv = form.startswith("triton")
         t = x.shape[1]
@@ -268,6 +280,11 @@ class PackedLayer:
         q = qkv[0]
         if static_slot is None:
             write_cache(k_cache, v_cache, slots, qkv[1], qkv[2])
+        if mlp is not None:
+            attention_fn, mlp_fn = mlp
+            x = attention_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, scale=self.scale,
+                             triton_gemv=triton_gemv, reduce_attn=form.endswith("+attn"))
+            return mlp_fn(self, x)
         x, hidden = attn_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, self.w_post, self.gate_up,
                             scale=self.scale, eps_post=self.eps_post, intermediate=self.intermediate, act=self.act,
                             triton_gemv=triton_gemv, reduce_attn=form.endswith("+attn"))

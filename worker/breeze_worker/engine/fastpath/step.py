@@ -34,7 +34,9 @@ import torch.nn.functional as F
 
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form
-from breeze_worker.engine.fastpath.layers import UNITS, PackedLayer, decode_layer, linear, rms_norm
+from breeze_worker.engine.fastpath import fused
+from breeze_worker.engine.fastpath.layers import (ATTENTION_UNIT, UNITS, PackedLayer, decode_layer, linear, rms_norm,
+                                                  small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -88,9 +90,11 @@ class FrameStep:
         # the units as plain functions of the step (called with `self`, so `narrow` views use them too)
         self.layer_fn = decode_layer
         self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
+        self.attention_unit = ATTENTION_UNIT  # "fused+mlp": the backbone's attention before the fused MLP
         self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
         self.compiled = False
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
+        self.fused_workspace = fused.DownWorkspace()  # the "fused" form's split-K partial sums
         # per-row and per-stream state
         z = dict(device=device)
         self.hidden = torch.zeros(rows, bb.hidden_size, dtype=dtype, **z)  # last backbone state per row
@@ -173,6 +177,7 @@ class FrameStep:
         self.form = form or layer_form(self.rows)
         self.layer_fn = compile_fn(decode_layer)
         self.units = tuple(compile_fn(fn) for fn in UNITS)
+        self.attention_unit = compile_fn(ATTENTION_UNIT)
         self._start_fn, self._next_fn = compile_fn(FrameStep._frame_start), compile_fn(FrameStep._depth_next)
         self.compiled = True
 
@@ -180,6 +185,7 @@ class FrameStep:
         self.form = "gemm"
         self.layer_fn = decode_layer
         self.units = UNITS
+        self.attention_unit = ATTENTION_UNIT
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
         self.compiled = False
 
@@ -196,7 +202,15 @@ class FrameStep:
         # depth decoder: position 0 = backbone state, 1 = codebook-0 embedding (a 2-position prefill)
         row_code = code[self.row_stream].clamp(max=self.vocab - 1)
         x = lm.depth_prefill_inputs(self.hidden, row_code)
-        return linear(x.to(self.dtype), lm.depth_decoder.model.inputs_embeds_projector.weight), noise
+        return self._project(x.to(self.dtype)), noise
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        """The depth decoder's input projection (2048 -> 1024). In the "fused" form as a small-row reduction
+        (at 2-4 rows the GEMM library's kernel took ~11 us for a 4 MB weight on the H200, run 7)."""
+        weight = self.lm.depth_decoder.model.inputs_embeds_projector.weight
+        if self.form.startswith("fused"):
+            return small_rows_linear(x, weight)
+        return linear(x, weight)
 
     def _depth_next(self, x: torch.Tensor, head: torch.Tensor, noise: torch.Tensor,
                     embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,10 +218,13 @@ class FrameStep:
         sampling (`noise` [S, V]), and the next position's projected input (`embed`: codebook p's table)."""
         dm = self.lm.depth_decoder.model
         hidden = rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps)
-        logits = hidden.float() @ head.float()
+        if self.form.startswith("fused"):  # the same FP32 product as a reduction (no FP32 copy of the head, no SGEMM)
+            logits = small_rows_linear(hidden.float(), head.t())
+        else:
+            logits = hidden.float() @ head.float()
         code = self._pick(self._combine(logits), 0, noise, self.blocked_depth)
         nxt = F.embedding(code[self.row_stream], embed)[:, None]
-        return code, linear(nxt.to(self.dtype), dm.inputs_embeds_projector.weight)
+        return code, self._project(nxt.to(self.dtype))
 
     @torch.no_grad()
     def sample_frame(self) -> None:
@@ -245,9 +262,13 @@ class FrameStep:
 
     def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
                static_slot: int | None = None) -> torch.Tensor:
-        if self.form.startswith(("units", "triton")):
-            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=self.form,
-                                      static_slot=static_slot)
+        if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
+            form = "units+attn" if self.form.startswith("fused") else self.form
+            mlp = None
+            if self.form == "fused+mlp" and fused.mlp_supported(layer, x.shape[0] * x.shape[1]):
+                mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
+            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
+                                      static_slot=static_slot, mlp=mlp)
         return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn)
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
@@ -255,7 +276,11 @@ class FrameStep:
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
+            if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
+                x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start,
+                                      self.fused_workspace)
+            else:
+                x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
 
     @torch.no_grad()

@@ -1,0 +1,300 @@
+"""GPU check and timing of the fused depth layer (engine/fastpath/fused.py) at the full-size depth decoder's
+shapes (hidden 1024, 8 heads / 2 KV heads of 128, MLP 8192, 16 slots), 12 layers of seeded random weights.
+
+1. correctness: kernels vs the same stages in torch (FP32 and BF16), and vs the units form the engine runs
+   today (PackedLayer.decode_units, uncompiled); the kernels' output is bit-identical over repeated runs
+   (the split-K sum is ordered).
+2. launch settings: each kernel alone over the 12 layers in one CUDA graph, per candidate setting; the
+   fastest (the default wins ties within 2%) is written to --best-out as BREEZE_FUSED_CONFIG JSON.
+3. the layer step: fused (best settings) vs units+attn and gemm compiled by Inductor, per layer step, in
+   CUDA graphs of the 12 layers, at 2 rows x 1 position (batch 1 with CFG) and 2 x 2 (the depth prefill).
+
+    BREEZE_COMMIT=<sha> PYTHONPATH=worker python3 scripts/gpu_fused.py --json out.json --best-out best.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from breeze_worker.bench.measure import copy_bandwidth
+from breeze_worker.engine.fastpath import fused
+from breeze_worker.engine.fastpath.compiled import compile_unit
+from breeze_worker.engine.fastpath.layers import UNITS, PackedLayer, decode_layer
+from breeze_worker.model.lm.config import BreezeConfig
+from breeze_worker.model.lm.depth_decoder import llama_layer
+from breeze_worker.model.lm.rope import RotaryEmbedding
+
+SLOTS = 16
+DEVICE = "cuda"  # --dry-run: "cpu" (the kernels in Triton's interpreter; correctness only, 2 layers)
+CANDIDATES = {
+    "qkv_rope": [{"block_p": p, "num_warps": w} for p in (2, 4, 8, 16) for w in (2, 4)],
+    "attention_out": [{"block_n": n, "num_warps": w} for n in (4, 8, 16) for w in (4, 8)],
+    "norm_gate_up": [{"block_n": n, "num_warps": w} for n in (4, 8, 16, 32) for w in (4, 8)],
+    "down_residual": [{"block_n": n, "splits": s, "num_warps": 4}
+                      for n, s in ((16, 1), (8, 1), (4, 1), (16, 2), (8, 2), (16, 4), (8, 4), (32, 4), (16, 8),
+                                   (32, 8))],
+}
+
+
+class Depth:
+    """12 full-size depth layers (packed), their RoPE tables and a cache per layer."""
+
+    def __init__(self, dtype: torch.dtype, seed: int = 0, layers: int = 12, size: str = "full"):
+        cfg = (BreezeConfig.full_size() if size == "full" else BreezeConfig.tiny()).depth
+        self.cfg = cfg
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        self.layers = []
+        with torch.device(DEVICE), torch.no_grad():
+            for i in range(layers):
+                layer = llama_layer(cfg, i)
+                for name, p in layer.named_parameters():
+                    noise = torch.randn(p.shape, generator=gen, device=DEVICE)
+                    p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.02 * noise)
+                self.layers.append(PackedLayer(layer.to(dtype)))
+            rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+            self.cos, self.sin = rotary(torch.arange(SLOTS), dtype)  # [16, D]
+        self.dtype = dtype
+
+    def caches(self, rows: int, seed: int):
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        shape = (rows, self.cfg.num_key_value_heads, SLOTS, self.cfg.head_dim)
+        return [(torch.randn(shape, generator=gen, device=DEVICE).to(self.dtype),
+                 torch.randn(shape, generator=gen, device=DEVICE).to(self.dtype)) for _ in self.layers]
+
+    def inputs(self, start: int, t: int):
+        """cos/sin [T, D] for the fused kernels; [1, 1, T, D] tables, slots and additive mask for the units."""
+        cos, sin = self.cos[start:start + t].contiguous(), self.sin[start:start + t].contiguous()
+        query = torch.arange(start, start + t, device=DEVICE)[:, None]
+        allowed = torch.arange(SLOTS, device=DEVICE)[None, :] <= query
+        mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None].contiguous()
+        slots = torch.arange(start, start + t, device=DEVICE)[None].contiguous()
+        return cos, sin, cos[None, None].clone(), sin[None, None].clone(), slots, mask
+
+
+def run_fused(depth: Depth, x, start, caches, workspace):
+    cos, sin = depth.cos[start:start + x.shape[1]].contiguous(), depth.sin[start:start + x.shape[1]].contiguous()
+    for layer, (k, v) in zip(depth.layers, caches):
+        x = fused.depth_layer(layer, x, cos, sin, k, v, start, workspace)
+    return x
+
+
+def run_units(depth: Depth, x, start, caches, units=UNITS, form="units+attn"):
+    _, _, cos4, sin4, slots, mask = depth.inputs(start, x.shape[1])
+    for layer, (k, v) in zip(depth.layers, caches):
+        if form == "gemm":
+            x = layer.decode(x, cos4, sin4, k, v, slots, mask, fn=units)
+        else:
+            x = layer.decode_units(x, cos4, sin4, k, v, slots, mask, units=units, form=form, static_slot=start)
+    return x
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+@torch.no_grad()
+def check(depth: Depth, rows: int, t: int, start: int) -> dict:
+    gen = torch.Generator(device=DEVICE).manual_seed(rows * 100 + t)
+    x = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
+    stale = depth.caches(rows, seed=7)
+    results = {}
+    for mode in ("kernel", "kernel-again", "torch", "units"):
+        caches = [(k.clone(), v.clone()) for k, v in stale]
+        fused._use_kernels = None if mode.startswith("kernel") else False
+        if mode == "units":
+            y = run_units(depth, x, start, caches)
+        else:
+            y = run_fused(depth, x, start, caches, fused.DownWorkspace())
+        written = torch.cat([torch.cat([k[:, :, start:start + t], v[:, :, start:start + t]]) for k, v in caches])
+        results[mode] = (y, written)
+    fused._use_kernels = None
+    out = {"rows": rows, "t": t, "start": start, "dtype": str(depth.dtype).replace("torch.", "")}
+    out["vs_torch_out"] = rel(results["kernel"][0], results["torch"][0])
+    out["vs_torch_cache"] = rel(results["kernel"][1], results["torch"][1])
+    out["vs_units_out"] = rel(results["kernel"][0], results["units"][0])
+    out["torch_vs_units_out"] = rel(results["torch"][0], results["units"][0])
+    out["repeat_identical"] = bool(torch.equal(results["kernel"][0], results["kernel-again"][0]))
+    out["finite"] = bool(torch.isfinite(results["kernel"][0]).all())
+    bound = 1e-5 if depth.dtype == torch.float32 else 2e-2
+    out["ok"] = (out["finite"] and out["repeat_identical"] and out["vs_torch_out"] <= bound
+                 and out["vs_torch_cache"] <= bound and out["vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"]))
+    return out
+
+
+def graph_ms(fn, reps: int = 10, iters: int = 7) -> float:
+    """Median time of one `fn()` replayed from a CUDA graph of `reps` calls (ms)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def kernel_inputs(depth: Depth, rows: int, t: int, start: int):
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    hidden_size, width = depth.cfg.hidden_size, depth.cfg.num_attention_heads * depth.cfg.head_dim
+    x = torch.randn(rows, t, hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
+    caches = depth.caches(rows, seed=5)
+    cos, sin = depth.cos[start:start + t].contiguous(), depth.sin[start:start + t].contiguous()
+    q = torch.randn(rows * t, width, generator=gen, device=DEVICE).to(depth.dtype)
+    hidden = torch.randn(rows, t, depth.cfg.intermediate_size, generator=gen, device=DEVICE).to(depth.dtype)
+    workspace = fused.DownWorkspace()
+    calls = {
+        "qkv_rope": lambda: [fused.qkv_rope(x, l.w_in, l.eps_in, l.qkv, cos, sin, k, v, start, heads=l.heads,
+                                            kv_heads=l.kv_heads, head_dim=l.head_dim)
+                             for l, (k, v) in zip(depth.layers, caches)],
+        "attention_out": lambda: [fused.attention_out(q, k, v, start, t, x, l.attn.o_proj.weight, l.scale,
+                                                      heads=l.heads, kv_heads=l.kv_heads, head_dim=l.head_dim)
+                                  for l, (k, v) in zip(depth.layers, caches)],
+        "norm_gate_up": lambda: [fused.norm_gate_up(x, l.w_post, l.eps_post, l.gate_up, l.intermediate)
+                                 for l in depth.layers],
+        "down_residual": lambda: [fused.down_residual(hidden, l.mlp.down_proj.weight, x, workspace)
+                                  for l in depth.layers],
+    }
+    return calls
+
+
+def weight_bytes(layer: PackedLayer) -> dict:
+    size = layer.qkv.element_size()
+    return {"qkv_rope": layer.qkv.numel() * size, "attention_out": layer.attn.o_proj.weight.numel() * size,
+            "norm_gate_up": layer.gate_up.numel() * size, "down_residual": layer.mlp.down_proj.weight.numel() * size}
+
+
+@torch.no_grad()
+def tune(depth: Depth, bandwidth: float, rows: int = 2, t: int = 1, start: int = 5) -> tuple[dict, dict]:
+    calls = kernel_inputs(depth, rows, t, start)
+    n_layers = len(depth.layers)
+    table, best = {}, {}
+    floors = {k: b / bandwidth * 1e6 for k, b in weight_bytes(depth.layers[0]).items()}
+    for kernel, candidates in CANDIDATES.items():
+        default = fused.plan(kernel, rows * t, 128 if kernel == "qkv_rope" else 1024, 1024)
+        rows_out = []
+        for cfg in candidates:
+            fused._config_override = {kernel: cfg}
+            try:
+                us = graph_ms(calls[kernel]) * 1000 / n_layers
+            except Exception as exc:  # a setting the compiler rejects (registers, shapes): skip it
+                rows_out.append({"config": cfg, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                continue
+            finally:
+                fused._config_override = {}
+            rows_out.append({"config": cfg, "us": us, "x_floor": us / floors[kernel]})
+            print(f"{kernel:14} {json.dumps(cfg):50} {us:7.2f} us  ({us / floors[kernel]:.2f}x floor "
+                  f"{floors[kernel]:.2f} us)", flush=True)
+        timed = [r for r in rows_out if "us" in r]
+        fastest = min(timed, key=lambda r: r["us"])
+        default_row = next((r for r in timed if all(default.get(k) == v for k, v in r["config"].items())), None)
+        chosen = default_row if default_row and default_row["us"] <= 1.02 * fastest["us"] else fastest
+        best[kernel] = chosen["config"]
+        table[kernel] = {"floor_us": floors[kernel], "default": default, "candidates": rows_out,
+                         "chosen": chosen["config"], "chosen_us": chosen["us"]}
+    return table, best
+
+
+@torch.no_grad()
+def layer_steps(depth: Depth, best: dict) -> list[dict]:
+    out = []
+    units = tuple(compile_unit(fn) for fn in UNITS)
+    gemm = compile_unit(decode_layer)
+    for rows, t, start in ((2, 1, 5), (2, 2, 0)):
+        gen = torch.Generator(device=DEVICE).manual_seed(11)
+        x = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
+        caches = depth.caches(rows, seed=9)
+        workspace = fused.DownWorkspace()
+        row = {"rows": rows, "t": t}
+        fused._config_override = best
+        row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace)) * 1000 / len(depth.layers)
+        fused._config_override = {}
+        row["fused_default_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace)) * 1000 / len(
+            depth.layers)
+        for name, fn, form in (("units+attn", units, "units+attn"), ("gemm", gemm, "gemm")):
+            t0 = time.perf_counter()
+            run_units(depth, x, start, caches, fn, form)  # compile outside the graph
+            row[f"{name}_compile_s"] = time.perf_counter() - t0
+            row[f"{name}_us"] = graph_ms(lambda: run_units(depth, x, start, caches, fn, form)) * 1000 / len(
+                depth.layers)
+        print(json.dumps(row), flush=True)
+        out.append(row)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--best-out", default=None)
+    parser.add_argument("--skip-tune", action="store_true")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU, TRITON_INTERPRET=1: the checks on the tiny config's depth layers")
+    args = parser.parse_args()
+    if args.dry_run:
+        global DEVICE
+        DEVICE = "cpu"
+        for dtype in (torch.float32, torch.bfloat16):
+            depth = Depth(dtype, layers=2, size="tiny")
+            for rows, t, start in ((2, 1, 9), (2, 2, 0)):
+                print(json.dumps(check(depth, rows, t, start)), flush=True)
+        return 0
+    assert fused.available(torch.device("cuda")), "Triton kernels not available"
+    import triton
+
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    result = {"meta": {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(),
+                       "commit": os.environ.get("BREEZE_COMMIT", "unknown"), "torch": torch.__version__,
+                       "triton": triton.__version__},
+              "copy_bandwidth_bytes_per_s": bandwidth}
+    print(f"{result['meta']}  copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    checks = []
+    for dtype in (torch.float32, torch.bfloat16):
+        depth = Depth(dtype)
+        for rows, t, start in ((1, 1, 5), (2, 1, 9), (2, 2, 0), (4, 2, 0), (3, 1, 15), (8, 1, 2)):
+            row = check(depth, rows, t, start)
+            print(json.dumps(row), flush=True)
+            checks.append(row)
+        del depth
+    result["checks"] = checks
+    result["checks_ok"] = all(c["ok"] for c in checks)
+    depth = Depth(torch.bfloat16)
+    best = {}
+    if not args.skip_tune:
+        result["tune"], best = tune(depth, bandwidth)
+        result["best"] = best
+        print("best:", json.dumps(best), flush=True)
+    if args.best_out:
+        with open(args.best_out, "w") as fh:
+            json.dump(best if result["checks_ok"] else {}, fh)
+    result["layer_steps"] = layer_steps(depth, best)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    print("checks ok" if result["checks_ok"] else "ERROR: a fused check failed", flush=True)
+    return 0 if result["checks_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the four fused kernels
+(engine/fastpath/fused.py) executed by Triton's interpreter on CPU tensors, against the same stages in
+torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both step lengths, split-K).
+Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
+not rounding (numpy has no BF16), so a BF16 case would differ from torch by design; one runs with a
+tolerance of a few BF16 steps to check it executes. Prints one JSON line per case; exits non-zero if any
+case mismatches."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from breeze_worker.engine.fastpath import fused
+
+
+def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch.dtype, splits: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    heads, kv, d, hidden, inter, slots = 4, 2, 16, 64, 96, 16
+
+    def rnd(*shape, scale=1.0, to=dtype):
+        return (torch.randn(*shape, generator=g) * scale).to(to)
+
+    x = rnd(rows, t, hidden)
+    w_in, w_post = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype), (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
+    qkv, o_proj = rnd((heads + 2 * kv) * d, hidden, scale=0.2, to=weight_dtype), rnd(hidden, heads * d, scale=0.2,
+                                                                                   to=weight_dtype)
+    gate_up, down = rnd(2 * inter, hidden, scale=0.2, to=weight_dtype), rnd(hidden, inter, scale=0.2, to=weight_dtype)
+    angles = torch.randn(t, d // 2, generator=g)
+    cos = torch.cat([angles.cos(), angles.cos()], -1).to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1).to(dtype)
+    stale = rnd(rows, kv, slots, d)  # last frame's entries: must be masked
+    results = {}
+    for mode in ("torch", "kernel"):
+        fused._use_kernels = mode == "kernel"
+        k_cache, v_cache = stale.clone(), stale.clone()
+        q = fused.qkv_rope(x, w_in, 1e-5, qkv, cos, sin, k_cache, v_cache, start, heads=heads, kv_heads=kv, head_dim=d)
+        x1 = fused.attention_out(q, k_cache, v_cache, start, t, x, o_proj, d ** -0.5, heads=heads, kv_heads=kv,
+                                 head_dim=d)
+        h = fused.norm_gate_up(x1, w_post, 1e-5, gate_up, inter)
+        workspace = fused.DownWorkspace()
+        y = fused.down_residual(h, down, x1, workspace)
+        results[mode] = (q, k_cache, v_cache, x1, h, y)
+    fused._use_kernels = None
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
+    report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype), "splits": splits}
+    for name, a, b in zip(("q", "k_cache", "v_cache", "x_attn", "hidden", "out"), results["torch"], results["kernel"]):
+        err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
+        report[name] = err
+        report["ok"] = report.get("ok", True) and err <= tol and bool(torch.isfinite(b.float()).all())
+    return report
+
+
+def _coarser(dtype: torch.dtype) -> int:
+    return {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
+
+
+def main() -> int:
+    if fused._triton is None:
+        print("Triton is not importable", file=sys.stderr)
+        return 2
+    failed = 0
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    cases = [(1, 1, 5, f32, f32, 1), (2, 1, 9, f32, f32, 4), (2, 2, 0, f32, f32, 2), (3, 1, 15, f32, f32, 4),
+             (5, 1, 3, f16, f16, 4), (4, 2, 0, f32, f16, 1), (2, 1, 7, bf16, bf16, 4)]
+    for i, (rows, t, start, dtype, weight_dtype, splits) in enumerate(cases):
+        fused._config_override = {"down_residual": {"splits": splits, "block_n": 16},
+                                  "qkv_rope": {"block_p": 4}, "attention_out": {"block_n": 16},
+                                  "norm_gate_up": {"block_n": 32}}
+        report = _case(rows, t, start, dtype, weight_dtype, splits, seed=i)
+        print(json.dumps(report), flush=True)
+        failed += not report["ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
