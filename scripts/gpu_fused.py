@@ -6,7 +6,8 @@ shapes (hidden 1024, 8 heads / 2 KV heads of 128, MLP 8192, 16 slots), 12 layers
    (the split-K sum is ordered).
 2. launch settings: each kernel alone over the 12 layers in one CUDA graph, per candidate setting; the
    fastest (the default wins ties within 2%) is written to --best-out as BREEZE_FUSED_CONFIG JSON.
-3. the layer step: fused (best settings) vs units+attn and gemm compiled by Inductor, per layer step, in
+3. the layer step: fused (best settings; its attention unit compiled) vs units+attn and gemm compiled by
+   Inductor, per layer step, in
    CUDA graphs of the 12 layers, at 2 rows x 1 position (batch 1 with CFG) and 2 x 2 (the depth prefill).
 
     BREEZE_COMMIT=<sha> PYTHONPATH=worker python3 scripts/gpu_fused.py --json out.json --best-out best.json
@@ -26,7 +27,7 @@ import torch
 from breeze_worker.bench.measure import copy_bandwidth
 from breeze_worker.engine.fastpath import fused
 from breeze_worker.engine.fastpath.compiled import compile_unit
-from breeze_worker.engine.fastpath.layers import UNITS, PackedLayer, decode_layer
+from breeze_worker.engine.fastpath.layers import ATTENTION_UNIT, UNITS, PackedLayer, decode_layer
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.lm.depth_decoder import llama_layer
 from breeze_worker.model.lm.rope import RotaryEmbedding
@@ -34,12 +35,12 @@ from breeze_worker.model.lm.rope import RotaryEmbedding
 SLOTS = 16
 DEVICE = "cuda"  # --dry-run: "cpu" (the kernels in Triton's interpreter; correctness only, 2 layers)
 CANDIDATES = {
-    "qkv_rope": [{"block_p": p, "num_warps": w} for p in (2, 4, 8, 16) for w in (2, 4)],
-    "attention_out": [{"block_n": n, "num_warps": w} for n in (4, 8, 16) for w in (4, 8)],
-    "norm_gate_up": [{"block_n": n, "num_warps": w} for n in (4, 8, 16, 32) for w in (4, 8)],
-    "down_residual": [{"block_n": n, "splits": s, "num_warps": 4}
-                      for n, s in ((16, 1), (8, 1), (4, 1), (16, 2), (8, 2), (16, 4), (8, 4), (32, 4), (16, 8),
-                                   (32, 8))],
+    "qkv_rope": [{"block_p": p, "num_warps": w} for p in (1, 2, 4) for w in (2, 4, 8)],
+    "norm_gate_up": [{"block_n": n, "num_warps": w} for n in (1, 2, 4) for w in (2, 4, 8)],
+    "down_residual": [{"block_n": n, "chunk": c, "num_warps": w} for n, c in ((1, 2048), (2, 2048), (4, 2048),
+                                                                              (2, 1024), (4, 1024), (8, 1024),
+                                                                              (4, 512), (8, 512))
+                      for w in (4, 8)],
 }
 
 
@@ -78,10 +79,11 @@ class Depth:
         return cos, sin, cos[None, None].clone(), sin[None, None].clone(), slots, mask
 
 
-def run_fused(depth: Depth, x, start, caches, workspace):
-    cos, sin = depth.cos[start:start + x.shape[1]].contiguous(), depth.sin[start:start + x.shape[1]].contiguous()
+def run_fused(depth: Depth, x, start, caches, workspace, attention=ATTENTION_UNIT):
+    t = x.shape[1]
+    cos, sin, _, _, _, mask = depth.inputs(start, t)
     for layer, (k, v) in zip(depth.layers, caches):
-        x = fused.depth_layer(layer, x, cos, sin, k, v, start, workspace)
+        x = fused.depth_layer(layer, x, cos, sin, k, v, start, mask, attention, workspace)
     return x
 
 
@@ -158,20 +160,16 @@ def graph_ms(fn, reps: int = 10, iters: int = 7) -> float:
 @torch.no_grad()
 def kernel_inputs(depth: Depth, rows: int, t: int, start: int):
     gen = torch.Generator(device=DEVICE).manual_seed(3)
-    hidden_size, width = depth.cfg.hidden_size, depth.cfg.num_attention_heads * depth.cfg.head_dim
+    hidden_size = depth.cfg.hidden_size
     x = torch.randn(rows, t, hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
     caches = depth.caches(rows, seed=5)
     cos, sin = depth.cos[start:start + t].contiguous(), depth.sin[start:start + t].contiguous()
-    q = torch.randn(rows * t, width, generator=gen, device=DEVICE).to(depth.dtype)
     hidden = torch.randn(rows, t, depth.cfg.intermediate_size, generator=gen, device=DEVICE).to(depth.dtype)
     workspace = fused.DownWorkspace()
     calls = {
         "qkv_rope": lambda: [fused.qkv_rope(x, l.w_in, l.eps_in, l.qkv, cos, sin, k, v, start, heads=l.heads,
                                             kv_heads=l.kv_heads, head_dim=l.head_dim)
                              for l, (k, v) in zip(depth.layers, caches)],
-        "attention_out": lambda: [fused.attention_out(q, k, v, start, t, x, l.attn.o_proj.weight, l.scale,
-                                                      heads=l.heads, kv_heads=l.kv_heads, head_dim=l.head_dim)
-                                  for l, (k, v) in zip(depth.layers, caches)],
         "norm_gate_up": lambda: [fused.norm_gate_up(x, l.w_post, l.eps_post, l.gate_up, l.intermediate)
                                  for l in depth.layers],
         "down_residual": lambda: [fused.down_residual(hidden, l.mlp.down_proj.weight, x, workspace)
@@ -182,8 +180,8 @@ def kernel_inputs(depth: Depth, rows: int, t: int, start: int):
 
 def weight_bytes(layer: PackedLayer) -> dict:
     size = layer.qkv.element_size()
-    return {"qkv_rope": layer.qkv.numel() * size, "attention_out": layer.attn.o_proj.weight.numel() * size,
-            "norm_gate_up": layer.gate_up.numel() * size, "down_residual": layer.mlp.down_proj.weight.numel() * size}
+    return {"qkv_rope": layer.qkv.numel() * size, "norm_gate_up": layer.gate_up.numel() * size,
+            "down_residual": layer.mlp.down_proj.weight.numel() * size}
 
 
 @torch.no_grad()
@@ -193,7 +191,7 @@ def tune(depth: Depth, bandwidth: float, rows: int = 2, t: int = 1, start: int =
     table, best = {}, {}
     floors = {k: b / bandwidth * 1e6 for k, b in weight_bytes(depth.layers[0]).items()}
     for kernel, candidates in CANDIDATES.items():
-        default = fused.plan(kernel, rows * t, 128 if kernel == "qkv_rope" else 1024, 1024)
+        default = fused.plan(kernel, depth.cfg.intermediate_size if kernel == "down_residual" else 1024)
         rows_out = []
         for cfg in candidates:
             fused._config_override = {kernel: cfg}
@@ -222,6 +220,7 @@ def layer_steps(depth: Depth, best: dict) -> list[dict]:
     out = []
     units = tuple(compile_unit(fn) for fn in UNITS)
     gemm = compile_unit(decode_layer)
+    attention = compile_unit(ATTENTION_UNIT)
     for rows, t, start in ((2, 1, 5), (2, 2, 0)):
         gen = torch.Generator(device=DEVICE).manual_seed(11)
         x = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
@@ -229,9 +228,10 @@ def layer_steps(depth: Depth, best: dict) -> list[dict]:
         workspace = fused.DownWorkspace()
         row = {"rows": rows, "t": t}
         fused._config_override = best
-        row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace)) * 1000 / len(depth.layers)
+        row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / len(
+            depth.layers)
         fused._config_override = {}
-        row["fused_default_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace)) * 1000 / len(
+        row["fused_default_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / len(
             depth.layers)
         for name, fn, form in (("units+attn", units, "units+attn"), ("gemm", gemm, "gemm")):
             t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the four fused kernels
+"""Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the three fused kernels
 (engine/fastpath/fused.py) executed by Triton's interpreter on CPU tensors, against the same stages in
 torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both step lengths, split-K).
 Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
@@ -14,9 +14,10 @@ import sys
 import torch
 
 from breeze_worker.engine.fastpath import fused
+from breeze_worker.engine.fastpath.layers import layer_attention
 
 
-def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch.dtype, splits: int, seed: int) -> dict:
+def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch.dtype, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     heads, kv, d, hidden, inter, slots = 4, 2, 16, 64, 96, 16
 
@@ -32,21 +33,23 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
     cos = torch.cat([angles.cos(), angles.cos()], -1).to(dtype)
     sin = torch.cat([angles.sin(), angles.sin()], -1).to(dtype)
     stale = rnd(rows, kv, slots, d)  # last frame's entries: must be masked
+    mask = torch.where(torch.arange(slots)[None, :] <= start + torch.arange(t)[:, None], 0.0,
+                       torch.finfo(torch.float32).min)[None, None]
     results = {}
     for mode in ("torch", "kernel"):
         fused._use_kernels = mode == "kernel"
         k_cache, v_cache = stale.clone(), stale.clone()
         q = fused.qkv_rope(x, w_in, 1e-5, qkv, cos, sin, k_cache, v_cache, start, heads=heads, kv_heads=kv, head_dim=d)
-        x1 = fused.attention_out(q, k_cache, v_cache, start, t, x, o_proj, d ** -0.5, heads=heads, kv_heads=kv,
-                                 head_dim=d)
+        x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, triton_gemv=False,
+                             reduce_attn=True)
         h = fused.norm_gate_up(x1, w_post, 1e-5, gate_up, inter)
-        workspace = fused.DownWorkspace()
-        y = fused.down_residual(h, down, x1, workspace)
-        results[mode] = (q, k_cache, v_cache, x1, h, y)
+        y = fused.down_residual(h, down, x1, fused.DownWorkspace())
+        results[mode] = (q, k_cache, v_cache, h, y)
     fused._use_kernels = None
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
-    report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype), "splits": splits}
-    for name, a, b in zip(("q", "k_cache", "v_cache", "x_attn", "hidden", "out"), results["torch"], results["kernel"]):
+    report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
+              "down_splits": fused.plan("down_residual", inter)["splits"]}
+    for name, a, b in zip(("q", "k_cache", "v_cache", "hidden", "out"), results["torch"], results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err
         report["ok"] = report.get("ok", True) and err <= tol and bool(torch.isfinite(b.float()).all())
@@ -63,13 +66,13 @@ def main() -> int:
         return 2
     failed = 0
     f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
-    cases = [(1, 1, 5, f32, f32, 1), (2, 1, 9, f32, f32, 4), (2, 2, 0, f32, f32, 2), (3, 1, 15, f32, f32, 4),
-             (5, 1, 3, f16, f16, 4), (4, 2, 0, f32, f16, 1), (2, 1, 7, bf16, bf16, 4)]
-    for i, (rows, t, start, dtype, weight_dtype, splits) in enumerate(cases):
-        fused._config_override = {"down_residual": {"splits": splits, "block_n": 16},
-                                  "qkv_rope": {"block_p": 4}, "attention_out": {"block_n": 16},
+    cases = [(1, 1, 5, f32, f32, 32), (2, 1, 9, f32, f32, 8), (2, 2, 0, f32, f32, 16), (3, 1, 15, f32, f32, 8),
+             (5, 1, 3, f16, f16, 8), (4, 2, 0, f32, f16, 32), (2, 1, 7, bf16, bf16, 16)]
+    for i, (rows, t, start, dtype, weight_dtype, chunk) in enumerate(cases):
+        # K = 96 in chunks of 32, 16 or 8 (3, 6, 12 splits) or one chunk of 96's largest power-of-two divisor
+        fused._config_override = {"down_residual": {"chunk": chunk, "block_n": 16}, "qkv_rope": {"block_p": 4},
                                   "norm_gate_up": {"block_n": 32}}
-        report = _case(rows, t, start, dtype, weight_dtype, splits, seed=i)
+        report = _case(rows, t, start, dtype, weight_dtype, seed=i)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]
     return 1 if failed else 0

@@ -276,9 +276,9 @@ class FrameStep:
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
-                x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start,
-                                      self.fused_workspace)
+            if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1]):
+                x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
+                                      self.attention_unit, self.fused_workspace)
             else:
                 x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
