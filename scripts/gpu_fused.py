@@ -79,11 +79,11 @@ class Depth:
         return cos, sin, cos[None, None].clone(), sin[None, None].clone(), slots, mask
 
 
-def run_fused(depth: Depth, x, start, caches, workspace, attention=ATTENTION_UNIT):
+def run_fused(depth: Depth, x, start, caches, workspace, attention=ATTENTION_UNIT, units=UNITS, mlp=True):
     t = x.shape[1]
     cos, sin, _, _, _, mask = depth.inputs(start, t)
     for layer, (k, v) in zip(depth.layers, caches):
-        x = fused.depth_layer(layer, x, cos, sin, k, v, start, mask, attention, workspace)
+        x = fused.depth_layer(layer, x, cos, sin, k, v, start, mask, units, attention, workspace, fused_mlp=mlp)
     return x
 
 
@@ -227,12 +227,14 @@ def layer_steps(depth: Depth, best: dict) -> list[dict]:
         caches = depth.caches(rows, seed=9)
         workspace = fused.DownWorkspace()
         row = {"rows": rows, "t": t}
+        run_units(depth, x, start, caches, units, "units+attn")  # compile outside any graph
+        n = len(depth.layers)
         fused._config_override = best
-        row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / len(
-            depth.layers)
+        row["fused+mlp_best_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / n
         fused._config_override = {}
-        row["fused_default_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / len(
-            depth.layers)
+        row["fused+mlp_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / n
+        row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention, units,
+                                                     mlp=False)) * 1000 / n
         for name, fn, form in (("units+attn", units, "units+attn"), ("gemm", gemm, "gemm")):
             t0 = time.perf_counter()
             run_units(depth, x, start, caches, fn, form)  # compile outside the graph

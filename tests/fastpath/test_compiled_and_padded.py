@@ -81,9 +81,34 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if form == "fused+mlp" else 0)
 
 
+def test_fused_form_falls_back_to_units_when_its_kernels_fail(model, request_for, monkeypatch):
+    """A fused kernel that cannot be built on this device (here: raises) leaves the compiled units+attn
+    step, not the uncompiled one, and says why; the frames stay the eager reference's."""
+    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
+    monkeypatch.setenv(compiled.FORM_ENV, "fused")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this device")
+
+    monkeypatch.setattr(fused, "qkv_rope", broken)
+    request = request_for(model, True, frames=2)
+    eager = list(EagerFrameGenerator(model, request, "cpu"))
+    clear_runners()
+    from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
+
+    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
+    assert runner.compiled and runner.step.form == "units+attn"
+    assert "no kernel for this device" in runner.compile_fallback_reason
+    assert "trying form units+attn" in runner.compile_fallback_reason
+    release_runner(model.lm, runner)
+    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
+    clear_runners()
+    assert _equal(eager, fast)
+
+
 def test_layer_form_by_rows_and_environment(monkeypatch):
     monkeypatch.delenv(compiled.FORM_ENV, raising=False)
-    assert compiled.layer_form(2) == "units+attn"
+    assert compiled.layer_form(2) == "fused"
     assert compiled.layer_form(compiled.SMALL_ROWS + 1) == "gemm"
     monkeypatch.setenv(compiled.FORM_ENV, "gemm")
     assert compiled.layer_form(2) == "gemm"

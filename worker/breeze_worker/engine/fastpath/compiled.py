@@ -8,7 +8,8 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
-  (default): `units+attn` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`.
+  (default): `fused` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`
+  (results/NOTES.md runs 9-11: `fused` 9.17 vs `units+attn` 10.11 ms per frame in run 10).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 it cost ~75 s of compilation per batch shape
   and showed no gain (units+attn, CFG on: 12.69 ms/frame tuned in run 5, 11.25 ms untuned in run 7;
@@ -55,7 +56,7 @@ def layer_form(rows: int) -> str:
 
     form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
     if form == "auto":
-        return "units+attn" if rows <= SMALL_ROWS else "gemm"
+        return "fused" if rows <= SMALL_ROWS else "gemm"
     if form not in FORMS:
         raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
     return form

@@ -194,13 +194,14 @@ def _overrides() -> dict:
 
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
-    the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them. A program holds
+    the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them. The defaults
+    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run10). A program holds
     its weight tile, BLOCK x (K or CHUNK) values in FP32, within _TILE_BUDGET."""
     width = _next_power_of_two(k)
     if kernel == "qkv_rope":
-        cfg = {"block_p": 2, "num_warps": 4}
+        cfg = {"block_p": 2, "num_warps": 2}
     elif kernel == "norm_gate_up":
-        cfg = {"block_n": 2, "num_warps": 4}
+        cfg = {"block_n": 4, "num_warps": 2}
     elif kernel == "down_residual":
         cfg = {"block_n": 4, "chunk": 2048, "num_warps": 4}
     else:
@@ -338,13 +339,21 @@ def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
 
 
 def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, start: int, mask: torch.Tensor, attention, workspace: DownWorkspace):
-    """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H]:
-    `qkv_rope` (writes this step's keys/values into k_cache/v_cache [R, kv, 16, D]; cos/sin [T, D]), then
-    `attention` (fastpath/layers.py layer_attention or its compiled form; additive `mask` [1, 1, T, 16]),
-    then `mlp`."""
+                v_cache: torch.Tensor, start: int, mask: torch.Tensor, units, attention, workspace: DownWorkspace,
+                fused_mlp: bool = False) -> torch.Tensor:
+    """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H].
+    `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then
+    either units 2 and 3 of the units+attn form (`units`: fastpath/layers.py UNITS or their compiled
+    forms), or with `fused_mlp` the `attention` unit (layers.layer_attention) and `mlp`. `mask`: additive
+    [1, 1, T, 16]."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
                  kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, triton_gemv=False,
-                  reduce_attn=True)
-    return mlp(layer, x, workspace)
+    if fused_mlp:
+        x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, triton_gemv=False,
+                      reduce_attn=True)
+        return mlp(layer, x, workspace)
+    _, attention_mlp_in, mlp_out = units
+    x, hidden = attention_mlp_in(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, layer.w_post,
+                                 layer.gate_up, scale=layer.scale, eps_post=layer.eps_post,
+                                 intermediate=layer.intermediate, act=layer.act, triton_gemv=False, reduce_attn=True)
+    return mlp_out(hidden, x, layer.mlp.down_proj.weight, triton_gemv=False)

@@ -79,13 +79,19 @@ class FrameRunner:
     def _compile(self) -> None:
         """Compile the step's units and run them once (compilation happens on first call)."""
         t0 = time.perf_counter()
-        try:
-            self.step.use_compiled(compile_unit, self.form_requested)
-            run_on_side_stream(self.device, self._warm)
-        except Exception as exc:  # compilation is an optimization: keep the uncompiled step
-            self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); running uncompiled"
-            log.warning("%s", self.compile_fallback_reason)
-            self.step.use_uncompiled()
+        forms = [self.form_requested]
+        if self.form_requested and self.form_requested.startswith("fused"):
+            forms.append("units+attn")  # the fused kernels failed to build here: the same layers without them
+        for i, form in enumerate(forms):
+            try:
+                self.step.use_compiled(compile_unit, form)
+                run_on_side_stream(self.device, self._warm)
+                break
+            except Exception as exc:  # compilation is an optimization: keep the uncompiled step
+                fallback = f"trying form {forms[i + 1]}" if i + 1 < len(forms) else "running uncompiled"
+                self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {fallback}"
+                log.warning("%s", self.compile_fallback_reason)
+                self.step.use_uncompiled()
         self.compile_s = time.perf_counter() - t0
         if self.step.compiled:
             log.info("compiled the frame step for %d rows in %.1f s", self.step.rows, self.compile_s)

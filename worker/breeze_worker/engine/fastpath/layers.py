@@ -42,8 +42,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 # see the module docstring: "gemm" is `decode_layer`; "units*" run the layer as UNITS with Inductor's
 # reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions;
-# "fused": the depth decoder's layers as four Triton kernels (fastpath/fused.py), the backbone's units+attn;
-# "fused+mlp": also the backbone's MLP as the fused kernels (norm + gate/up + SiLU, down + residual)
+# "fused": units+attn with the depth decoder's first unit as a Triton kernel (norm, q/k/v, RoPE, cache write;
+# fastpath/fused.py); "fused+mlp": also every MLP (depth and backbone) as fused kernels (norm + gate/up + SiLU,
+# down + residual)
 FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp")
 
 

@@ -278,7 +278,8 @@ class FrameStep:
         for i, layer in enumerate(self.depth_layers):
             if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1]):
                 x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
-                                      self.attention_unit, self.fused_workspace)
+                                      self.units, self.attention_unit, self.fused_workspace,
+                                      fused_mlp=self.form == "fused+mlp")
             else:
                 x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
