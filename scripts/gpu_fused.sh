@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the fused depth layer (engine/fastpath/fused.py): the kernels' check and launch
 # settings (scripts/gpu_fused.py), then the bench with the chosen settings exported as BREEZE_FUSED_CONFIG:
-# mid-size FP32 frames (eager == fused), full-size bf16 batch 1 CFG on (eager, the default fused, units+attn, fused+mlp), and
-# fused and fused+mlp under fp16-mixed (the T4 policy). Usage: BREEZE_COMMIT=<sha> OUT=results/gpu_runN scripts/gpu_fused.sh
+# mid-size FP32 frames (eager == fused), full-size bf16 batch 1 CFG on (eager, the default fused, units+attn), and
+# eager and fused under fp16-mixed (the T4 policy). Usage: BREEZE_COMMIT=<sha> OUT=results/gpu_runN scripts/gpu_fused.sh
 set -u
 OUT="${OUT:-results/gpu}"
 mkdir -p "$OUT"
@@ -16,8 +16,8 @@ BREEZE_FUSED_CONFIG="$(cat "$OUT/fused_best.json" 2>/dev/null || true)"
 export BREEZE_FUSED_CONFIG="${BREEZE_FUSED_CONFIG:-}"
 echo "BREEZE_FUSED_CONFIG=$BREEZE_FUSED_CONFIG"
 SKIP_GEMV=1 BENCH_CAPACITY=256 BENCH_FRAMES="${BENCH_FRAMES:-32}" BENCH_EAGER_FRAMES=8 BENCH_CFG=on \
-  BENCH_PATHS="${BENCH_PATHS:-eager,fast-compiled,fast-compiled:units+attn,fast-compiled:fused+mlp}" \
+  BENCH_PATHS="${BENCH_PATHS:-eager,fast-compiled,fast-compiled:units+attn}" \
   BENCH_CHECK_PATHS="${BENCH_CHECK_PATHS:-eager,fast-compiled}" \
-  BENCH_FP16_PATHS="${BENCH_FP16_PATHS:-fast-compiled,fast-compiled:fused+mlp}" \
+  BENCH_FP16_PATHS="${BENCH_FP16_PATHS:-eager,fast-compiled}" \
   LIMIT_CHECK="${LIMIT_CHECK:-100}" LIMIT_BF16="${LIMIT_BF16:-250}" LIMIT_FP16="${LIMIT_FP16:-90}" \
   OUT="$OUT" bash scripts/gpu_bench.sh

@@ -42,14 +42,16 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         q = fused.qkv_rope(x, w_in, 1e-5, qkv, cos, sin, k_cache, v_cache, start, heads=heads, kv_heads=kv, head_dim=d)
         x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, triton_gemv=False,
                              reduce_attn=True)
+        attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=d ** -0.5)
         h = fused.norm_gate_up(x1, w_post, 1e-5, gate_up, inter)
         y = fused.down_residual(h, down, x1, fused.DownWorkspace())
-        results[mode] = (q, k_cache, v_cache, h, y)
+        results[mode] = (q, k_cache, v_cache, attn, h, y)
     fused._use_kernels = None
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
               "down_splits": fused.plan("down_residual", inter)["splits"]}
-    for name, a, b in zip(("q", "k_cache", "v_cache", "hidden", "out"), results["torch"], results["kernel"]):
+    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "hidden", "out"), results["torch"],
+                          results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err
         report["ok"] = report.get("ok", True) and err <= tol and bool(torch.isfinite(b.float()).all())

@@ -97,12 +97,14 @@ def sample_rows(
     codebook: int,
     blocked: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
+    pairwise: bool = False,
 ) -> torch.Tensor:
     """Sample one token per row from float32 `logits` [R, V]: mask `blocked` ids (bool [V]), then
     temperature, top-k, top-p, exponential race. Greedy rows take the argmax. Returns int64 [R].
 
     `noise` [R, V], if given, must equal `exponential_noise(rows.seed, frame, codebook, V)` (the fast path
-    computes all codebooks' noise of a frame in one batch, see `frame_noise`)."""
+    computes all codebooks' noise of a frame in one batch, see `frame_noise`). `pairwise`: the same filters
+    without a sort (`_pairwise_keep`)."""
     logits = logits.float()
     if blocked is not None:
         logits = logits.masked_fill(blocked[None, :], float("-inf"))
@@ -111,18 +113,8 @@ def sample_rows(
     scaled = logits / temperature[:, None]
 
     vocab = scaled.shape[-1]
-    sorted_logits, _ = torch.sort(scaled, dim=-1, descending=True)
     k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
-    kth = sorted_logits.gather(-1, (k - 1)[:, None])
-    keep = scaled >= kth
-    # nucleus: keep the smallest prefix of the sorted distribution whose mass reaches top_p
-    sorted_probs = torch.softmax(sorted_logits.masked_fill(sorted_logits < kth, float("-inf")), dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    in_nucleus = mass_before < rows.top_p[:, None]
-    in_nucleus[:, 0] = True
-    # the smallest logit still inside the nucleus, per row
-    nucleus_floor = torch.where(in_nucleus, sorted_logits, torch.full_like(sorted_logits, float("inf")))
-    keep = keep & (scaled >= nucleus_floor.min(dim=-1, keepdim=True).values)
+    keep = _pairwise_keep(scaled, k, rows.top_p) if pairwise else _sorted_keep(scaled, k, rows.top_p)
     filtered = scaled.masked_fill(~keep, float("-inf"))
 
     if noise is None:
@@ -130,6 +122,40 @@ def sample_rows(
     drawn = torch.argmax(filtered - torch.log(noise), dim=-1)
     best = torch.argmax(filtered, dim=-1)
     return torch.where(greedy, best, drawn)
+
+
+def _sorted_keep(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-k then top-p over the sorted row: the tokens kept, bool [R, V]."""
+    sorted_logits, _ = torch.sort(scaled, dim=-1, descending=True)
+    kth = sorted_logits.gather(-1, (k - 1)[:, None])
+    keep = scaled >= kth
+    # nucleus: keep the smallest prefix of the sorted distribution whose mass reaches top_p
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(sorted_logits < kth, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    in_nucleus = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # 1: no nucleus filter, whatever
+    in_nucleus[:, 0] = True  # the rounding of the mass near 1
+    # the smallest logit still inside the nucleus, per row
+    nucleus_floor = torch.where(in_nucleus, sorted_logits, torch.full_like(sorted_logits, float("inf")))
+    return keep & (scaled >= nucleus_floor.min(dim=-1, keepdim=True).values)
+
+
+def _pairwise_keep(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """`_sorted_keep` without sorting, from comparisons of every token with every other (V^2 per row, two
+    fused reductions once compiled; a sort of 2051 values was ~24 us per row on the H200, results/NOTES.md).
+
+    A token is in the top k exactly when fewer than k tokens are strictly larger (integer counts: the same
+    set as `scaled >= kth`, ties included). Its nucleus test uses the probability mass of the strictly
+    larger kept tokens, which is the sorted prefix's mass before the first token of its value; the nucleus
+    floor is therefore the same value. The sums differ from the sorted cumulative sum only by FP32
+    rounding order (top_p 1 filters nothing in both, whatever that rounding)."""
+    greater = scaled[:, None, :] > scaled[:, :, None]  # [R, j, i]: token i strictly larger than token j
+    above = greater.sum(-1)
+    keep = above < k[:, None]
+    probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+    mass_above = (probs[:, None, :] * greater).sum(-1)
+    in_nucleus = keep & ((mass_above < top_p[:, None]) | (above == 0) | (top_p[:, None] >= 1.0))
+    floor = torch.where(in_nucleus, scaled, torch.full_like(scaled, float("inf"))).min(dim=-1, keepdim=True).values
+    return keep & (scaled >= floor)
 
 
 def frame_noise(seed: torch.Tensor, frame: torch.Tensor, codebooks: int, vocab: int) -> torch.Tensor:

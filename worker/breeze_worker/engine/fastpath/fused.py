@@ -40,6 +40,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from breeze_worker.engine.fastpath.layers import attend
+
 CONFIG_ENV = "BREEZE_FUSED_CONFIG"
 MAX_ROWS = 8
 _TILE_BUDGET = 8192  # FP32 weight-tile elements per program (64 registers a thread at 4 warps)
@@ -103,6 +105,34 @@ if importlib.util.find_spec("triton") is not None:
                            + (start + t) * stride_cl + pairs)
                     tl.store(dst, a1.to(out_ty))
                     tl.store(dst + HALF, a2.to(out_ty))
+
+        @triton.jit
+        def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start, scale, stride_cr, stride_ck, stride_cl,
+                                    T: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                                    HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr):
+            """One (row, KV head) per program: its GROUP query heads over the layer's SLOTS depth slots, those
+            not written yet this frame (after start + t) masked."""
+            GROUP: tl.constexpr = HEADS // KV_HEADS
+            i = tl.program_id(0)  # row x position
+            g = tl.program_id(1)
+            r = i // T
+            t = i % T
+            d = tl.arange(0, HEAD_DIM)
+            slots = tl.arange(0, SLOTS)
+            heads = g * GROUP + tl.arange(0, GROUP)
+            allowed = slots <= start + t
+            kv = r * stride_cr + g * stride_ck + slots[:, None] * stride_cl + d[None, :]
+            keys = tl.load(k_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)  # [SLOTS, D]
+            vals = tl.load(v_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)
+            q = tl.load(q_ptr + i * (HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :]).to(tl.float32)
+            s = tl.sum(q[:, None, :] * keys[None, :, :], axis=2) * scale  # [GROUP, SLOTS]
+            s = tl.where(allowed[None, :], s, float("-inf"))
+            e = tl.exp(s - tl.max(s, axis=1)[:, None])
+            val_ty = v_ptr.dtype.element_ty
+            p = (e / tl.sum(e, axis=1)[:, None]).to(val_ty).to(tl.float32)
+            out = tl.sum(p[:, :, None] * vals[None, :, :], axis=1)  # [GROUP, D]
+            tl.store(out_ptr + i * (HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :],
+                     out.to(out_ptr.dtype.element_ty))
 
         @triton.jit
         def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
@@ -258,6 +288,26 @@ def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tenso
     return q.transpose(1, 2)
 
 
+def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, start: int, *,
+                    scale: float) -> torch.Tensor:
+    """q [R, heads, T, D] (from `qkv_rope`) over the cache [R, kv, L, D] (slots after start + t masked; `mask`
+    is the same as an additive [1, 1, T, L] tensor, used by the torch form) -> [R, T, heads * D]."""
+    rows, heads, t, d = q.shape
+    if not available(q.device):
+        out = attend(q, k_cache, v_cache, mask, scale, reduce=True)
+        return out.transpose(1, 2).reshape(rows, t, heads * d)
+    _check_cache(k_cache, v_cache, d)
+    kv_heads, slots = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty(rows, t, heads * d, dtype=v_cache.dtype, device=q.device)
+    q_rows = q.transpose(1, 2)  # [R, T, heads, D]: qkv_rope's buffer, contiguous
+    if not q_rows.is_contiguous():
+        q_rows = q_rows.contiguous()
+    _depth_attention_kernel[(rows * t, kv_heads)](q_rows, k_cache, v_cache, out, start, scale, k_cache.stride(0),
+                                                  k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
+                                                  KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots, num_warps=4)
+    return out
+
+
 def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor,
                  intermediate: int) -> torch.Tensor:
     """SiLU(gate(norm(x))) * up(norm(x)) for x [R, T, H] -> [R, T, I]."""
@@ -343,17 +393,17 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
                 fused_mlp: bool = False) -> torch.Tensor:
     """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H].
     `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then
-    either units 2 and 3 of the units+attn form (`units`: fastpath/layers.py UNITS or their compiled
-    forms), or with `fused_mlp` the `attention` unit (layers.layer_attention) and `mlp`. `mask`: additive
-    [1, 1, T, 16]."""
+    either `depth_attention` and the units+attn form's code after its attention (`units`: layers.py
+    (layer_out_mlp_in, layer_mlp_out) or their compiled forms), or with `fused_mlp` the `attention` unit
+    (layers.layer_attention) and `mlp`. `mask`: additive [1, 1, T, 16]."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
                  kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     if fused_mlp:
         x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, triton_gemv=False,
                       reduce_attn=True)
         return mlp(layer, x, workspace)
-    _, attention_mlp_in, mlp_out = units
-    x, hidden = attention_mlp_in(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, layer.w_post,
-                                 layer.gate_up, scale=layer.scale, eps_post=layer.eps_post,
-                                 intermediate=layer.intermediate, act=layer.act, triton_gemv=False, reduce_attn=True)
+    out_mlp_in, mlp_out = units
+    attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
+    x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
+                           intermediate=layer.intermediate, act=layer.act, triton_gemv=False)
     return mlp_out(hidden, x, layer.mlp.down_proj.weight, triton_gemv=False)

@@ -202,8 +202,18 @@ def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            reduce_attn: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the (already written) cache, output projection and residual, post norm, gate and up
     projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
-    x = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=scale, triton_gemv=triton_gemv,
-                        reduce_attn=reduce_attn)
+    rows, h, t, d = q.shape
+    out = attend(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
+    return layer_out_mlp_in(out.transpose(1, 2).reshape(rows, t, h * d), x, o_proj, w_post, gate_up,
+                            eps_post=eps_post, intermediate=intermediate, act=act, triton_gemv=triton_gemv)
+
+
+def layer_out_mlp_in(out: torch.Tensor, x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor,
+                     gate_up: torch.Tensor, *, eps_post: float, intermediate: int, act,
+                     triton_gemv: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the attention output [R, T, h * D]: output projection and residual, post norm, gate and up
+    projections and the activation: (x after attention, act(gate) * up)."""
+    x = x + _unit_linear(out, o_proj, triton_gemv)
     normed = rms_norm(x, w_post, eps_post)
     if triton_gemv:  # one pass over the packed gate/up weight
         gu = gemv.small_linear(normed, gate_up)
@@ -222,6 +232,8 @@ def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, 
 UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
 # "fused+mlp" (the backbone): layer_qkv, then layer_attention, then the MLP as fused kernels (fastpath/fused.py)
 ATTENTION_UNIT = layer_attention
+# "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)
+AFTER_ATTENTION_UNITS = (layer_out_mlp_in, layer_mlp_out)
 
 
 class PackedLayer:

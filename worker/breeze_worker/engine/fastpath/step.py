@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form
 from breeze_worker.engine.fastpath import fused
-from breeze_worker.engine.fastpath.layers import (ATTENTION_UNIT, UNITS, PackedLayer, decode_layer, linear, rms_norm,
-                                                  small_rows_linear)
+from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTENTION_UNIT, UNITS, PackedLayer,
+                                                  decode_layer, linear, rms_norm, small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -90,7 +90,8 @@ class FrameStep:
         # the units as plain functions of the step (called with `self`, so `narrow` views use them too)
         self.layer_fn = decode_layer
         self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
-        self.attention_unit = ATTENTION_UNIT  # "fused+mlp": the backbone's attention before the fused MLP
+        self.attention_unit = ATTENTION_UNIT  # "fused+mlp": attention before the fused MLP
+        self.after_attention = AFTER_ATTENTION_UNITS  # "fused": the depth layers after the Triton attention
         self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
         self.compiled = False
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
@@ -169,7 +170,9 @@ class FrameStep:
 
     def _pick(self, logits: torch.Tensor, codebook: int, noise: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         self.nonfinite |= ~torch.isfinite(logits).all(dim=-1)
-        return sample_rows(logits, self.sampling, self.frame, codebook, blocked, noise=noise)
+        # the "fused" forms (<= 8 rows) filter top-k/top-p by pairwise comparison instead of a sort
+        return sample_rows(logits, self.sampling, self.frame, codebook, blocked, noise=noise,
+                           pairwise=self.form.startswith("fused"))
 
     def use_compiled(self, compile_fn, form: str | None = None) -> None:
         """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py); `form`: the
@@ -178,6 +181,7 @@ class FrameStep:
         self.layer_fn = compile_fn(decode_layer)
         self.units = tuple(compile_fn(fn) for fn in UNITS)
         self.attention_unit = compile_fn(ATTENTION_UNIT)
+        self.after_attention = tuple(compile_fn(fn) for fn in AFTER_ATTENTION_UNITS)
         self._start_fn, self._next_fn = compile_fn(FrameStep._frame_start), compile_fn(FrameStep._depth_next)
         self.compiled = True
 
@@ -186,6 +190,7 @@ class FrameStep:
         self.layer_fn = decode_layer
         self.units = UNITS
         self.attention_unit = ATTENTION_UNIT
+        self.after_attention = AFTER_ATTENTION_UNITS
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
         self.compiled = False
 
@@ -278,7 +283,7 @@ class FrameStep:
         for i, layer in enumerate(self.depth_layers):
             if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1]):
                 x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
-                                      self.units, self.attention_unit, self.fused_workspace,
+                                      self.after_attention, self.attention_unit, self.fused_workspace,
                                       fused_mlp=self.form == "fused+mlp")
             else:
                 x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
