@@ -44,8 +44,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions;
 # "fused": units+attn with the depth decoder's first unit as a Triton kernel (norm, q/k/v, RoPE, cache write;
 # fastpath/fused.py); "fused+mlp": also every MLP (depth and backbone) as fused kernels (norm + gate/up + SiLU,
-# down + residual)
-FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp")
+# down + residual); "fused+gemm": "fused" with the backbone's layers in the gemm form
+FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+gemm")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
