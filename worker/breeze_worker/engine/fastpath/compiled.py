@@ -11,9 +11,12 @@ before capture. Choice, per process, from the environment:
   (default): `fused` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`
   (results/NOTES.md runs 9-11: `fused` 9.17 vs `units+attn` 10.11 ms per frame in run 10).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
-  reduction kernels; `off` (default) skips it. On the H200 it cost ~75 s of compilation per batch shape
-  and showed no gain (units+attn, CFG on: 12.69 ms/frame tuned in run 5, 11.25 ms untuned in run 7;
-  results/NOTES.md).
+  reduction kernels; `off` (default) skips it. On the H200 (run 13, the same device session): 8.55 ->
+  7.88 ms per frame (fused, bf16, CFG on) for ~60 s more compilation per batch shape. Off by default
+  because the choice is made by timing: another process may pick other block sizes, so another
+  summation order, and a seed's audio could change across a restart (rarely: a rounding-level change
+  must flip a sampled token). Inductor caches its choices on disk (TORCHINDUCTOR_CACHE_DIR): a worker
+  that keeps that directory across restarts keeps them.
 
 Any failure to compile is the caller's to catch: the runner logs it and serves the uncompiled step.
 """

@@ -21,7 +21,9 @@ RMSNorm / activation in front and the residual add behind it fused in. Attention
 take the same form (`reduce_attention`). The layer then runs as three units (UNITS, see below). These
 forms accumulate in FP32, as the GEMMs do; they are only worth it compiled (eager they materialize FP32
 copies of the weights). Forms that kept the whole layer in one compiled function with these reductions
-were measured slower and removed (results/NOTES.md, runs 4-5).
+were measured slower and removed (results/NOTES.md, runs 4-5). The "fused" forms (the default up to 8
+rows) run the depth decoder's q/k/v projection with RoPE and cache write, and its attention, as Triton
+kernels (fastpath/fused.py) between the units' code.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions;
 # "fused": units+attn with the depth decoder's first unit as a Triton kernel (norm, q/k/v, RoPE, cache write;
 # fastpath/fused.py); "fused+mlp": also every MLP (depth and backbone) as fused kernels (norm + gate/up + SiLU,
-# down + residual); "fused+gemm": "fused" with the backbone's layers in the gemm form
-FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+gemm")
+# down + residual). Measured alternatives since removed: results/NOTES.md runs 9-13.
+FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -267,8 +267,6 @@ class FrameStep:
 
     def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
                static_slot: int | None = None) -> torch.Tensor:
-        if self.form == "fused+gemm":  # the backbone's layers in the gemm form (the depth decoder's: fused)
-            return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn)
         if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
             form = "units+attn" if self.form.startswith("fused") else self.form
             mlp = None
