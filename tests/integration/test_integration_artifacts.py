@@ -90,7 +90,9 @@ async def test_async_resume_waits_out_an_outage(worker, artifact, tmp_path):
             r = await aclient.fetch(ref, tmp_path / "outage.wav", chunk_size=4096, compression="zstd",
                                     endpoint=proxy.address)
         assert proxy.dropped == 1 and proxy.outages == 1
-    assert r.resumes == 1 and r.verified and (tmp_path / "outage.wav").read_bytes() == data
+    # one resume, or two when the first resumed attempt breaks again as the endpoint comes back (seen once
+    # in a CI run of 511 tests on a 2-core machine; the client then resumes again, as it should)
+    assert 1 <= r.resumes <= 2 and r.verified and (tmp_path / "outage.wav").read_bytes() == data
 
 
 def test_an_outage_longer_than_resume_timeout_gives_up_and_keeps_the_bytes(client, worker, artifact, tmp_path):
