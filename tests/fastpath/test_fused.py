@@ -24,3 +24,16 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter():
     fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
     assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "out")) for c in fp32) < 1e-5
     assert {c["down_splits"] for c in cases} >= {3, 6, 12}  # the ordered split-K sum at several splits
+    assert all(c["workspace_reused_identical"] for c in cases)  # counters reset by the last arrival
+
+
+def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
+    from breeze_worker.engine.fastpath import fused
+
+    depth_down = fused.plan("down_residual", 8192)
+    assert depth_down["chunk"] * depth_down["splits"] == 8192 and depth_down["splits"] == 4
+    odd = fused.plan("down_residual", 96)  # chunk: the largest power of two dividing K, at most the default
+    assert (odd["chunk"], odd["splits"]) == (32, 3)
+    wide = fused.plan("norm_gate_up", 4096)  # two tiles of block x 4096 must fit 8192 elements: block 1
+    assert wide["block_n"] == 1 and fused.plan("norm_gate_up", 1024)["block_n"] == 4
+    assert fused.plan("qkv_rope", 1024) == {"block_p": 2, "num_warps": 2}
