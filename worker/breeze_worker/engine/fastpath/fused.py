@@ -1,25 +1,31 @@
-"""The depth decoder's layer for 1-8 rows as three Triton kernels around the compiled attention unit (the
-"fused" forms, fastpath/layers.py).
+"""Triton kernels for the depth decoder's layer step at 1-8 rows (the "fused" forms, fastpath/layers.py).
 
 Why: at batch 1 with CFG (2 rows) a depth-decoder layer step reads ~56 MB of weights (13 us at the H200's
 copy bandwidth) but ran as 14 kernels taking ~38 us (units+attn, results/NOTES.md runs 7 and 9): the
 four projections and ten small kernels of 1-2.5 us each (norm statistics, RoPE, two cache copies, three
 attention kernels, residual adds, the activation). The frame has 180 such steps (12 layers x 15
-positions). Here the element-wise stages ride on the projections:
+positions).
 
-1. `qkv_rope`: RMSNorm, the q/k/v projection, RoPE on q and k, k and v written straight into their cache
-   slot, q into a buffer. A program owns BLOCK_P column pairs (d, d + D/2) of one head, so RoPE is local.
-2. attention, output projection and residual: Inductor's units+attn code (`layers.layer_attention`).
-3. `norm_gate_up`: RMSNorm, gate and up projections over the same columns, SiLU(gate) * up.
-4. `down_residual`: the down projection plus residual, K split into SPLITS chunks. The partial sums go to
-   a workspace; the last program of a column block to finish (an atomic counter) adds them in split
-   order, so the result does not depend on arrival order, and resets the counter.
+- `qkv_rope`: RMSNorm, the q/k/v projection, RoPE on q and k, k and v written straight into their cache
+  slot, q into a buffer (five kernels before). A program owns BLOCK_P column pairs (d, d + D/2) of one
+  head, so RoPE is local.
+- `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots (three
+  kernels before).
+- The `fused` form (the default) runs these two, then the units+attn code from the output projection on
+  (`layers.AFTER_ATTENTION_UNITS`, compiled): per layer step 37 vs 41 us, 8.55 vs 11.00 ms per frame
+  with the form's other changes (results/NOTES.md run 13).
+- `fused+mlp` also runs the MLP as two kernels: `norm_gate_up` (RMSNorm, gate and up over the same
+  columns, SiLU(gate) * up) and `down_residual` (the down projection plus residual with K in SPLITS
+  chunks; the partials go to a workspace and the last program of a column block to arrive, by an atomic
+  counter, adds them in split order, so the result does not depend on arrival order, and resets the
+  counter). Measured slower than Inductor's code for the same MLP (15.3 + 9.9 vs 13.8 + 9.8 us, run 10):
+  kept selectable for follow-up work.
 
 Each program loads its whole weight tile (BLOCK rows x the input width, or one K chunk) once and reduces
 each input row against it (no loop over K): every load of the program is in flight at once, as in
 Inductor's persistent reductions. A first version that accumulated [rows, BLOCK, BLOCK_K] products in a
 loop over K, and recomputed the attention per output block, was 1.5-2.3x slower than Inductor's kernels
-for the MLP and attention (results/NOTES.md run 9) and was replaced.
+(results/NOTES.md run 9) and was replaced.
 
 Numerics follow the units form stage by stage: FP32 accumulation, each projection's input rounded to the
 weight's dtype, its output to the residual stream's dtype. Launch settings are fixed per shape by `plan`
