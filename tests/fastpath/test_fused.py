@@ -37,3 +37,16 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     wide = fused.plan("norm_gate_up", 4096)  # two tiles of block x 4096 must fit 8192 elements: block 1
     assert wide["block_n"] == 1 and fused.plan("norm_gate_up", 1024)["block_n"] == 4
     assert fused.plan("qkv_rope", 1024) == {"block_p": 2, "num_warps": 2}
+
+
+def test_supported_layers_and_shapes(model):
+    """The Triton block shapes need powers of two: slots, head size, query heads per KV head; at most 8 rows;
+    the backbone's layers (q/k norm) are not depth layers."""
+    from breeze_worker.engine.fastpath import fused
+    from breeze_worker.engine.fastpath.step import packed_layers
+
+    backbone, depth = packed_layers(model.lm)
+    assert fused.supported(depth[0], 2, 16) and fused.supported(depth[0], fused.MAX_ROWS, 16)
+    assert not fused.supported(depth[0], fused.MAX_ROWS + 1, 16)
+    assert not fused.supported(depth[0], 2, 12)
+    assert not fused.supported(backbone[0], 2, 16) and fused.mlp_supported(backbone[0], 2)

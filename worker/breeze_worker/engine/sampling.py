@@ -132,8 +132,9 @@ def _sorted_keep(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> 
     # nucleus: keep the smallest prefix of the sorted distribution whose mass reaches top_p
     sorted_probs = torch.softmax(sorted_logits.masked_fill(sorted_logits < kth, float("-inf")), dim=-1)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    in_nucleus = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # 1: no nucleus filter, whatever
-    in_nucleus[:, 0] = True  # the rounding of the mass near 1
+    # top_p 1 means no nucleus filter, whatever the rounding of the mass near 1
+    in_nucleus = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    in_nucleus[:, 0] = True  # the most likely token is always in
     # the smallest logit still inside the nucleus, per row
     nucleus_floor = torch.where(in_nucleus, sorted_logits, torch.full_like(sorted_logits, float("inf")))
     return keep & (scaled >= nucleus_floor.min(dim=-1, keepdim=True).values)

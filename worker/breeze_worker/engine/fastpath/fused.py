@@ -46,7 +46,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from breeze_worker.engine.fastpath.layers import attend
+from breeze_worker.engine.fastpath.layers import attend_rows
 
 CONFIG_ENV = "BREEZE_FUSED_CONFIG"
 MAX_ROWS = 8
@@ -300,14 +300,11 @@ def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     is the same as an additive [1, 1, T, L] tensor, used by the torch form) -> [R, T, heads * D]."""
     rows, heads, t, d = q.shape
     if not available(q.device):
-        out = attend(q, k_cache, v_cache, mask, scale, reduce=True)
-        return out.transpose(1, 2).reshape(rows, t, heads * d)
+        return attend_rows(q, k_cache, v_cache, mask, scale, reduce=True)
     _check_cache(k_cache, v_cache, d)
     kv_heads, slots = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(rows, t, heads * d, dtype=v_cache.dtype, device=q.device)
-    q_rows = q.transpose(1, 2)  # [R, T, heads, D]: qkv_rope's buffer, contiguous
-    if not q_rows.is_contiguous():
-        q_rows = q_rows.contiguous()
+    q_rows = q.transpose(1, 2).contiguous()  # [R, T, heads, D]: qkv_rope's buffer as it is (no copy)
     _depth_attention_kernel[(rows * t, kv_heads)](q_rows, k_cache, v_cache, out, start, scale, k_cache.stride(0),
                                                   k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
                                                   KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots, num_warps=4)
@@ -372,12 +369,14 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def supported(layer, rows: int) -> bool:
-    """Whether `layer` (a PackedLayer) can run `depth_layer` at `rows` rows (rows times positions): a
-    Llama-style layer (no q/k norm, SiLU, no biases) with an even head size whose half the column-pair block
-    divides, and inputs no wider than _MAX_WIDTH."""
+def supported(layer, rows: int, slots: int) -> bool:
+    """Whether `layer` (a PackedLayer) can run `depth_layer` at `rows` rows (rows times positions) over
+    `slots` cache slots: a Llama-style layer (no q/k norm, SiLU, no biases) whose head size, query heads
+    per KV head and slot count are powers of two (Triton block shapes), the head half a multiple of the
+    column-pair block, and inputs no wider than _MAX_WIDTH."""
     if not (mlp_supported(layer, rows) and layer.qk_norm is None and layer.heads % layer.kv_heads == 0
-            and layer.head_dim % 2 == 0):
+            and layer.head_dim >= 2 and _power_of_two(layer.head_dim)
+            and _power_of_two(layer.heads // layer.kv_heads) and _power_of_two(slots)):
         return False
     return (layer.head_dim // 2) % plan("qkv_rope", layer.qkv.shape[1])["block_p"] == 0
 

@@ -90,6 +90,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
     return torch.matmul(probs, values).view(rows, h, t, d)
 
 
+def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                reduce: bool = False) -> torch.Tensor:
+    """`attend`, with the heads laid side by side per position: q [R, h, T, D] -> [R, T, h * D]."""
+    rows, h, t, d = q.shape
+    return attend(q, keys, values, mask, scale, reduce=reduce).transpose(1, 2).reshape(rows, t, h * d)
+
+
 def write_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor) -> None:
     """Keys/values [R, kv, T, D] into the caches [R, kv, L, D] at `slots` int64 [R or 1, T], in place."""
@@ -152,7 +159,7 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
         qk = rms_norm(qk, qk_norm, qk_eps)
     qk = rotate(qk, cos, sin)
     write_cache(k_cache, v_cache, slots, qk[:, h:], v)
-    out = attend(qk[:, :h], k_cache, v_cache, mask, scale).transpose(1, 2).reshape(rows, t, h * d)
+    out = attend_rows(qk[:, :h], k_cache, v_cache, mask, scale)
     x = x + linear(out, o_proj)
     gu = linear(rms_norm(x, w_post, eps_post), gate_up)
     return x + linear(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
@@ -193,9 +200,7 @@ def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch
 def layer_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,
                     o_proj: torch.Tensor, *, scale: float, triton_gemv: bool, reduce_attn: bool) -> torch.Tensor:
     """Attention over the (already written) cache, output projection and residual: x after attention."""
-    rows, h, t, d = q.shape
-    out = attend(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
-    return x + _unit_linear(out.transpose(1, 2).reshape(rows, t, h * d), o_proj, triton_gemv)
+    return x + _unit_linear(attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn), o_proj, triton_gemv)
 
 
 def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
@@ -204,10 +209,8 @@ def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            reduce_attn: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the (already written) cache, output projection and residual, post norm, gate and up
     projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
-    rows, h, t, d = q.shape
-    out = attend(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
-    return layer_out_mlp_in(out.transpose(1, 2).reshape(rows, t, h * d), x, o_proj, w_post, gate_up,
-                            eps_post=eps_post, intermediate=intermediate, act=act, triton_gemv=triton_gemv)
+    return layer_out_mlp_in(attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn), x, o_proj, w_post,
+                            gate_up, eps_post=eps_post, intermediate=intermediate, act=act, triton_gemv=triton_gemv)
 
 
 def layer_out_mlp_in(out: torch.Tensor, x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor,
@@ -332,6 +335,6 @@ class PackedLayer:
         qk = rotate(qk, cos, sin)
         write_kv(qk[:, h:], v)
         keys, values = read_kv()
-        out = attend(qk[:, :h], keys, values, mask, self.scale).transpose(1, 2).reshape(rows, t, h * d)
+        out = attend_rows(qk[:, :h], keys, values, mask, self.scale)
         x = x + self.attn.o_proj(out)
         return x + self._mlp(rms_norm(x, self.w_post, self.eps_post))

@@ -281,7 +281,7 @@ class FrameStep:
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1]):
+            if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
                 x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
                                       self.after_attention, self.attention_unit, self.fused_workspace,
                                       fused_mlp=self.form == "fused+mlp")
