@@ -3,11 +3,12 @@ shapes (hidden 1024, 8 heads / 2 KV heads of 128, MLP 8192, 16 slots), 12 layers
 
 1. correctness: kernels vs the same stages in torch (FP32 and BF16), and vs the units form the engine runs
    today (PackedLayer.decode_units, uncompiled); the kernels' output is bit-identical over repeated runs
-   (the split-K sum is ordered).
+   (the split-K sum is ordered), and the "fused+chain" form's bit-identical with and without chained
+   launches (programmatic dependent launch, `fused.pdl`).
 2. launch settings: each kernel alone over the 12 layers in one CUDA graph, per candidate setting; the
    fastest (the default wins ties within 2%) is written to --best-out as BREEZE_FUSED_CONFIG JSON.
-3. the layer step: fused (best settings; its attention unit compiled) vs units+attn and gemm compiled by
-   Inductor, per layer step, in
+3. the layer step: fused+mlp (best settings; its attention unit compiled), fused, fused+chain (chained and
+   not) vs units+attn and gemm compiled by Inductor, per layer step, in
    CUDA graphs of the 12 layers, at 2 rows x 1 position (batch 1 with CFG) and 2 x 2 (the depth prefill).
 
     BREEZE_COMMIT=<sha> PYTHONPATH=worker python3 scripts/gpu_fused.py --json out.json --best-out best.json
@@ -41,6 +42,9 @@ CANDIDATES = {
                                                                               (2, 1024), (4, 1024), (8, 1024),
                                                                               (4, 512), (8, 512))
                       for w in (4, 8)],
+    "o_residual": [{"block_n": n, "chunk": c, "num_warps": w} for n, c in ((1, 1024), (2, 1024), (4, 1024),
+                                                                           (2, 512), (4, 512), (8, 512))
+                   for w in (2, 4)],
 }
 
 
@@ -80,11 +84,11 @@ class Depth:
 
 
 def run_fused(depth: Depth, x, start, caches, workspace, attention=ATTENTION_UNIT, units=AFTER_ATTENTION_UNITS,
-              mlp=True):
+              form="fused+mlp"):
     t = x.shape[1]
     cos, sin, _, _, _, mask = depth.inputs(start, t)
     for layer, (k, v) in zip(depth.layers, caches):
-        x = fused.depth_layer(layer, x, cos, sin, k, v, start, mask, units, attention, workspace, fused_mlp=mlp)
+        x = fused.depth_layer(layer, x, cos, sin, k, v, start, mask, units, attention, workspace, form=form)
     return x
 
 
@@ -109,28 +113,39 @@ def check(depth: Depth, rows: int, t: int, start: int) -> dict:
     x = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
     stale = depth.caches(rows, seed=7)
     results = {}
-    for mode in ("kernel", "kernel-again", "torch", "units", "hybrid"):
+    forms = {"hybrid": "fused", "chain": "fused+chain", "chain-unchained": "fused+chain",
+             "chain-torch": "fused+chain"}
+    for mode in ("kernel", "kernel-again", "torch", "units", "hybrid", "chain", "chain-unchained", "chain-torch"):
         caches = [(k.clone(), v.clone()) for k, v in stale]
-        fused._use_kernels = None if mode.startswith(("kernel", "hybrid")) else False
+        fused._use_kernels = False if mode in ("torch", "units", "chain-torch") else None
+        fused._pdl_override = False if mode == "chain-unchained" else None
         if mode == "units":
             y = run_units(depth, x, start, caches)
         else:  # "hybrid": the "fused" form (q/k/v and attention kernels, then the units' code), else fused+mlp
-            y = run_fused(depth, x, start, caches, fused.DownWorkspace(), mlp=mode != "hybrid")
+            y = run_fused(depth, x, start, caches, fused.DownWorkspace(), form=forms.get(mode, "fused+mlp"))
         written = torch.cat([torch.cat([k[:, :, start:start + t], v[:, :, start:start + t]]) for k, v in caches])
         results[mode] = (y, written)
     fused._use_kernels = None
+    fused._pdl_override = None
     out = {"rows": rows, "t": t, "start": start, "dtype": str(depth.dtype).replace("torch.", "")}
     out["vs_torch_out"] = rel(results["kernel"][0], results["torch"][0])
     out["vs_torch_cache"] = rel(results["kernel"][1], results["torch"][1])
     out["vs_units_out"] = rel(results["kernel"][0], results["units"][0])
     out["torch_vs_units_out"] = rel(results["torch"][0], results["units"][0])
     out["hybrid_vs_units_out"] = rel(results["hybrid"][0], results["units"][0])
+    out["chain_vs_torch_out"] = rel(results["chain"][0], results["chain-torch"][0])
+    out["chain_vs_units_out"] = rel(results["chain"][0], results["units"][0])
+    out["pdl"] = fused.pdl(torch.device(DEVICE))
+    out["chain_pdl_identical"] = bool(torch.equal(results["chain"][0], results["chain-unchained"][0])
+                                      and torch.equal(results["chain"][1], results["chain-unchained"][1]))
     out["repeat_identical"] = bool(torch.equal(results["kernel"][0], results["kernel-again"][0]))
     out["finite"] = bool(torch.isfinite(results["kernel"][0]).all())
     bound = 1e-5 if depth.dtype == torch.float32 else 2e-2
     out["ok"] = (out["finite"] and out["repeat_identical"] and out["vs_torch_out"] <= bound
                  and out["vs_torch_cache"] <= bound and out["vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"])
-                 and out["hybrid_vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"]))
+                 and out["hybrid_vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"])
+                 and out["chain_vs_torch_out"] <= bound and out["chain_pdl_identical"]
+                 and out["chain_vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"]))
     return out
 
 
@@ -168,6 +183,7 @@ def kernel_inputs(depth: Depth, rows: int, t: int, start: int):
     caches = depth.caches(rows, seed=5)
     cos, sin = depth.cos[start:start + t].contiguous(), depth.sin[start:start + t].contiguous()
     hidden = torch.randn(rows, t, depth.cfg.intermediate_size, generator=gen, device=DEVICE).to(depth.dtype)
+    attn = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
     workspace = fused.DownWorkspace()
     calls = {
         "qkv_rope": lambda: [fused.qkv_rope(x, l.w_in, l.eps_in, l.qkv, cos, sin, k, v, start, heads=l.heads,
@@ -177,6 +193,8 @@ def kernel_inputs(depth: Depth, rows: int, t: int, start: int):
                                  for l in depth.layers],
         "down_residual": lambda: [fused.down_residual(hidden, l.mlp.down_proj.weight, x, workspace)
                                   for l in depth.layers],
+        "o_residual": lambda: [fused.down_residual(attn, l.attn.o_proj.weight, x, workspace, kernel="o_residual")
+                               for l in depth.layers],
     }
     return calls
 
@@ -184,7 +202,8 @@ def kernel_inputs(depth: Depth, rows: int, t: int, start: int):
 def weight_bytes(layer: PackedLayer) -> dict:
     size = layer.qkv.element_size()
     return {"qkv_rope": layer.qkv.numel() * size, "norm_gate_up": layer.gate_up.numel() * size,
-            "down_residual": layer.mlp.down_proj.weight.numel() * size}
+            "down_residual": layer.mlp.down_proj.weight.numel() * size,
+            "o_residual": layer.attn.o_proj.weight.numel() * size}
 
 
 @torch.no_grad()
@@ -195,6 +214,7 @@ def tune(depth: Depth, bandwidth: float, rows: int = 2, t: int = 1, start: int =
     floors = {k: b / bandwidth * 1e6 for k, b in weight_bytes(depth.layers[0]).items()}
     for kernel, candidates in CANDIDATES.items():
         default = fused.plan(kernel, depth.cfg.intermediate_size if kernel == "down_residual" else 1024)
+        # (each kernel's calls chain to each other here when the device has `fused.pdl`)
         rows_out = []
         for cfg in candidates:
             fused._config_override = {kernel: cfg}
@@ -237,9 +257,18 @@ def layer_steps(depth: Depth, best: dict) -> list[dict]:
         row["fused+mlp_best_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / n
         fused._config_override = {}
         row["fused+mlp_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / n
-        run_fused(depth, x, start, caches, workspace, attention, after_attention, mlp=False)  # compile first
+        run_fused(depth, x, start, caches, workspace, attention, after_attention, form="fused")  # compile first
         row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention, after_attention,
-                                                     mlp=False)) * 1000 / n
+                                                     form="fused")) * 1000 / n
+        for chained in (True, False):  # the all-kernel form with and without programmatic dependent launch
+            fused._pdl_override = None if chained else False
+            fused._config_override = best
+            key = "fused+chain" + ("" if chained else "_unchained")
+            row[f"{key}_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace,
+                                                          form="fused+chain")) * 1000 / n
+            fused._config_override = {}
+        fused._pdl_override = None
+        row["pdl"] = fused.pdl(torch.device(DEVICE))
         for name, fn, form in (("units+attn", units, "units+attn"), ("gemm", gemm, "gemm")):
             t0 = time.perf_counter()
             run_units(depth, x, start, caches, fn, form)  # compile outside the graph

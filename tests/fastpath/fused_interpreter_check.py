@@ -1,5 +1,5 @@
 """Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the three fused kernels
-(engine/fastpath/fused.py) executed by Triton's interpreter on CPU tensors, against the same stages in
+(engine/fastpath/fused.py; the down-projection kernel also as the output projection) executed by Triton's interpreter on CPU tensors, against the same stages in
 torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both step lengths, split-K).
 Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
 not rounding (numpy has no BF16), so a BF16 case would differ from torch by design; one runs with a
@@ -43,17 +43,20 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, triton_gemv=False,
                              reduce_attn=True)
         attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=d ** -0.5)
-        h = fused.norm_gate_up(x1, w_post, 1e-5, gate_up, inter)
         workspace = fused.DownWorkspace()
+        # the "fused+chain" form's output projection (the down-projection kernel, its own launch plan)
+        x2 = fused.down_residual(attn, o_proj, x, workspace, kernel="o_residual")
+        h = fused.norm_gate_up(x1, w_post, 1e-5, gate_up, inter)
         y = fused.down_residual(h, down, x1, workspace)
         # the same workspace again (its arrival counters must be back at zero): the same bits
         again = torch.equal(y, fused.down_residual(h, down, x1, workspace))
-        results[mode] = (q, k_cache, v_cache, attn, h, y)
+        results[mode] = (q, k_cache, v_cache, attn, x2, h, y)
     fused._use_kernels = None
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
-              "down_splits": fused.plan("down_residual", inter)["splits"]}
-    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "hidden", "out"), results["torch"],
+              "down_splits": fused.plan("down_residual", inter)["splits"],
+              "o_splits": fused.plan("o_residual", heads * d)["splits"]}
+    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "o_residual", "hidden", "out"), results["torch"],
                           results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err
@@ -78,7 +81,7 @@ def main() -> int:
     for i, (rows, t, start, dtype, weight_dtype, chunk) in enumerate(cases):
         # K = 96 in chunks of 32, 16 or 8 (3, 6, 12 splits) or one chunk of 96's largest power-of-two divisor
         fused._config_override = {"down_residual": {"chunk": chunk, "block_n": 16}, "qkv_rope": {"block_p": 4},
-                                  "norm_gate_up": {"block_n": 32}}
+                                  "norm_gate_up": {"block_n": 32}, "o_residual": {"chunk": 2 * chunk, "block_n": 8}}
         report = _case(rows, t, start, dtype, weight_dtype, seed=i)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]

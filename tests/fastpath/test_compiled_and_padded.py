@@ -48,7 +48,7 @@ def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
     clear_runners()
 
 
-@pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp"])
+@pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp", "fused+chain"])
 def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
     """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
     frames as the eager reference, CFG on (2 rows)."""

@@ -22,8 +22,10 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert len(cases) == 7 and all(c["ok"] for c in cases)
     fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
-    assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "out")) for c in fp32) < 1e-5
+    assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "o_residual", "out"))
+                                  for c in fp32) < 1e-5
     assert {c["down_splits"] for c in cases} >= {3, 6, 12}  # the ordered split-K sum at several splits
+    assert {c["o_splits"] for c in cases} >= {1, 2}  # the output projection: one chunk, and split
     assert all(c["workspace_reused_identical"] for c in cases)  # counters reset by the last arrival
 
 
@@ -37,6 +39,33 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     wide = fused.plan("norm_gate_up", 4096)  # two tiles of block x 4096 must fit 8192 elements: block 1
     assert wide["block_n"] == 1 and fused.plan("norm_gate_up", 1024)["block_n"] == 4
     assert fused.plan("qkv_rope", 1024) == {"block_p": 2, "num_warps": 2}
+    out_proj = fused.plan("o_residual", 1024)
+    assert out_proj["chunk"] * out_proj["splits"] == 1024 and out_proj["block_n"] * 1024 <= 8192
+
+
+def test_chained_launches_only_where_the_device_has_them(monkeypatch):
+    """Programmatic dependent launch: never on the CPU or in the interpreter, off by the environment, and on
+    CUDA only from compute capability 9.0 (a T4 is 7.5, an A100 8.0, an H200 9.0)."""
+    import torch
+
+    from breeze_worker.engine.fastpath import fused
+
+    monkeypatch.setattr(fused, "_pdl_devices", {})
+    assert not fused.pdl(torch.device("cpu")) and fused._launch(torch.device("cpu")) == {"USE_PDL": False}
+    if fused._triton is None or not fused._HAS_GDC:
+        assert not fused.pdl(torch.device("cuda", 0))
+        return
+    capability = {}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    capability.update({0: (7, 5), 1: (8, 0), 2: (9, 0)})
+    assert [fused.pdl(torch.device("cuda", i)) for i in range(3)] == [False, False, True]
+    assert fused._launch(torch.device("cuda", 2)) == {"USE_PDL": True, "launch_pdl": True}
+    monkeypatch.setenv(fused.PDL_ENV, "off")
+    assert not fused.pdl(torch.device("cuda", 2))
+    monkeypatch.delenv(fused.PDL_ENV)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not fused.pdl(torch.device("cuda", 2))
 
 
 def test_supported_layers_and_shapes(model):

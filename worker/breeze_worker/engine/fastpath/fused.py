@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from breeze_worker.engine.fastpath.layers import attend_rows
 
 CONFIG_ENV = "BREEZE_FUSED_CONFIG"
+PDL_ENV = "BREEZE_FUSED_PDL"
 MAX_ROWS = 8
 _TILE_BUDGET = 8192  # FP32 weight-tile elements per program (64 registers a thread at 4 warps)
 _MAX_WIDTH = 4096  # the norm kernels hold a whole input row
@@ -58,6 +59,13 @@ if importlib.util.find_spec("triton") is not None:
     try:
         import triton
         import triton.language as tl
+
+        try:  # programmatic dependent launch (Hopper and later): wait for / release the kernels around this one
+            from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+            _HAS_GDC = True
+        except ImportError:
+            gdc_launch_dependents = gdc_wait = None
+            _HAS_GDC = False
 
         @triton.jit
         def _normed_row(x_ptr, w_norm_ptr, row, H, eps, w_ty, HP: tl.constexpr):
@@ -73,7 +81,9 @@ if importlib.util.find_spec("triton") is not None:
         def _qkv_rope_kernel(x_ptr, w_norm_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, H, start, eps,
                              stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
                              HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             BLOCK_P: tl.constexpr, HP: tl.constexpr):
+                             BLOCK_P: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
+            if USE_PDL:
+                gdc_launch_dependents()
             HALF: tl.constexpr = HEAD_DIM // 2
             PER_HEAD: tl.constexpr = HALF // BLOCK_P
             pid = tl.program_id(0)
@@ -87,6 +97,8 @@ if importlib.util.find_spec("triton") is not None:
             # the program's weight rows, loaded once: columns d and d + D/2 of its pairs (RoPE mixes them)
             w1 = tl.load(w_ptr + col1[:, None] * H + ks[None, :], mask=k_ok, other=0.0).to(tl.float32)
             w2 = tl.load(w_ptr + (col1 + HALF)[:, None] * H + ks[None, :], mask=k_ok, other=0.0).to(tl.float32)
+            if USE_PDL:  # the weights above do not depend on the kernel before; x and the cache do
+                gdc_wait()
             for i in tl.static_range(M):
                 r = i // T
                 t = i % T
@@ -115,9 +127,12 @@ if importlib.util.find_spec("triton") is not None:
         @triton.jit
         def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start, scale, stride_cr, stride_ck, stride_cl,
                                     T: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                                    HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr):
+                                    HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr, USE_PDL: tl.constexpr):
             """One (row, KV head) per program: its GROUP query heads over the layer's SLOTS depth slots, those
             not written yet this frame (after start + t) masked."""
+            if USE_PDL:  # everything here reads the kernel before's output
+                gdc_launch_dependents()
+                gdc_wait()
             GROUP: tl.constexpr = HEADS // KV_HEADS
             i = tl.program_id(0)  # row x position
             g = tl.program_id(1)
@@ -142,7 +157,9 @@ if importlib.util.find_spec("triton") is not None:
 
         @triton.jit
         def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, HP: tl.constexpr):
+                                 BLOCK_N: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
+            if USE_PDL:
+                gdc_launch_dependents()
             pid = tl.program_id(0)
             cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
             col_ok = cols < I
@@ -152,6 +169,8 @@ if importlib.util.find_spec("triton") is not None:
             out_ty = out_ptr.dtype.element_ty
             wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
             wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
+            if USE_PDL:
+                gdc_wait()
             for i in tl.static_range(M):
                 xn = _normed_row(x_ptr, w_norm_ptr, i, H, eps, w_ty, HP)
                 gate = tl.sum(wg * xn[None, :], axis=1).to(out_ty).to(tl.float32)
@@ -161,7 +180,10 @@ if importlib.util.find_spec("triton") is not None:
 
         @triton.jit
         def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr):
+                                  BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+                                  USE_PDL: tl.constexpr):
+            if USE_PDL:
+                gdc_launch_dependents()
             pid = tl.program_id(0)
             split = tl.program_id(1)
             cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -170,6 +192,8 @@ if importlib.util.find_spec("triton") is not None:
             w_ty = w_ptr.dtype.element_ty
             out_ty = y_ptr.dtype.element_ty
             w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0).to(tl.float32)
+            if USE_PDL:  # the partials, counters and outputs are touched only after the kernel before is done
+                gdc_wait()
             for i in tl.static_range(M):
                 hv = tl.load(h_ptr + i * K + ks).to(w_ty).to(tl.float32)
                 part = tl.sum(w * hv[None, :], axis=1)  # [BLOCK_N]
@@ -202,6 +226,8 @@ def interpreting() -> bool:
 
 _use_kernels: bool | None = None  # the interpreter check: False = the torch stages, True = the kernels
 _config_override: dict = {}  # the interpreter check: launch settings per kernel, as BREEZE_FUSED_CONFIG
+_pdl_override: bool | None = None  # scripts/gpu_fused.py: chained launches forced on or off
+_pdl_devices: dict[int, bool] = {}
 
 
 def available(device: torch.device) -> bool:
@@ -209,6 +235,28 @@ def available(device: torch.device) -> bool:
     if _triton is None or _use_kernels is False:
         return False
     return device.type == "cuda" or (interpreting() and device.type == "cpu")
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether the kernels launch chained (programmatic dependent launch) on `device`: each starts while
+    the kernel before it finishes, loads its weights, and waits (griddepcontrol.wait) before it reads
+    that kernel's output. Needs compute capability >= 9.0 and a Triton with griddepcontrol; never in the
+    interpreter; `BREEZE_FUSED_PDL=off` turns it off. The arithmetic is the same either way."""
+    if _pdl_override is not None:
+        return _pdl_override and device.type == "cuda" and _HAS_GDC
+    if device.type != "cuda" or _triton is None or not _HAS_GDC or interpreting():
+        return False
+    if os.environ.get(PDL_ENV, "on").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _pdl_devices:
+        _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _pdl_devices[index]
+
+
+def _launch(device: torch.device) -> dict:
+    """The launch arguments that chain a kernel (see `pdl`)."""
+    return {"USE_PDL": True, "launch_pdl": True} if pdl(device) else {"USE_PDL": False}
 
 
 def _next_power_of_two(n: int) -> int:
@@ -240,16 +288,18 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 4, "num_warps": 2}
     elif kernel == "down_residual":
         cfg = {"block_n": 4, "chunk": 2048, "num_warps": 4}
+    elif kernel == "o_residual":  # the same kernel as down_residual, for the attention's output projection
+        cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     cfg.update(_overrides().get(kernel, {}))
     cfg.update(_config_override.get(kernel, {}))
-    if kernel == "down_residual":  # K = splits x chunk, chunk a power of two
+    if kernel in ("down_residual", "o_residual"):  # K = splits x chunk, chunk a power of two
         cfg["chunk"] = min(cfg["chunk"], k & -k)
         cfg["splits"] = k // cfg["chunk"]
         width = cfg["chunk"]
     key = "block_p" if kernel == "qkv_rope" else "block_n"
-    tiles = 1 if kernel == "down_residual" else 2
+    tiles = 1 if kernel in ("down_residual", "o_residual") else 2
     while cfg[key] > 1 and cfg[key] * width * tiles > _TILE_BUDGET:
         cfg[key] //= 2
     return cfg
@@ -290,7 +340,7 @@ def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tenso
     _qkv_rope_kernel[grid](x.contiguous(), w_norm, qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache,
                            hidden, start, eps, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), M=rows * t,
                            T=t, HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_P=cfg["block_p"],
-                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"])
+                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"], **_launch(x.device))
     return q.transpose(1, 2)
 
 
@@ -307,7 +357,8 @@ def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q_rows = q.transpose(1, 2).contiguous()  # [R, T, heads, D]: qkv_rope's buffer as it is (no copy)
     _depth_attention_kernel[(rows * t, kv_heads)](q_rows, k_cache, v_cache, out, start, scale, k_cache.stride(0),
                                                   k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
-                                                  KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots, num_warps=4)
+                                                  KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots, num_warps=4,
+                                                  **_launch(q.device))
     return out
 
 
@@ -324,7 +375,8 @@ def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: tor
     out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
     grid = (-(-intermediate // cfg["block_n"]),)
     _norm_gate_up_kernel[grid](x.contiguous(), w_norm, gate_up, out, hidden, intermediate, eps, M=rows * t,
-                               BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"])
+                               BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"],
+                               **_launch(x.device))
     return out
 
 
@@ -344,19 +396,22 @@ class DownWorkspace:
         return self._buffers[key]
 
 
-def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
-    """x + down(hidden), hidden [R, T, I], x [R, T, H]."""
+def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, workspace: DownWorkspace,
+                  kernel: str = "down_residual") -> torch.Tensor:
+    """x + down(hidden), hidden [R, T, I], x [R, T, H]. `kernel` names the launch plan ("o_residual": the
+    attention's output projection, the same kernel)."""
     rows, t, k = hidden.shape
     n = down.shape[0]
     if not available(x.device):
         return (x.float() + _linear(hidden, down, x.dtype).float()).to(x.dtype)
-    cfg = plan("down_residual", k)
+    cfg = plan(kernel, k)
     blocks = -(-n // cfg["block_n"])
     partials, counts = workspace.get(x.device, cfg["splits"], rows * t, n, blocks)
     y = torch.empty_like(x)
     _down_residual_kernel[(blocks, cfg["splits"])](hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k,
                                                    M=rows * t, BLOCK_N=cfg["block_n"], CHUNK=cfg["chunk"],
-                                                   SPLITS=cfg["splits"], num_warps=cfg["num_warps"])
+                                                   SPLITS=cfg["splits"], num_warps=cfg["num_warps"],
+                                                   **_launch(x.device))
     return y
 
 
@@ -395,20 +450,27 @@ def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
 
 def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, start: int, mask: torch.Tensor, units, attention, workspace: DownWorkspace,
-                fused_mlp: bool = False) -> torch.Tensor:
+                form: str = "fused") -> torch.Tensor:
     """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H].
-    `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then
-    either `depth_attention` and the units+attn form's code after its attention (`units`: layers.py
-    (layer_out_mlp_in, layer_mlp_out) or their compiled forms), or with `fused_mlp` the `attention` unit
-    (layers.layer_attention) and `mlp`. `mask`: additive [1, 1, T, 16]."""
+    `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then, by
+    `form` (layers.py FORMS):
+    - "fused": `depth_attention` and the units+attn form's code after its attention (`units`: layers.py
+      (layer_out_mlp_in, layer_mlp_out) or their compiled forms);
+    - "fused+mlp": the `attention` unit (layers.layer_attention) and `mlp`;
+    - "fused+chain": every stage a kernel of this module (`depth_attention`, the output projection plus
+      residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`).
+    `mask`: additive [1, 1, T, 16]."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
                  kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    if fused_mlp:
+    if form == "fused+mlp":
         x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, triton_gemv=False,
                       reduce_attn=True)
         return mlp(layer, x, workspace)
-    out_mlp_in, mlp_out = units
     attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
+    if form == "fused+chain":
+        x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
+        return mlp(layer, x, workspace)
+    out_mlp_in, mlp_out = units
     x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
                            intermediate=layer.intermediate, act=layer.act, triton_gemv=False)
     return mlp_out(hidden, x, layer.mlp.down_proj.weight, triton_gemv=False)

@@ -46,8 +46,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions;
 # "fused": units+attn with the depth decoder's first unit as a Triton kernel (norm, q/k/v, RoPE, cache write;
 # fastpath/fused.py); "fused+mlp": also every MLP (depth and backbone) as fused kernels (norm + gate/up + SiLU,
-# down + residual). Measured alternatives since removed: results/NOTES.md runs 9-13.
-FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp")
+# down + residual); "fused+chain": the depth layer entirely as those kernels (q/k/v, attention, output
+# projection, MLP), chained by programmatic dependent launch where the device has it; the backbone as in
+# "fused". Measured alternatives since removed: results/NOTES.md runs 9-13.
+FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

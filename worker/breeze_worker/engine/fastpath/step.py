@@ -284,7 +284,7 @@ class FrameStep:
             if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
                 x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
                                       self.after_attention, self.attention_unit, self.fused_workspace,
-                                      fused_mlp=self.form == "fused+mlp")
+                                      form=self.form)
             else:
                 x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
