@@ -37,11 +37,13 @@ SLOTS = 16
 DEVICE = "cuda"  # --dry-run: "cpu" (the kernels in Triton's interpreter; correctness only, 2 layers)
 CANDIDATES = {
     "qkv_rope": [{"block_p": p, "num_warps": w} for p in (1, 2, 4) for w in (2, 4, 8)],
-    "norm_gate_up": [{"block_n": n, "num_warps": w} for n in (1, 2, 4) for w in (2, 4, 8)],
+    "norm_gate_up": [{"block_n": n, "num_warps": w} for n in (1, 2, 4) for w in (2, 4, 8)]
+    + [{"block_n": n, "num_warps": 2, "evict": True} for n in (2, 4)],
     "down_residual": [{"block_n": n, "chunk": c, "num_warps": w} for n, c in ((1, 2048), (2, 2048), (4, 2048),
                                                                               (2, 1024), (4, 1024), (8, 1024),
                                                                               (4, 512), (8, 512))
-                      for w in (4, 8)],
+                      for w in (4, 8)]
+    + [{"block_n": n, "chunk": 2048, "num_warps": 4, "evict": True} for n in (2, 4)],
     "o_residual": [{"block_n": n, "chunk": c, "num_warps": w} for n, c in ((1, 1024), (2, 1024), (4, 1024),
                                                                            (2, 512), (4, 512), (8, 512))
                    for w in (2, 4)],
@@ -260,10 +262,11 @@ def layer_steps(depth: Depth, best: dict) -> list[dict]:
         run_fused(depth, x, start, caches, workspace, attention, after_attention, form="fused")  # compile first
         row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention, after_attention,
                                                      form="fused")) * 1000 / n
-        for chained in (True, False):  # the all-kernel form with and without programmatic dependent launch
+        # the all-kernel form with and without programmatic dependent launch, default and best launch settings
+        for key, chained, settings in (("fused+chain", True, {}), ("fused+chain_unchained", False, {}),
+                                       ("fused+chain_best", True, best)):
             fused._pdl_override = None if chained else False
-            fused._config_override = best
-            key = "fused+chain" + ("" if chained else "_unchained")
+            fused._config_override = settings
             row[f"{key}_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace,
                                                           form="fused+chain")) * 1000 / n
             fused._config_override = {}

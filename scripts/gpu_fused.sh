@@ -12,7 +12,9 @@ timeout "${LIMIT_FUSED:-140}" python3 scripts/gpu_fused.py ${FUSED_ARGS:-} --jso
   --best-out "$OUT/fused_best.json" > "$OUT/fused_kernels.log" 2>&1
 echo "=== fused kernels exited $? after $((SECONDS - t0)) s"
 tail -n 30 "$OUT/fused_kernels.log"
-BREEZE_FUSED_CONFIG="$(cat "$OUT/fused_best.json" 2>/dev/null || true)"
+# USE_BEST=0: the bench runs the committed launch plans (fused.plan), not the ones just timed
+BREEZE_FUSED_CONFIG=""
+[ "${USE_BEST:-1}" = 0 ] || BREEZE_FUSED_CONFIG="$(cat "$OUT/fused_best.json" 2>/dev/null || true)"
 export BREEZE_FUSED_CONFIG="${BREEZE_FUSED_CONFIG:-}"
 echo "BREEZE_FUSED_CONFIG=$BREEZE_FUSED_CONFIG"
 SKIP_GEMV=1 BENCH_CAPACITY=256 BENCH_FRAMES="${BENCH_FRAMES:-32}" BENCH_EAGER_FRAMES=8 BENCH_CFG=on \

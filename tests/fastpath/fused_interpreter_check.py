@@ -80,8 +80,10 @@ def main() -> int:
              (5, 1, 3, f16, f16, 8), (4, 2, 0, f32, f16, 32), (2, 1, 7, bf16, bf16, 16)]
     for i, (rows, t, start, dtype, weight_dtype, chunk) in enumerate(cases):
         # K = 96 in chunks of 32, 16 or 8 (3, 6, 12 splits) or one chunk of 96's largest power-of-two divisor
-        fused._config_override = {"down_residual": {"chunk": chunk, "block_n": 16}, "qkv_rope": {"block_p": 4},
-                                  "norm_gate_up": {"block_n": 32}, "o_residual": {"chunk": 2 * chunk, "block_n": 8}}
+        fused._config_override = {"down_residual": {"chunk": chunk, "block_n": 16, "evict": i % 2 == 1},
+                                  "qkv_rope": {"block_p": 4},
+                                  "norm_gate_up": {"block_n": 32, "evict": i % 2 == 0},
+                                  "o_residual": {"chunk": 2 * chunk, "block_n": 8}}
         report = _case(rows, t, start, dtype, weight_dtype, seed=i)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]

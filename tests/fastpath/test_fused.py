@@ -38,7 +38,7 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     assert (odd["chunk"], odd["splits"]) == (32, 3)
     wide = fused.plan("norm_gate_up", 4096)  # two tiles of block x 4096 must fit 8192 elements: block 1
     assert wide["block_n"] == 1 and fused.plan("norm_gate_up", 1024)["block_n"] == 4
-    assert fused.plan("qkv_rope", 1024) == {"block_p": 2, "num_warps": 2}
+    assert fused.plan("qkv_rope", 1024) == {"block_p": 4, "num_warps": 2}
     out_proj = fused.plan("o_residual", 1024)
     assert out_proj["chunk"] * out_proj["splits"] == 1024 and out_proj["block_n"] * 1024 <= 8192
 

@@ -8,8 +8,8 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
-  (default): `fused` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`
-  (results/NOTES.md runs 9-11: `fused` 9.17 vs `units+attn` 10.11 ms per frame in run 10).
+  (default): `fused+chain` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`
+  (results/NOTES.md run 14: `fused+chain` 8.06, `fused` 9.43, `units+attn` 10.13 ms per frame).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (run 13, the same device session): 8.55 ->
   7.88 ms per frame (fused, bf16, CFG on) for ~60 s more compilation per batch shape. Off by default
@@ -59,7 +59,7 @@ def layer_form(rows: int) -> str:
 
     form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
     if form == "auto":
-        return "fused" if rows <= SMALL_ROWS else "gemm"
+        return "fused+chain" if rows <= SMALL_ROWS else "gemm"
     if form not in FORMS:
         raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
     return form

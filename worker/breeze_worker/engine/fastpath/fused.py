@@ -11,15 +11,22 @@ positions).
   head, so RoPE is local.
 - `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots (three
   kernels before).
-- The `fused` form (the default) runs these two, then the units+attn code from the output projection on
-  (`layers.AFTER_ATTENTION_UNITS`, compiled): per layer step 37 vs 41 us, 8.55 vs 11.00 ms per frame
-  with the form's other changes (results/NOTES.md run 13).
-- `fused+mlp` also runs the MLP as two kernels: `norm_gate_up` (RMSNorm, gate and up over the same
-  columns, SiLU(gate) * up) and `down_residual` (the down projection plus residual with K in SPLITS
-  chunks; the partials go to a workspace and the last program of a column block to arrive, by an atomic
-  counter, adds them in split order, so the result does not depend on arrival order, and resets the
-  counter). Measured slower than Inductor's code for the same MLP (15.3 + 9.9 vs 13.8 + 9.8 us, run 10):
-  kept selectable for follow-up work.
+- `down_residual`: a projection plus the residual with K in SPLITS chunks; the partials go to a
+  workspace and the last program of a column block to arrive, by an atomic counter, adds them in split
+  order, so the result does not depend on arrival order, and resets the counter. It serves the MLP's
+  down projection and the attention's output projection (plan "o_residual").
+- `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up.
+
+Forms (layers.py FORMS) built from them:
+- `fused+chain` (the default up to 8 rows): the whole depth layer as these five kernels. On compute
+  capability >= 9.0 each launch is chained to the one before by programmatic dependent launch (`pdl`):
+  a kernel starts while the one before finishes, loads its weights (which nothing writes), then waits
+  (griddepcontrol.wait) before it reads that kernel's output or writes anything, so the bits are the same
+  chained or not (scripts/gpu_fused.py checks it). Per layer step 34.4 us chained vs 39.2 unchained;
+  8.06 ms per frame vs 9.43 for `fused` (results/NOTES.md run 14).
+- `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
+  (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
+- `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.
 
 Each program loads its whole weight tile (BLOCK rows x the input width, or one K chunk) once and reduces
 each input row against it (no loop over K): every load of the program is in flight at once, as in
@@ -157,7 +164,8 @@ if importlib.util.find_spec("triton") is not None:
 
         @triton.jit
         def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
+                                 BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
+                                 USE_PDL: tl.constexpr):
             if USE_PDL:
                 gdc_launch_dependents()
             pid = tl.program_id(0)
@@ -167,8 +175,14 @@ if importlib.util.find_spec("triton") is not None:
             w_ok = col_ok[:, None] & (ks < H)[None, :]
             w_ty = w_ptr.dtype.element_ty
             out_ty = out_ptr.dtype.element_ty
-            wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
-            wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
+            if EVICT:  # the weights are read once per step: let them leave L2 before x and the norm weight
+                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
+                             eviction_policy="evict_first").to(tl.float32)
+                wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
+                             eviction_policy="evict_first").to(tl.float32)
+            else:
+                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
+                wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
             if USE_PDL:
                 gdc_wait()
             for i in tl.static_range(M):
@@ -181,7 +195,7 @@ if importlib.util.find_spec("triton") is not None:
         @triton.jit
         def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
                                   BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-                                  USE_PDL: tl.constexpr):
+                                  EVICT: tl.constexpr, USE_PDL: tl.constexpr):
             if USE_PDL:
                 gdc_launch_dependents()
             pid = tl.program_id(0)
@@ -191,7 +205,11 @@ if importlib.util.find_spec("triton") is not None:
             ks = split * CHUNK + tl.arange(0, CHUNK)  # K = SPLITS * CHUNK exactly (see `plan`)
             w_ty = w_ptr.dtype.element_ty
             out_ty = y_ptr.dtype.element_ty
-            w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0).to(tl.float32)
+            if EVICT:
+                w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+            else:
+                w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0).to(tl.float32)
             if USE_PDL:  # the partials, counters and outputs are touched only after the kernel before is done
                 gdc_wait()
             for i in tl.static_range(M):
@@ -279,17 +297,18 @@ def _overrides() -> dict:
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
     the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them. The defaults
-    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run10). A program holds
+    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14; "evict":
+    the weight loads hinted evict-first). A program holds
     its weight tile, BLOCK x (K or CHUNK) values in FP32, within _TILE_BUDGET."""
     width = _next_power_of_two(k)
     if kernel == "qkv_rope":
-        cfg = {"block_p": 2, "num_warps": 2}
+        cfg = {"block_p": 4, "num_warps": 2}
     elif kernel == "norm_gate_up":
-        cfg = {"block_n": 4, "num_warps": 2}
+        cfg = {"block_n": 4, "num_warps": 2, "evict": False}
     elif kernel == "down_residual":
-        cfg = {"block_n": 4, "chunk": 2048, "num_warps": 4}
+        cfg = {"block_n": 2, "chunk": 2048, "num_warps": 4, "evict": False}
     elif kernel == "o_residual":  # the same kernel as down_residual, for the attention's output projection
-        cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2}
+        cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     cfg.update(_overrides().get(kernel, {}))
@@ -375,8 +394,8 @@ def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: tor
     out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
     grid = (-(-intermediate // cfg["block_n"]),)
     _norm_gate_up_kernel[grid](x.contiguous(), w_norm, gate_up, out, hidden, intermediate, eps, M=rows * t,
-                               BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"],
-                               **_launch(x.device))
+                               BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), EVICT=cfg["evict"],
+                               num_warps=cfg["num_warps"], **_launch(x.device))
     return out
 
 
@@ -410,8 +429,8 @@ def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, wor
     y = torch.empty_like(x)
     _down_residual_kernel[(blocks, cfg["splits"])](hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k,
                                                    M=rows * t, BLOCK_N=cfg["block_n"], CHUNK=cfg["chunk"],
-                                                   SPLITS=cfg["splits"], num_warps=cfg["num_warps"],
-                                                   **_launch(x.device))
+                                                   SPLITS=cfg["splits"], EVICT=cfg["evict"],
+                                                   num_warps=cfg["num_warps"], **_launch(x.device))
     return y
 
 
