@@ -9,7 +9,7 @@ before capture. Choice, per process, from the environment:
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
   (default): `fused+chain` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else `gemm`
-  (results/NOTES.md run 14: `fused+chain` 8.06, `fused` 9.43, `units+attn` 10.13 ms per frame).
+  (results/NOTES.md runs 14-15: `fused+chain` 7.74, `fused` 9.12 ms per frame in run 15).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (run 13, the same device session): 8.55 ->
   7.88 ms per frame (fused, bf16, CFG on) for ~60 s more compilation per batch shape. Off by default

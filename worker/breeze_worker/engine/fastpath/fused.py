@@ -22,8 +22,8 @@ Forms (layers.py FORMS) built from them:
   capability >= 9.0 each launch is chained to the one before by programmatic dependent launch (`pdl`):
   a kernel starts while the one before finishes, loads its weights (which nothing writes), then waits
   (griddepcontrol.wait) before it reads that kernel's output or writes anything, so the bits are the same
-  chained or not (scripts/gpu_fused.py checks it). Per layer step 34.4 us chained vs 39.2 unchained;
-  8.06 ms per frame vs 9.43 for `fused` (results/NOTES.md run 14).
+  chained or not (scripts/gpu_fused.py checks it). Per layer step 34.4 us chained vs 39.1 unchained;
+  7.74 ms per frame vs 9.12 for `fused` (results/NOTES.md run 15).
 - `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
   (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
 - `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.
@@ -297,16 +297,17 @@ def _overrides() -> dict:
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
     the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them. The defaults
-    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14; "evict":
-    the weight loads hinted evict-first). A program holds
+    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14-15; "evict":
+    the weight loads hinted evict-first, 13.2 -> 12.8 us for gate/up, 8.2 -> 8.0 for down; a cache hint,
+    the same arithmetic). A program holds
     its weight tile, BLOCK x (K or CHUNK) values in FP32, within _TILE_BUDGET."""
     width = _next_power_of_two(k)
     if kernel == "qkv_rope":
         cfg = {"block_p": 4, "num_warps": 2}
     elif kernel == "norm_gate_up":
-        cfg = {"block_n": 4, "num_warps": 2, "evict": False}
+        cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "down_residual":
-        cfg = {"block_n": 2, "chunk": 2048, "num_warps": 4, "evict": False}
+        cfg = {"block_n": 2, "chunk": 2048, "num_warps": 4, "evict": True}
     elif kernel == "o_residual":  # the same kernel as down_residual, for the attention's output projection
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
     else:
