@@ -40,7 +40,7 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         fused._use_kernels = mode == "kernel"
         k_cache, v_cache = stale.clone(), stale.clone()
         q = fused.qkv_rope(x, w_in, 1e-5, qkv, cos, sin, k_cache, v_cache, start, heads=heads, kv_heads=kv, head_dim=d)
-        x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, triton_gemv=False,
+        x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, proj="rows",
                              reduce_attn=True)
         attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=d ** -0.5)
         workspace = fused.DownWorkspace()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath import compiled, fused
+from breeze_worker.engine.fastpath import compiled, fused, layers
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import FrameRunner, clear_runners
 
@@ -79,6 +79,29 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     assert len(fused_layers) == (depth_layer_steps if form.startswith("fused") else 0)
     backbone_mlps = fused_mlps.count(model.lm.config.backbone.hidden_size)
     assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if form == "fused+mlp" else 0)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypatch, compile):
+    """The "gemm" form (above 8 rows, and the uncompiled step): the depth decoder's keys and values go
+    straight into their slot, the same for every row; only the backbone's layers scatter (each row at its
+    own position), once per layer and frame. The frames stay the eager reference's."""
+    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
+    monkeypatch.setenv(compiled.FORM_ENV, "gemm")
+    scattered = []
+    real = layers.write_cache
+    monkeypatch.setattr(layers, "write_cache", lambda k_cache, *a: scattered.append(k_cache.shape[2]) or real(k_cache, *a))
+    request = request_for(model, True, frames=3)
+    eager = list(EagerFrameGenerator(model, request, "cpu"))
+    clear_runners()
+    scattered.clear()
+    fast = list(FastFrameGenerator(model, request, "cpu", compile=compile))
+    clear_runners()
+    assert _equal(eager, fast)
+    depth_slots = model.lm.config.num_codebooks  # the depth cache: one slot per codebook position (16)
+    assert model.generation_defaults.max_sequence != depth_slots
+    assert scattered and depth_slots not in scattered  # no depth-cache scatter at all
+    assert len(scattered) % model.lm.config.backbone.num_hidden_layers == 0
 
 
 def test_fused_form_falls_back_to_units_when_its_kernels_fail(model, request_for, monkeypatch):

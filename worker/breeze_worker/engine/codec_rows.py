@@ -15,8 +15,12 @@ eagerly.
 Overlap (`launch` / `PendingAudio.wait`): on CUDA every codec operation runs on the codec's own CUDA
 stream, so a launched step decodes while the engine queues and runs the next language-model step on the
 default stream; its inputs come from the host, so it waits for nothing there. `launch` returns at once
-(codes uploaded, graph replayed, audio copied to pinned host memory, all queued); `wait` blocks for that
-copy only. `decode` is both in one call. `CodecRows(overlap=False)` keeps the codec on the caller's
+(codes uploaded, graph replayed, both queued); `wait` queues the audio's copy to pinned host memory on
+the caller's stream behind the codec step (an event), then blocks for that copy. The copy is not on the
+codec's stream: with it there, every 16-stream burst on an H200 stalled ~8.7 s per hit, the host waiting
+on the copy's event while both streams' work was done (results/batching/NOTES.md, "overlap stall"; a
+public report of the same pattern blames a device-to-host copy on a second stream beside back-to-back
+graph replays). `decode` is both in one call. `CodecRows(overlap=False)` keeps the codec on the caller's
 stream (the engine's default; the `codec_overlap` setting asks for overlap).
 """
 
@@ -47,11 +51,14 @@ def _release(pool, batch: SlotBatch, stream: torch.cuda.Stream | None) -> None:
 class PendingAudio:
     """A launched codec step. `wait()` -> {key: float32 samples [1920]}: the step's one host read."""
 
-    def __init__(self, slots: dict, audio: torch.Tensor, done: torch.cuda.Event | None, keep: tuple = (),
-                 started: torch.cuda.Event | None = None, host_ms: float | None = None):
+    def __init__(self, slots: dict, audio: torch.Tensor, finished: torch.cuda.Event | None, keep: tuple = (),
+                 started: torch.cuda.Event | None = None, host_ms: float | None = None, on_device: bool = False):
         self._slots = slots  # key -> slot at launch time
-        self._audio = audio  # [rows, 1920]: host (pinned, filled by a queued copy) or the CPU result
-        self._done = done  # recorded after the copy on the codec's stream (CUDA)
+        # [rows, 1920]: the CPU result, host memory a queued copy fills, or (`on_device`) the graph's output,
+        # copied at `wait`
+        self._audio = audio
+        self._finished = finished  # recorded after the step (and its copy, unless `on_device`) on its stream
+        self._on_device = on_device
         self._keep = keep  # host buffers the queued copies read, alive until the wait
         self._started = started  # timing event before the step (CUDA, `launch(timed=True)`)
         self._host_ms = host_ms  # the CPU's step time (computed in `launch`)
@@ -61,7 +68,7 @@ class PendingAudio:
         """The step's own time after `wait()`: between events on the codec's stream (CUDA, timed), or the
         CPU's compute time."""
         if self._started is not None and self._result is not None:
-            return self._started.elapsed_time(self._done)
+            return self._started.elapsed_time(self._finished)
         return self._host_ms
 
     @property
@@ -70,8 +77,17 @@ class PendingAudio:
 
     def wait(self) -> dict:
         if self._result is None:
-            if self._done is not None:
-                self._done.synchronize()
+            done = self._finished
+            if self._on_device:  # the copy on the caller's stream, after the codec's step
+                stream = torch.cuda.current_stream(self._audio.device)
+                stream.wait_event(self._finished)
+                host = torch.empty(self._audio.shape, dtype=self._audio.dtype, pin_memory=True)
+                host.copy_(self._audio, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(stream)
+                self._audio = host
+            if done is not None:
+                done.synchronize()
             samples = self._audio.numpy()
             self._result = {k: samples[slot].copy() for k, slot in self._slots.items()}
             self._audio = self._keep = None
@@ -170,11 +186,15 @@ class CodecRows:
             if started is not None:
                 started.record()
             audio = batch.step(host)
-            out = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
-            out.copy_(audio, non_blocking=True)
-            done = torch.cuda.Event(enable_timing=timed)
-            done.record()
-        return PendingAudio(dict(self._slots), out, done, keep=(host,), started=started)
+            if self.stream is None:  # one stream: the copy follows at once
+                audio_out = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
+                audio_out.copy_(audio, non_blocking=True)
+            else:  # copied by `wait`, on the caller's stream (module docstring)
+                audio_out = audio
+            finished = torch.cuda.Event(enable_timing=timed)
+            finished.record()
+        return PendingAudio(dict(self._slots), audio_out, finished, keep=(host,), started=started,
+                            on_device=self.stream is not None)
 
     def decode(self, frames: dict) -> dict:
         """`launch(frames).wait()`: decode now, one host read."""

@@ -483,7 +483,7 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
                  kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     if form == "fused+mlp":
-        x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, triton_gemv=False,
+        x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, proj="rows",
                       reduce_attn=True)
         return mlp(layer, x, workspace)
     attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
@@ -492,5 +492,5 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
         return mlp(layer, x, workspace)
     out_mlp_in, mlp_out = units
     x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
-                           intermediate=layer.intermediate, act=layer.act, triton_gemv=False)
-    return mlp_out(hidden, x, layer.mlp.down_proj.weight, triton_gemv=False)
+                           intermediate=layer.intermediate, act=layer.act, proj="rows")
+    return mlp_out(hidden, x, layer.mlp.down_proj.weight, proj="rows")

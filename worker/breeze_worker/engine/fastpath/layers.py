@@ -174,20 +174,24 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
 # the H200). Cut after the activation and after the q/k/v projection (the cache write between them is a
 # single in-place scatter per tensor), each projection reads a ready input.
 
-def _unit_linear(x: torch.Tensor, weight: torch.Tensor, triton_gemv: bool) -> torch.Tensor:
-    return gemv.small_linear(x, weight) if triton_gemv else small_rows_linear(x, weight)
+def _unit_linear(x: torch.Tensor, weight: torch.Tensor, proj: str) -> torch.Tensor:
+    """The units' projection, by `proj`: "rows" (FP32 reductions), "triton" (fastpath/gemv.py), "gemm" (the
+    GEMM library, as `decode_layer`)."""
+    if proj == "gemm":
+        return linear(x, weight)
+    return gemv.small_linear(x, weight) if proj == "triton" else small_rows_linear(x, weight)
 
 
 def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
               qk_norm: torch.Tensor | None, k_out: torch.Tensor | None, v_out: torch.Tensor | None, *, heads: int,
               kv_heads: int, head_dim: int, eps_in: float, qk_eps: float,
-              triton_gemv: bool) -> tuple[torch.Tensor, ...]:
+              proj: str) -> tuple[torch.Tensor, ...]:
     """Input norm, q/k/v projection, q/k norm and RoPE: q [R, h, T, D], k and v [R, kv, T, D]. With
     `k_out`/`v_out` (cache slots known when the step is built: the depth decoder's) k and v are written
     there and only q is returned."""
     rows, t, _ = x.shape
     h, kv, d = heads, kv_heads, head_dim
-    out = _unit_linear(rms_norm(x, w_in, eps_in), qkv, triton_gemv).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+    out = _unit_linear(rms_norm(x, w_in, eps_in), qkv, proj).view(rows, t, h + 2 * kv, d).transpose(1, 2)
     qk, v = out[:, :h + kv], out[:, h + kv:]
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, qk_eps)
@@ -200,40 +204,40 @@ def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch
 
 
 def layer_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,
-                    o_proj: torch.Tensor, *, scale: float, triton_gemv: bool, reduce_attn: bool) -> torch.Tensor:
+                    o_proj: torch.Tensor, *, scale: float, proj: str, reduce_attn: bool) -> torch.Tensor:
     """Attention over the (already written) cache, output projection and residual: x after attention."""
-    return x + _unit_linear(attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn), o_proj, triton_gemv)
+    return x + _unit_linear(attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn), o_proj, proj)
 
 
 def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
                            x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor, *,
-                           scale: float, eps_post: float, intermediate: int, act, triton_gemv: bool,
+                           scale: float, eps_post: float, intermediate: int, act, proj: str,
                            reduce_attn: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the (already written) cache, output projection and residual, post norm, gate and up
     projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
     return layer_out_mlp_in(attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn), x, o_proj, w_post,
-                            gate_up, eps_post=eps_post, intermediate=intermediate, act=act, triton_gemv=triton_gemv)
+                            gate_up, eps_post=eps_post, intermediate=intermediate, act=act, proj=proj)
 
 
 def layer_out_mlp_in(out: torch.Tensor, x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor,
                      gate_up: torch.Tensor, *, eps_post: float, intermediate: int, act,
-                     triton_gemv: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     proj: str) -> tuple[torch.Tensor, torch.Tensor]:
     """From the attention output [R, T, h * D]: output projection and residual, post norm, gate and up
     projections and the activation: (x after attention, act(gate) * up)."""
-    x = x + _unit_linear(out, o_proj, triton_gemv)
+    x = x + _unit_linear(out, o_proj, proj)
     normed = rms_norm(x, w_post, eps_post)
-    if triton_gemv:  # one pass over the packed gate/up weight
-        gu = gemv.small_linear(normed, gate_up)
-        gate, up = gu[..., :intermediate], gu[..., intermediate:]
-    else:
+    if proj == "rows":
         gate = small_rows_linear(normed, gate_up[:intermediate])
         up = small_rows_linear(normed, gate_up[intermediate:])
+    else:  # one pass over the packed gate/up weight
+        gu = _unit_linear(normed, gate_up, proj)
+        gate, up = gu[..., :intermediate], gu[..., intermediate:]
     return x, act(gate) * up
 
 
-def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, triton_gemv: bool) -> torch.Tensor:
+def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, proj: str) -> torch.Tensor:
     """Down projection and residual."""
-    return x + _unit_linear(hidden, down, triton_gemv)
+    return x + _unit_linear(hidden, down, proj)
 
 
 UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
@@ -283,32 +287,33 @@ class PackedLayer:
     def decode_units(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, units=UNITS,
                      form: str = "units", static_slot: int | None = None, mlp=None) -> torch.Tensor:
-        """The same layer as `decode`, in a "units*" or "triton*" form, through the three units (`units`:
-        UNITS or their compiled forms). The cache write: inside the first unit when the slots are the same
+        """The same layer as `decode`, in a "units*" or "triton*" form, or "gemm" (the same projections as
+        `decode`, split into units for the cache write), through the three units (`units`: UNITS or their
+        compiled forms). The cache write: inside the first unit when the slots are the same
         for every row and known now (`static_slot`, the depth decoder), else an in-place scatter between
         the units (the backbone: each row writes at its own position). `mlp`: (attention unit, fn(layer,
         x) -> x) to run the MLP outside the units (the fused kernels) instead of units 2-3's second half."""
         qkv_fn, attn_fn, mlp_fn = units
-        triton_gemv = form.startswith("triton")
+        proj = "triton" if form.startswith("triton") else "gemm" if form == "gemm" else "rows"
         t = x.shape[1]
         k_out = v_out = None
         if static_slot is not None:
             k_out, v_out = k_cache[:, :, static_slot:static_slot + t], v_cache[:, :, static_slot:static_slot + t]
         qkv = qkv_fn(x, cos, sin, self.w_in, self.qkv, self.qk_norm, k_out, v_out, heads=self.heads,
                      kv_heads=self.kv_heads, head_dim=self.head_dim, eps_in=self.eps_in, qk_eps=self.qk_eps,
-                     triton_gemv=triton_gemv)
+                     proj=proj)
         q = qkv[0]
         if static_slot is None:
             write_cache(k_cache, v_cache, slots, qkv[1], qkv[2])
         if mlp is not None:
             attention_fn, mlp_fn = mlp
             x = attention_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, scale=self.scale,
-                             triton_gemv=triton_gemv, reduce_attn=form.endswith("+attn"))
+                             proj=proj, reduce_attn=form.endswith("+attn"))
             return mlp_fn(self, x)
         x, hidden = attn_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, self.w_post, self.gate_up,
                             scale=self.scale, eps_post=self.eps_post, intermediate=self.intermediate, act=self.act,
-                            triton_gemv=triton_gemv, reduce_attn=form.endswith("+attn"))
-        return mlp_fn(hidden, x, self.mlp.down_proj.weight, triton_gemv=triton_gemv)
+                            proj=proj, reduce_attn=form.endswith("+attn"))
+        return mlp_fn(hidden, x, self.mlp.down_proj.weight, proj=proj)
 
     def _qkv(self, h: torch.Tensor) -> torch.Tensor:
         if self.qkv is not None:

@@ -274,6 +274,9 @@ class FrameStep:
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
+        if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
+            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
+                                      static_slot=static_slot)
         return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn)
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
