@@ -48,7 +48,8 @@ def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
     clear_runners()
 
 
-@pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp", "fused+chain"])
+@pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp", "fused+chain",
+                                  "fused+chain+mlp"])
 def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
     """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
     frames as the eager reference, CFG on (2 rows)."""
@@ -78,7 +79,8 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     depth_layer_steps = 3 * 15 * model.lm.config.depth.num_hidden_layers  # 15 depth positions per frame
     assert len(fused_layers) == (depth_layer_steps if form.startswith("fused") else 0)
     backbone_mlps = fused_mlps.count(model.lm.config.backbone.hidden_size)
-    assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if form == "fused+mlp" else 0)
+    with_backbone_mlps = form in ("fused+mlp", "fused+chain+mlp")
+    assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if with_backbone_mlps else 0)
 
 
 @pytest.mark.parametrize("compile", [False, True])

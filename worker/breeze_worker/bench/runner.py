@@ -138,6 +138,10 @@ def _run(path: str, model: LoadedModel, request, device: torch.device, codec, ro
             frame = next(it, None)
         if frame is None:
             break
+        if not count_syncs and device.type == "cuda":
+            # the fast path queues the next frame's backbone step before it hands this frame out: wait for
+            # it here, or the codec's decode below (same stream) would absorb the backbone's time
+            torch.cuda.synchronize(device)
         frames.append(frame)
         t = time.perf_counter()
         frame_times.append(t - last)

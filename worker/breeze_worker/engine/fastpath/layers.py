@@ -48,8 +48,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # fastpath/fused.py); "fused+mlp": also every MLP (depth and backbone) as fused kernels (norm + gate/up + SiLU,
 # down + residual); "fused+chain": the depth layer entirely as those kernels (q/k/v, attention, output
 # projection, MLP), chained by programmatic dependent launch where the device has it; the backbone as in
-# "fused". Measured alternatives since removed: results/NOTES.md runs 9-13.
-FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain")
+# "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels. Measured alternatives since
+# removed: results/NOTES.md runs 9-13.
+FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
+         "fused+chain+mlp")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

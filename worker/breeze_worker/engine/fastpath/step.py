@@ -270,7 +270,7 @@ class FrameStep:
         if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
             form = "units+attn" if self.form.startswith("fused") else self.form
             mlp = None
-            if self.form == "fused+mlp" and fused.mlp_supported(layer, x.shape[0] * x.shape[1]):
+            if self.form in ("fused+mlp", "fused+chain+mlp") and fused.mlp_supported(layer, x.shape[0] * x.shape[1]):
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
@@ -287,7 +287,7 @@ class FrameStep:
             if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
                 x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
                                       self.after_attention, self.attention_unit, self.fused_workspace,
-                                      form=self.form)
+                                      form="fused+chain" if self.form.startswith("fused+chain") else self.form)
             else:
                 x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
