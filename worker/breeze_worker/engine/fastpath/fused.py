@@ -18,12 +18,14 @@ positions).
 - `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up.
 
 Forms (layers.py FORMS) built from them:
-- `fused+chain` (the default up to 8 rows): the whole depth layer as these five kernels. On compute
+- `fused+chain`: the whole depth layer as these five kernels. On compute
   capability >= 9.0 each launch is chained to the one before by programmatic dependent launch (`pdl`):
   a kernel starts while the one before finishes, loads its weights (which nothing writes), then waits
   (griddepcontrol.wait) before it reads that kernel's output or writes anything, so the bits are the same
   chained or not (scripts/gpu_fused.py checks it). Per layer step 34.4 us chained vs 39.1 unchained;
-  7.74 ms per frame vs 9.12 for `fused` (results/NOTES.md run 15).
+  10.27 ms per frame vs 11.77 for `fused` (results/NOTES.md run 16).
+- `fused+chain+mlp` (the default up to 8 rows): also the backbone's MLPs as `norm_gate_up` and
+  `down_residual` (chained to each other): 10.10 ms per frame (run 16).
 - `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
   (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
 - `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.
