@@ -60,7 +60,7 @@ def test_prompt_embeddings_put_each_piece_where_the_layout_says(tiny):
     req = request(tiny, REF, instruction="calm", cfg_scale=2.0)
     layouts = prompt_layouts(tiny, req)
     batch = prepare_prompt_embeddings(tiny, req)
-    lm, cfg = tiny.lm, tiny.config
+    lm = tiny.lm
     assert batch.inputs_embeds.shape[0] == 2 and batch.lengths == (len(layouts[0]), len(layouts[1]))
     longest = batch.length
     for row, layout in enumerate(layouts):
