@@ -12,8 +12,9 @@ before capture. Choice, per process, from the environment:
   `gemm` (results/NOTES.md run 16, bf16, CFG on: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused`
   11.77 ms per frame).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
-  reduction kernels; `off` (default) skips it. On the H200 (run 13, the same device session): 8.55 ->
-  7.88 ms per frame (fused, bf16, CFG on) for ~60 s more compilation per batch shape. Off by default
+  reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
+  sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per
+  batch shape. Off by default
   because the choice is made by timing: another process may pick other block sizes, so another
   summation order, and a seed's audio could change across a restart (rarely: a rounding-level change
   must flip a sampled token). Inductor caches its choices on disk (TORCHINDUCTOR_CACHE_DIR): a worker
