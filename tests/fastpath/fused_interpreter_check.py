@@ -33,6 +33,11 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
     cos = torch.cat([angles.cos(), angles.cos()], -1).to(dtype)
     sin = torch.cat([angles.sin(), angles.sin()], -1).to(dtype)
     stale = rnd(rows, kv, slots, d)  # last frame's entries: must be masked
+    qk_gain = (1 + 0.1 * torch.randn(1, heads + kv, 1, d, generator=g)).to(dtype)
+    row_angles = torch.randn(rows, 1, t, d // 2, generator=g)
+    cos_rows = torch.cat([row_angles.cos(), row_angles.cos()], -1).to(dtype)
+    sin_rows = torch.cat([row_angles.sin(), row_angles.sin()], -1).to(dtype)
+    row_slots = (start + 3 * torch.arange(rows)[:, None] + torch.arange(t)[None, :]) % slots
     mask = torch.where(torch.arange(slots)[None, :] <= start + torch.arange(t)[:, None], 0.0,
                        torch.finfo(torch.float32).min)[None, None]
     results = {}
@@ -50,13 +55,20 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         y = fused.down_residual(h, down, x1, workspace)
         # the same workspace again (its arrival counters must be back at zero): the same bits
         again = torch.equal(y, fused.down_residual(h, down, x1, workspace))
-        results[mode] = (q, k_cache, v_cache, attn, x2, h, y)
+        # the "fused+chain+all" form's backbone kernels: norm + q/k/v, then q/k norm + RoPE + a write at each
+        # row's own slot (per-row positions and RoPE tables)
+        proj = fused.norm_linear(x, w_in, 1e-5, qkv)
+        kb, vb = stale.clone(), stale.clone()
+        qb = fused.qk_norm_rope(proj, qk_gain, 1e-6, cos_rows, sin_rows, kb, vb, row_slots, heads=heads, kv_heads=kv,
+                                head_dim=d)
+        results[mode] = (q, k_cache, v_cache, attn, x2, h, y, proj, qb, kb, vb)
     fused._use_kernels = None
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
               "down_splits": fused.plan("down_residual", inter)["splits"],
               "o_splits": fused.plan("o_residual", heads * d)["splits"]}
-    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "o_residual", "hidden", "out"), results["torch"],
+    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "o_residual", "hidden", "out", "norm_linear",
+                           "backbone_q", "backbone_k_cache", "backbone_v_cache"), results["torch"],
                           results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err

@@ -167,7 +167,8 @@ if importlib.util.find_spec("triton") is not None:
         @triton.jit
         def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
-                                 USE_PDL: tl.constexpr):
+                                 USE_PDL: tl.constexpr, GATED: tl.constexpr = True):
+            """GATED: SiLU(gate) * up over the packed [2I, H] weight; else the plain projection by [I, H]."""
             if USE_PDL:
                 gdc_launch_dependents()
             pid = tl.program_id(0)
@@ -180,19 +181,71 @@ if importlib.util.find_spec("triton") is not None:
             if EVICT:  # the weights are read once per step: let them leave L2 before x and the norm weight
                 wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
                              eviction_policy="evict_first").to(tl.float32)
-                wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
-                             eviction_policy="evict_first").to(tl.float32)
+                if GATED:
+                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
+                                 eviction_policy="evict_first").to(tl.float32)
             else:
                 wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
-                wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
+                if GATED:
+                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
             if USE_PDL:
                 gdc_wait()
             for i in tl.static_range(M):
                 xn = _normed_row(x_ptr, w_norm_ptr, i, H, eps, w_ty, HP)
                 gate = tl.sum(wg * xn[None, :], axis=1).to(out_ty).to(tl.float32)
-                up = tl.sum(wu * xn[None, :], axis=1).to(out_ty).to(tl.float32)
-                hidden = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
-                tl.store(out_ptr + i * I + cols, hidden.to(out_ty), mask=col_ok)
+                if GATED:
+                    up = tl.sum(wu * xn[None, :], axis=1).to(out_ty).to(tl.float32)
+                    hidden = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
+                    tl.store(out_ptr + i * I + cols, hidden.to(out_ty), mask=col_ok)
+                else:
+                    tl.store(out_ptr + i * I + cols, gate.to(out_ty), mask=col_ok)
+
+        @triton.jit
+        def _qk_norm_rope_kernel(p_ptr, qkn_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, eps,
+                                 stride_rope, stride_slot, stride_cr, stride_ck, stride_cl, T: tl.constexpr,
+                                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                                 HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
+            """One (row x position, head) per program, from the q/k/v projection p [M, (HEADS + 2 KV) * D]:
+            q and k heads RMS-normed with their per-head gains (HAS_NORM), then RoPE; q into its buffer
+            [M, HEADS, D], k and v into the caches at the row's slot (slot_ptr [R or 1, T]: per row)."""
+            if USE_PDL:
+                gdc_launch_dependents()
+                gdc_wait()
+            HALF: tl.constexpr = HEAD_DIM // 2
+            i = tl.program_id(0)
+            head = tl.program_id(1)
+            r = i // T
+            t = i % T
+            d = tl.arange(0, HALF)
+            ty = q_ptr.dtype.element_ty
+            base = p_ptr + i * ((HEADS + 2 * KV_HEADS) * HEAD_DIM) + head * HEAD_DIM
+            a1 = tl.load(base + d).to(tl.float32)
+            a2 = tl.load(base + HALF + d).to(tl.float32)
+            slot = tl.load(slot_ptr + r * stride_slot + t)
+            if head < HEADS + KV_HEADS:
+                if HAS_NORM:  # as layers.rms_norm: normalized, rounded, times the gain, rounded
+                    rstd = 1.0 / tl.sqrt((tl.sum(a1 * a1, axis=0) + tl.sum(a2 * a2, axis=0)) / HEAD_DIM + eps)
+                    g1 = tl.load(qkn_ptr + head * HEAD_DIM + d).to(tl.float32)
+                    g2 = tl.load(qkn_ptr + head * HEAD_DIM + HALF + d).to(tl.float32)
+                    a1 = ((a1 * rstd).to(ty).to(tl.float32) * g1).to(ty).to(tl.float32)
+                    a2 = ((a2 * rstd).to(ty).to(tl.float32) * g2).to(ty).to(tl.float32)
+                rope = r * stride_rope + t * HEAD_DIM
+                cos1 = tl.load(cos_ptr + rope + d).to(tl.float32)
+                cos2 = tl.load(cos_ptr + rope + HALF + d).to(tl.float32)
+                sin1 = tl.load(sin_ptr + rope + d).to(tl.float32)
+                sin2 = tl.load(sin_ptr + rope + HALF + d).to(tl.float32)
+                o1 = a1 * cos1 - a2 * sin1
+                o2 = a2 * cos2 + a1 * sin2
+                if head < HEADS:
+                    dst = q_ptr + i * (HEADS * HEAD_DIM) + head * HEAD_DIM + d
+                else:
+                    dst = k_ptr + r * stride_cr + (head - HEADS) * stride_ck + slot * stride_cl + d
+                tl.store(dst, o1.to(ty))
+                tl.store(dst + HALF, o2.to(ty))
+            else:
+                dst = v_ptr + r * stride_cr + (head - HEADS - KV_HEADS) * stride_ck + slot * stride_cl + d
+                tl.store(dst, a1.to(ty))
+                tl.store(dst + HALF, a2.to(ty))
 
         @triton.jit
         def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
@@ -312,6 +365,8 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 2, "chunk": 2048, "num_warps": 4, "evict": True}
     elif kernel == "o_residual":  # the same kernel as down_residual, for the attention's output projection
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
+    elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
+        cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     cfg.update(_overrides().get(kernel, {}))
@@ -321,7 +376,7 @@ def plan(kernel: str, k: int) -> dict:
         cfg["splits"] = k // cfg["chunk"]
         width = cfg["chunk"]
     key = "block_p" if kernel == "qkv_rope" else "block_n"
-    tiles = 1 if kernel in ("down_residual", "o_residual") else 2
+    tiles = 1 if kernel in ("down_residual", "o_residual", "norm_linear") else 2
     while cfg[key] > 1 and cfg[key] * width * tiles > _TILE_BUDGET:
         cfg[key] //= 2
     return cfg
@@ -402,6 +457,53 @@ def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: tor
     return out
 
 
+def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """weight(norm(x)) for x [R, T, H] -> [R, T, N] (`norm_gate_up`'s kernel, ungated)."""
+    rows, t, hidden = x.shape
+    n = weight.shape[0]
+    if not available(x.device):
+        return _linear(_rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
+    cfg = plan("norm_linear", hidden)
+    out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
+    _norm_gate_up_kernel[(-(-n // cfg["block_n"]),)](x.contiguous(), w_norm, weight, out, hidden, n, eps, M=rows * t,
+                                                     BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden),
+                                                     EVICT=cfg["evict"], GATED=False, num_warps=cfg["num_warps"],
+                                                     **_launch(x.device))
+    return out
+
+
+def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, heads: int, kv_heads: int,
+                 head_dim: int) -> torch.Tensor:
+    """The q/k/v projection [R, T, (heads + 2kv) * D] -> q [R, heads, T, D] (a view): q and k RMS-normed per
+    head (`qk_norm` [1, heads + kv, 1, D] gains, or none), RoPE (cos/sin [R or 1, 1, T, D]); k and v written
+    into the caches [R, kv, L, D] at `slots` int64 [R or 1, T] (each row its own slot: the backbone)."""
+    rows, t, _ = proj.shape
+    dtype = proj.dtype
+    if not available(proj.device):
+        out = proj.view(rows, t, heads + 2 * kv_heads, head_dim).transpose(1, 2).float()
+        qk, v = out[:, :heads + kv_heads], out[:, heads + kv_heads:]
+        if qk_norm is not None:  # layers.rms_norm with per-head gains: rounded, times the gain, rounded
+            normed = (qk * torch.rsqrt(qk.pow(2).mean(-1, keepdim=True) + eps)).to(dtype).float()
+            qk = (normed * qk_norm.float()).to(dtype).float()
+        half = head_dim // 2
+        qk = qk * cos.float() + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin.float()
+        index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv_heads, t, head_dim)
+        k_cache.scatter_(2, index, qk[:, heads:].to(k_cache.dtype))
+        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        return qk[:, :heads].to(dtype)
+    _check_cache(k_cache, v_cache, head_dim)
+    q = torch.empty(rows, t, heads, head_dim, dtype=dtype, device=proj.device)
+    norm = qk_norm.reshape(-1, head_dim).contiguous() if qk_norm is not None else proj
+    cos_rows, sin_rows = cos.expand(rows, 1, t, head_dim).contiguous(), sin.expand(rows, 1, t, head_dim).contiguous()
+    slot_rows = slots.expand(rows, t).contiguous()
+    _qk_norm_rope_kernel[(rows * t, heads + 2 * kv_heads)](
+        proj.contiguous(), norm, cos_rows, sin_rows, slot_rows, q, k_cache, v_cache, eps, cos_rows.stride(0),
+        slot_rows.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
+        KV_HEADS=kv_heads, HEAD_DIM=head_dim, HAS_NORM=qk_norm is not None, num_warps=1, **_launch(proj.device))
+    return q.transpose(1, 2)
+
+
 class DownWorkspace:
     """Partial sums and arrival counters of `down_residual`, one set per (device, shape): allocated by the
     warm-up call before graph capture. One FrameStep owns one and its layers share it (they run one after
@@ -462,6 +564,26 @@ def mlp_supported(layer, rows: int) -> bool:
     """Whether `layer`'s MLP (any PackedLayer with packed gate/up, SiLU, no biases) can run fused."""
     return (rows <= MAX_ROWS and layer.decodable and layer.act is F.silu
             and layer.gate_up.shape[1] <= _MAX_WIDTH)
+
+
+def backbone_supported(layer, rows: int) -> bool:
+    """Whether `backbone_layer` applies: `mlp_supported`, packed q/k/v, a power-of-two head size."""
+    return (mlp_supported(layer, rows) and layer.qkv is not None and layer.qkv.shape[1] <= _MAX_WIDTH
+            and layer.head_dim >= 2 and _power_of_two(layer.head_dim))
+
+
+def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend, workspace: DownWorkspace,
+                   reduce_attn: bool = True) -> torch.Tensor:
+    """One backbone layer (a PackedLayer, q/k norm or not) of x [R, T, H] as this module's kernels around
+    `attend` (layers.layer_attend or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
+    q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP."""
+    proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv)
+    q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
+                     kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+    out = attend(q, k_cache, v_cache, mask, scale=layer.scale, reduce_attn=reduce_attn)
+    x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
+    return mlp(layer, x, workspace)
 
 
 def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:

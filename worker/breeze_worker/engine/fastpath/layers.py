@@ -50,10 +50,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # fastpath/fused.py); "fused+mlp": also every MLP (depth and backbone) as fused kernels (norm + gate/up + SiLU,
 # down + residual); "fused+chain": the depth layer entirely as those kernels (q/k/v, attention, output
 # projection, MLP), chained by programmatic dependent launch where the device has it; the backbone as in
-# "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels. Measured alternatives since
-# removed: results/NOTES.md runs 9-13.
+# "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels; "fused+chain+all": the
+# backbone's layers as those kernels too around a compiled attention (fused.backbone_layer). Measured
+# alternatives since removed: results/NOTES.md runs 9-13.
 FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
-         "fused+chain+mlp")
+         "fused+chain+mlp", "fused+chain+all")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -244,7 +245,15 @@ def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, 
     return x + _unit_linear(hidden, down, proj)
 
 
+def layer_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, *, scale: float,
+                 reduce_attn: bool) -> torch.Tensor:
+    """Attention over the (already written) cache alone: [R, T, h * D] ("fused+chain+all": the backbone's
+    projections around it are fastpath/fused.py kernels)."""
+    return attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
+
+
 UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
+ATTEND_UNIT = layer_attend
 # "fused+mlp" (the backbone): layer_qkv, then layer_attention, then the MLP as fused kernels (fastpath/fused.py)
 ATTENTION_UNIT = layer_attention
 # "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form
 from breeze_worker.engine.fastpath import fused
-from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTENTION_UNIT, UNITS, PackedLayer,
-                                                  decode_layer, linear, rms_norm, small_rows_linear)
+from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT, UNITS,
+                                                  PackedLayer, decode_layer, linear, rms_norm, small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -91,6 +91,7 @@ class FrameStep:
         self.layer_fn = decode_layer
         self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
         self.attention_unit = ATTENTION_UNIT  # "fused+mlp": attention before the fused MLP
+        self.attend_unit = ATTEND_UNIT  # "fused+chain+all": the backbone's attention between fused kernels
         self.after_attention = AFTER_ATTENTION_UNITS  # "fused": the depth layers after the Triton attention
         self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
         self.compiled = False
@@ -181,6 +182,7 @@ class FrameStep:
         self.layer_fn = compile_fn(decode_layer)
         self.units = tuple(compile_fn(fn) for fn in UNITS)
         self.attention_unit = compile_fn(ATTENTION_UNIT)
+        self.attend_unit = compile_fn(ATTEND_UNIT)
         self.after_attention = tuple(compile_fn(fn) for fn in AFTER_ATTENTION_UNITS)
         self._start_fn, self._next_fn = compile_fn(FrameStep._frame_start), compile_fn(FrameStep._depth_next)
         self.compiled = True
@@ -190,6 +192,7 @@ class FrameStep:
         self.layer_fn = decode_layer
         self.units = UNITS
         self.attention_unit = ATTENTION_UNIT
+        self.attend_unit = ATTEND_UNIT
         self.after_attention = AFTER_ATTENTION_UNITS
         self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
         self.compiled = False
@@ -267,10 +270,14 @@ class FrameStep:
 
     def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
                static_slot: int | None = None) -> torch.Tensor:
+        rows = x.shape[0] * x.shape[1]
+        if self.form == "fused+chain+all" and static_slot is None and fused.backbone_supported(layer, rows):
+            return fused.backbone_layer(layer, x, cos, sin, k_cache, v_cache, slots, mask, self.attend_unit,
+                                        self.fused_workspace)
         if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
             form = "units+attn" if self.form.startswith("fused") else self.form
             mlp = None
-            if self.form in ("fused+mlp", "fused+chain+mlp") and fused.mlp_supported(layer, x.shape[0] * x.shape[1]):
+            if self.form in ("fused+mlp", "fused+chain+mlp", "fused+chain+all") and fused.mlp_supported(layer, x.shape[0] * x.shape[1]):
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
