@@ -26,6 +26,9 @@ Forms (layers.py FORMS) built from them:
   10.27 ms per frame vs 11.77 for `fused` (results/NOTES.md run 16).
 - `fused+chain+mlp` (the default up to 8 rows): also the backbone's MLPs as `norm_gate_up` and
   `down_residual` (chained to each other): 10.10 ms per frame (run 16).
+- `fused+chain+all`: the backbone's layers as these kernels too (`backbone_layer`: `norm_linear`,
+  `qk_norm_rope`, a compiled attention, `o_residual`, the MLP): 9.95 vs 9.71 ms for `fused+chain+mlp` in
+  run 18 (launch plans not tuned for the backbone's shapes).
 - `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
   (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
 - `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.
