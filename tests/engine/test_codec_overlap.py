@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -130,3 +131,39 @@ def test_overlap_setting(monkeypatch):
     monkeypatch.delenv("BREEZE_ENGINE_CODEC_OVERLAP")
     assert codec_overlap_default() is False
     assert CodecRows(tiny_codec(seed=0), overlap=True).stream is None  # no CUDA stream on the CPU
+
+
+class _BehindTheLanguageModel:
+    """A launched codec step as CUDA queues it when serial: behind the next frame's backbone step on one
+    stream. Its wait takes 30 ms more (that step); its own device time is 1 ms."""
+
+    queued_on_device = True
+
+    def __init__(self, pending):
+        self._pending = pending
+
+    def device_ms(self) -> float:
+        return 1.0
+
+    def wait(self) -> dict:
+        time.sleep(0.03)
+        return self._pending.wait()
+
+    def __getattr__(self, name):
+        return getattr(self._pending, name)
+
+
+def test_stage_split_books_the_queued_backbone_step_to_generation(tmp_path):
+    """Serial on CUDA the codec's wait also sits through the next frame's backbone step: the job's codec
+    stage is the codec steps' own device time, and the rest of the wait goes to generation."""
+    engine = _engine(tmp_path, "off")
+    launch = engine.scheduler._codec.launch
+    engine.scheduler._codec.launch = lambda frames, **kwargs: _BehindTheLanguageModel(launch(frames, **kwargs))
+    try:
+        [(pcm, finished)] = asyncio.run(_run(engine, _requests()[:1]))
+    finally:
+        asyncio.run(engine.stop())
+    stages = finished.stats.stages
+    assert finished.stats.frames == 3 and len(pcm) == 3 * 1920 * 4
+    assert stages.codec_s <= 3 * 0.001 + 1e-9  # three steps' own time
+    assert stages.generate_s >= 3 * 0.03  # the waits' remainder

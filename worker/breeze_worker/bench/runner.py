@@ -119,7 +119,7 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
 
 def _run(path: str, model: LoadedModel, request, device: torch.device, codec, rows, counter: SyncCounter,
          count_syncs: bool) -> RunResult:
-    codec_s = 0.0
+    codec_s = lm_wait_s = 0.0
     frames, frame_times = [], []
     t0 = now(device)
     gen = open_generator(path, model, request, device)
@@ -141,7 +141,9 @@ def _run(path: str, model: LoadedModel, request, device: torch.device, codec, ro
         if not count_syncs and device.type == "cuda":
             # the fast path queues the next frame's backbone step before it hands this frame out: wait for
             # it here, or the codec's decode below (same stream) would absorb the backbone's time
+            w0 = time.perf_counter()
             torch.cuda.synchronize(device)
+            lm_wait_s += time.perf_counter() - w0
         frames.append(frame)
         t = time.perf_counter()
         frame_times.append(t - last)
@@ -152,6 +154,7 @@ def _run(path: str, model: LoadedModel, request, device: torch.device, codec, ro
         last = time.perf_counter()
     wall = now(device) - t0
     stages = dict(gen.timings)
+    stages["generate_s"] = stages.get("generate_s", 0.0) + lm_wait_s  # the backbone steps waited out above
     stages["codec_s"] = codec_s if codec is not None else None
     counted = len(frames) - 1  # frames after the first (the first carries the request's setup)
 

@@ -76,6 +76,11 @@ class PendingAudio:
     def keys(self) -> list:
         return list(self._slots)
 
+    @property
+    def queued_on_device(self) -> bool:
+        """True for a CUDA step (queued on a stream, after whatever was queued there before it)."""
+        return self._finished is not None
+
     def wait(self) -> dict:
         if self._result is None:
             done = self._finished

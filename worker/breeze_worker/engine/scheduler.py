@@ -263,7 +263,7 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         try:
-            audio = self._codec.launch(frames)
+            audio = self._codec.launch(frames, timed=True)  # its own time, for the stage split (_deliver)
         except BaseException as exc:  # the codec failed: every stream in the batch is affected
             for job in frames:
                 self._drop(job, exc)
@@ -286,9 +286,16 @@ class Scheduler:
             for job in flight.jobs:
                 self._drop(job, exc)
             return
-        codec_s = flight.launch_s + time.perf_counter() - t0
+        waited_s = flight.launch_s + time.perf_counter() - t0
+        # Serial on CUDA, the codec's step is queued behind the next frame's backbone step on the same
+        # stream, so the wait holds both: the codec's own time (its events) is codec_s, the rest the
+        # language model's. Overlapped (its own stream) or on the CPU, the wait is all codec.
+        own_ms = flight.audio.device_ms()
+        behind_lm = flight.audio.queued_on_device and not self.overlap and own_ms is not None
+        codec_s = min(waited_s, own_ms / 1000) if behind_lm else waited_s
         for job in flight.jobs:
             job.timers.codec_s += codec_s
+            job.timers.lm_wait_s += waited_s - codec_s
             chunk = job.add_audio(samples[job], flush=False)
             if chunk is not None:
                 job.sink.put(chunk)
@@ -299,7 +306,7 @@ class Scheduler:
         info = self._stepper.stream_info(job)
         job.timers.text_encode_s = float(info.get("text_encode_s", 0.0))
         job.timers.prefill_s = float(info.get("prefill_s", 0.0))
-        job.timers.generate_s = float(info.get("generate_s", 0.0))
+        job.timers.generate_s = float(info.get("generate_s", 0.0)) + job.timers.lm_wait_s
         job.nonfinite_events = int(info.get("nonfinite_events", 0))
         self._forget(job)
 

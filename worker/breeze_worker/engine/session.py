@@ -67,6 +67,9 @@ class JobTimers:
     prefill_s: float = 0.0
     generate_s: float = 0.0
     codec_s: float = 0.0
+    # the language model's queued work (the next frame's backbone step, ahead of the codec on one CUDA
+    # stream) that the codec's wait sat through: the scheduler books it to generate_s, not codec_s
+    lm_wait_s: float = 0.0
 
 
 @dataclass(eq=False)  # identity semantics: a job is a dict key and a list member
