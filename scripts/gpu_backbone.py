@@ -36,11 +36,13 @@ from breeze_worker.model.lm.rope import RotaryEmbedding
 SLOTS = 256
 DEVICE = "cuda"
 CANDIDATES = {
-    "norm_linear": [{"block_n": n, "num_warps": w, "evict": e} for n in (1, 2, 4) for w in (2, 4) for e in (False, True)],
+    "norm_linear": [{"block_n": n, "num_warps": w, "evict": e}
+                    for n in (1, 2, 4) for w in (2, 4) for e in (False, True)],
     "o_residual": [{"block_n": n, "chunk": c, "num_warps": w} for n, c in ((1, 2048), (2, 2048), (2, 1024), (4, 1024),
                                                                            (4, 512), (8, 512))
                    for w in (2, 4)],
-    "norm_gate_up": [{"block_n": n, "num_warps": w, "evict": e} for n in (1, 2) for w in (2, 4, 8) for e in (False, True)],
+    "norm_gate_up": [{"block_n": n, "num_warps": w, "evict": e}
+                     for n in (1, 2) for w in (2, 4, 8) for e in (False, True)],
     "down_residual": [{"block_n": n, "chunk": c, "num_warps": w, "evict": True} for n, c in ((1, 2048), (2, 2048),
                                                                                           (2, 1024), (4, 1024),
                                                                                           (4, 512), (8, 512))
@@ -100,9 +102,8 @@ def check(bb: Backbone, rows: int) -> dict:
             y = run_default(bb, x, cos, sin, slots, mask, caches, fused.DownWorkspace())
         else:
             y = run_fused(bb, x, cos, sin, slots, mask, caches, fused.DownWorkspace())
-        written = torch.cat([torch.cat([k.gather(2, slots[:, None, :, None].expand(-1, k.shape[1], 1, k.shape[3])),
-                                        v.gather(2, slots[:, None, :, None].expand(-1, v.shape[1], 1, v.shape[3]))])
-                             for k, v in caches])
+        index = slots[:, None, :, None].expand(-1, bb.cfg.num_key_value_heads, 1, bb.cfg.head_dim)
+        written = torch.cat([torch.cat([k.gather(2, index), v.gather(2, index)]) for k, v in caches])  # this step's
         results[mode] = (y, written)
     fused._use_kernels = fused._pdl_override = None
     rel = gpu_fused.rel

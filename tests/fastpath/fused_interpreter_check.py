@@ -1,6 +1,8 @@
-"""Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the three fused kernels
-(engine/fastpath/fused.py; the down-projection kernel also as the output projection) executed by Triton's interpreter on CPU tensors, against the same stages in
-torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both step lengths, split-K).
+"""Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the fused kernels
+(engine/fastpath/fused.py: the depth layer's, the down-projection kernel also as the output projection,
+and the backbone's norm + q/k/v and q/k norm + RoPE) executed by Triton's interpreter on CPU tensors,
+against the same stages in torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both
+step lengths, split-K).
 Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
 not rounding (numpy has no BF16), so a BF16 case would differ from torch by design; one runs with a
 tolerance of a few BF16 steps to check it executes. Prints one JSON line per case; exits non-zero if any
@@ -25,7 +27,8 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         return (torch.randn(*shape, generator=g) * scale).to(to)
 
     x = rnd(rows, t, hidden)
-    w_in, w_post = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype), (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
+    w_in = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
+    w_post = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
     qkv, o_proj = rnd((heads + 2 * kv) * d, hidden, scale=0.2, to=weight_dtype), rnd(hidden, heads * d, scale=0.2,
                                                                                    to=weight_dtype)
     gate_up, down = rnd(2 * inter, hidden, scale=0.2, to=weight_dtype), rnd(hidden, inter, scale=0.2, to=weight_dtype)

@@ -96,7 +96,8 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     monkeypatch.setenv(compiled.FORM_ENV, "gemm")
     scattered = []
     real = layers.write_cache
-    monkeypatch.setattr(layers, "write_cache", lambda k_cache, *a: scattered.append(k_cache.shape[2]) or real(k_cache, *a))
+    monkeypatch.setattr(layers, "write_cache",
+                        lambda k_cache, *a: scattered.append(k_cache.shape[2]) or real(k_cache, *a))
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()

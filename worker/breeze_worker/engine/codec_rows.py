@@ -21,8 +21,9 @@ codec's stream: with it there, every 16-stream burst on an H200 stalled (~8 of ~
 hit, the host waiting on the copy's event while both streams' work was done); with it here, 1 of 3
 bursts at 16 and at 12 streams had one such step (results/batching/NOTES.md, "overlap stall" and run 6;
 a public report of the same pattern blames a device-to-host copy on a second stream beside back-to-back
-graph replays). Fewer, not none: overlap stays off by default. `decode` is both in one call. `CodecRows(overlap=False)` keeps the codec on the caller's
-stream (the engine's default; the `codec_overlap` setting asks for overlap).
+graph replays). Fewer, not none: overlap stays off by default. `decode` is both in one call.
+`CodecRows(overlap=False)` keeps the codec on the caller's stream (the engine's default; the
+`codec_overlap` setting asks for overlap).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from breeze_worker.engine.fastpath.layers import attend_rows
+from breeze_worker.engine.fastpath.layers import attend_rows, rotate, write_cache
 
 CONFIG_ENV = "BREEZE_FUSED_CONFIG"
 PDL_ENV = "BREEZE_FUSED_PDL"
@@ -355,10 +355,10 @@ def _overrides() -> dict:
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
     the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them. The defaults
-    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14-15; "evict":
-    the weight loads hinted evict-first, 13.2 -> 12.8 us for gate/up, 8.2 -> 8.0 for down; a cache hint,
-    the same arithmetic). A program holds
-    its weight tile, BLOCK x (K or CHUNK) values in FP32, within _TILE_BUDGET."""
+    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14-15;
+    "evict": the weight loads hinted evict-first, 13.2 -> 12.8 us for gate/up, 8.2 -> 8.0 for down; a
+    cache hint, the same arithmetic). A program holds its weight tile, BLOCK x (K or CHUNK) values in
+    FP32, within _TILE_BUDGET."""
     width = _next_power_of_two(k)
     if kernel == "qkv_rope":
         cfg = {"block_p": 4, "num_warps": 2}
@@ -385,7 +385,7 @@ def plan(kernel: str, k: int) -> dict:
     return cfg
 
 
-# ---- the three kernels' stages; each is also written in torch (the CPU path and the reference) ----
+# ---- the kernels' stages; each is also written in torch (the CPU path and the reference) ----
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
     xf = x.float()
@@ -407,9 +407,7 @@ def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tenso
         proj = _linear(_rms(x, w_norm, eps, qkv.dtype), qkv, dtype).view(rows, t, heads + 2 * kv_heads, head_dim)
         proj = proj.transpose(1, 2).float()  # [R, heads + 2kv, T, D]
         qk, v = proj[:, :heads + kv_heads], proj[:, heads + kv_heads:]
-        half = head_dim // 2
-        c, s = cos.float()[None, None], sin.float()[None, None]
-        qk = qk * c + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * s
+        qk = rotate(qk, cos.float()[None, None], sin.float()[None, None])
         k_cache[:, :, start:start + t] = qk[:, heads:].to(k_cache.dtype)
         v_cache[:, :, start:start + t] = v.to(v_cache.dtype)
         return qk[:, :heads].to(dtype)
@@ -489,11 +487,8 @@ def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, c
         if qk_norm is not None:  # layers.rms_norm with per-head gains: rounded, times the gain, rounded
             normed = (qk * torch.rsqrt(qk.pow(2).mean(-1, keepdim=True) + eps)).to(dtype).float()
             qk = (normed * qk_norm.float()).to(dtype).float()
-        half = head_dim // 2
-        qk = qk * cos.float() + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin.float()
-        index = slots.expand(rows, t)[:, None, :, None].expand(rows, kv_heads, t, head_dim)
-        k_cache.scatter_(2, index, qk[:, heads:].to(k_cache.dtype))
-        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        qk = rotate(qk, cos.float(), sin.float())
+        write_cache(k_cache, v_cache, slots, qk[:, heads:], v)
         return qk[:, :heads].to(dtype)
     _check_cache(k_cache, v_cache, head_dim)
     q = torch.empty(rows, t, heads, head_dim, dtype=dtype, device=proj.device)
@@ -579,12 +574,12 @@ def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend, workspace: DownWorkspace,
                    reduce_attn: bool = True) -> torch.Tensor:
     """One backbone layer (a PackedLayer, q/k norm or not) of x [R, T, H] as this module's kernels around
-    `attend` (layers.layer_attend or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
+    `attend` (layers.attend_rows or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
     q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP."""
     proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv)
     q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                      kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    out = attend(q, k_cache, v_cache, mask, scale=layer.scale, reduce_attn=reduce_attn)
+    out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=reduce_attn)
     x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
     return mlp(layer, x, workspace)
 

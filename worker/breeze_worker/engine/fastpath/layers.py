@@ -245,15 +245,9 @@ def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, 
     return x + _unit_linear(hidden, down, proj)
 
 
-def layer_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, *, scale: float,
-                 reduce_attn: bool) -> torch.Tensor:
-    """Attention over the (already written) cache alone: [R, T, h * D] ("fused+chain+all": the backbone's
-    projections around it are fastpath/fused.py kernels)."""
-    return attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn)
-
-
 UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
-ATTEND_UNIT = layer_attend
+# "fused+chain+all" (the backbone): attention alone, between fastpath/fused.py kernels
+ATTEND_UNIT = attend_rows
 # "fused+mlp" (the backbone): layer_qkv, then layer_attention, then the MLP as fused kernels (fastpath/fused.py)
 ATTENTION_UNIT = layer_attention
 # "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)

@@ -277,7 +277,7 @@ class FrameStep:
         if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
             form = "units+attn" if self.form.startswith("fused") else self.form
             mlp = None
-            if self.form in ("fused+mlp", "fused+chain+mlp", "fused+chain+all") and fused.mlp_supported(layer, x.shape[0] * x.shape[1]):
+            if self.form in ("fused+mlp", "fused+chain+mlp", "fused+chain+all") and fused.mlp_supported(layer, rows):
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
