@@ -7,6 +7,8 @@
 #   2. full-size Breeze architecture, seeded random weights, full-size codec decoder: eager vs fast
 #      (uncompiled and compiled), CFG off/on, bf16
 #   3. the same, fp16-mixed (the T4 policy), CFG on
+# Optional, before them: RUN_SAMPLING=1 (scripts/gpu_sampling.py: the sampling kernel checked and timed);
+# after them: RUN_BACKBONE=1 (scripts/gpu_backbone.py: the backbone's fused kernels, launch settings).
 # Steps run independently, each under its own time limit: a failing step is reported and the next one runs.
 set -u
 OUT="${OUT:-results/gpu}"
@@ -35,6 +37,8 @@ step() {
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
+[ "${RUN_SAMPLING:-0}" = 1 ] && step sampling "${LIMIT_SAMPLING:-150}" python3 scripts/gpu_sampling.py \
+  --json "$OUT/sampling.json"
 [ "${SKIP_GEMV:-0}" = 1 ] || step gemv_check "${LIMIT_GEMV:-90}" python3 scripts/gpu_gemv_check.py --json "$OUT/gemv_check.json"
 [ "${SKIP_CHECK:-0}" = 1 ] || step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 \
   --frames 12 --repeats 1 --check --cfg "$CFGS" --paths "$CHECK_PATHS" --json "$OUT/check_mid.json"
@@ -44,4 +48,6 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 [ "${SKIP_FP16:-0}" = 1 ] || step full_fp16mixed "${LIMIT_FP16:-100}" "${BENCH[@]}" --size full \
   --precision fp16-mixed --cfg on --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" --repeats 3 --paths "$FP16_PATHS" \
   --force-precision --json "$OUT/full_fp16mixed.json"
+[ "${RUN_BACKBONE:-0}" = 1 ] && step backbone "${LIMIT_BACKBONE:-240}" python3 scripts/gpu_backbone.py \
+  --json "$OUT/backbone.json" --best-out "$OUT/backbone_best.json"
 exit $status

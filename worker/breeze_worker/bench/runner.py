@@ -56,13 +56,15 @@ FAST_PATHS = {"fast": None, "fast-uncompiled": False, "fast-compiled": True}  # 
 
 
 def open_generator(path: str, model: LoadedModel, request, device: torch.device):
-    """`path`: eager, or a FAST_PATHS name, optionally `:FORM` (the compiled layers' form, fastpath/layers.py)."""
-    base, _, form = path.partition(":")
+    """`path`: eager, or a FAST_PATHS name, optionally `:FORM` (the compiled layers' form, fastpath/layers.py;
+    empty: the default) and `:SAMPLER` (kernel or torch: who draws the codes), e.g. `fast-compiled::torch`."""
+    base, _, rest = path.partition(":")
+    form, _, sampler = rest.partition(":")
     if base in FAST_PATHS:
         from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 
         return FastFrameGenerator(model, request, device, compile=FAST_PATHS[base], timed_stages=True,
-                                  form=form or None)
+                                  form=form or None, sampler=sampler or None)
     from breeze_worker.engine.eager import EagerFrameGenerator
 
     return EagerFrameGenerator(model, request, device)

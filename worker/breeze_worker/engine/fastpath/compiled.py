@@ -20,6 +20,10 @@ before capture. Choice, per process, from the environment:
   must flip a sampled token). Inductor caches its choices on disk (TORCHINDUCTOR_CACHE_DIR): a worker
   that keeps that directory across restarts keeps them.
 
+- `BREEZE_FASTPATH_SAMPLER`: who draws each position's codes: `auto` (default: the Triton sampling
+  kernel, fastpath/fused_sampling.py, wherever the fused kernels run: CUDA with Triton), `kernel`, or
+  `torch` (engine/sampling.py compiled with the units).
+
 Any failure to compile is the caller's to catch: the runner logs it and serves the uncompiled step.
 """
 
@@ -38,6 +42,7 @@ COMPILE_ENV = "BREEZE_FASTPATH_COMPILE"
 BACKEND_ENV = "BREEZE_FASTPATH_COMPILE_BACKEND"
 FORM_ENV = "BREEZE_FASTPATH_FORM"
 TUNE_ENV = "BREEZE_FASTPATH_TUNE"
+SAMPLER_ENV = "BREEZE_FASTPATH_SAMPLER"
 SMALL_ROWS = 8  # up to this many model rows a step's projections run as reductions (see layers.py)
 RECOMPILE_LIMIT = 128  # one entry per (unit, shape, dtype, runner): a bench run has a few dozen
 _compiled: dict[tuple, Callable] = {}
@@ -65,6 +70,23 @@ def layer_form(rows: int) -> str:
     if form not in FORMS:
         raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
     return form
+
+
+def sampling_kernel_wanted(device: torch.device) -> bool:
+    """Whether the sampling kernel draws the codes on `device` (environment; `auto`: where it can run, on CUDA)."""
+    from breeze_worker.engine.fastpath import fused_sampling
+
+    mode = os.environ.get(SAMPLER_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "kernel", "torch"):
+        raise ValueError(f"{SAMPLER_ENV}={mode!r}: expected auto, kernel or torch")
+    if mode == "torch":
+        return False
+    if mode == "kernel":
+        if not fused_sampling.available(device):
+            raise ValueError(f"{SAMPLER_ENV}=kernel: the sampling kernel needs Triton and a CUDA device "
+                             f"(or TRITON_INTERPRET=1), not {device}")
+        return True
+    return device.type == "cuda" and fused_sampling.available(device)
 
 
 def backend() -> str:

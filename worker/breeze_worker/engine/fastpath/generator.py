@@ -61,12 +61,13 @@ class FastFrameGenerator:
 
     def __init__(self, model: LoadedModel, request: ResolvedRequest, device: torch.device | str | None = None,
                  *, eos_masked: bool = False, compile: bool | None = None, timed_stages: bool = False,
-                 form: str | None = None):
+                 form: str | None = None, sampler: str | None = None):
         self.model, self.request = model, request
         self.device = torch.device(device) if device is not None else model.device
         self.eos_masked = eos_masked  # bench only: never end of speech (the frame limit ends the request)
         self.compile = compile  # None: the environment's choice (fastpath/compiled.py)
         self.form = form  # compiled layers' form (fastpath/layers.py FORMS); None: the environment's choice
+        self.sampler = sampler  # "kernel" (fastpath/fused_sampling.py) or "torch"; None: the environment's choice
         self.timed_stages = timed_stages  # bench: wait for the device at stage ends so the split is exact
         self.end_reason: EndReason | None = None
         self.frames_emitted = 0
@@ -107,7 +108,7 @@ class FastFrameGenerator:
         limit = min(request.max_frames, capacity - 1 - length)
         frame_spans = None
         runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, compile=self.compile,
-                                                 form=self.form)
+                                                 form=self.form, sampler=self.sampler)
         # what the runner serves with, kept after it is released (bench and logs)
         self.compiled, self.graphs = runner.compiled, runner.use_graphs
         self.fallback_reason, self.compile_fallback_reason = runner.fallback_reason, runner.compile_fallback_reason

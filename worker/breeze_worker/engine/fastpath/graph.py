@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted, layer_form
+from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted, layer_form, sampling_kernel_wanted
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
@@ -46,7 +46,7 @@ class FrameRunner:
     pad_prompts_without_graphs = False  # tests: pad prompts to their bucket on the CPU too
 
     def __init__(self, lm, rows: int, capacity: int, device: torch.device, use_graphs: bool | None = None,
-                 compile: bool | None = None, form: str | None = None):
+                 compile: bool | None = None, form: str | None = None, sampler: str | None = None):
         self.step = FrameStep(lm, rows=rows, streams=1, capacity=capacity, device=device)
         self.device, self.capacity = device, capacity
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
@@ -61,6 +61,9 @@ class FrameRunner:
         self.compile_requested = compile_wanted(device, compile)
         # the compiled layers' form (fastpath/layers.py); part of the pool key, so fixed at creation
         self.form_requested = (form or layer_form(rows)) if self.compile_requested else None
+        # who draws the codes (fastpath/fused_sampling.py or engine/sampling.py); part of the pool key too
+        self.sampler_requested = resolve_sampler(sampler, device)
+        self.step.use_uncompiled(sample_kernel=self.sampler_requested == "kernel")
         if self.compile_requested:
             self._compile()
         if self.use_graphs:
@@ -79,19 +82,24 @@ class FrameRunner:
     def _compile(self) -> None:
         """Compile the step's units and run them once (compilation happens on first call)."""
         t0 = time.perf_counter()
-        forms = [self.form_requested]
+        kernel = self.sampler_requested == "kernel"
+        attempts = [(self.form_requested, kernel)]
+        if kernel:  # the sampling kernel failed to build here: the torch sampler
+            attempts.append((self.form_requested, False))
         if self.form_requested and self.form_requested.startswith("fused"):
-            forms.append("units+attn")  # the fused kernels failed to build here: the same layers without them
-        for i, form in enumerate(forms):
+            attempts.append(("units+attn", False))  # the fused kernels failed: the same layers without them
+        for i, (form, sample_kernel) in enumerate(attempts):
             try:
-                self.step.use_compiled(compile_unit, form)
+                self.step.use_compiled(compile_unit, form, sample_kernel=sample_kernel)
                 run_on_side_stream(self.device, self._warm)
                 break
             except Exception as exc:  # compilation is an optimization: keep the uncompiled step
-                fallback = f"trying form {forms[i + 1]}" if i + 1 < len(forms) else "running uncompiled"
+                fallback = (f"trying form {attempts[i + 1][0]} with the "
+                            f"{'kernel' if attempts[i + 1][1] else 'torch'} sampler" if i + 1 < len(attempts)
+                            else "running uncompiled")
                 self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {fallback}"
                 log.warning("%s", self.compile_fallback_reason)
-                self.step.use_uncompiled()
+                self.step.use_uncompiled(sample_kernel=False)
         self.compile_s = time.perf_counter() - t0
         if self.step.compiled:
             log.info("compiled the frame step for %d rows in %.1f s", self.step.rows, self.compile_s)
@@ -106,7 +114,7 @@ class FrameRunner:
                 self.compile_fallback_reason = (f"CUDA graph capture of the compiled step failed "
                                                 f"({type(exc).__name__}: {exc}); capturing the uncompiled step")
                 log.warning("%s", self.compile_fallback_reason)
-                self.step.use_uncompiled()
+                self.step.use_uncompiled(sample_kernel=False)
                 self.sample_graph, self.backbone_graphs = None, {}
                 try:
                     self._capture_frame_graphs()
@@ -224,22 +232,30 @@ _POOLS: dict[tuple, list[FrameRunner]] = {}
 _LOCK = threading.Lock()
 
 
+def resolve_sampler(sampler: str | None, device: torch.device) -> str:
+    """"kernel" or "torch": `sampler` if given, else the environment's choice (fastpath/compiled.py)."""
+    if sampler not in (None, "kernel", "torch"):
+        raise ValueError(f"sampler {sampler!r}: expected kernel or torch")
+    return sampler or ("kernel" if sampling_kernel_wanted(device) else "torch")
+
+
 def acquire_runner(lm, rows: int, capacity: int, device: torch.device, compile: bool | None = None,
-                   form: str | None = None) -> FrameRunner:
-    """A free runner of this shape (captured at its creation), or a new one. `compile` and `form`: None =
-    the environment's choice (fastpath/compiled.py)."""
+                   form: str | None = None, sampler: str | None = None) -> FrameRunner:
+    """A free runner of this shape (captured at its creation), or a new one. `compile`, `form` and `sampler`:
+    None = the environment's choice (fastpath/compiled.py)."""
     wanted = compile_wanted(device, compile)
-    key = (id(lm), rows, capacity, str(device), wanted, (form or layer_form(rows)) if wanted else None)
+    key = (id(lm), rows, capacity, str(device), wanted, (form or layer_form(rows)) if wanted else None,
+           resolve_sampler(sampler, device))
     with _LOCK:
         free = _POOLS.setdefault(key, [])
         if free:
             return free.pop()
-    return FrameRunner(lm, rows, capacity, device, compile=wanted, form=form)
+    return FrameRunner(lm, rows, capacity, device, compile=wanted, form=form, sampler=sampler)
 
 
 def release_runner(lm, runner: FrameRunner) -> None:
     key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.compile_requested,
-           runner.form_requested)
+           runner.form_requested, runner.sampler_requested)
     with _LOCK:
         _POOLS.setdefault(key, []).append(runner)
 

@@ -28,13 +28,14 @@ frame are blocked), which keeps its shapes constant.
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from breeze_worker.engine import tracing
-from breeze_worker.engine.fastpath.compiled import layer_form
-from breeze_worker.engine.fastpath import fused
+from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
+from breeze_worker.engine.fastpath import fused, fused_sampling
 from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT, UNITS,
                                                   PackedLayer, decode_layer, linear, rms_norm, small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
@@ -95,7 +96,8 @@ class FrameStep:
         self.after_attention = AFTER_ATTENTION_UNITS  # "fused": the depth layers after the Triton attention
         self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
         self.compiled = False
-        self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
+        self._bind_units(lambda fn: fn)
+        self.sample_kernel = sampling_kernel_wanted(device)  # fastpath/fused_sampling.py draws the codes
         self.fused_workspace = fused.DownWorkspace()  # the "fused" form's split-K partial sums
         # per-row and per-stream state
         z = dict(device=device)
@@ -175,42 +177,62 @@ class FrameStep:
         return sample_rows(logits, self.sampling, self.frame, codebook, blocked, noise=noise,
                            pairwise=self.form.startswith("fused"))
 
-    def use_compiled(self, compile_fn, form: str | None = None) -> None:
+    def _sample(self, logits: torch.Tensor, noise: torch.Tensor, log_noise: torch.Tensor | None,
+                blocked: torch.Tensor) -> torch.Tensor:
+        """One position's codes [S] from its stream logits: the sampling kernel (fastpath/fused_sampling.py)
+        or the compiled torch sampler (`_pick`); both also flag non-finite logits."""
+        if self.sample_kernel:
+            return fused_sampling.sample(logits, self.sampling, blocked, log_noise, self.nonfinite)
+        return self.frame_units.pick(self, logits, 0, noise, blocked)
+
+    def _bind_units(self, wrap) -> None:
+        """The frame's units between the layers, each `wrap`ped (compiled or as they are), called with `self`."""
+        self.frame_units = SimpleNamespace(**{name.lstrip("_"): wrap(getattr(FrameStep, name)) for name in
+                                              ("_frame_start", "_prefill_inputs", "_depth_logits", "_next_input",
+                                               "_pick")})
+
+    def use_compiled(self, compile_fn, form: str | None = None, sample_kernel: bool | None = None) -> None:
         """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py); `form`: the
-        layers' form (None: `layer_form`'s choice for this step's row count)."""
+        layers' form (None: `layer_form`'s choice for this step's row count); `sample_kernel`: whether the
+        sampling kernel draws (None: `sampling_kernel_wanted`)."""
         self.form = form or layer_form(self.rows)
         self.layer_fn = compile_fn(decode_layer)
         self.units = tuple(compile_fn(fn) for fn in UNITS)
         self.attention_unit = compile_fn(ATTENTION_UNIT)
         self.attend_unit = compile_fn(ATTEND_UNIT)
         self.after_attention = tuple(compile_fn(fn) for fn in AFTER_ATTENTION_UNITS)
-        self._start_fn, self._next_fn = compile_fn(FrameStep._frame_start), compile_fn(FrameStep._depth_next)
+        self._bind_units(compile_fn)
+        self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
         self.compiled = True
 
-    def use_uncompiled(self) -> None:
+    def use_uncompiled(self, sample_kernel: bool | None = None) -> None:
         self.form = "gemm"
         self.layer_fn = decode_layer
         self.units = UNITS
         self.attention_unit = ATTENTION_UNIT
         self.attend_unit = ATTEND_UNIT
         self.after_attention = AFTER_ATTENTION_UNITS
-        self._start_fn, self._next_fn = FrameStep._frame_start, FrameStep._depth_next
+        self._bind_units(lambda fn: fn)
+        self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
         self.compiled = False
 
-    def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codebook 0 (CFG, penalty, masks, sampling) and the depth prefill inputs, projected [R, 2, H]."""
-        lm = self.lm
+    def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Codebook 0's stream logits (CFG, repetition penalty, the end-of-speech mask) and the frame's noise
+        [S, 16, V + 1], with its log when the sampling kernel draws."""
         noise = frame_noise(self.sampling.seed, self.frame, self.codebooks, self.vocab + 1)
         logits0 = apply_repetition_penalty(self._combine(self.logits), self.seen, self.sampling.repetition_penalty)
         # a finite "never" (not -inf): the finiteness check below must only see what the model computed
         logits0 = logits0.masked_fill(self.eos_masked[:, None] & self.eos_column[None, :], -1e30)
-        code = self._pick(logits0, 0, noise[:, 0], self.blocked0)
+        return logits0, noise, torch.log(noise) if self.sample_kernel else None
+
+    def _prefill_inputs(self, code: torch.Tensor) -> torch.Tensor:
+        """Codebook 0's code [S] into the history and the frame; the depth prefill inputs, projected [R, 2, H]."""
         self.seen.scatter_(1, code[:, None], True)
         self.codes[:, 0] = code
         # depth decoder: position 0 = backbone state, 1 = codebook-0 embedding (a 2-position prefill)
         row_code = code[self.row_stream].clamp(max=self.vocab - 1)
-        x = lm.depth_prefill_inputs(self.hidden, row_code)
-        return self._project(x.to(self.dtype)), noise
+        x = self.lm.depth_prefill_inputs(self.hidden, row_code)
+        return self._project(x.to(self.dtype))
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         """The depth decoder's input projection (2048 -> 1024). In the "fused" form as a small-row reduction
@@ -220,46 +242,50 @@ class FrameStep:
             return small_rows_linear(x, weight)
         return linear(x, weight)
 
-    def _depth_next(self, x: torch.Tensor, head: torch.Tensor, noise: torch.Tensor,
-                    embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """From the depth layers' output at the last position: codebook p's logits (`head` [H, V]), CFG,
-        sampling (`noise` [S, V]), and the next position's projected input (`embed`: codebook p's table)."""
+    def _depth_logits(self, x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """From the depth layers' output at the last position: codebook p's stream logits (`head` [H, V], CFG)."""
         dm = self.lm.depth_decoder.model
         hidden = rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps)
         if self.form.startswith("fused"):  # the same FP32 product as a reduction (no FP32 copy of the head, no SGEMM)
             logits = small_rows_linear(hidden.float(), head.t())
         else:
             logits = hidden.float() @ head.float()
-        code = self._pick(self._combine(logits), 0, noise, self.blocked_depth)
+        return self._combine(logits)
+
+    def _next_input(self, code: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        """The next depth position's projected input from codebook p's codes (`embed`: codebook p's table)."""
         nxt = F.embedding(code[self.row_stream], embed)[:, None]
-        return code, self._project(nxt.to(self.dtype))
+        return self._project(nxt.to(self.dtype))
 
     @torch.no_grad()
     def sample_frame(self) -> None:
         """Trace spans (engine/tracing.py; only when not graph-captured): sampling (codebook 0, with the depth
         prefill inputs), depth_steps > depth_step (codebook p's position), sampling (codebooks 1..15)."""
-        lm, device = self.lm, self.device
+        lm, device, units = self.lm, self.device, self.frame_units
         self.nonfinite.zero_()
         with tracing.device_span(device, "sampling", codebook=0):
-            x, noise = self._start_fn(self)
+            logits0, noise, log_noise = units.frame_start(self)
+            code = self._sample(logits0, noise[:, 0], None if log_noise is None else log_noise[:, 0], self.blocked0)
+            x = units.prefill_inputs(self, code)
         with tracing.device_span(device, "depth_steps"):
             with tracing.device_span(device, "depth_step", codebook=1):  # the 2-position prefill
                 x = self._depth(x, 0)
             for p in range(1, self.codebooks):
                 with tracing.device_span(device, "sampling", codebook=p):
                     if self.compiled:
-                        code, nxt = self._next_fn(self, x, self.depth_heads[p - 1], noise[:, p, : self.vocab],
-                                                  self.depth_embeds[p])
-                    else:  # the model's own head and embedding methods (tests patch them)
+                        logits = units.depth_logits(self, x, self.depth_heads[p - 1])
+                    else:  # the model's own head method (tests patch it)
                         dm = lm.depth_decoder.model
-                        logits = lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p)
-                        code = self._pick(self._combine(logits), p, noise[:, p, : self.vocab], self.blocked_depth)
-                        nxt = None
+                        logits = self._combine(lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p))
+                    code = self._sample(logits, noise[:, p, : self.vocab],
+                                        None if log_noise is None else log_noise[:, p, : self.vocab], self.blocked_depth)
                     self.codes[:, p] = code
                 if p + 1 < self.codebooks:
                     # codebook p's code sits at depth position p + 1 (embedding offset p * vocab)
                     with tracing.device_span(device, "depth_step", codebook=p + 1):
-                        if nxt is None:
+                        if self.compiled:
+                            nxt = units.next_input(self, code, self.depth_embeds[p])
+                        else:  # the model's own embedding method (tests patch it)
                             embed = lm.depth_decoder.code_embedding(code[self.row_stream], p)[:, None]
                             nxt = linear(embed.to(self.dtype), lm.depth_decoder.model.inputs_embeds_projector.weight)
                         x = self._depth(nxt, p + 1)

@@ -1,0 +1,127 @@
+"""Run by tests/fastpath/test_fused_sampling.py in a subprocess with TRITON_INTERPRET=1: the sampling kernel
+(engine/fastpath/fused_sampling.py) executed by Triton's interpreter on CPU tensors against
+engine/sampling.py: the kept set against `_sorted_keep` and the codes against `sample_rows`, over ties,
+signed zeros, blocked ids, rows with fewer finite tokens than top-k, greedy rows and non-finite rows.
+Prints one JSON line per case; exits non-zero if any case mismatches."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from breeze_worker.engine.fastpath import fused_sampling
+from breeze_worker.engine.sampling import RowSampling, _sorted_keep, exponential_noise, sample_rows
+
+
+def _logits(g: torch.Generator, kind: str, rows: int, vocab: int) -> torch.Tensor:
+    x = torch.randn(rows, vocab, generator=g) * 3
+    if kind == "ties":  # values on a coarse grid: long runs of equal logits around every threshold
+        x = (x * 2).round() / 2
+        x[0] = 1.0  # one row all tied
+        x[1, :40] = 6.0  # a tied group at the top straddling top-k 10
+    elif kind == "zeros":  # +0.0 and -0.0 must count as one value
+        x = (x * 0.7).round()
+        x[:, ::3] = -0.0
+        x[:, 1::3] = 0.0
+    elif kind == "sparse":  # fewer finite tokens than top-k, and the finite "never" of the end-of-speech mask
+        x[:, 7:] = float("-inf")
+        x[1, :3] = -1e30
+    elif kind == "peaked":  # one or three leaders holding nearly all the mass: the nucleus inside a tie
+        x[:, :3] = 25.0
+        x[0, 1:3] = 0.0
+    return x
+
+
+def _case(kind: str, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    vocab = 2051
+    top_k = [50, 10, 0, 1, 2051, 4000, 7, 300]
+    top_p = [1.0, 0.9, 0.8, 1.0, 0.5, 1e-6, 0.97, 0.3]
+    temperature = [0.9, 1.0, 0.7, 1.3, 0.0, 1.0, 0.5, 1.1]  # row 4 greedy
+    rows = len(top_k)
+    sampling = RowSampling(temperature=torch.tensor(temperature), top_k=torch.tensor(top_k),
+                           top_p=torch.tensor(top_p), repetition_penalty=torch.ones(rows),
+                           seed=torch.arange(rows, dtype=torch.int64) * 131 + seed)
+    blocked = torch.zeros(vocab, dtype=torch.bool)
+    blocked[2048:] = True
+    blocked[5] = True
+    logits = _logits(g, kind, rows, vocab)
+    if kind == "nonfinite":
+        logits[2, 100] = float("nan")
+        logits[5, 3] = float("inf")
+    frame = torch.full((rows,), seed, dtype=torch.int64)
+    noise = exponential_noise(sampling.seed, frame, 3, vocab)
+    flags = torch.zeros(rows, dtype=torch.bool)
+    flags[7] = True  # a flag set earlier in the frame stays set
+    keep = torch.zeros(rows, vocab, dtype=torch.int8)
+    code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep)
+
+    masked = logits.masked_fill(blocked[None, :], float("-inf"))
+    temp = torch.where(sampling.temperature <= 0, torch.ones(rows), sampling.temperature)
+    scaled = masked / temp[:, None]
+    k = torch.where(sampling.top_k > 0, sampling.top_k.clamp(max=vocab), torch.full_like(sampling.top_k, vocab))
+    finite_rows = torch.isfinite(logits).all(-1)
+    # -inf rows ("sparse") still compare; NaN or +inf leave the filters undefined (the frame is dropped)
+    comparable = ~(torch.isnan(logits) | torch.isposinf(logits)).any(-1)
+    expected_keep = _sorted_keep(scaled, k, sampling.top_p)
+    expected_code = sample_rows(logits, sampling, frame, 3, blocked, noise=noise)
+    same_keep = (keep.bool() == expected_keep).all(-1) | ~comparable
+    same_code = (code == expected_code) | ~comparable
+    flags_ok = torch.equal(flags, ~finite_rows | (torch.arange(rows) == 7))
+    filtered = bool((keep.sum(-1) < torch.isfinite(scaled).sum(-1)).any())
+    ok = bool(same_keep.all()) and bool(same_code.all()) and flags_ok
+    return {"kind": kind, "seed": seed, "ok": ok, "keep_rows_equal": int(same_keep.sum()),
+            "code_rows_equal": int(same_code.sum()), "rows": rows, "flags_ok": flags_ok,
+            "nonfinite_rows": int((~finite_rows).sum()),
+            "compared_rows": int(comparable.sum()), "filtered_something": filtered,
+            "kept": keep.sum(-1).tolist()}
+
+
+def _frames_case(cfg: bool, top_p: float | None) -> dict:
+    """The kernel inside the fast path's frame step (tiny model, FP32): the eager reference's frames."""
+    from breeze_worker.engine.eager import EagerFrameGenerator
+    from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+    from breeze_worker.engine.request import resolve_request
+    from breeze_worker.engine.types import SamplingOverrides, SynthesisRequest
+    from breeze_worker.model.tiny import tiny_model
+
+    model = tiny_model(seed=0, with_codec=False)
+    req = SynthesisRequest(text="hello there", instruction="calm and slow" if cfg else None,
+                           cfg_scale=2.0 if cfg else None, seed=11, max_frames=5,
+                           sampling=SamplingOverrides(top_p=top_p))
+    request = resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer)
+    eager = list(EagerFrameGenerator(model, request, "cpu"))
+    calls = []
+    kernel = fused_sampling.sample
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    fused_sampling.sample = counted
+    os.environ["BREEZE_FASTPATH_SAMPLER"] = "kernel"  # "auto" picks it on CUDA only
+    try:
+        fast = list(FastFrameGenerator(model, request, "cpu"))
+    finally:
+        fused_sampling.sample = kernel
+        del os.environ["BREEZE_FASTPATH_SAMPLER"]
+    equal = len(eager) == len(fast) == 5 and all(torch.equal(e, f) for e, f in zip(eager, fast))
+    # 16 positions a frame, one stream row each (CFG rows are combined first)
+    return {"kind": "frames", "cfg": cfg, "top_p": top_p, "kernel_calls": len(calls), "frames": len(fast),
+            "streams": sorted({shape[0] for shape in calls}), "ok": equal and len(calls) == 16 * len(fast)}
+
+
+def main() -> int:
+    cases = [_case(kind, seed) for seed, kind in enumerate(("plain", "ties", "zeros", "sparse", "peaked",
+                                                             "nonfinite", "plain", "ties"))]
+    cases += [_frames_case(False, None), _frames_case(True, 0.8)]
+    for case in cases:
+        print(json.dumps(case))
+    return 0 if all(c["ok"] for c in cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The sampling kernel (engine/fastpath/fused_sampling.py), run by Triton's interpreter on the CPU, keeps the
+same tokens as the sorted top-k / top-p reference and draws the same codes as `sample_rows`
+and, inside the fast path's frame step, the eager reference's frames (tests/fastpath/
+sampling_interpreter_check.py, in a subprocess: the interpreter must be chosen before Triton is imported)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "worker")}
+    done = subprocess.run([sys.executable, str(ROOT / "tests/fastpath/sampling_interpreter_check.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert len(cases) == 10 and all(c["ok"] for c in cases)
+    rows = [c for c in cases if c["kind"] != "frames"]
+    assert all(c["keep_rows_equal"] == c["code_rows_equal"] == c["rows"] for c in rows)
+    assert all(c["filtered_something"] for c in rows)  # the filters cut tokens in every case
+    # inside the fast path's frame step (tiny model, FP32, with and without CFG): the eager reference's frames
+    frames = [c for c in cases if c["kind"] == "frames"]
+    assert [(c["cfg"], c["frames"], c["kernel_calls"], c["streams"]) for c in frames] == [(False, 5, 80, [1]),
+                                                                                         (True, 5, 80, [1])]
+    assert {c["kind"] for c in cases} >= {"ties", "zeros", "sparse", "peaked", "nonfinite"}
+    nonfinite = next(c for c in cases if c["kind"] == "nonfinite")
+    assert nonfinite["nonfinite_rows"] == 2 and nonfinite["compared_rows"] == 6 and nonfinite["flags_ok"]
+    tied = [c for c in cases if c["kind"] == "ties"]
+    assert all(c["kept"][0] == 2047 for c in tied)  # an all-tied row keeps every unblocked token under top-k 50
+
+
+def test_sampler_choice_by_device_and_environment(monkeypatch):
+    """`auto` draws with the kernel on CUDA only; `kernel` where it cannot run is refused with a message;
+    the bench's path names the sampler as its third part."""
+    import pytest
+    import torch
+
+    from breeze_worker.bench.runner import open_generator
+    from breeze_worker.engine.fastpath import compiled
+    from breeze_worker.engine.fastpath.graph import resolve_sampler
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(compiled.SAMPLER_ENV, raising=False)
+    assert not compiled.sampling_kernel_wanted(cpu) and resolve_sampler(None, cpu) == "torch"
+    monkeypatch.setenv(compiled.SAMPLER_ENV, "torch")
+    assert not compiled.sampling_kernel_wanted(torch.device("cuda", 0))
+    monkeypatch.setenv(compiled.SAMPLER_ENV, "kernel")
+    with pytest.raises(ValueError, match="needs Triton and a CUDA device"):
+        compiled.sampling_kernel_wanted(cpu)
+    monkeypatch.setenv(compiled.SAMPLER_ENV, "fastest")
+    with pytest.raises(ValueError, match="expected auto, kernel or torch"):
+        compiled.sampling_kernel_wanted(cpu)
+    monkeypatch.delenv(compiled.SAMPLER_ENV)
+    assert resolve_sampler("kernel", cpu) == "kernel"
+    with pytest.raises(ValueError, match="expected kernel or torch"):
+        resolve_sampler("sorted", cpu)
+    gen = open_generator("fast-compiled::torch", None, None, cpu)
+    assert (gen.sampler, gen.form, gen.compile) == ("torch", None, True)
+    gen = open_generator("fast-compiled:fused+chain", None, None, cpu)
+    assert (gen.sampler, gen.form) == (None, "fused+chain")

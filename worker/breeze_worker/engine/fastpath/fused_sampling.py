@@ -1,0 +1,116 @@
+"""One Triton kernel for a sampling position of the fast path: the finiteness check, reserved ids masked,
+temperature, top-k, top-p and the exponential race, one program per stream row.
+
+Why: compiled from engine/sampling.py, one position's sampling was ~35 us on the H200 at batch 1 (the
+pairwise top-k count 13 us, the nucleus mass 14.5, the race and finiteness check 7.4; results/NOTES.md run
+17), sixteen times a frame. Here both filters are bisections over the bits of the logits, in registers:
+
+- A float32 maps to an unsigned 32-bit key with the same order (-0.0 first made +0.0, as the float
+  comparison treats them). The top-k threshold T is the largest key with at least k keys >= T (32
+  halvings, each a count over the row); the tokens kept are key >= T. That is exactly
+  `sampling._sorted_keep`'s set: fewer than k tokens strictly larger, ties kept whole.
+- The nucleus: f(t) = the kept tokens' probability mass above key t falls as t grows. With t* the largest
+  key where f(t*) >= top_p (32 more halvings), a kept token is in the nucleus exactly when its own mass
+  above is < top_p, i.e. key > t*; the most likely token always is (its mass above is 0). The masses
+  differ from the sorted cumulative sum only by FP32 summation order, as `_pairwise_keep`'s do. top_p 1
+  (the default) and top_k 0 skip their halvings.
+
+The race itself is the same arithmetic as `sample_rows`: argmax(filtered - log(noise)), first index on
+ties, greedy rows argmax(filtered). `log(noise)` comes in precomputed (the step takes it with the frame's
+noise) so the kernel uses no transcendental of its own on that path.
+Off CUDA (CI) `sample_rows` serves; `TRITON_INTERPRET=1` runs the kernel on CPU tensors
+(tests/fastpath/sampling_interpreter_check.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from breeze_worker.engine.fastpath import fused
+from breeze_worker.engine.sampling import RowSampling
+
+if fused._triton is not None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _halve_count(ukey, ok, k):
+        """The largest key T with at least k of the row's keys >= T (k >= 1; every key >= 0)."""
+        t = tl.full([], 0, tl.int64)
+        for b in tl.static_range(32):
+            cand = t | (1 << (31 - b))
+            count = tl.sum((ok & (ukey >= cand)).to(tl.int32), axis=0)
+            t = tl.where(count >= k, cand, t)
+        return t
+
+    @triton.jit
+    def _halve_mass(ukey, probs, p):
+        """The largest key t* with the mass of the keys above it >= p (the caller checked it holds at 0)."""
+        t = tl.full([], 0, tl.int64)
+        for b in tl.static_range(32):
+            cand = t | (1 << (31 - b))
+            mass = tl.sum(tl.where(ukey > cand, probs, 0.0), axis=0)
+            t = tl.where(mass >= p, cand, t)
+        return t
+
+    @triton.jit
+    def _sample_kernel(logits_ptr, stride_l, blocked_ptr, temp_ptr, top_k_ptr, top_p_ptr, log_noise_ptr, stride_n,
+                       code_ptr, nonfinite_ptr, keep_ptr, V, VP: tl.constexpr, WRITE_KEEP: tl.constexpr):
+        s = tl.program_id(0)
+        ids = tl.arange(0, VP)
+        ok = ids < V
+        x = tl.load(logits_ptr + s * stride_l + ids, mask=ok, other=0.0).to(tl.float32)
+        # non-finite: NaN (x != x) or +-inf, before the reserved ids are masked
+        bad = tl.sum((ok & ((x != x) | (tl.abs(x) == float("inf")))).to(tl.int32), axis=0) > 0
+        was = tl.load(nonfinite_ptr + s)
+        tl.store(nonfinite_ptr + s, (was != 0) | bad)
+        blocked = tl.load(blocked_ptr + ids, mask=ok, other=1) != 0
+        x = tl.where(blocked, float("-inf"), x)
+        temp = tl.load(temp_ptr + s)
+        greedy = temp <= 0.0
+        scaled = x / tl.where(greedy, 1.0, temp)
+        scaled = tl.where(ok, scaled, float("-inf"))
+        # the order-preserving key: flip the magnitude bits of negatives, then shift into [0, 2**32)
+        bits = tl.where(scaled == 0.0, 0.0, scaled).to(tl.int32, bitcast=True)
+        ukey = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+        top_k = tl.load(top_k_ptr + s)
+        k = tl.where(top_k > 0, tl.minimum(top_k, V), V)
+        keep = ok
+        if k < V:
+            keep = ok & (ukey >= _halve_count(ukey, ok, k))
+        p = tl.load(top_p_ptr + s)
+        if p < 1.0:
+            kept = tl.where(keep, scaled, float("-inf"))
+            e = tl.where(keep, tl.exp(kept - tl.max(kept, axis=0)), 0.0)
+            probs = e / tl.sum(e, axis=0)
+            if tl.sum(tl.where(ukey > 0, probs, 0.0), axis=0) >= p:  # else every kept token is in
+                keep = keep & (ukey > _halve_mass(ukey, probs, p))
+        filtered = tl.where(keep, scaled, float("-inf"))
+        log_noise = tl.load(log_noise_ptr + s * stride_n + ids, mask=ok, other=0.0)
+        drawn = tl.argmax(filtered - log_noise, axis=0)
+        best = tl.argmax(filtered, axis=0)
+        tl.store(code_ptr + s, tl.where(greedy, best, drawn).to(tl.int64))
+        if WRITE_KEEP:
+            tl.store(keep_ptr + s * V + ids, keep.to(tl.int8), mask=ok)
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel runs for tensors on `device` (fused.available: CUDA with Triton, or the interpreter)."""
+    return fused.available(device)
+
+
+def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_noise: torch.Tensor,
+           nonfinite: torch.Tensor, keep_out: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row of float32 `logits` [S, V] (int64 [S]); marks `nonfinite` (bool [S]) for rows with
+    a NaN or infinity. `log_noise` [S, V] = log of `sampling.exponential_noise` for this position;
+    `blocked` bool [V]. `keep_out` (int8 [S, V], for tests) receives the filtered set."""
+    streams, vocab = logits.shape
+    if log_noise.stride(-1) != 1 or logits.stride(-1) != 1:
+        raise ValueError("the sampling kernel needs unit stride along the vocabulary")
+    code = torch.empty(streams, dtype=torch.int64, device=logits.device)
+    keep = keep_out if keep_out is not None else code
+    _sample_kernel[(streams,)](logits, logits.stride(0), blocked.view(torch.uint8), rows.temperature, rows.top_k,
+                               rows.top_p, log_noise, log_noise.stride(0), code, nonfinite.view(torch.uint8), keep,
+                               vocab, VP=fused._next_power_of_two(vocab), WRITE_KEEP=keep_out is not None,
+                               num_warps=4)
+    return code
+
