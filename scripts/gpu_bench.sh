@@ -38,7 +38,12 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' || true
 [ "${RUN_SAMPLING:-0}" = 1 ] && step sampling "${LIMIT_SAMPLING:-150}" python3 scripts/gpu_sampling.py \
-  --json "$OUT/sampling.json"
+  --json "$OUT/sampling.json" --best-out "$OUT/sampling_best.json"
+# USE_SAMPLING_BEST=1: the benches below run the sampling kernel with the settings it chose
+if [ "${USE_SAMPLING_BEST:-0}" = 1 ] && [ -s "$OUT/sampling_best.json" ]; then
+  export BREEZE_FUSED_CONFIG="$(cat "$OUT/sampling_best.json")"
+  echo "BREEZE_FUSED_CONFIG=$BREEZE_FUSED_CONFIG"
+fi
 [ "${SKIP_GEMV:-0}" = 1 ] || step gemv_check "${LIMIT_GEMV:-90}" python3 scripts/gpu_gemv_check.py --json "$OUT/gemv_check.json"
 [ "${SKIP_CHECK:-0}" = 1 ] || step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 \
   --frames 12 --repeats 1 --check --cfg "$CFGS" --paths "$CHECK_PATHS" --json "$OUT/check_mid.json"

@@ -4,10 +4,13 @@ replaces (engine/sampling.py compiled by Inductor: pairwise filters up to 8 stre
 1. correctness, per stream count (1-32) and width (2051 depth classes, 2052 for codebook 0): the kernel's
    kept set == `_sorted_keep`, its codes == `sample_rows` (eager torch), its non-finite flags == isfinite,
    over default settings (top-k 50, top-p 1), nucleus rows, greedy rows and tied logits.
-2. time per position, each in a CUDA graph of 16 calls: the kernel vs the compiled torch sampler, with the
-   default settings (top-p 1: the kernel skips the nucleus) and with top-p 0.9 on every row.
+2. launch settings: the kernel's search step (RADIX bits) and warps, per position in a CUDA graph of 16
+   calls at 1 and 32 streams, default settings (top-p 1: no nucleus search) and top-p 0.9 on every row;
+   the fastest at the default settings (the sum over 1 and 32 streams; the committed plan wins ties
+   within 2%) to --best-out as BREEZE_FUSED_CONFIG JSON.
+3. time per position: the kernel (chosen settings) vs the compiled torch sampler.
 
-    BREEZE_COMMIT=<sha> PYTHONPATH=worker python3 scripts/gpu_sampling.py --json out.json
+    BREEZE_COMMIT=<sha> PYTHONPATH=worker python3 scripts/gpu_sampling.py --json out.json --best-out best.json
     TRITON_INTERPRET=1 PYTHONPATH=worker python3 scripts/gpu_sampling.py --dry-run   (CPU: part 1 only)
 """
 
@@ -19,11 +22,12 @@ import json
 import torch
 
 import gpu_fused
-from breeze_worker.engine.fastpath import fused_sampling
+from breeze_worker.engine.fastpath import fused, fused_sampling
 from breeze_worker.engine.fastpath.compiled import compile_unit
 from breeze_worker.engine.sampling import RowSampling, _sorted_keep, exponential_noise, sample_rows
 
 DEVICE = "cuda"
+CANDIDATES = [{"radix": r, "num_warps": w} for r in (1, 2, 4) for w in (2, 4, 8, 16)]
 
 
 def rows_for(streams: int, nucleus: bool | None) -> RowSampling:
@@ -79,12 +83,42 @@ def _torch_pick(logits, rows, blocked, noise, flags, pairwise: bool):
     return sample_rows(logits, rows, torch.zeros_like(rows.seed), 0, blocked, noise=noise, pairwise=pairwise)
 
 
-def timing(streams: int, vocab: int, nucleus: bool) -> dict:
+def _timing_inputs(streams: int, vocab: int, nucleus: bool):
     logits, blocked = inputs(streams, vocab, 1)
     rows = rows_for(streams, nucleus)
     noise = exponential_noise(rows.seed, torch.zeros(streams, dtype=torch.int64, device=DEVICE), 1, vocab)
-    log_noise = torch.log(noise)
-    flags = torch.zeros(streams, dtype=torch.bool, device=DEVICE)
+    return logits, blocked, rows, noise, torch.log(noise), torch.zeros(streams, dtype=torch.bool, device=DEVICE)
+
+
+def tune(vocab: int) -> tuple[list[dict], dict]:
+    """Every candidate at 1 and 32 streams, top-p 1 and 0.9 (us per position); the chosen settings."""
+    table = []
+    for cfg in CANDIDATES + [None]:  # None: the committed plan
+        fused._config_override = {"sample": cfg} if cfg else {}
+        row = {"config": cfg or fused.plan("sample", vocab), "committed": cfg is None}
+        try:
+            for streams in (1, 32):
+                for nucleus in (False, True):
+                    logits, blocked, rows, _, log_noise, flags = _timing_inputs(streams, vocab, nucleus)
+                    row[f"us_s{streams}_p{'0.9' if nucleus else '1'}"] = gpu_fused.graph_ms(
+                        lambda: fused_sampling.sample(logits, rows, blocked, log_noise, flags), reps=16) * 1000
+        except Exception as exc:  # a setting the compiler rejects
+            row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            fused._config_override = {}
+        if "error" not in row:
+            row["default_settings_us"] = row["us_s1_p1"] + row["us_s32_p1"]
+        print(json.dumps(row), flush=True)
+        table.append(row)
+    timed = [r for r in table if "error" not in r]
+    committed = next(r for r in timed if r["committed"])
+    fastest = min(timed, key=lambda r: r["default_settings_us"])
+    chosen = committed if committed["default_settings_us"] <= 1.02 * fastest["default_settings_us"] else fastest
+    return table, {"sample": chosen["config"]}
+
+
+def timing(streams: int, vocab: int, nucleus: bool) -> dict:
+    logits, blocked, rows, noise, log_noise, flags = _timing_inputs(streams, vocab, nucleus)
     pairwise = streams <= 8
     compiled = compile_unit(_torch_pick)
     out = {"streams": streams, "vocab": vocab, "top_p": 0.9 if nucleus else 1.0,
@@ -102,6 +136,7 @@ def timing(streams: int, vocab: int, nucleus: bool) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--best-out", help="write the chosen launch settings here (BREEZE_FUSED_CONFIG JSON)")
     parser.add_argument("--dry-run", action="store_true", help="the checks on the CPU (Triton's interpreter)")
     args = parser.parse_args()
     global DEVICE
@@ -116,7 +151,14 @@ def main() -> int:
     result["checks_ok"] = all(c["ok"] for c in checks)
     if args.dry_run:
         return 0 if result["checks_ok"] else 1
+    result["tune"], best = tune(2051)
+    print("best:", json.dumps(best), flush=True)
+    if args.best_out:
+        with open(args.best_out, "w") as fh:
+            json.dump(best if result["checks_ok"] else {}, fh)
+    fused._config_override = best
     result["timing"] = [timing(s, 2051, nucleus) for s in (1, 8, 16, 32) for nucleus in (False, True)]
+    fused._config_override = {}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -352,13 +352,24 @@ def _overrides() -> dict:
     return value
 
 
+# launch settings by input width where the backbone's shapes (K 2048, the MLP's 6144) timed faster with
+# others than the depth decoder's defaults (scripts/gpu_backbone.py, results/NOTES.md run 19)
+_BY_WIDTH = {
+    ("norm_linear", 2048): {"block_n": 4, "num_warps": 4, "evict": True},  # 8.10 -> 7.79 us
+    ("o_residual", 2048): {"block_n": 2, "chunk": 2048, "num_warps": 2, "evict": False},  # 4.87 -> 3.62
+    ("norm_gate_up", 2048): {"block_n": 2, "num_warps": 4, "evict": True},  # 21.37 -> 20.25
+}
+
+
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
-    the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them. The defaults
-    are the fastest of scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14-15;
-    "evict": the weight loads hinted evict-first, 13.2 -> 12.8 us for gate/up, 8.2 -> 8.0 for down; a
-    cache hint, the same arithmetic). A program holds its weight tile, BLOCK x (K or CHUNK) values in
-    FP32, within _TILE_BUDGET."""
+    the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them, by kernel
+    ("norm_gate_up") or by kernel and width ("norm_gate_up@2048"). The defaults are the fastest of
+    scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14-15; "evict": the weight
+    loads hinted evict-first, 13.2 -> 12.8 us for gate/up, 8.2 -> 8.0 for down; a cache hint, the same
+    arithmetic), and at the backbone's widths `_BY_WIDTH`. A program holds its weight tile, BLOCK x (K or
+    CHUNK) values in FP32, within _TILE_BUDGET. "sample" is fused_sampling.py's kernel (`k`: the
+    vocabulary): RADIX bits a search step."""
     width = _next_power_of_two(k)
     if kernel == "qkv_rope":
         cfg = {"block_p": 4, "num_warps": 2}
@@ -370,10 +381,19 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
+    elif kernel == "sample":
+        cfg = {"radix": 2, "num_warps": 8}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
-    cfg.update(_overrides().get(kernel, {}))
-    cfg.update(_config_override.get(kernel, {}))
+    cfg.update(_BY_WIDTH.get((kernel, k), {}))
+    overrides = _overrides()
+    for key in (kernel, f"{kernel}@{k}"):
+        cfg.update(overrides.get(key, {}))
+        cfg.update(_config_override.get(key, {}))
+    if kernel == "sample":
+        if 32 % cfg["radix"]:
+            raise ValueError(f"sample: radix {cfg['radix']} must divide 32")
+        return cfg
     if kernel in ("down_residual", "o_residual"):  # K = splits x chunk, chunk a power of two
         cfg["chunk"] = min(cfg["chunk"], k & -k)
         cfg["splits"] = k // cfg["chunk"]

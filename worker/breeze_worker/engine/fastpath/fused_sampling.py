@@ -33,28 +33,29 @@ if fused._triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _halve_count(ukey, ok, k):
-        """The largest key T with at least k of the row's keys >= T (k >= 1; every key >= 0)."""
+    def _search(skey, ok, probs, target, RADIX: tl.constexpr, MASS: tl.constexpr):
+        """The largest unsigned key t (an int64 in [0, 2**32)) where a test holds: MASS False, at least
+        `target` keys >= t; MASS True, the probability mass of the keys > t at least `target`. The test
+        holds at 0 (the caller's invariant) and fails above its answer, so t is found RADIX bits a step,
+        from the top, by trying every digit of the step at once. `skey`: the keys minus 2**31, int32."""
+        DIGITS: tl.constexpr = 1 << RADIX
+        digits = tl.arange(0, DIGITS)
         t = tl.full([], 0, tl.int64)
-        for b in tl.static_range(32):
-            cand = t | (1 << (31 - b))
-            count = tl.sum((ok & (ukey >= cand)).to(tl.int32), axis=0)
-            t = tl.where(count >= k, cand, t)
-        return t
-
-    @triton.jit
-    def _halve_mass(ukey, probs, p):
-        """The largest key t* with the mass of the keys above it >= p (the caller checked it holds at 0)."""
-        t = tl.full([], 0, tl.int64)
-        for b in tl.static_range(32):
-            cand = t | (1 << (31 - b))
-            mass = tl.sum(tl.where(ukey > cand, probs, 0.0), axis=0)
-            t = tl.where(mass >= p, cand, t)
+        for step in tl.static_range(32 // RADIX):
+            shift: tl.constexpr = 32 - RADIX * (step + 1)
+            cand = (t + (digits.to(tl.int64) << shift) - 2147483648).to(tl.int32)  # [DIGITS], signed
+            if MASS:
+                above = tl.sum(tl.where(skey[None, :] > cand[:, None], probs[None, :], 0.0), axis=1)
+            else:
+                above = tl.sum((ok[None, :] & (skey[None, :] >= cand[:, None])).to(tl.int32), axis=1)
+            best = tl.max(tl.where(above >= target, digits, 0), axis=0)
+            t = t + (best.to(tl.int64) << shift)
         return t
 
     @triton.jit
     def _sample_kernel(logits_ptr, stride_l, blocked_ptr, temp_ptr, top_k_ptr, top_p_ptr, log_noise_ptr, stride_n,
-                       code_ptr, nonfinite_ptr, keep_ptr, V, VP: tl.constexpr, WRITE_KEEP: tl.constexpr):
+                       code_ptr, nonfinite_ptr, keep_ptr, V, VP: tl.constexpr, RADIX: tl.constexpr,
+                       WRITE_KEEP: tl.constexpr):
         s = tl.program_id(0)
         ids = tl.arange(0, VP)
         ok = ids < V
@@ -69,21 +70,24 @@ if fused._triton is not None:
         greedy = temp <= 0.0
         scaled = x / tl.where(greedy, 1.0, temp)
         scaled = tl.where(ok, scaled, float("-inf"))
-        # the order-preserving key: flip the magnitude bits of negatives, then shift into [0, 2**32)
+        # the order-preserving key: flip the magnitude bits of negatives (signed int32 order = float order;
+        # the unsigned key of the module docstring is this plus 2**31)
         bits = tl.where(scaled == 0.0, 0.0, scaled).to(tl.int32, bitcast=True)
-        ukey = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+        skey = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         top_k = tl.load(top_k_ptr + s)
         k = tl.where(top_k > 0, tl.minimum(top_k, V), V)
         keep = ok
         if k < V:
-            keep = ok & (ukey >= _halve_count(ukey, ok, k))
+            t = _search(skey, ok, scaled, k, RADIX, False)
+            keep = ok & (skey >= (t - 2147483648).to(tl.int32))
         p = tl.load(top_p_ptr + s)
         if p < 1.0:
             kept = tl.where(keep, scaled, float("-inf"))
             e = tl.where(keep, tl.exp(kept - tl.max(kept, axis=0)), 0.0)
             probs = e / tl.sum(e, axis=0)
-            if tl.sum(tl.where(ukey > 0, probs, 0.0), axis=0) >= p:  # else every kept token is in
-                keep = keep & (ukey > _halve_mass(ukey, probs, p))
+            if tl.sum(tl.where(skey > -2147483648, probs, 0.0), axis=0) >= p:  # else every kept token is in
+                t = _search(skey, ok, probs, p, RADIX, True)
+                keep = keep & (skey > (t - 2147483648).to(tl.int32))
         filtered = tl.where(keep, scaled, float("-inf"))
         log_noise = tl.load(log_noise_ptr + s * stride_n + ids, mask=ok, other=0.0)
         drawn = tl.argmax(filtered - log_noise, axis=0)
@@ -106,11 +110,12 @@ def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_n
     streams, vocab = logits.shape
     if log_noise.stride(-1) != 1 or logits.stride(-1) != 1:
         raise ValueError("the sampling kernel needs unit stride along the vocabulary")
+    cfg = fused.plan("sample", vocab)
     code = torch.empty(streams, dtype=torch.int64, device=logits.device)
     keep = keep_out if keep_out is not None else code
     _sample_kernel[(streams,)](logits, logits.stride(0), blocked.view(torch.uint8), rows.temperature, rows.top_k,
                                rows.top_p, log_noise, log_noise.stride(0), code, nonfinite.view(torch.uint8), keep,
-                               vocab, VP=fused._next_power_of_two(vocab), WRITE_KEEP=keep_out is not None,
-                               num_warps=4)
+                               vocab, VP=fused._next_power_of_two(vocab), RADIX=cfg["radix"],
+                               WRITE_KEEP=keep_out is not None, num_warps=cfg["num_warps"])
     return code
 
