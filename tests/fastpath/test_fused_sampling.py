@@ -65,3 +65,25 @@ def test_sampler_choice_by_device_and_environment(monkeypatch):
     assert (gen.sampler, gen.form, gen.compile) == ("torch", None, True)
     gen = open_generator("fast-compiled:fused+chain", None, None, cpu)
     assert (gen.sampler, gen.form) == (None, "fused+chain")
+
+
+def test_sampling_kernel_compiles_for_hopper_at_every_radix():
+    """Triton's compiler (not its interpreter, which accepts more) builds the kernel for sm_90 at each search
+    step width: the GPU's frontend rejected a first version that the interpreter ran."""
+    import pytest
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from breeze_worker.engine.fastpath import fused_sampling
+
+    signature = {"logits_ptr": "*fp32", "stride_l": "i32", "blocked_ptr": "*u8", "temp_ptr": "*fp32",
+                 "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "log_noise_ptr": "*fp32", "stride_n": "i32",
+                 "code_ptr": "*i64", "nonfinite_ptr": "*u8", "keep_ptr": "*i64", "V": "i32", "VP": "constexpr",
+                 "RADIX": "constexpr", "WRITE_KEEP": "constexpr"}
+    for radix in (1, 2, 4):
+        source = ASTSource(fn=fused_sampling._sample_kernel, signature=signature,
+                           constexprs={"VP": 4096, "RADIX": radix, "WRITE_KEEP": radix == 1})
+        built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+        assert "_sample_kernel" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000

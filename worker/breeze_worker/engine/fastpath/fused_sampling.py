@@ -42,7 +42,7 @@ if fused._triton is not None:
         digits = tl.arange(0, DIGITS)
         t = tl.full([], 0, tl.int64)
         for step in tl.static_range(32 // RADIX):
-            shift: tl.constexpr = 32 - RADIX * (step + 1)
+            shift = 32 - RADIX * (step + 1)
             cand = (t + (digits.to(tl.int64) << shift) - 2147483648).to(tl.int32)  # [DIGITS], signed
             if MASS:
                 above = tl.sum(tl.where(skey[None, :] > cand[:, None], probs[None, :], 0.0), axis=1)
