@@ -8,9 +8,9 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
-  (default): `fused+chain+mlp` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else
-  `gemm` (results/NOTES.md run 16, bf16, CFG on: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused`
-  11.77 ms per frame).
+  (default): `fused+chain+all` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else
+  `gemm` (results/NOTES.md run 19, bf16, CFG on, one run: `fused+chain+all` 9.08, `fused+chain+mlp`
+  10.39 ms per frame; run 16: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused` 11.77).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
   sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per
@@ -66,7 +66,7 @@ def layer_form(rows: int) -> str:
 
     form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
     if form == "auto":
-        return "fused+chain+mlp" if rows <= SMALL_ROWS else "gemm"
+        return "fused+chain+all" if rows <= SMALL_ROWS else "gemm"
     if form not in FORMS:
         raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
     return form

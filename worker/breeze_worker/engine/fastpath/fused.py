@@ -24,11 +24,12 @@ Forms (layers.py FORMS) built from them:
   (griddepcontrol.wait) before it reads that kernel's output or writes anything, so the bits are the same
   chained or not (scripts/gpu_fused.py checks it). Per layer step 34.4 us chained vs 39.1 unchained;
   10.27 ms per frame vs 11.77 for `fused` (results/NOTES.md run 16).
-- `fused+chain+mlp` (the default up to 8 rows): also the backbone's MLPs as `norm_gate_up` and
-  `down_residual` (chained to each other): 10.10 ms per frame (run 16).
-- `fused+chain+all`: the backbone's layers as these kernels too (`backbone_layer`: `norm_linear`,
-  `qk_norm_rope`, a compiled attention, `o_residual`, the MLP): 9.95 vs 9.71 ms for `fused+chain+mlp` in
-  run 18 (launch plans not tuned for the backbone's shapes).
+- `fused+chain+mlp`: also the backbone's MLPs as `norm_gate_up` and `down_residual` (chained to each
+  other): 10.10 ms per frame (run 16).
+- `fused+chain+all` (the default up to 8 rows): the backbone's layers as these kernels too
+  (`backbone_layer`: `norm_linear`, `qk_norm_rope`, a compiled attention, `o_residual`, the MLP). With
+  launch plans tuned at the backbone's widths (`_BY_WIDTH`) 9.08 vs 10.39 ms for `fused+chain+mlp` in
+  run 19; untuned, run 18 had it 2.4% slower.
 - `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
   (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
 - `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.

@@ -37,10 +37,20 @@ if fused._triton is not None:
         """The largest unsigned key t (an int64 in [0, 2**32)) where a test holds: MASS False, at least
         `target` keys >= t; MASS True, the probability mass of the keys > t at least `target`. The test
         holds at 0 (the caller's invariant) and fails above its answer, so t is found RADIX bits a step,
-        from the top, by trying every digit of the step at once. `skey`: the keys minus 2**31, int32."""
+        from the top, by trying every digit of the step at once (RADIX 1: the one digit that is not known
+        to pass). `skey`: the keys minus 2**31, int32."""
+        t = tl.full([], 0, tl.int64)
+        if RADIX == 1:
+            for step in tl.static_range(32):
+                cand = (t + (1 << (31 - step)) - 2147483648).to(tl.int32)
+                if MASS:
+                    above = tl.sum(tl.where(skey > cand, probs, 0.0), axis=0)
+                else:
+                    above = tl.sum((ok & (skey >= cand)).to(tl.int32), axis=0)
+                t = tl.where(above >= target, t + (1 << (31 - step)), t)
+            return t
         DIGITS: tl.constexpr = 1 << RADIX
         digits = tl.arange(0, DIGITS)
-        t = tl.full([], 0, tl.int64)
         for step in tl.static_range(32 // RADIX):
             shift = 32 - RADIX * (step + 1)
             cand = (t + (digits.to(tl.int64) << shift) - 2147483648).to(tl.int32)  # [DIGITS], signed
