@@ -9,8 +9,8 @@ before capture. Choice, per process, from the environment:
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
   (default): `fused+chain+all` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else
-  `gemm` (results/NOTES.md run 19, bf16, CFG on, one run: `fused+chain+all` 9.08, `fused+chain+mlp`
-  10.39 ms per frame; run 16: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused` 11.77).
+  `gemm` (results/NOTES.md runs 21-22, bf16, CFG on: `fused+chain+all` 9.08 / 9.21, `fused+chain+mlp`
+  10.39 / 9.57 ms per frame in the same runs; run 16: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused` 11.77).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
   sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per

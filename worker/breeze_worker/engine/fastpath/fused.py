@@ -29,7 +29,7 @@ Forms (layers.py FORMS) built from them:
 - `fused+chain+all` (the default up to 8 rows): the backbone's layers as these kernels too
   (`backbone_layer`: `norm_linear`, `qk_norm_rope`, a compiled attention, `o_residual`, the MLP). With
   launch plans tuned at the backbone's widths (`_BY_WIDTH`) 9.08 vs 10.39 ms for `fused+chain+mlp` in
-  run 19; untuned, run 18 had it 2.4% slower.
+  run 21, 9.21 vs 9.57 in run 22; untuned, run 18 had it 2.4% slower.
 - `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
   (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
 - `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.
@@ -383,7 +383,7 @@ def plan(kernel: str, k: int) -> dict:
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "sample":
-        cfg = {"radix": 2, "num_warps": 8}
+        cfg = {"radix": 1, "num_warps": 8}  # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower)
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
