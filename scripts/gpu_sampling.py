@@ -24,7 +24,7 @@ import torch
 import gpu_fused
 from breeze_worker.engine.fastpath import fused, fused_sampling
 from breeze_worker.engine.fastpath.compiled import compile_unit
-from breeze_worker.engine.sampling import RowSampling, _sorted_keep, exponential_noise, sample_rows
+from breeze_worker.engine.sampling import RowSampling, exponential_noise, filter_rows, sample_rows
 
 DEVICE = "cuda"
 CANDIDATES = [{"radix": r, "num_warps": w} for r in (1, 2) for w in (8, 16)]  # run 19: 2-4 warps 2-4x slower
@@ -64,10 +64,7 @@ def check(streams: int, vocab: int, seed: int, ties: bool) -> dict:
     flags = torch.zeros(streams, dtype=torch.bool, device=DEVICE)
     keep = torch.zeros(streams, vocab, dtype=torch.int8, device=DEVICE)
     code = fused_sampling.sample(logits, rows, blocked, torch.log(noise), flags, keep_out=keep)
-    scaled = logits.masked_fill(blocked[None], float("-inf"))
-    scaled = scaled / torch.where(rows.temperature <= 0, torch.ones_like(rows.temperature), rows.temperature)[:, None]
-    k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
-    same_keep = bool(torch.equal(keep.bool(), _sorted_keep(scaled, k, rows.top_p)))
+    same_keep = bool(torch.equal(keep.bool(), filter_rows(logits, rows, blocked)[1]))
     same_code = bool(torch.equal(code, sample_rows(logits, rows, frame, 4, blocked, noise=noise)))
     bad = logits.clone()
     bad[0, 3] = float("nan")

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -28,3 +34,20 @@ def _request_for(model, cfg: bool, frames: int = 6, seed: int = 7):
     req = SynthesisRequest(text="hello there", instruction="calm and slow" if cfg else None,
                            cfg_scale=2.0 if cfg else None, seed=seed, max_frames=frames)
     return resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def interpreter_check():
+    """Run a tests/fastpath script under Triton's interpreter in a subprocess (the interpreter must be chosen
+    before Triton is imported); returns its JSON lines, asserting it exited 0."""
+    def run(script: str) -> list[dict]:
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "worker")}
+        done = subprocess.run([sys.executable, str(ROOT / "tests/fastpath" / script)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    return run

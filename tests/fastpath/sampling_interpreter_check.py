@@ -13,7 +13,7 @@ import sys
 import torch
 
 from breeze_worker.engine.fastpath import fused_sampling
-from breeze_worker.engine.sampling import RowSampling, _sorted_keep, exponential_noise, sample_rows
+from breeze_worker.engine.sampling import RowSampling, exponential_noise, filter_rows, sample_rows
 
 
 def _logits(g: torch.Generator, kind: str, rows: int, vocab: int) -> torch.Tensor:
@@ -59,14 +59,10 @@ def _case(kind: str, seed: int) -> dict:
     keep = torch.zeros(rows, vocab, dtype=torch.int8)
     code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep)
 
-    masked = logits.masked_fill(blocked[None, :], float("-inf"))
-    temp = torch.where(sampling.temperature <= 0, torch.ones(rows), sampling.temperature)
-    scaled = masked / temp[:, None]
-    k = torch.where(sampling.top_k > 0, sampling.top_k.clamp(max=vocab), torch.full_like(sampling.top_k, vocab))
+    scaled, expected_keep = filter_rows(logits, sampling, blocked)
     finite_rows = torch.isfinite(logits).all(-1)
     # -inf rows ("sparse") still compare; NaN or +inf leave the filters undefined (the frame is dropped)
     comparable = ~(torch.isnan(logits) | torch.isposinf(logits)).any(-1)
-    expected_keep = _sorted_keep(scaled, k, sampling.top_p)
     expected_code = sample_rows(logits, sampling, frame, 3, blocked, noise=noise)
     same_keep = (keep.bool() == expected_keep).all(-1) | ~comparable
     same_code = (code == expected_code) | ~comparable

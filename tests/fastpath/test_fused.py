@@ -5,21 +5,8 @@ before Triton is imported, hence the subprocess; Triton is a dev dependency (pyp
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_fused_kernels_match_their_torch_stages_in_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "worker")}
-    done = subprocess.run([sys.executable, str(ROOT / "tests/fastpath/fused_interpreter_check.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_check):
+    cases = interpreter_check("fused_interpreter_check.py")
     assert len(cases) == 7 and all(c["ok"] for c in cases)
     fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
     assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "o_residual", "out", "norm_linear",

@@ -5,21 +5,9 @@ sampling_interpreter_check.py, in a subprocess: the interpreter must be chosen b
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "worker")}
-    done = subprocess.run([sys.executable, str(ROOT / "tests/fastpath/sampling_interpreter_check.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interpreter_check):
+    cases = interpreter_check("sampling_interpreter_check.py")
     assert len(cases) == 10 and all(c["ok"] for c in cases)
     rows = [c for c in cases if c["kind"] != "frames"]
     assert all(c["keep_rows_equal"] == c["code_rows_equal"] == c["rows"] for c in rows)

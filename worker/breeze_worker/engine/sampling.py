@@ -105,23 +105,29 @@ def sample_rows(
     `noise` [R, V], if given, must equal `exponential_noise(rows.seed, frame, codebook, V)` (the fast path
     computes all codebooks' noise of a frame in one batch, see `frame_noise`). `pairwise`: the same filters
     without a sort (`_pairwise_keep`)."""
-    logits = logits.float()
-    if blocked is not None:
-        logits = logits.masked_fill(blocked[None, :], float("-inf"))
-    greedy = rows.temperature <= 0
-    temperature = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
-    scaled = logits / temperature[:, None]
-
-    vocab = scaled.shape[-1]
-    k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
-    keep = _pairwise_keep(scaled, k, rows.top_p) if pairwise else _sorted_keep(scaled, k, rows.top_p)
+    scaled, keep = filter_rows(logits, rows, blocked, pairwise)
     filtered = scaled.masked_fill(~keep, float("-inf"))
 
     if noise is None:
-        noise = exponential_noise(rows.seed, frame, codebook, vocab)
+        noise = exponential_noise(rows.seed, frame, codebook, scaled.shape[-1])
     drawn = torch.argmax(filtered - torch.log(noise), dim=-1)
     best = torch.argmax(filtered, dim=-1)
-    return torch.where(greedy, best, drawn)
+    return torch.where(rows.temperature <= 0, best, drawn)
+
+
+def filter_rows(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor | None = None,
+                pairwise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_rows`' filters: the rows' float32 logits with `blocked` ids masked and divided by their
+    temperature (1 for greedy rows), and the tokens top-k then top-p keep (bool [R, V])."""
+    logits = logits.float()
+    if blocked is not None:
+        logits = logits.masked_fill(blocked[None, :], float("-inf"))
+    temperature = torch.where(rows.temperature <= 0, torch.ones_like(rows.temperature), rows.temperature)
+    scaled = logits / temperature[:, None]
+    vocab = scaled.shape[-1]
+    k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
+    keep = _pairwise_keep(scaled, k, rows.top_p) if pairwise else _sorted_keep(scaled, k, rows.top_p)
+    return scaled, keep
 
 
 def _sorted_keep(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,16 @@ if fused._triton is not None:
     import triton.language as tl
 
     @triton.jit
+    def _above(skey, ok, probs, cand, AXIS: tl.constexpr, MASS: tl.constexpr):
+        """Per candidate key (`cand` broadcast against the row): the probability mass of the keys > it
+        (MASS), or how many keys are >= it; reduced along AXIS."""
+        if MASS:
+            above = tl.sum(tl.where(skey > cand, probs, 0.0), axis=AXIS)
+        else:
+            above = tl.sum((ok & (skey >= cand)).to(tl.int32), axis=AXIS)
+        return above
+
+    @triton.jit
     def _search(skey, ok, probs, target, RADIX: tl.constexpr, MASS: tl.constexpr):
         """The largest unsigned key t (an int64 in [0, 2**32)) where a test holds: MASS False, at least
         `target` keys >= t; MASS True, the probability mass of the keys > t at least `target`. The test
@@ -43,10 +53,7 @@ if fused._triton is not None:
         if RADIX == 1:
             for step in tl.static_range(32):
                 cand = (t + (1 << (31 - step)) - 2147483648).to(tl.int32)
-                if MASS:
-                    above = tl.sum(tl.where(skey > cand, probs, 0.0), axis=0)
-                else:
-                    above = tl.sum((ok & (skey >= cand)).to(tl.int32), axis=0)
+                above = _above(skey, ok, probs, cand, 0, MASS)
                 t = tl.where(above >= target, t + (1 << (31 - step)), t)
             return t
         DIGITS: tl.constexpr = 1 << RADIX
@@ -54,10 +61,7 @@ if fused._triton is not None:
         for step in tl.static_range(32 // RADIX):
             shift = 32 - RADIX * (step + 1)
             cand = (t + (digits.to(tl.int64) << shift) - 2147483648).to(tl.int32)  # [DIGITS], signed
-            if MASS:
-                above = tl.sum(tl.where(skey[None, :] > cand[:, None], probs[None, :], 0.0), axis=1)
-            else:
-                above = tl.sum((ok[None, :] & (skey[None, :] >= cand[:, None])).to(tl.int32), axis=1)
+            above = _above(skey[None, :], ok[None, :], probs[None, :], cand[:, None], 1, MASS)
             best = tl.max(tl.where(above >= target, digits, 0), axis=0)
             t = t + (best.to(tl.int64) << shift)
         return t

@@ -88,16 +88,7 @@ class FrameStep:
         embed = lm.depth_decoder.model.embed_tokens.weight
         self.depth_heads = [head[p - 1] for p in range(1, n_pos)]  # [H, V] per codebook p
         self.depth_embeds = [embed[p * self.vocab:(p + 1) * self.vocab] for p in range(n_pos)]  # [V, H]
-        # the units as plain functions of the step (called with `self`, so `narrow` views use them too)
-        self.layer_fn = decode_layer
-        self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
-        self.attention_unit = ATTENTION_UNIT  # "fused+mlp": attention before the fused MLP
-        self.attend_unit = ATTEND_UNIT  # "fused+chain+all": the backbone's attention between fused kernels
-        self.after_attention = AFTER_ATTENTION_UNITS  # "fused": the depth layers after the Triton attention
-        self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
-        self.compiled = False
-        self._bind_units(lambda fn: fn)
-        self.sample_kernel = sampling_kernel_wanted(device)  # fastpath/fused_sampling.py draws the codes
+        self.use_uncompiled()  # the units as plain functions of the step
         self.fused_workspace = fused.DownWorkspace()  # the "fused" form's split-K partial sums
         # per-row and per-stream state
         z = dict(device=device)
@@ -171,10 +162,11 @@ class FrameStep:
         cond, uncond = logits[self.cond_row], logits[self.uncond_row]
         return uncond + self.cfg_scale[:, None] * (cond - uncond)
 
-    def _pick(self, logits: torch.Tensor, codebook: int, noise: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, noise: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         self.nonfinite |= ~torch.isfinite(logits).all(dim=-1)
-        # the "fused" forms (<= 8 rows) filter top-k/top-p by pairwise comparison instead of a sort
-        return sample_rows(logits, self.sampling, self.frame, codebook, blocked, noise=noise,
+        # the "fused" forms (<= 8 rows) filter top-k/top-p by pairwise comparison instead of a sort; `noise`
+        # is this position's, so sample_rows' frame and codebook arguments go unused
+        return sample_rows(logits, self.sampling, self.frame, 0, blocked, noise=noise,
                            pairwise=self.form.startswith("fused"))
 
     def _sample(self, logits: torch.Tensor, noise: torch.Tensor, log_noise: torch.Tensor | None,
@@ -183,7 +175,7 @@ class FrameStep:
         or the compiled torch sampler (`_pick`); both also flag non-finite logits."""
         if self.sample_kernel:
             return fused_sampling.sample(logits, self.sampling, blocked, log_noise, self.nonfinite)
-        return self.frame_units.pick(self, logits, 0, noise, blocked)
+        return self.frame_units.pick(self, logits, noise, blocked)
 
     def _bind_units(self, wrap) -> None:
         """The frame's units between the layers, each `wrap`ped (compiled or as they are), called with `self`."""
@@ -206,13 +198,15 @@ class FrameStep:
         self.compiled = True
 
     def use_uncompiled(self, sample_kernel: bool | None = None) -> None:
-        self.form = "gemm"
+        """The units as plain functions of the step (called with `self`, so `narrow` views use them too)."""
+        self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
         self.layer_fn = decode_layer
-        self.units = UNITS
-        self.attention_unit = ATTENTION_UNIT
-        self.attend_unit = ATTEND_UNIT
-        self.after_attention = AFTER_ATTENTION_UNITS
+        self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
+        self.attention_unit = ATTENTION_UNIT  # "fused+mlp": attention before the fused MLP
+        self.attend_unit = ATTEND_UNIT  # "fused+chain+all": the backbone's attention between fused kernels
+        self.after_attention = AFTER_ATTENTION_UNITS  # "fused": the depth layers after the Triton attention
         self._bind_units(lambda fn: fn)
+        # fastpath/fused_sampling.py draws the codes (None: `sampling_kernel_wanted`)
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
         self.compiled = False
 
