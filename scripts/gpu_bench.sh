@@ -44,25 +44,12 @@ if [ "${USE_SAMPLING_BEST:-0}" = 1 ] && [ -s "$OUT/sampling_best.json" ]; then
   export BREEZE_FUSED_CONFIG="$(cat "$OUT/sampling_best.json")"
   echo "BREEZE_FUSED_CONFIG=$BREEZE_FUSED_CONFIG"
 fi
-# RUN_PREFETCH=1: scripts/gpu_prefetch.py (the fused layers' L2 prefetches checked, each variant timed);
-# COMPARE_PREFETCH=1: full_bf16 again (fast path only) with the variants it chose, in a second process
-[ "${RUN_PREFETCH:-0}" = 1 ] && step prefetch "${LIMIT_PREFETCH:-150}" python3 scripts/gpu_prefetch.py \
-  --json "$OUT/prefetch.json" --best-out "$OUT/prefetch_best.json"
-with_prefetch() {  # BREEZE_FUSED_CONFIG plus the chosen prefetch variants
-  python3 -c 'import json, os, sys; c = json.loads(os.environ.get("BREEZE_FUSED_CONFIG") or "{}")
-c.update(json.load(open(sys.argv[1]))); print(json.dumps(c))' "$OUT/prefetch_best.json"
-}
 [ "${SKIP_GEMV:-0}" = 1 ] || step gemv_check "${LIMIT_GEMV:-90}" python3 scripts/gpu_gemv_check.py --json "$OUT/gemv_check.json"
 [ "${SKIP_CHECK:-0}" = 1 ] || step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 \
   --frames 12 --repeats 1 --check --cfg "$CFGS" --paths "$CHECK_PATHS" --json "$OUT/check_mid.json"
 [ "${SKIP_BF16:-0}" = 1 ] || step full_bf16 "${LIMIT_BF16:-230}" "${BENCH[@]}" --size full --precision bf16 \
   --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" --repeats 3 --cfg "$CFGS" --paths "$PATHS" \
   --json "$OUT/full_bf16.json"
-if [ "${COMPARE_PREFETCH:-0}" = 1 ] && [ -s "$OUT/prefetch_best.json" ]; then
-  step full_bf16_prefetch "${LIMIT_BF16_PREFETCH:-150}" env BREEZE_FUSED_CONFIG="$(with_prefetch)" "${BENCH[@]}" \
-    --size full --precision bf16 --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" --repeats 3 --cfg "$CFGS" \
-    --paths "${PREFETCH_PATHS:-fast-compiled}" --json "$OUT/full_bf16_prefetch.json"
-fi
 [ "${SKIP_FP16:-0}" = 1 ] || step full_fp16mixed "${LIMIT_FP16:-100}" "${BENCH[@]}" --size full \
   --precision fp16-mixed --cfg on --frames "$FRAMES" --eager-frames "$EAGER_FRAMES" --repeats 3 --paths "$FP16_PATHS" \
   --force-precision --json "$OUT/full_fp16mixed.json"

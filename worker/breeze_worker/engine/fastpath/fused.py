@@ -91,38 +91,12 @@ if importlib.util.find_spec("triton") is not None:
             return (xv * rstd * wn).to(w_ty).to(tl.float32)
 
         @triton.jit
-        def _prefetch_l2(ptr, nbytes, chunk, LANES: tl.constexpr):
-            """This program's lanes' share of the bytes [ptr, ptr + nbytes) into L2 by cp.async.bulk.prefetch
-            (sm_90+): lane j of program p takes the `chunk` bytes from (p * LANES + j) * chunk. A hint: nothing
-            waits for it, and no value computed here depends on it."""
-            pid = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-            start = (pid * LANES + tl.arange(0, LANES)).to(tl.int64) * chunk
-            size = tl.maximum(tl.minimum(nbytes - start, chunk), 0).to(tl.int32)
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [ptr.to(tl.pointer_type(tl.int8)) + start, size], dtype=tl.int32, is_pure=False, pack=1)
-
-        @triton.jit
-        def _prefetch_ranges(pf0, pf0_n, pf0_c, pf1, pf1_n, pf1_c, pf2, pf2_n, pf2_c, PF: tl.constexpr,
-                             PF_LANES: tl.constexpr):
-            """Up to three byte ranges (`prefetch_args`) into L2, before the kernel waits for the one before it."""
-            if PF > 0:
-                _prefetch_l2(pf0, pf0_n, pf0_c, PF_LANES)
-            if PF > 1:
-                _prefetch_l2(pf1, pf1_n, pf1_c, PF_LANES)
-            if PF > 2:
-                _prefetch_l2(pf2, pf2_n, pf2_c, PF_LANES)
-
-        @triton.jit
         def _qkv_rope_kernel(x_ptr, w_norm_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, H, start, eps,
-                             stride_cr, stride_ck, stride_cl, pf0, pf0_n, pf0_c, pf1, pf1_n, pf1_c, pf2, pf2_n, pf2_c, M: tl.constexpr, T: tl.constexpr,
+                             stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
                              HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             BLOCK_P: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr,
-                             PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32):
+                             BLOCK_P: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
             if USE_PDL:
                 gdc_launch_dependents()
-            if PF > 0:
-                _prefetch_ranges(pf0, pf0_n, pf0_c, pf1, pf1_n, pf1_c, pf2, pf2_n, pf2_c, PF, PF_LANES)
             HALF: tl.constexpr = HEAD_DIM // 2
             PER_HEAD: tl.constexpr = HALF // BLOCK_P
             pid = tl.program_id(0)
@@ -195,14 +169,12 @@ if importlib.util.find_spec("triton") is not None:
                      out.to(out_ptr.dtype.element_ty))
 
         @triton.jit
-        def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, pf0, pf0_n, pf0_c, pf1, pf1_n, pf1_c, pf2, pf2_n, pf2_c, M: tl.constexpr,
+        def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
-                                 USE_PDL: tl.constexpr, GATED: tl.constexpr = True, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32):
+                                 USE_PDL: tl.constexpr, GATED: tl.constexpr = True):
             """GATED: SiLU(gate) * up over the packed [2I, H] weight; else the plain projection by [I, H]."""
             if USE_PDL:
                 gdc_launch_dependents()
-            if PF > 0:
-                _prefetch_ranges(pf0, pf0_n, pf0_c, pf1, pf1_n, pf1_c, pf2, pf2_n, pf2_c, PF, PF_LANES)
             pid = tl.program_id(0)
             cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
             col_ok = cols < I
@@ -280,13 +252,11 @@ if importlib.util.find_spec("triton") is not None:
                 tl.store(dst + HALF, a2.to(ty))
 
         @triton.jit
-        def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, pf0, pf0_n, pf0_c, pf1, pf1_n, pf1_c, pf2, pf2_n, pf2_c, M: tl.constexpr,
+        def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
                                   BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-                                  EVICT: tl.constexpr, USE_PDL: tl.constexpr, PF: tl.constexpr = 0, PF_LANES: tl.constexpr = 32):
+                                  EVICT: tl.constexpr, USE_PDL: tl.constexpr):
             if USE_PDL:
                 gdc_launch_dependents()
-            if PF > 0:
-                _prefetch_ranges(pf0, pf0_n, pf0_c, pf1, pf1_n, pf1_c, pf2, pf2_n, pf2_c, PF, PF_LANES)
             pid = tl.program_id(0)
             split = tl.program_id(1)
             cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -361,68 +331,6 @@ def pdl(device: torch.device) -> bool:
     return _pdl_devices[index]
 
 
-_prefetch_override: bool | None = None  # scripts/gpu_fused.py: False turns the L2 prefetches off
-_PREFETCH_MIN_CHUNK = 4096  # bytes a lane prefetches at least: few, large requests
-PREFETCH_STAGES = ("qkv", "gate_up", "down")
-
-
-def prefetch_available(device: torch.device) -> bool:
-    """Whether the kernels may prefetch weights into L2 (`_prefetch_l2`): cp.async.bulk.prefetch needs compute
-    capability >= 9.0; never in the interpreter (it has no inline assembly)."""
-    if device.type != "cuda" or _triton is None or interpreting() or _prefetch_override is False:
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _pdl_devices:
-        _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return _pdl_devices[index]
-
-
-def layer_prefetch(layer, next_layer, width: int) -> dict:
-    """What each stage of a fused layer prefetches into L2 while it runs, by plan("prefetch", width): the
-    q/k/v stage its layer's output projection ("attn_out") and the first "gate_up_mb" MB of gate/up (both
-    halves alike, the order its programs read them), the gate/up stage the first "down_mb" MB of the down
-    projection, the down stage the first "next_mb" MB of `next_layer`'s q/k/v. Why: the small stages leave
-    the memory idle (latency-bound) while the next large one is waiting to stream its weights. Stage ->
-    [(tensor, bytes)]; empty when off."""
-    cfg = plan("prefetch", width)
-    out = {stage: [] for stage in PREFETCH_STAGES}
-    mb = 1 << 20
-    if cfg["attn_out"]:
-        out["qkv"].append((layer.attn.o_proj.weight, None))
-    if cfg["gate_up_mb"] > 0:
-        half = int(cfg["gate_up_mb"] * mb) // 2
-        out["qkv"] += [(layer.gate_up[:layer.intermediate], half), (layer.gate_up[layer.intermediate:], half)]
-    if cfg["down_mb"] > 0:
-        out["gate_up"].append((layer.mlp.down_proj.weight, int(cfg["down_mb"] * mb)))
-    if cfg["next_mb"] > 0 and next_layer is not None:
-        out["down"].append((next_layer.qkv, int(cfg["next_mb"] * mb)))
-    return out
-
-
-def prefetch_args(device: torch.device, ranges, programs: int, num_warps: int, dummy: torch.Tensor) -> dict:
-    """The kernels' prefetch arguments for `ranges` [(tensor, bytes or None = all of it)], the first three usable,
-    spread over the launch's `programs` x 32 x num_warps lanes in chunks of at least _PREFETCH_MIN_CHUNK bytes
-    (16-byte multiples: the instruction's rule); none where `prefetch_available` is False."""
-    lanes = 32 * num_warps
-    usable = []
-    if ranges and prefetch_available(device):
-        for tensor, nbytes in ranges:
-            size = tensor.numel() * tensor.element_size()
-            nbytes = min(size, nbytes if nbytes is not None else size) // 16 * 16
-            if nbytes > 0 and tensor.is_contiguous() and tensor.data_ptr() % 16 == 0:
-                usable.append((tensor, nbytes))
-        usable = usable[:3]
-    args = {"PF": len(usable), "PF_LANES": lanes}
-    for i in range(3):
-        tensor, nbytes, chunk = dummy, 0, 16
-        if i < len(usable):
-            tensor, nbytes = usable[i]
-            per_lane = -(-nbytes // (programs * lanes))
-            chunk = max(_PREFETCH_MIN_CHUNK, -(-per_lane // 16) * 16)
-        args[f"pf{i}"], args[f"pf{i}_n"], args[f"pf{i}_c"] = tensor, nbytes, chunk
-    return args
-
-
 def _launch(device: torch.device) -> dict:
     """The launch arguments that chain a kernel (see `pdl`)."""
     return {"USE_PDL": True, "launch_pdl": True} if pdl(device) else {"USE_PDL": False}
@@ -476,8 +384,6 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "sample":
         cfg = {"radix": 1, "num_warps": 8}  # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower)
-    elif kernel == "prefetch":  # `layer_prefetch` at this hidden width (not a kernel: what the kernels prefetch)
-        cfg = {"attn_out": False, "gate_up_mb": 0, "down_mb": 0, "next_mb": 0}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
@@ -485,8 +391,6 @@ def plan(kernel: str, k: int) -> dict:
     for key in (kernel, f"{kernel}@{k}"):
         cfg.update(overrides.get(key, {}))
         cfg.update(_config_override.get(key, {}))
-    if kernel == "prefetch":
-        return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:
             raise ValueError(f"sample: radix {cfg['radix']} must divide 32")
@@ -515,10 +419,9 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> to
 
 def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, *, heads: int,
-             kv_heads: int, head_dim: int, prefetch=()) -> torch.Tensor:
+             kv_heads: int, head_dim: int) -> torch.Tensor:
     """x [R, T, H] -> q [R, heads, T, D] (a view); k and v [R, kv, T, D] written into the caches [R, kv, L, D]
-    at slots start..start+T-1. cos/sin [T, D] (the tables of those positions). `prefetch`: byte ranges the
-    kernel brings into L2 for the stages after it (`layer_prefetch`; every kernel below takes them)."""
+    at slots start..start+T-1. cos/sin [T, D] (the tables of those positions)."""
     rows, t, hidden = x.shape
     dtype = x.dtype
     if not available(x.device):
@@ -536,8 +439,7 @@ def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tenso
     _qkv_rope_kernel[grid](x.contiguous(), w_norm, qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache,
                            hidden, start, eps, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), M=rows * t,
                            T=t, HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_P=cfg["block_p"],
-                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"], **_launch(x.device),
-                           **prefetch_args(x.device, prefetch, grid[0], cfg["num_warps"], q))
+                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"], **_launch(x.device))
     return q.transpose(1, 2)
 
 
@@ -560,7 +462,7 @@ def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor,
-                 intermediate: int, prefetch=()) -> torch.Tensor:
+                 intermediate: int) -> torch.Tensor:
     """SiLU(gate(norm(x))) * up(norm(x)) for x [R, T, H] -> [R, T, I]."""
     rows, t, hidden = x.shape
     if not available(x.device):
@@ -573,12 +475,11 @@ def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: tor
     grid = (-(-intermediate // cfg["block_n"]),)
     _norm_gate_up_kernel[grid](x.contiguous(), w_norm, gate_up, out, hidden, intermediate, eps, M=rows * t,
                                BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), EVICT=cfg["evict"],
-                               num_warps=cfg["num_warps"], **_launch(x.device),
-                               **prefetch_args(x.device, prefetch, grid[0], cfg["num_warps"], out))
+                               num_warps=cfg["num_warps"], **_launch(x.device))
     return out
 
 
-def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor, prefetch=()) -> torch.Tensor:
+def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
     """weight(norm(x)) for x [R, T, H] -> [R, T, N] (`norm_gate_up`'s kernel, ungated)."""
     rows, t, hidden = x.shape
     n = weight.shape[0]
@@ -586,11 +487,10 @@ def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch
         return _linear(_rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
     cfg = plan("norm_linear", hidden)
     out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
-    programs = -(-n // cfg["block_n"])
-    _norm_gate_up_kernel[(programs,)](x.contiguous(), w_norm, weight, out, hidden, n, eps, M=rows * t,
-                                      BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), EVICT=cfg["evict"],
-                                      GATED=False, num_warps=cfg["num_warps"], **_launch(x.device),
-                                      **prefetch_args(x.device, prefetch, programs, cfg["num_warps"], out))
+    _norm_gate_up_kernel[(-(-n // cfg["block_n"]),)](x.contiguous(), w_norm, weight, out, hidden, n, eps, M=rows * t,
+                                                     BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden),
+                                                     EVICT=cfg["evict"], GATED=False, num_warps=cfg["num_warps"],
+                                                     **_launch(x.device))
     return out
 
 
@@ -640,7 +540,7 @@ class DownWorkspace:
 
 
 def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, workspace: DownWorkspace,
-                  kernel: str = "down_residual", prefetch=()) -> torch.Tensor:
+                  kernel: str = "down_residual") -> torch.Tensor:
     """x + down(hidden), hidden [R, T, I], x [R, T, H]. `kernel` names the launch plan ("o_residual": the
     attention's output projection, the same kernel)."""
     rows, t, k = hidden.shape
@@ -654,9 +554,7 @@ def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, wor
     _down_residual_kernel[(blocks, cfg["splits"])](hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k,
                                                    M=rows * t, BLOCK_N=cfg["block_n"], CHUNK=cfg["chunk"],
                                                    SPLITS=cfg["splits"], EVICT=cfg["evict"],
-                                                   num_warps=cfg["num_warps"], **_launch(x.device),
-                                                   **prefetch_args(x.device, prefetch, blocks * cfg["splits"],
-                                                                   cfg["num_warps"], y))
+                                                   num_warps=cfg["num_warps"], **_launch(x.device))
     return y
 
 
@@ -695,32 +593,27 @@ def backbone_supported(layer, rows: int) -> bool:
 
 def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend, workspace: DownWorkspace,
-                   reduce_attn: bool = True, next_layer=None) -> torch.Tensor:
+                   reduce_attn: bool = True) -> torch.Tensor:
     """One backbone layer (a PackedLayer, q/k norm or not) of x [R, T, H] as this module's kernels around
     `attend` (layers.attend_rows or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
-    q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP.
-    `next_layer`: the layer after this one, for `layer_prefetch`."""
-    prefetch = layer_prefetch(layer, next_layer, x.shape[-1])
-    proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv, prefetch=prefetch["qkv"])
+    q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP."""
+    proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv)
     q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                      kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=reduce_attn)
     x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-    return mlp(layer, x, workspace, prefetch)
+    return mlp(layer, x, workspace)
 
 
-def mlp(layer, x: torch.Tensor, workspace: DownWorkspace, prefetch: dict | None = None) -> torch.Tensor:
-    """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels (`prefetch`: the
-    stages' `layer_prefetch`)."""
-    prefetch = prefetch or {}
-    hidden = norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate,
-                          prefetch=prefetch.get("gate_up", ()))
-    return down_residual(hidden, layer.mlp.down_proj.weight, x, workspace, prefetch=prefetch.get("down", ()))
+def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
+    """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels."""
+    hidden = norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate)
+    return down_residual(hidden, layer.mlp.down_proj.weight, x, workspace)
 
 
 def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, start: int, mask: torch.Tensor, units, attention, workspace: DownWorkspace,
-                form: str = "fused", next_layer=None) -> torch.Tensor:
+                form: str = "fused") -> torch.Tensor:
     """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H].
     `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then, by
     `form` (layers.py FORMS):
@@ -729,11 +622,9 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     - "fused+mlp": the `attention` unit (layers.layer_attention) and `mlp`;
     - "fused+chain": every stage a kernel of this module (`depth_attention`, the output projection plus
       residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`).
-    `mask`: additive [1, 1, T, 16]. "fused+chain" prefetches (`layer_prefetch`; `next_layer`: the layer
-    that runs after this one)."""
-    prefetch = layer_prefetch(layer, next_layer, x.shape[-1]) if form == "fused+chain" else {}
+    `mask`: additive [1, 1, T, 16]."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
-                 kv_heads=layer.kv_heads, head_dim=layer.head_dim, prefetch=prefetch.get("qkv", ()))
+                 kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     if form == "fused+mlp":
         x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, proj="rows",
                       reduce_attn=True)
@@ -741,7 +632,7 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
     if form == "fused+chain":
         x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-        return mlp(layer, x, workspace, prefetch)
+        return mlp(layer, x, workspace)
     out_mlp_in, mlp_out = units
     x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
                            intermediate=layer.intermediate, act=layer.act, proj="rows")

@@ -289,11 +289,11 @@ class FrameStep:
         self.readout[:, READOUT_NONFINITE] = self.nonfinite.long()
 
     def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
-               static_slot: int | None = None, next_layer: PackedLayer | None = None) -> torch.Tensor:
+               static_slot: int | None = None) -> torch.Tensor:
         rows = x.shape[0] * x.shape[1]
         if self.form == "fused+chain+all" and static_slot is None and fused.backbone_supported(layer, rows):
             return fused.backbone_layer(layer, x, cos, sin, k_cache, v_cache, slots, mask, self.attend_unit,
-                                        self.fused_workspace, next_layer=next_layer)
+                                        self.fused_workspace)
         if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
             form = "units+attn" if self.form.startswith("fused") else self.form
             mlp = None
@@ -310,14 +310,11 @@ class FrameStep:
         """Depth layers at positions from `start` (0: the 2-position prefill); x projected [R, n, H]."""
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
-        layers = self.depth_layers
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(self.depth_layers):
             if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
-                # the next layer's weights may be prefetched: after the last, the first one's (next position)
                 x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
                                       self.after_attention, self.attention_unit, self.fused_workspace,
-                                      form="fused+chain" if self.form.startswith("fused+chain") else self.form,
-                                      next_layer=layers[(i + 1) % len(layers)])
+                                      form="fused+chain" if self.form.startswith("fused+chain") else self.form)
             else:
                 x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
@@ -333,10 +330,9 @@ class FrameStep:
         cos, sin = lm.backbone_model.rotary(cache.rope_pos[:, None], cache.key.dtype)
         cos, sin = cos[:, None], sin[:, None]
         slots = cache.write_pos[:, None]
-        layers = self.backbone_layers
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(self.backbone_layers):
             x = self._layer(layer, x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket], slots,
-                            mask, next_layer=layers[i + 1] if i + 1 < len(layers) else None)
+                            mask)
         norm = lm.backbone_model.norm
         last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
