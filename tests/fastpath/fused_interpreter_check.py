@@ -1,6 +1,5 @@
 """Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the fused kernels
 (engine/fastpath/fused.py: the depth layer's, the down-projection kernel also as the output projection,
-the attention folded into the output projection,
 and the backbone's norm + q/k/v and q/k norm + RoPE) executed by Triton's interpreter on CPU tensors,
 against the same stages in torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both
 step lengths, split-K).
@@ -55,8 +54,6 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         workspace = fused.DownWorkspace()
         # the "fused+chain" form's output projection (the down-projection kernel, its own launch plan)
         x2 = fused.down_residual(attn, o_proj, x, workspace, kernel="o_residual")
-        # "fused+chain+fold": the attention folded into the output projection's kernel (split by KV head)
-        x3 = fused.attention_o(q, k_cache, v_cache, mask, start, o_proj, x, workspace, scale=d ** -0.5)
         h = fused.norm_gate_up(x1, w_post, 1e-5, gate_up, inter)
         y = fused.down_residual(h, down, x1, workspace)
         # the same workspace again (its arrival counters must be back at zero): the same bits
@@ -67,14 +64,13 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         kb, vb = stale.clone(), stale.clone()
         qb = fused.qk_norm_rope(proj, qk_gain, 1e-6, cos_rows, sin_rows, kb, vb, row_slots, heads=heads, kv_heads=kv,
                                 head_dim=d)
-        results[mode] = (q, k_cache, v_cache, attn, x2, x3, h, y, proj, qb, kb, vb)
+        results[mode] = (q, k_cache, v_cache, attn, x2, h, y, proj, qb, kb, vb)
     fused._use_kernels = None
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
               "down_splits": fused.plan("down_residual", inter)["splits"],
               "o_splits": fused.plan("o_residual", heads * d)["splits"]}
-    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "o_residual", "attention_o", "hidden", "out",
-                           "norm_linear",
+    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "o_residual", "hidden", "out", "norm_linear",
                            "backbone_q", "backbone_k_cache", "backbone_v_cache"), results["torch"],
                           results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
@@ -102,8 +98,7 @@ def main() -> int:
         fused._config_override = {"down_residual": {"chunk": chunk, "block_n": 16, "evict": i % 2 == 1},
                                   "qkv_rope": {"block_p": 4},
                                   "norm_gate_up": {"block_n": 32, "evict": i % 2 == 0},
-                                  "o_residual": {"chunk": 2 * chunk, "block_n": 8},
-                                  "attention_o": {"block_n": (4, 8, 16)[i % 3]}}
+                                  "o_residual": {"chunk": 2 * chunk, "block_n": 8}}
         report = _case(rows, t, start, dtype, weight_dtype, seed=i)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]

@@ -9,7 +9,7 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
     cases = interpreter_check("fused_interpreter_check.py")
     assert len(cases) == 7 and all(c["ok"] for c in cases)
     fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
-    assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "o_residual", "attention_o", "out", "norm_linear",
+    assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "o_residual", "out", "norm_linear",
                                                      "backbone_q", "backbone_k_cache", "backbone_v_cache"))
                                   for c in fp32) < 1e-5
     assert {c["down_splits"] for c in cases} >= {3, 6, 12}  # the ordered split-K sum at several splits
@@ -67,28 +67,3 @@ def test_supported_layers_and_shapes(model):
     assert not fused.supported(depth[0], fused.MAX_ROWS + 1, 16)
     assert not fused.supported(depth[0], 2, 12)
     assert not fused.supported(backbone[0], 2, 16) and fused.mlp_supported(backbone[0], 2)
-
-
-def test_folded_attention_kernel_compiles_for_hopper():
-    """The attention folded into the output projection (`_attention_o_kernel`) at the depth decoder's shapes
-    (8 query heads over 2 KV heads of 128, 16 slots), chained, through Triton's compiler for sm_90 (the
-    interpreter accepts more than the GPU's compiler)."""
-    import pytest
-
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from breeze_worker.engine.fastpath import fused
-
-    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "w_ptr": "*bf16", "x_ptr": "*bf16",
-             "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "start": "i32", "scale": "fp32", "N": "i32",
-             "stride_cr": "i32", "stride_ck": "i32", "stride_cl": "i32"}
-    cfg = fused.plan("attention_o", 1024)
-    constexprs = {"M": 2, "T": 1, "HEADS": 8, "KV_HEADS": 2, "HEAD_DIM": 128, "SLOTS": 16, "BLOCK_N": cfg["block_n"],
-                  "EVICT": cfg["evict"], "USE_PDL": True}
-    kernel = fused._attention_o_kernel
-    signature = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
-    built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
-    assert "griddepcontrol.wait" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000

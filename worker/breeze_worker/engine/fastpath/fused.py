@@ -169,71 +169,6 @@ if importlib.util.find_spec("triton") is not None:
                      out.to(out_ptr.dtype.element_ty))
 
         @triton.jit
-        def _attention_o_kernel(q_ptr, k_ptr, v_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, start, scale, N,
-                                stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
-                                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                                SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr,
-                                USE_PDL: tl.constexpr):
-            """The depth attention and the output projection + residual in one kernel: program (column block,
-            KV head g) attends the query heads of group g (as `_depth_attention_kernel`, recomputed by every
-            column block: 16 slots, a few KB from L2) and multiplies the result by its K chunk of the output
-            projection (the group's heads' columns of W); the KV_HEADS chunks are summed in group order by
-            the last program of the column block to arrive (as `_down_residual_kernel`)."""
-            if USE_PDL:
-                gdc_launch_dependents()
-            GROUP: tl.constexpr = HEADS // KV_HEADS
-            K: tl.constexpr = HEADS * HEAD_DIM
-            pid = tl.program_id(0)
-            g = tl.program_id(1)
-            cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            col_ok = cols < N
-            heads = g * GROUP + tl.arange(0, GROUP)
-            d = tl.arange(0, HEAD_DIM)
-            slots = tl.arange(0, SLOTS)
-            w_off = cols[:, None, None] * K + heads[None, :, None] * HEAD_DIM + d[None, None, :]
-            w_ty = w_ptr.dtype.element_ty
-            val_ty = v_ptr.dtype.element_ty
-            out_ty = y_ptr.dtype.element_ty
-            if EVICT:
-                w = tl.load(w_ptr + w_off, mask=col_ok[:, None, None], other=0.0,
-                            eviction_policy="evict_first").to(tl.float32)  # [BLOCK_N, GROUP, D]
-            else:
-                w = tl.load(w_ptr + w_off, mask=col_ok[:, None, None], other=0.0).to(tl.float32)
-            if USE_PDL:  # q and the caches come from the kernel before
-                gdc_wait()
-            for i in tl.static_range(M):
-                r = i // T
-                t = i % T
-                allowed = slots <= start + t
-                kv = r * stride_cr + g * stride_ck + slots[:, None] * stride_cl + d[None, :]
-                keys = tl.load(k_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)  # [SLOTS, D]
-                vals = tl.load(v_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)
-                q = tl.load(q_ptr + i * K + heads[:, None] * HEAD_DIM + d[None, :]).to(tl.float32)  # [GROUP, D]
-                sc = tl.sum(q[:, None, :] * keys[None, :, :], axis=2) * scale  # [GROUP, SLOTS]
-                sc = tl.where(allowed[None, :], sc, float("-inf"))
-                e = tl.exp(sc - tl.max(sc, axis=1)[:, None])
-                p = (e / tl.sum(e, axis=1)[:, None]).to(val_ty).to(tl.float32)
-                att = tl.sum(p[:, :, None] * vals[None, :, :], axis=1)  # [GROUP, D], as the attention kernel stores it
-                att = att.to(val_ty).to(w_ty).to(tl.float32)
-                part = tl.sum(tl.sum(w * att[None, :, :], axis=2), axis=1)  # [BLOCK_N]
-                if KV_HEADS == 1:
-                    xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-                    tl.store(y_ptr + i * N + cols, (xv + part.to(out_ty).to(tl.float32)).to(out_ty), mask=col_ok)
-                else:
-                    tl.store(ws_ptr + (g * M + i) * N + cols, part, mask=col_ok)
-            if KV_HEADS > 1:
-                arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-                if arrived == KV_HEADS - 1:
-                    for i in tl.static_range(M):
-                        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-                        for s in tl.static_range(KV_HEADS):  # group order, whatever the arrival order
-                            total += tl.load(ws_ptr + (s * M + i) * N + cols, mask=col_ok, other=0.0,
-                                             cache_modifier=".cg")
-                        xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-                        tl.store(y_ptr + i * N + cols, (xv + total.to(out_ty).to(tl.float32)).to(out_ty), mask=col_ok)
-                    tl.atomic_xchg(count_ptr + pid, 0)
-
-        @triton.jit
         def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
                                  USE_PDL: tl.constexpr, GATED: tl.constexpr = True):
@@ -445,8 +380,6 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 2, "chunk": 2048, "num_warps": 4, "evict": True}
     elif kernel == "o_residual":  # the same kernel as down_residual, for the attention's output projection
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
-    elif kernel == "attention_o":  # the depth attention + output projection + residual (`attention_o`)
-        cfg = {"block_n": 8, "num_warps": 4, "evict": False}
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "sample":
@@ -526,28 +459,6 @@ def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                                   KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots, num_warps=4,
                                                   **_launch(q.device))
     return out
-
-
-def attention_o(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, start: int,
-                o_proj: torch.Tensor, x: torch.Tensor, workspace: "DownWorkspace", *, scale: float) -> torch.Tensor:
-    """x + o_proj(depth_attention(q, ...)) as one kernel (`_attention_o_kernel`): q [R, heads, T, D] from
-    `qkv_rope`, the caches [R, kv, 16, D], x [R, T, H] -> [R, T, H]."""
-    rows, heads, t, d = q.shape
-    if not available(q.device):
-        return down_residual(depth_attention(q, k_cache, v_cache, mask, start, scale=scale), o_proj, x, workspace)
-    _check_cache(k_cache, v_cache, d)
-    kv_heads, slots = k_cache.shape[1], k_cache.shape[2]
-    n = o_proj.shape[0]
-    cfg = plan("attention_o", heads * d)
-    blocks = -(-n // cfg["block_n"])
-    partials, counts = workspace.get(x.device, kv_heads, rows * t, n, blocks)
-    y = torch.empty_like(x)
-    _attention_o_kernel[(blocks, kv_heads)](q.transpose(1, 2).contiguous(), k_cache, v_cache, o_proj, x.contiguous(), y,
-                                            partials, counts, start, scale, n, k_cache.stride(0), k_cache.stride(1),
-                                            k_cache.stride(2), M=rows * t, T=t, HEADS=heads, KV_HEADS=kv_heads,
-                                            HEAD_DIM=d, SLOTS=slots, BLOCK_N=cfg["block_n"], EVICT=cfg["evict"],
-                                            num_warps=cfg["num_warps"], **_launch(q.device))
-    return y
 
 
 def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor,
@@ -710,17 +621,13 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
       (layer_out_mlp_in, layer_mlp_out) or their compiled forms);
     - "fused+mlp": the `attention` unit (layers.layer_attention) and `mlp`;
     - "fused+chain": every stage a kernel of this module (`depth_attention`, the output projection plus
-      residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`);
-    - "fused+chain+fold": the same with the attention folded into the output projection (`attention_o`).
+      residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`).
     `mask`: additive [1, 1, T, 16]."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
                  kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     if form == "fused+mlp":
         x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, proj="rows",
                       reduce_attn=True)
-        return mlp(layer, x, workspace)
-    if form == "fused+chain+fold":
-        x = attention_o(q, k_cache, v_cache, mask, start, layer.attn.o_proj.weight, x, workspace, scale=layer.scale)
         return mlp(layer, x, workspace)
     attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
     if form == "fused+chain":
