@@ -138,9 +138,8 @@ def test_fused_form_falls_back_to_units_when_its_kernels_fail(model, request_for
 
 def test_layer_form_by_rows_and_environment(monkeypatch):
     monkeypatch.delenv(compiled.FORM_ENV, raising=False)
-    assert compiled.layer_form(2) == "fused+chain+all"
-    assert compiled.layer_form(compiled.SMALL_ROWS) == "fused+chain+all"
-    assert compiled.layer_form(compiled.SMALL_ROWS + 1) == "gemm"
+    assert compiled.layer_form(1) == compiled.layer_form(2) == "fused+chain+all"  # one stream, CFG or not
+    assert compiled.FUSED_ROWS == 2 and compiled.layer_form(3) == compiled.layer_form(8) == "gemm"
     monkeypatch.setenv(compiled.FORM_ENV, "gemm")
     assert compiled.layer_form(2) == "gemm"
     monkeypatch.setenv(compiled.FORM_ENV, "fast-please")

@@ -8,9 +8,12 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
-  (default): `fused+chain+all` up to SMALL_ROWS rows, where every projection is GEMV-shaped, else
-  `gemm` (results/NOTES.md runs 21-22, bf16, CFG on: `fused+chain+all` 9.08 / 9.21, `fused+chain+mlp`
-  10.39 / 9.57 ms per frame in the same runs; run 16: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused` 11.77).
+  (default): `fused+chain+all` up to FUSED_ROWS rows (one stream, with or without CFG), else `gemm`
+  (results/NOTES.md runs 21-22, bf16, CFG on: `fused+chain+all` 9.08 / 9.21, `fused+chain+mlp` 10.39 /
+  9.57 ms per frame in the same runs; run 16: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused`
+  11.77). Above 2 rows the fused kernels' per-row reductions lose to the library's GEMMs
+  (results/batching/NOTES.md runs 7-8: language-model step at 2 streams, 4 rows, 13.21 ms fused vs 12.77
+  gemm; at 4 streams 22.42 ms fused (8 rows) vs 12.56 gemm (6 rows); at 1 stream 8.48 fused vs 12.29 gemm).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
   sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per
@@ -43,7 +46,7 @@ BACKEND_ENV = "BREEZE_FASTPATH_COMPILE_BACKEND"
 FORM_ENV = "BREEZE_FASTPATH_FORM"
 TUNE_ENV = "BREEZE_FASTPATH_TUNE"
 SAMPLER_ENV = "BREEZE_FASTPATH_SAMPLER"
-SMALL_ROWS = 8  # up to this many model rows a step's projections run as reductions (see layers.py)
+FUSED_ROWS = 2  # up to this many model rows the `auto` form is the fused kernels' (module docstring)
 RECOMPILE_LIMIT = 128  # one entry per (unit, shape, dtype, runner): a bench run has a few dozen
 _compiled: dict[tuple, Callable] = {}
 
@@ -66,7 +69,7 @@ def layer_form(rows: int) -> str:
 
     form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
     if form == "auto":
-        return "fused+chain+all" if rows <= SMALL_ROWS else "gemm"
+        return "fused+chain+all" if rows <= FUSED_ROWS else "gemm"
     if form not in FORMS:
         raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
     return form
