@@ -89,7 +89,7 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
 
 @pytest.mark.parametrize("compile", [False, True])
 def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypatch, compile):
-    """The "gemm" form (above 8 rows, and the uncompiled step): the depth decoder's keys and values go
+    """The "gemm" form (the default above 2 rows, and the uncompiled step): the depth decoder's keys and values go
     straight into their slot, the same for every row; only the backbone's layers scatter (each row at its
     own position), once per layer and frame. The frames stay the eager reference's."""
     monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")

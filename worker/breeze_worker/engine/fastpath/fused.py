@@ -26,7 +26,7 @@ Forms (layers.py FORMS) built from them:
   10.27 ms per frame vs 11.77 for `fused` (results/NOTES.md run 16).
 - `fused+chain+mlp`: also the backbone's MLPs as `norm_gate_up` and `down_residual` (chained to each
   other): 10.10 ms per frame (run 16).
-- `fused+chain+all` (the default up to 8 rows): the backbone's layers as these kernels too
+- `fused+chain+all` (the default up to 2 rows, compiled.FUSED_ROWS): the backbone's layers as these kernels too
   (`backbone_layer`: `norm_linear`, `qk_norm_rope`, a compiled attention, `o_residual`, the MLP). With
   launch plans tuned at the backbone's widths (`_BY_WIDTH`) 9.08 vs 10.39 ms for `fused+chain+mlp` in
   run 21, 9.21 vs 9.57 in run 22; untuned, run 18 had it 2.4% slower.
