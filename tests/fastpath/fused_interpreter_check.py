@@ -1,6 +1,6 @@
 """Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the fused kernels
 (engine/fastpath/fused.py: the depth layer's, the down-projection kernel also as the output projection,
-and the backbone's norm + q/k/v, q/k norm + RoPE, and those with the attention in one kernel) executed by Triton's interpreter on CPU tensors,
+and the backbone's norm + q/k/v and q/k norm + RoPE) executed by Triton's interpreter on CPU tensors,
 against the same stages in torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both
 step lengths, split-K).
 Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
@@ -64,22 +64,14 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         kb, vb = stale.clone(), stale.clone()
         qb = fused.qk_norm_rope(proj, qk_gain, 1e-6, cos_rows, sin_rows, kb, vb, row_slots, heads=heads, kv_heads=kv,
                                 head_dim=d)
-        # "fused+chain+attn": the backbone's q/k norm, RoPE, cache write and attention as one kernel (one
-        # position a row; each row attends its slots up to its own)
-        ka, va = stale.clone(), stale.clone()
-        own = row_slots[:, :1]
-        bmask = torch.where(torch.arange(slots)[None, :] <= own, 0.0, torch.finfo(torch.float32).min)[:, None, None]
-        ob = fused.backbone_attention(proj[:, :1], qk_gain, 1e-6, cos_rows[:, :, :1], sin_rows[:, :, :1], ka, va,
-                                      own, bmask, heads=heads, kv_heads=kv, head_dim=d, scale=d ** -0.5)
-        results[mode] = (q, k_cache, v_cache, attn, x2, h, y, proj, qb, kb, vb, ob, ka, va)
+        results[mode] = (q, k_cache, v_cache, attn, x2, h, y, proj, qb, kb, vb)
     fused._use_kernels = None
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
               "down_splits": fused.plan("down_residual", inter)["splits"],
               "o_splits": fused.plan("o_residual", heads * d)["splits"]}
     for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "o_residual", "hidden", "out", "norm_linear",
-                           "backbone_q", "backbone_k_cache", "backbone_v_cache", "backbone_attention",
-                           "attention_k_cache", "attention_v_cache"), results["torch"],
+                           "backbone_q", "backbone_k_cache", "backbone_v_cache"), results["torch"],
                           results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err
@@ -106,8 +98,7 @@ def main() -> int:
         fused._config_override = {"down_residual": {"chunk": chunk, "block_n": 16, "evict": i % 2 == 1},
                                   "qkv_rope": {"block_p": 4},
                                   "norm_gate_up": {"block_n": 32, "evict": i % 2 == 0},
-                                  "o_residual": {"chunk": 2 * chunk, "block_n": 8},
-                                  "backbone_attention": {"block_l": (4, 8, 32)[i % 3]}}
+                                  "o_residual": {"chunk": 2 * chunk, "block_n": 8}}
         report = _case(rows, t, start, dtype, weight_dtype, seed=i)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]

@@ -9,7 +9,7 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
     cases = interpreter_check("fused_interpreter_check.py")
     assert len(cases) == 7 and all(c["ok"] for c in cases)
     fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
-    assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "o_residual", "out", "norm_linear", "backbone_attention",
+    assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "o_residual", "out", "norm_linear",
                                                      "backbone_q", "backbone_k_cache", "backbone_v_cache"))
                                   for c in fp32) < 1e-5
     assert {c["down_splits"] for c in cases} >= {3, 6, 12}  # the ordered split-K sum at several splits
@@ -67,41 +67,3 @@ def test_supported_layers_and_shapes(model):
     assert not fused.supported(depth[0], fused.MAX_ROWS + 1, 16)
     assert not fused.supported(depth[0], 2, 12)
     assert not fused.supported(backbone[0], 2, 16) and fused.mlp_supported(backbone[0], 2)
-
-
-def test_backbone_attention_kernel_compiles_for_hopper():
-    """The backbone's q/k norm + RoPE + cache write + attention kernel at the backbone's shapes (16 query heads
-    over 8 KV heads of 128, q/k norm), chained, through Triton's compiler for sm_90 (the interpreter accepts
-    more than the GPU's compiler)."""
-    import pytest
-
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from breeze_worker.engine.fastpath import fused
-
-    types = {"p_ptr": "*bf16", "qkn_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "slot_ptr": "*i64",
-             "mask_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "L": "i32", "eps": "fp32",
-             "scale": "fp32", "stride_rope": "i32", "stride_slot": "i32", "stride_mask": "i32", "stride_cr": "i32",
-             "stride_ck": "i32", "stride_cl": "i32"}
-    cfg = fused.plan("backbone_attention", 128)
-    constexprs = {"HEADS": 16, "KV_HEADS": 8, "HEAD_DIM": 128, "HAS_NORM": True, "BLOCK_L": cfg["block_l"],
-                  "USE_PDL": True}
-    kernel = fused._backbone_attention_kernel
-    signature = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
-    built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
-    assert "griddepcontrol.wait" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000
-
-
-def test_backbone_attention_only_where_it_applies(model):
-    """One position a row, power-of-two groups and head size, at most BACKBONE_ATTENTION_SLOTS slots."""
-    from breeze_worker.engine.fastpath import fused
-    from breeze_worker.engine.fastpath.step import packed_layers
-
-    layer = packed_layers(model.lm)[0][0]
-    limit = fused.BACKBONE_ATTENTION_SLOTS
-    assert fused.backbone_attention_supported(layer, 2, 1, limit)
-    assert not fused.backbone_attention_supported(layer, 2, 2, 16)  # a prefill of two positions
-    assert not fused.backbone_attention_supported(layer, 2, 1, 2 * limit)

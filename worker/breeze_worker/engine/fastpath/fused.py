@@ -252,108 +252,6 @@ if importlib.util.find_spec("triton") is not None:
                 tl.store(dst + HALF, a2.to(ty))
 
         @triton.jit
-        def _rope_rows(a1, a2, cos_ptr, sin_ptr, d, ty, HALF: tl.constexpr):
-            """RoPE on the two halves [.., D/2] of head vectors at one position (`d`: the offsets within a half,
-            shaped to broadcast): x * cos + rotate_half(x) * sin, each half rounded to `ty` (as the cache
-            and the q buffer hold them)."""
-            cos1 = tl.load(cos_ptr + d).to(tl.float32)
-            cos2 = tl.load(cos_ptr + HALF + d).to(tl.float32)
-            sin1 = tl.load(sin_ptr + d).to(tl.float32)
-            sin2 = tl.load(sin_ptr + HALF + d).to(tl.float32)
-            o1 = a1 * cos1 - a2 * sin1
-            o2 = a2 * cos2 + a1 * sin2
-            return o1.to(ty).to(tl.float32), o2.to(ty).to(tl.float32)
-
-        @triton.jit
-        def _backbone_attention_kernel(p_ptr, qkn_ptr, cos_ptr, sin_ptr, slot_ptr, mask_ptr, k_ptr, v_ptr, out_ptr,
-                                       L, eps, scale, stride_rope, stride_slot, stride_mask, stride_cr, stride_ck,
-                                       stride_cl, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                                       HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_L: tl.constexpr,
-                                       USE_PDL: tl.constexpr):
-            """One (row, KV head g) per program, one position: from the q/k/v projection p [R, (HEADS + 2 KV) * D],
-            the q/k norm and RoPE of `_qk_norm_rope_kernel` for g's key and its GROUP query heads, g's key and
-            value written at the row's slot, then the group's attention over the L cache slots with the
-            additive mask [R, L] (FP32 softmax, probabilities rounded to the values' dtype, as
-            layers.reduce_attention) in two passes over the slots: the running max and sum, then the weighted
-            values. The slot written here is taken from registers, not read back."""
-            if USE_PDL:
-                gdc_launch_dependents()
-                gdc_wait()
-            HALF: tl.constexpr = HEAD_DIM // 2
-            GROUP: tl.constexpr = HEADS // KV_HEADS
-            r = tl.program_id(0)
-            g = tl.program_id(1)
-            d = tl.arange(0, HALF)
-            heads = g * GROUP + tl.arange(0, GROUP)
-            ty = k_ptr.dtype.element_ty
-            row = p_ptr + r * ((HEADS + 2 * KV_HEADS) * HEAD_DIM)
-            slot = tl.load(slot_ptr + r * stride_slot)
-            rope_cos, rope_sin = cos_ptr + r * stride_rope, sin_ptr + r * stride_rope
-            # the key and value of head g
-            k1 = tl.load(row + (HEADS + g) * HEAD_DIM + d).to(tl.float32)
-            k2 = tl.load(row + (HEADS + g) * HEAD_DIM + HALF + d).to(tl.float32)
-            v1 = tl.load(row + (HEADS + KV_HEADS + g) * HEAD_DIM + d).to(ty).to(tl.float32)
-            v2 = tl.load(row + (HEADS + KV_HEADS + g) * HEAD_DIM + HALF + d).to(ty).to(tl.float32)
-            # the group's query heads [GROUP, D/2] x 2
-            q1 = tl.load(row + heads[:, None] * HEAD_DIM + d[None, :]).to(tl.float32)
-            q2 = tl.load(row + heads[:, None] * HEAD_DIM + HALF + d[None, :]).to(tl.float32)
-            if HAS_NORM:  # as _qk_norm_rope_kernel: normalized, rounded, times the gain, rounded
-                rk = 1.0 / tl.sqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / HEAD_DIM + eps)
-                gk1 = tl.load(qkn_ptr + (HEADS + g) * HEAD_DIM + d).to(tl.float32)
-                gk2 = tl.load(qkn_ptr + (HEADS + g) * HEAD_DIM + HALF + d).to(tl.float32)
-                k1 = ((k1 * rk).to(ty).to(tl.float32) * gk1).to(ty).to(tl.float32)
-                k2 = ((k2 * rk).to(ty).to(tl.float32) * gk2).to(ty).to(tl.float32)
-                rq = 1.0 / tl.sqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / HEAD_DIM + eps)[:, None]
-                gq1 = tl.load(qkn_ptr + heads[:, None] * HEAD_DIM + d[None, :]).to(tl.float32)
-                gq2 = tl.load(qkn_ptr + heads[:, None] * HEAD_DIM + HALF + d[None, :]).to(tl.float32)
-                q1 = ((q1 * rq).to(ty).to(tl.float32) * gq1).to(ty).to(tl.float32)
-                q2 = ((q2 * rq).to(ty).to(tl.float32) * gq2).to(ty).to(tl.float32)
-            k1, k2 = _rope_rows(k1, k2, rope_cos, rope_sin, d, ty, HALF)
-            q1, q2 = _rope_rows(q1, q2, rope_cos, rope_sin, d[None, :], ty, HALF)
-            cache = r * stride_cr + g * stride_ck
-            tl.store(k_ptr + cache + slot * stride_cl + d, k1.to(ty))
-            tl.store(k_ptr + cache + slot * stride_cl + HALF + d, k2.to(ty))
-            tl.store(v_ptr + cache + slot * stride_cl + d, v1.to(ty))
-            tl.store(v_ptr + cache + slot * stride_cl + HALF + d, v2.to(ty))
-            # pass 1: the running max and sum of exp over the slots
-            m = tl.full([GROUP], float("-inf"), tl.float32)
-            total = tl.zeros([GROUP], tl.float32)
-            for start in range(0, L, BLOCK_L):
-                ls = start + tl.arange(0, BLOCK_L)
-                ok = ls < L
-                own = (ls == slot)[:, None]
-                kv = cache + ls[:, None] * stride_cl + d[None, :]
-                c1 = tl.where(own, k1[None, :], tl.load(k_ptr + kv, mask=ok[:, None], other=0.0).to(tl.float32))
-                c2 = tl.where(own, k2[None, :], tl.load(k_ptr + kv + HALF, mask=ok[:, None], other=0.0).to(tl.float32))
-                sc = (tl.sum(q1[:, None, :] * c1[None, :, :], axis=2) + tl.sum(q2[:, None, :] * c2[None, :, :], axis=2))
-                add = tl.load(mask_ptr + r * stride_mask + ls, mask=ok, other=float("-inf"))
-                sc = sc * scale + add[None, :]  # [GROUP, BLOCK_L]
-                m_new = tl.maximum(m, tl.max(sc, axis=1))
-                total = total * tl.exp(m - m_new) + tl.sum(tl.exp(sc - m_new[:, None]), axis=1)
-                m = m_new
-            # pass 2: the probabilities (rounded to the values' dtype) times the values
-            acc1 = tl.zeros([GROUP, HALF], tl.float32)
-            acc2 = tl.zeros([GROUP, HALF], tl.float32)
-            for start in range(0, L, BLOCK_L):
-                ls = start + tl.arange(0, BLOCK_L)
-                ok = ls < L
-                own = (ls == slot)[:, None]
-                kv = cache + ls[:, None] * stride_cl + d[None, :]
-                c1 = tl.where(own, k1[None, :], tl.load(k_ptr + kv, mask=ok[:, None], other=0.0).to(tl.float32))
-                c2 = tl.where(own, k2[None, :], tl.load(k_ptr + kv + HALF, mask=ok[:, None], other=0.0).to(tl.float32))
-                sc = (tl.sum(q1[:, None, :] * c1[None, :, :], axis=2) + tl.sum(q2[:, None, :] * c2[None, :, :], axis=2))
-                add = tl.load(mask_ptr + r * stride_mask + ls, mask=ok, other=float("-inf"))
-                sc = sc * scale + add[None, :]
-                prob = (tl.exp(sc - m[:, None]) / total[:, None]).to(ty).to(tl.float32)  # [GROUP, BLOCK_L]
-                w1 = tl.where(own, v1[None, :], tl.load(v_ptr + kv, mask=ok[:, None], other=0.0).to(tl.float32))
-                w2 = tl.where(own, v2[None, :], tl.load(v_ptr + kv + HALF, mask=ok[:, None], other=0.0).to(tl.float32))
-                acc1 += tl.sum(prob[:, :, None] * w1[None, :, :], axis=1)
-                acc2 += tl.sum(prob[:, :, None] * w2[None, :, :], axis=1)
-            dst = out_ptr + r * (HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :]
-            tl.store(dst, acc1.to(out_ptr.dtype.element_ty))
-            tl.store(dst + HALF, acc2.to(out_ptr.dtype.element_ty))
-
-        @triton.jit
         def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
                                   BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
                                   EVICT: tl.constexpr, USE_PDL: tl.constexpr):
@@ -482,8 +380,6 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 2, "chunk": 2048, "num_warps": 4, "evict": True}
     elif kernel == "o_residual":  # the same kernel as down_residual, for the attention's output projection
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
-    elif kernel == "backbone_attention":  # `backbone_attention` (`k`: the head size)
-        cfg = {"block_l": 32, "num_warps": 4}
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "sample":
@@ -495,8 +391,6 @@ def plan(kernel: str, k: int) -> dict:
     for key in (kernel, f"{kernel}@{k}"):
         cfg.update(overrides.get(key, {}))
         cfg.update(_config_override.get(key, {}))
-    if kernel == "backbone_attention":
-        return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:
             raise ValueError(f"sample: radix {cfg['radix']} must divide 32")
@@ -629,45 +523,6 @@ def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, c
     return q.transpose(1, 2)
 
 
-BACKBONE_ATTENTION_SLOTS = 512  # one program per (row, KV head) walks every slot: longer buckets use `attend`
-
-
-def backbone_attention_supported(layer, rows: int, t: int, slots: int) -> bool:
-    """Whether `backbone_attention` applies: one position a row, query heads per KV head and the head size
-    powers of two, at most BACKBONE_ATTENTION_SLOTS cache slots."""
-    return (t == 1 and slots <= BACKBONE_ATTENTION_SLOTS and layer.heads % layer.kv_heads == 0
-            and _power_of_two(layer.heads // layer.kv_heads) and layer.head_dim >= 2
-            and _power_of_two(layer.head_dim))
-
-
-def backbone_attention(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                       sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                       mask: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
-    """`qk_norm_rope` then the grouped attention (layers.attend_rows, reduce=True) as one kernel
-    (`_backbone_attention_kernel`): proj [R, 1, (heads + 2kv) * D], the caches [R, kv, L, D] written at
-    `slots` [R or 1, 1], `mask` additive [R, 1, 1, L] -> [R, 1, heads * D] in the caches' dtype."""
-    rows, t, _ = proj.shape
-    if not available(proj.device):
-        q = qk_norm_rope(proj, qk_norm, eps, cos, sin, k_cache, v_cache, slots, heads=heads, kv_heads=kv_heads,
-                         head_dim=head_dim)
-        return attend_rows(q, k_cache, v_cache, mask, scale, reduce=True)
-    _check_cache(k_cache, v_cache, head_dim)
-    length = k_cache.shape[2]
-    out = torch.empty(rows, t, heads * head_dim, dtype=v_cache.dtype, device=proj.device)
-    norm = qk_norm.reshape(-1, head_dim).contiguous() if qk_norm is not None else proj
-    cos_rows = cos.expand(rows, 1, t, head_dim).contiguous()
-    sin_rows = sin.expand(rows, 1, t, head_dim).contiguous()
-    slot_rows = slots.expand(rows, t).contiguous()
-    mask_rows = mask.expand(rows, 1, 1, length).reshape(rows, length).float().contiguous()
-    cfg = plan("backbone_attention", head_dim)
-    _backbone_attention_kernel[(rows, kv_heads)](
-        proj.contiguous(), norm, cos_rows, sin_rows, slot_rows, mask_rows, k_cache, v_cache, out, length, eps, scale,
-        cos_rows.stride(0), slot_rows.stride(0), mask_rows.stride(0), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, HAS_NORM=qk_norm is not None,
-        BLOCK_L=cfg["block_l"], num_warps=cfg["num_warps"], **_launch(proj.device))
-    return out
-
-
 class DownWorkspace:
     """Partial sums and arrival counters of `down_residual`, one set per (device, shape): allocated by the
     warm-up call before graph capture. One FrameStep owns one and its layers share it (they run one after
@@ -738,22 +593,14 @@ def backbone_supported(layer, rows: int) -> bool:
 
 def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend, workspace: DownWorkspace,
-                   reduce_attn: bool = True, fused_attention: bool = False) -> torch.Tensor:
+                   reduce_attn: bool = True) -> torch.Tensor:
     """One backbone layer (a PackedLayer, q/k norm or not) of x [R, T, H] as this module's kernels around
     `attend` (layers.attend_rows or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
-    q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP.
-    `fused_attention` (where `backbone_attention_supported`): the q/k norm, RoPE, cache write and attention
-    as one kernel (`backbone_attention`) instead of `qk_norm_rope` and `attend`."""
+    q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP."""
     proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv)
-    rows, t, _ = x.shape
-    if fused_attention and backbone_attention_supported(layer, rows, t, k_cache.shape[2]):
-        out = backbone_attention(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, mask,
-                                 heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim,
-                                 scale=layer.scale)
-    else:
-        q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
-                         kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-        out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=reduce_attn)
+    q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
+                     kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+    out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=reduce_attn)
     x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
     return mlp(layer, x, workspace)
 

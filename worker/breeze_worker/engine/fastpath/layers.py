@@ -52,12 +52,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # down + residual); "fused+chain": the depth layer entirely as those kernels (q/k/v, attention, output
 # projection, MLP), chained by programmatic dependent launch where the device has it; the backbone as in
 # "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels; "fused+chain+all": the
-# backbone's layers as those kernels too around a compiled attention (fused.backbone_layer);
-# "fused+chain+attn": "fused+chain+all" with the backbone's q/k norm, RoPE, cache write and attention as one
-# kernel too (fused.backbone_attention). Measured alternatives since removed: results/NOTES.md runs 9-13, 23-24.
+# backbone's layers as those kernels too around a compiled attention (fused.backbone_layer). Measured
+# alternatives since removed: results/NOTES.md runs 9-13.
 FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
-         "fused+chain+mlp", "fused+chain+all", "fused+chain+attn")
-BACKBONE_KERNEL_FORMS = ("fused+chain+all", "fused+chain+attn")  # the backbone's whole layers as fused kernels
+         "fused+chain+mlp", "fused+chain+all")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

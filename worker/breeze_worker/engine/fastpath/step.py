@@ -36,9 +36,8 @@ import torch.nn.functional as F
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
 from breeze_worker.engine.fastpath import fused, fused_sampling
-from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT,
-                                                  BACKBONE_KERNEL_FORMS, UNITS, PackedLayer, decode_layer, linear,
-                                                  rms_norm, small_rows_linear)
+from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT, UNITS,
+                                                  PackedLayer, decode_layer, linear, rms_norm, small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -292,14 +291,13 @@ class FrameStep:
     def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
                static_slot: int | None = None) -> torch.Tensor:
         rows = x.shape[0] * x.shape[1]
-        if self.form in BACKBONE_KERNEL_FORMS and static_slot is None and fused.backbone_supported(layer, rows):
+        if self.form == "fused+chain+all" and static_slot is None and fused.backbone_supported(layer, rows):
             return fused.backbone_layer(layer, x, cos, sin, k_cache, v_cache, slots, mask, self.attend_unit,
-                                        self.fused_workspace, fused_attention=self.form == "fused+chain+attn")
+                                        self.fused_workspace)
         if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
             form = "units+attn" if self.form.startswith("fused") else self.form
             mlp = None
-            fused_mlp = self.form in ("fused+mlp", "fused+chain+mlp") + BACKBONE_KERNEL_FORMS
-            if fused_mlp and fused.mlp_supported(layer, rows):
+            if self.form in ("fused+mlp", "fused+chain+mlp", "fused+chain+all") and fused.mlp_supported(layer, rows):
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
