@@ -75,3 +75,22 @@ def test_sampling_kernel_compiles_for_hopper_at_every_radix():
                            constexprs={"VP": 4096, "RADIX": radix, "WRITE_KEEP": radix == 1})
         built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         assert "_sample_kernel" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000
+
+
+def test_an_explicit_sampler_wins_over_the_environment(model, monkeypatch):
+    """BREEZE_FASTPATH_SAMPLER=kernel where the kernel cannot run (the CPU, no interpreter): a runner asked
+    for the torch sampler is built and serves with it; one that leaves the choice to the environment is
+    refused with the environment's message."""
+    import pytest
+    import torch
+
+    from breeze_worker.engine.fastpath import compiled
+    from breeze_worker.engine.fastpath.graph import FrameRunner
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(compiled.SAMPLER_ENV, "kernel")
+    cpu = torch.device("cpu")
+    runner = FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, compile=False, sampler="torch")
+    assert runner.sampler_requested == "torch" and runner.step.sample_kernel is False
+    with pytest.raises(ValueError, match="BREEZE_FASTPATH_SAMPLER=kernel"):
+        FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, compile=False)

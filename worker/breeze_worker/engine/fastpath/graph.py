@@ -47,7 +47,11 @@ class FrameRunner:
 
     def __init__(self, lm, rows: int, capacity: int, device: torch.device, use_graphs: bool | None = None,
                  compile: bool | None = None, form: str | None = None, sampler: str | None = None):
-        self.step = FrameStep(lm, rows=rows, streams=1, capacity=capacity, device=device)
+        # who draws the codes (fastpath/fused_sampling.py or engine/sampling.py); part of the pool key. Resolved
+        # before the step is built, so an explicit choice is never overridden by the environment's
+        self.sampler_requested = resolve_sampler(sampler, device)
+        self.step = FrameStep(lm, rows=rows, streams=1, capacity=capacity, device=device,
+                              sample_kernel=self.sampler_requested == "kernel")
         self.device, self.capacity = device, capacity
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         self.sample_graph: torch.cuda.CUDAGraph | None = None
@@ -61,9 +65,6 @@ class FrameRunner:
         self.compile_requested = compile_wanted(device, compile)
         # the compiled layers' form (fastpath/layers.py); part of the pool key, so fixed at creation
         self.form_requested = (form or layer_form(rows)) if self.compile_requested else None
-        # who draws the codes (fastpath/fused_sampling.py or engine/sampling.py); part of the pool key too
-        self.sampler_requested = resolve_sampler(sampler, device)
-        self.step.use_uncompiled(sample_kernel=self.sampler_requested == "kernel")
         if self.compile_requested:
             self._compile()
         if self.use_graphs:

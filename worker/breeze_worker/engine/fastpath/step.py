@@ -55,7 +55,8 @@ def packed_layers(lm) -> tuple[list[PackedLayer], list[PackedLayer]]:
 
 
 class FrameStep:
-    def __init__(self, lm, rows: int, streams: int, capacity: int, device: torch.device):
+    def __init__(self, lm, rows: int, streams: int, capacity: int, device: torch.device,
+                 sample_kernel: bool | None = None):
         cfg = lm.config
         self.lm, self.rows, self.streams, self.device = lm, rows, streams, device
         self.backbone_layers, self.depth_layers = packed_layers(lm)
@@ -88,7 +89,8 @@ class FrameStep:
         embed = lm.depth_decoder.model.embed_tokens.weight
         self.depth_heads = [head[p - 1] for p in range(1, n_pos)]  # [H, V] per codebook p
         self.depth_embeds = [embed[p * self.vocab:(p + 1) * self.vocab] for p in range(n_pos)]  # [V, H]
-        self.use_uncompiled()  # the units as plain functions of the step
+        # the units as plain functions of the step; `sample_kernel` as in use_uncompiled (None: the environment's)
+        self.use_uncompiled(sample_kernel)
         self.fused_workspace = fused.DownWorkspace()  # the "fused" form's split-K partial sums
         # per-row and per-stream state
         z = dict(device=device)
