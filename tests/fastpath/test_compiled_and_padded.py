@@ -91,17 +91,23 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
 def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypatch, compile):
     """The "gemm" form (the default above 2 rows, and the uncompiled step): the depth decoder's keys and values go
     straight into their slot, the same for every row; only the backbone's layers scatter (each row at its
-    own position), once per layer and frame. The frames stay the eager reference's."""
+    own position), once per layer and frame; compiled, between the layer's units. The frames stay the eager
+    reference's."""
     monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
     monkeypatch.setenv(compiled.FORM_ENV, "gemm")
     scattered = []
     real = layers.write_cache
     monkeypatch.setattr(layers, "write_cache",
                         lambda k_cache, *a: scattered.append(k_cache.shape[2]) or real(k_cache, *a))
+    whole_layers = []  # the backbone's layers as one `decode_layer` call (the uncompiled step only)
+    real_decode = layers.PackedLayer.decode
+    monkeypatch.setattr(layers.PackedLayer, "decode",
+                        lambda self, *a, **k: whole_layers.append(1) or real_decode(self, *a, **k))
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
     scattered.clear()
+    whole_layers.clear()
     fast = list(FastFrameGenerator(model, request, "cpu", compile=compile))
     clear_runners()
     assert _equal(eager, fast)
@@ -109,6 +115,9 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     assert model.generation_defaults.max_sequence != depth_slots
     assert scattered and depth_slots not in scattered  # no depth-cache scatter at all
     assert len(scattered) % model.lm.config.backbone.num_hidden_layers == 0
+    # compiled, the backbone runs as the units with the scatter between them (one compiled decode_layer
+    # copied the cache slice and back: results/batching/NOTES.md run 10)
+    assert (len(whole_layers) == 0) == compile
 
 
 def test_fused_form_falls_back_to_units_when_its_kernels_fail(model, request_for, monkeypatch):
