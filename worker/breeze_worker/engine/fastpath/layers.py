@@ -22,13 +22,13 @@ take the same form (`reduce_attention`). The layer then runs as three units (UNI
 forms accumulate in FP32, as the GEMMs do; they are only worth it compiled (eager they materialize FP32
 copies of the weights). Forms that kept the whole layer in one compiled function with these reductions
 were measured slower and removed (results/NOTES.md, runs 4-5). The "fused" forms (the default up to 2
-rows, one stream: "fused+chain+all"; they run up to 8) run the depth decoder's layers, or parts of them, and the backbone's MLPs (in
-"fused+chain+all" its whole layers but the attention) as Triton kernels (fastpath/fused.py), the rest as
-the units' code. Above 2 rows by default
-("gemm") the projections are library GEMMs: the backbone's layers as `decode_layer` uncompiled, and
-compiled as the units with GEMMs and each row's cache write scattered in place between them (one compiled
-`decode_layer` copied the cache slice and back), the depth decoder's as the units with GEMMs (its cache
-slot is the same for every row: written in place).
+rows, one stream: "fused+chain+all"; they run up to 8) run the depth decoder's layers, or parts of them,
+and the backbone's MLPs (in "fused+chain+all" its whole layers but the attention) as Triton kernels
+(fastpath/fused.py), the rest as the units' code. Above 2 rows by default ("gemm") the projections are
+library GEMMs: the backbone's layers as `decode_layer` uncompiled, and compiled as the units with GEMMs
+and each row's cache write scattered in place between them (one compiled `decode_layer` copied the cache
+slice and back), the depth decoder's as the units with GEMMs (its cache slot is the same for every row:
+written in place).
 """
 
 from __future__ import annotations

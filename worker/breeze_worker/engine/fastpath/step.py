@@ -17,8 +17,8 @@ Sampling noise is keyed by (seed, frame, codebook) per stream, so the result doe
 layout. The computation per row is the eager reference's (engine/eager.py), re-expressed with packed GEMMs.
 
 Compiled mode (`use_compiled`, fastpath/compiled.py): the same computation through `torch.compile`d units,
-so each layer's element-wise chains fuse into a few kernels: `decode_layer` (one compilation per shape,
-shared by every layer), the frame start (codebook-0 sampling and the depth prefill inputs) and the step
+so each layer's element-wise chains fuse into a few kernels: the layers' units (one compilation per
+shape, shared by every layer; fastpath/layers.py), the frame start (codebook-0 sampling and the depth prefill inputs) and the step
 between two depth positions (head, CFG, sampling, next input). Every tensor a unit reads that changes with
 the depth position is a separate preallocated tensor of one shape, so the 15 depth steps share one
 compilation. The depth decoder attends over all 16 cache slots with a mask (slots not yet written this
@@ -37,7 +37,7 @@ from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
 from breeze_worker.engine.fastpath import fused, fused_sampling
 from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT, UNITS,
-                                                  PackedLayer, decode_layer, linear, rms_norm, small_rows_linear)
+                                                  PackedLayer, linear, rms_norm, small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -190,7 +190,6 @@ class FrameStep:
         layers' form (None: `layer_form`'s choice for this step's row count); `sample_kernel`: whether the
         sampling kernel draws (None: `sampling_kernel_wanted`)."""
         self.form = form or layer_form(self.rows)
-        self.layer_fn = compile_fn(decode_layer)
         self.units = tuple(compile_fn(fn) for fn in UNITS)
         self.attention_unit = compile_fn(ATTENTION_UNIT)
         self.attend_unit = compile_fn(ATTEND_UNIT)
@@ -202,7 +201,6 @@ class FrameStep:
     def use_uncompiled(self, sample_kernel: bool | None = None) -> None:
         """The units as plain functions of the step (called with `self`, so `narrow` views use them too)."""
         self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
-        self.layer_fn = decode_layer
         self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
         self.attention_unit = ATTENTION_UNIT  # "fused+mlp": attention before the fused MLP
         self.attend_unit = ATTEND_UNIT  # "fused+chain+all": the backbone's attention between fused kernels
@@ -274,7 +272,8 @@ class FrameStep:
                         dm = lm.depth_decoder.model
                         logits = self._combine(lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p))
                     code = self._sample(logits, noise[:, p, : self.vocab],
-                                        None if log_noise is None else log_noise[:, p, : self.vocab], self.blocked_depth)
+                                        None if log_noise is None else log_noise[:, p, : self.vocab],
+                                        self.blocked_depth)
                     self.codes[:, p] = code
                 if p + 1 < self.codebooks:
                     # codebook p's code sits at depth position p + 1 (embedding offset p * vocab)
@@ -310,7 +309,7 @@ class FrameStep:
             # (inside one compiled decode_layer Inductor copied the cache slice and back: 138 vs 92 us a layer
             # at 48 rows, 100 vs 75 at 16; results/batching/NOTES.md run 10)
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm")
-        return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask, fn=self.layer_fn)
+        return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask)  # uncompiled: decode_layer as it is
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Depth layers at positions from `start` (0: the 2-position prefill); x projected [R, n, H]."""
