@@ -1,6 +1,6 @@
 """Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the fused kernels
 (engine/fastpath/fused.py: the depth layer's, the down-projection kernel also as the output projection,
-and the backbone's norm + q/k/v and q/k norm + RoPE) executed by Triton's interpreter on CPU tensors,
+and the backbone's norm + q/k/v and q/k norm + RoPE; the projections also as the loop kernels) executed by Triton's interpreter on CPU tensors,
 against the same stages in torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both
 step lengths, split-K).
 Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
@@ -44,8 +44,13 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
     mask = torch.where(torch.arange(slots)[None, :] <= start + torch.arange(t)[:, None], 0.0,
                        torch.finfo(torch.float32).min)[None, None]
     results = {}
-    for mode in ("torch", "kernel"):
-        fused._use_kernels = mode == "kernel"
+    base_override = fused._config_override
+    for mode in ("torch", "kernel", "loop", "loop-serial"):
+        fused._use_kernels = mode != "torch"
+        # the loop kernels: 2 programs a "multiprocessor" in the interpreter, each walking several tiles,
+        # with the next tile's weights fetched ahead ("loop") or after the reduction ("loop-serial")
+        fused._config_override = base_override if not mode.startswith("loop") else {
+            name: {**base_override.get(name, {}), "per_sm": 1, "prefetch": mode == "loop"} for name in fused._LOOPED}
         k_cache, v_cache = stale.clone(), stale.clone()
         q = fused.qkv_rope(x, w_in, 1e-5, qkv, cos, sin, k_cache, v_cache, start, heads=heads, kv_heads=kv, head_dim=d)
         x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, proj="rows",
@@ -66,6 +71,7 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
                                 head_dim=d)
         results[mode] = (q, k_cache, v_cache, attn, x2, h, y, proj, qb, kb, vb)
     fused._use_kernels = None
+    fused._config_override = base_override
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
               "down_splits": fused.plan("down_residual", inter)["splits"],
@@ -77,7 +83,10 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         report[name] = err
         report["ok"] = report.get("ok", True) and err <= tol and bool(torch.isfinite(b.float()).all())
     report["workspace_reused_identical"] = again
-    report["ok"] = report["ok"] and again
+    # the loop kernels compute each tile's sums as the one-tile kernels do: the same bits
+    report["loop_identical"] = all(torch.equal(a, b) for mode in ("loop", "loop-serial")
+                                   for a, b in zip(results["kernel"], results[mode]))
+    report["ok"] = report["ok"] and again and report["loop_identical"]
     return report
 
 

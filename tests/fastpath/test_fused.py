@@ -15,6 +15,7 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
     assert {c["down_splits"] for c in cases} >= {3, 6, 12}  # the ordered split-K sum at several splits
     assert {c["o_splits"] for c in cases} >= {1, 2}  # the output projection: one chunk, and split
     assert all(c["workspace_reused_identical"] for c in cases)  # counters reset by the last arrival
+    assert all(c["loop_identical"] for c in cases)  # the loop kernels: the one-tile kernels' bits
 
 
 def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():

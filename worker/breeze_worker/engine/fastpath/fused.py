@@ -205,6 +205,68 @@ if importlib.util.find_spec("triton") is not None:
                     tl.store(out_ptr + i * I + cols, gate.to(out_ty), mask=col_ok)
 
         @triton.jit
+        def _gate_up_tile(w_ptr, cols, ks, H, I, EVICT: tl.constexpr, GATED: tl.constexpr):
+            """The weight rows of output columns `cols` (gate, and up when GATED), all H inputs, as stored."""
+            w_ok = (cols < I)[:, None] & (ks < H)[None, :]
+            if EVICT:
+                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
+                             eviction_policy="evict_first")
+            else:
+                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0)
+            wu = wg
+            if GATED:
+                if EVICT:
+                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
+                                 eviction_policy="evict_first")
+                else:
+                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0)
+            return wg, wu
+
+        @triton.jit
+        def _norm_gate_up_loop_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
+                                      BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
+                                      USE_PDL: tl.constexpr, GATED: tl.constexpr, PROGRAMS: tl.constexpr,
+                                      PREFETCH: tl.constexpr):
+            """`_norm_gate_up_kernel` with PROGRAMS programs (a few per SM) that each walk column blocks pid,
+            pid + PROGRAMS, ...: with PREFETCH a program asks for its next block's weights before it reduces
+            the current one, so its loads stay in flight while it computes. The same sums, in the same
+            order, as `_norm_gate_up_kernel` at the same BLOCK_N and warps."""
+            if USE_PDL:
+                gdc_launch_dependents()
+            pid = tl.program_id(0)
+            ks = tl.arange(0, HP)
+            w_ty = w_ptr.dtype.element_ty
+            out_ty = out_ptr.dtype.element_ty
+            tiles = tl.cdiv(I, BLOCK_N)
+            mine = tl.cdiv(tiles - pid, PROGRAMS)
+            tile = pid
+            wg, wu = _gate_up_tile(w_ptr, tile * BLOCK_N + tl.arange(0, BLOCK_N), ks, H, I, EVICT, GATED)
+            if USE_PDL:  # the first block's weights are on their way; x is the kernel before's output
+                gdc_wait()
+            for _ in range(0, mine):
+                cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+                nxt = (tile + PROGRAMS) * BLOCK_N + tl.arange(0, BLOCK_N)  # past the end: masked, loads nothing
+                if PREFETCH:
+                    ng, nu = _gate_up_tile(w_ptr, nxt, ks, H, I, EVICT, GATED)
+                col_ok = cols < I
+                gf = wg.to(tl.float32)
+                uf = wu.to(tl.float32)
+                for i in tl.static_range(M):
+                    xn = _normed_row(x_ptr, w_norm_ptr, i, H, eps, w_ty, HP)
+                    gate = tl.sum(gf * xn[None, :], axis=1).to(out_ty).to(tl.float32)
+                    if GATED:
+                        up = tl.sum(uf * xn[None, :], axis=1).to(out_ty).to(tl.float32)
+                        hidden = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
+                        tl.store(out_ptr + i * I + cols, hidden.to(out_ty), mask=col_ok)
+                    else:
+                        tl.store(out_ptr + i * I + cols, gate.to(out_ty), mask=col_ok)
+                if PREFETCH:
+                    wg, wu = ng, nu
+                else:
+                    wg, wu = _gate_up_tile(w_ptr, nxt, ks, H, I, EVICT, GATED)
+                tile += PROGRAMS
+
+        @triton.jit
         def _qk_norm_rope_kernel(p_ptr, qkn_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, eps,
                                  stride_rope, stride_slot, stride_cr, stride_ck, stride_cl, T: tl.constexpr,
                                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -292,6 +354,73 @@ if importlib.util.find_spec("triton") is not None:
                         tl.store(y_ptr + i * N + cols, (xv + total.to(out_ty).to(tl.float32)).to(out_ty), mask=col_ok)
                     tl.atomic_xchg(count_ptr + pid, 0)
 
+        @triton.jit
+        def _down_tile(w_ptr, cols, ks, N, K, EVICT: tl.constexpr):
+            w_ok = (cols < N)[:, None]
+            if EVICT:
+                return tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=w_ok, other=0.0,
+                               eviction_policy="evict_first")
+            return tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=w_ok, other=0.0)
+
+        @triton.jit
+        def _down_residual_loop_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
+                                       BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+                                       EVICT: tl.constexpr, USE_PDL: tl.constexpr, PROGRAMS: tl.constexpr,
+                                       PREFETCH: tl.constexpr):
+            """`_down_residual_kernel` with PROGRAMS programs walking the (column block, K chunk) tiles pid,
+            pid + PROGRAMS, ... (tile = block * SPLITS + split), the next tile's weights requested before the
+            current one is reduced (PREFETCH). Same partial sums, same split-ordered total."""
+            if USE_PDL:
+                gdc_launch_dependents()
+            pid = tl.program_id(0)
+            w_ty = w_ptr.dtype.element_ty
+            out_ty = y_ptr.dtype.element_ty
+            tiles = tl.cdiv(N, BLOCK_N) * SPLITS
+            mine = tl.cdiv(tiles - pid, PROGRAMS)
+            tile = pid
+            w = _down_tile(w_ptr, (tile // SPLITS) * BLOCK_N + tl.arange(0, BLOCK_N),
+                           (tile % SPLITS) * CHUNK + tl.arange(0, CHUNK), N, K, EVICT)
+            if USE_PDL:
+                gdc_wait()
+            for _ in range(0, mine):
+                block = tile // SPLITS
+                split = tile % SPLITS
+                cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
+                ks = split * CHUNK + tl.arange(0, CHUNK)
+                nxt = tile + PROGRAMS  # past the end: its columns are >= N, masked
+                n_cols = (nxt // SPLITS) * BLOCK_N + tl.arange(0, BLOCK_N)
+                n_ks = (nxt % SPLITS) * CHUNK + tl.arange(0, CHUNK)
+                if PREFETCH:
+                    w_next = _down_tile(w_ptr, n_cols, n_ks, N, K, EVICT)
+                col_ok = cols < N
+                wf = w.to(tl.float32)
+                for i in tl.static_range(M):
+                    hv = tl.load(h_ptr + i * K + ks).to(w_ty).to(tl.float32)
+                    part = tl.sum(wf * hv[None, :], axis=1)
+                    if SPLITS == 1:
+                        xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+                        tl.store(y_ptr + i * N + cols, (xv + part.to(out_ty).to(tl.float32)).to(out_ty),
+                                 mask=col_ok)
+                    else:
+                        tl.store(ws_ptr + (split * M + i) * N + cols, part, mask=col_ok)
+                if SPLITS > 1:
+                    arrived = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
+                    if arrived == SPLITS - 1:
+                        for i in tl.static_range(M):
+                            total = tl.zeros([BLOCK_N], dtype=tl.float32)
+                            for s in tl.static_range(SPLITS):
+                                total += tl.load(ws_ptr + (s * M + i) * N + cols, mask=col_ok, other=0.0,
+                                                 cache_modifier=".cg")
+                            xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+                            tl.store(y_ptr + i * N + cols, (xv + total.to(out_ty).to(tl.float32)).to(out_ty),
+                                     mask=col_ok)
+                        tl.atomic_xchg(count_ptr + block, 0)
+                if PREFETCH:
+                    w = w_next
+                else:
+                    w = _down_tile(w_ptr, n_cols, n_ks, N, K, EVICT)
+                tile += PROGRAMS
+
         _triton = triton
     except Exception:  # an unusable Triton: the torch formulas serve
         _triton = None
@@ -362,6 +491,9 @@ _BY_WIDTH = {
 }
 
 
+_LOOPED = ("norm_gate_up", "norm_linear", "down_residual", "o_residual")
+
+
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
     the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them, by kernel
@@ -386,6 +518,9 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"radix": 1, "num_warps": 8}  # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower)
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
+    if kernel in _LOOPED:  # one program per tile (per_sm 0), or the loop kernels (`_programs`)
+        cfg.setdefault("per_sm", 0)
+        cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     overrides = _overrides()
     for key in (kernel, f"{kernel}@{k}"):
@@ -470,13 +605,44 @@ def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: tor
         gate = _linear(normed, gate_up[:intermediate], x.dtype).float()
         up = _linear(normed, gate_up[intermediate:], x.dtype).float()
         return (F.silu(gate) * up).to(x.dtype)
-    cfg = plan("norm_gate_up", hidden)
     out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
-    grid = (-(-intermediate // cfg["block_n"]),)
-    _norm_gate_up_kernel[grid](x.contiguous(), w_norm, gate_up, out, hidden, intermediate, eps, M=rows * t,
-                               BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), EVICT=cfg["evict"],
-                               num_warps=cfg["num_warps"], **_launch(x.device))
+    _gate_up_launch(plan("norm_gate_up", hidden), x, w_norm, gate_up, out, intermediate, eps, gated=True)
     return out
+
+
+def _gate_up_launch(cfg: dict, x: torch.Tensor, w_norm: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
+                    n: int, eps: float, gated: bool) -> None:
+    """One program per column block, or (`per_sm` > 0) a few programs per SM walking the blocks."""
+    rows, t, hidden = x.shape
+    tiles = -(-n // cfg["block_n"])
+    args = (x.contiguous(), w_norm, weight, out, hidden, n, eps)
+    common = dict(M=rows * t, BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), EVICT=cfg["evict"],
+                  GATED=gated, num_warps=cfg["num_warps"], **_launch(x.device))
+    programs = _programs(cfg, tiles, x.device)
+    if programs:
+        _norm_gate_up_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
+    else:
+        _norm_gate_up_kernel[(tiles,)](*args, **common)
+
+
+def _programs(cfg: dict, tiles: int, device: torch.device) -> int:
+    """The loop kernels' program count: `per_sm` per multiprocessor, at most one per tile; 0: the one-tile
+    kernels. Which program reduces a tile does not change its sums, so the count may follow the device."""
+    per_sm = cfg.get("per_sm", 0)
+    if not per_sm:
+        return 0
+    return max(1, min(tiles, per_sm * _multiprocessors(device)))
+
+
+_SM_COUNTS: dict[str, int] = {}
+
+
+def _multiprocessors(device: torch.device) -> int:
+    key = str(device)
+    if key not in _SM_COUNTS:  # the interpreter (CPU tensors): 2, so that each program walks several tiles
+        _SM_COUNTS[key] = (torch.cuda.get_device_properties(device).multi_processor_count
+                           if device.type == "cuda" else 2)
+    return _SM_COUNTS[key]
 
 
 def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
@@ -485,12 +651,8 @@ def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch
     n = weight.shape[0]
     if not available(x.device):
         return _linear(_rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
-    cfg = plan("norm_linear", hidden)
     out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
-    _norm_gate_up_kernel[(-(-n // cfg["block_n"]),)](x.contiguous(), w_norm, weight, out, hidden, n, eps, M=rows * t,
-                                                     BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden),
-                                                     EVICT=cfg["evict"], GATED=False, num_warps=cfg["num_warps"],
-                                                     **_launch(x.device))
+    _gate_up_launch(plan("norm_linear", hidden), x, w_norm, weight, out, n, eps, gated=False)
     return out
 
 
@@ -551,10 +713,14 @@ def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, wor
     blocks = -(-n // cfg["block_n"])
     partials, counts = workspace.get(x.device, cfg["splits"], rows * t, n, blocks)
     y = torch.empty_like(x)
-    _down_residual_kernel[(blocks, cfg["splits"])](hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k,
-                                                   M=rows * t, BLOCK_N=cfg["block_n"], CHUNK=cfg["chunk"],
-                                                   SPLITS=cfg["splits"], EVICT=cfg["evict"],
-                                                   num_warps=cfg["num_warps"], **_launch(x.device))
+    args = (hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k)
+    common = dict(M=rows * t, BLOCK_N=cfg["block_n"], CHUNK=cfg["chunk"], SPLITS=cfg["splits"], EVICT=cfg["evict"],
+                  num_warps=cfg["num_warps"], **_launch(x.device))
+    programs = _programs(cfg, blocks * cfg["splits"], x.device)
+    if programs:
+        _down_residual_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
+    else:
+        _down_residual_kernel[(blocks, cfg["splits"])](*args, **common)
     return y
 
 
