@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath import compiled, fused, layers
+from breeze_worker.engine.fastpath import compiled, fused, fused_rows, layers
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import FrameRunner, clear_runners
 
@@ -49,7 +49,7 @@ def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp", "fused+chain",
-                                  "fused+chain+mlp", "fused+chain+all"])
+                                  "fused+chain+mlp", "fused+chain+all", "gemm+mlp"])
 def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
     """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
     frames as the eager reference, CFG on (2 rows)."""
@@ -57,8 +57,10 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     monkeypatch.setenv(compiled.FORM_ENV, form)
     # "fused*": every depth layer step goes through the fused stages (their torch form here); "fused+mlp": the
     # backbone's MLPs too
-    fused_layers, fused_mlps, backbone_layers = [], [], []
+    fused_layers, fused_mlps, backbone_layers, rows_mlps = [], [], [], []
     real_depth_layer, real_mlp, real_backbone = fused.depth_layer, fused.mlp, fused.backbone_layer
+    real_rows_mlp = fused_rows.mlp
+    monkeypatch.setattr(fused_rows, "mlp", lambda layer, x, ws: rows_mlps.append(x.shape[-1]) or real_rows_mlp(layer, x, ws))
     monkeypatch.setattr(fused, "backbone_layer", lambda *a, **k: backbone_layers.append(1) or real_backbone(*a, **k))
     monkeypatch.setattr(fused, "depth_layer", lambda *a, **k: fused_layers.append(1) or real_depth_layer(*a, **k))
     monkeypatch.setattr(fused, "mlp", lambda layer, x, ws: fused_mlps.append(x.shape[-1]) or real_mlp(layer, x, ws))
@@ -75,6 +77,7 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     fused_layers.clear()  # count the request's frames only (not the runner's warm-up)
     fused_mlps.clear()
     backbone_layers.clear()
+    rows_mlps.clear()
     fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
     clear_runners()
     assert len(fast) == 3 and _equal(eager, fast)
@@ -85,6 +88,11 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if with_backbone_mlps else 0)
     # "fused+chain+all": every backbone layer step of the request's frames (2 after the first) as fused kernels
     assert len(backbone_layers) == (2 * model.lm.config.backbone.num_hidden_layers if form == "fused+chain+all" else 0)
+    # "gemm+mlp": every MLP, depth and backbone, as the batched kernels (their torch form here)
+    rows = form == "gemm+mlp"
+    assert rows_mlps.count(model.lm.config.depth.hidden_size) == (depth_layer_steps if rows else 0)
+    assert rows_mlps.count(model.lm.config.backbone.hidden_size) == (
+        2 * model.lm.config.backbone.num_hidden_layers if rows else 0)
 
 
 @pytest.mark.parametrize("compile", [False, True])
@@ -154,3 +162,26 @@ def test_layer_form_by_rows_and_environment(monkeypatch):
     monkeypatch.setenv(compiled.FORM_ENV, "fast-please")
     with pytest.raises(ValueError, match="BREEZE_FASTPATH_FORM"):
         compiled.layer_form(2)
+
+
+def test_batched_mlp_form_falls_back_to_gemm_when_its_kernels_fail(model, request_for, monkeypatch):
+    """The "gemm+mlp" form whose kernels cannot run here (raises) leaves the compiled "gemm" step and says why."""
+    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
+    monkeypatch.setenv(compiled.FORM_ENV, "gemm+mlp")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this device")
+
+    monkeypatch.setattr(fused_rows, "norm_gate_up_rows", broken)
+    request = request_for(model, True, frames=2)
+    eager = list(EagerFrameGenerator(model, request, "cpu"))
+    clear_runners()
+    from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
+
+    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
+    assert runner.compiled and runner.step.form == "gemm"
+    assert "trying form gemm" in runner.compile_fallback_reason and "no kernel" in runner.compile_fallback_reason
+    release_runner(model.lm, runner)
+    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
+    clear_runners()
+    assert _equal(eager, fast)

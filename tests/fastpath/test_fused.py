@@ -18,6 +18,26 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
     assert all(c["loop_identical"] for c in cases)  # the loop kernels: the one-tile kernels' bits
 
 
+def test_batched_mlp_kernels_match_their_torch_stages_in_the_interpreter(interpreter_check):
+    """fastpath/fused_rows.py (the "gemm+mlp" form): one and several row tiles, masked columns, K in 1-3 chunks."""
+    cases = interpreter_check("rows_interpreter_check.py")
+    assert len(cases) == 5 and all(c["ok"] for c in cases)
+    assert {c["splits"] for c in cases} >= {1, 2, 3} and any(c["rows"] > c["block_m"] for c in cases)
+    fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
+    assert len(fp32) == 3 and max(max(c["hidden"], c["out"]) for c in fp32) < 1e-5  # IEEE products, not TF32
+    assert all(c["workspace_reused_identical"] for c in cases)
+
+
+def test_batched_mlp_plans_split_k_exactly():
+    from breeze_worker.engine.fastpath import fused_rows
+
+    for k in (8192, 6144, 96):
+        cfg = fused_rows.plan("down_residual_rows", k, 48)
+        assert k % (cfg["splits"] * cfg["block_k"]) == 0 and cfg["block_m"] == 64
+    assert fused_rows.plan("norm_gate_up_rows", 1024, 3)["block_m"] == 16
+    assert fused_rows.plan("norm_gate_up_rows", 1024, 17)["block_m"] == 32
+
+
 def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     from breeze_worker.engine.fastpath import fused
 

@@ -693,8 +693,9 @@ class DownWorkspace:
     def __init__(self):
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, device: torch.device, splits: int, rows: int, n: int, blocks: int):
-        key = (str(device), splits, rows, n, blocks)
+    def get(self, device: torch.device, splits: int, rows: int, n: int, blocks: int, kind: str = ""):
+        """`kind` keeps another kernel's buffers apart (fused_rows.py's tiles count rows blocks too)."""
+        key = (str(device), splits, rows, n, blocks, kind)
         if key not in self._buffers:
             self._buffers[key] = (torch.empty(splits, rows, n, dtype=torch.float32, device=device),
                                   torch.zeros(blocks, dtype=torch.int32, device=device))

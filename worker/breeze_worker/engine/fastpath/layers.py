@@ -54,9 +54,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # down + residual); "fused+chain": the depth layer entirely as those kernels (q/k/v, attention, output
 # projection, MLP), chained by programmatic dependent launch where the device has it; the backbone as in
 # "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels; "fused+chain+all": the
-# backbone's layers as those kernels too around a compiled attention (fused.backbone_layer). Measured
-# alternatives since removed: results/NOTES.md runs 9-13.
-FORMS = ("gemm", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
+# backbone's layers as those kernels too around a compiled attention (fused.backbone_layer); "gemm+mlp":
+# "gemm" with every MLP as fastpath/fused_rows.py's two tensor-core kernels (batched steps; not yet timed on
+# a GPU, opt-in). Measured alternatives since removed: results/NOTES.md runs 9-13.
+FORMS = ("gemm", "gemm+mlp", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
          "fused+chain+mlp", "fused+chain+all")
 
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
-from breeze_worker.engine.fastpath import fused, fused_sampling
+from breeze_worker.engine.fastpath import fused, fused_rows, fused_sampling
 from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT, UNITS,
                                                   PackedLayer, linear, rms_norm, small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
@@ -302,13 +302,17 @@ class FrameStep:
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
+        mlp = None  # "gemm+mlp": the MLP as fastpath/fused_rows.py's two tensor-core kernels
+        if self.form == "gemm+mlp" and fused_rows.supported(layer, rows):
+            mlp = (self.attention_unit, lambda layer, x: fused_rows.mlp(layer, x, self.fused_workspace))
         if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
-                                      static_slot=static_slot)
+                                      static_slot=static_slot, mlp=mlp)
         if self.compiled:  # the backbone: the units, each row's keys/values scattered in place between them
             # (inside one compiled decode_layer Inductor copied the cache slice and back: 138 vs 92 us a layer
             # at 48 rows, 100 vs 75 at 16; results/batching/NOTES.md run 10)
-            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm")
+            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
+                                      mlp=mlp)
         return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask)  # uncompiled: decode_layer as it is
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
