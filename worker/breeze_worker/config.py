@@ -1,7 +1,9 @@
 """Typed, validated worker settings: the one source of configuration.
 
-`WorkerSettings.from_env()` is the only place environment variables are read (never at import time);
-CLI flags override them. Each validation message says what to change.
+`WorkerSettings.from_env()` is where the worker's settings are read from the environment (never at import
+time); CLI flags override them. Each validation message says what to change. The fast path's measurement
+knobs (`BREEZE_FASTPATH_*`, `BREEZE_FUSED_*`: form, compile, sampler, launch plans) are not worker settings:
+engine/fastpath/compiled.py and fused.py read them when a step is built.
 """
 
 from __future__ import annotations
