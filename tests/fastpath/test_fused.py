@@ -52,6 +52,23 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     assert out_proj["chunk"] * out_proj["splits"] == 1024 and out_proj["block_n"] * 1024 <= 8192
 
 
+def test_loop_kernels_are_opt_in_and_never_launch_idle_programs():
+    """The loop kernels (`per_sm` > 0) are off in the committed plans (not yet timed on a GPU); when asked for,
+    per_sm programs a multiprocessor (2 in the interpreter), never more programs than tiles."""
+    import torch
+
+    from breeze_worker.engine.fastpath import fused
+
+    for kernel, k in (("norm_gate_up", 1024), ("norm_gate_up", 2048), ("down_residual", 8192),
+                      ("o_residual", 1024), ("norm_linear", 2048)):
+        cfg = fused.plan(kernel, k)
+        assert cfg["per_sm"] == 0 and cfg["prefetch"] is True
+    assert "per_sm" not in fused.plan("qkv_rope", 1024) and "per_sm" not in fused.plan("sample", 2051)
+    cpu = torch.device("cpu")
+    assert fused._programs({"per_sm": 0}, 100, cpu) == 0
+    assert fused._programs({"per_sm": 2}, 100, cpu) == 4 and fused._programs({"per_sm": 2}, 3, cpu) == 3
+
+
 def test_chained_launches_only_where_the_device_has_them(monkeypatch):
     """Programmatic dependent launch: never on the CPU or in the interpreter, off by the environment, and on
     CUDA only from compute capability 9.0 (a T4 is 7.5, an A100 8.0, an H200 9.0)."""
