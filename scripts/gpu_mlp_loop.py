@@ -8,9 +8,10 @@ one-tile kernels, at batch 1 with CFG (2 rows), then the whole frame with the wi
    the byte floor at the measured copy bandwidth, bit-equality with the default plan and the error against
    an FP32 torch product. The 4-row depth prefill is timed for the winners too.
 2. frame: the full-size model (seeded random weights, bf16, CFG on, end of speech masked), the default
-   form (`fused+chain+all`, compiled) with the default plans (A) and with each shape's winner (B, where it
-   is >= 3% faster), both runners captured in this process and alternated A B A B ...; median ms per frame,
-   frames identical A vs B.
+   form (`fused+chain+all`, compiled) with the default plans (A), with each shape's winner (B, where it
+   is >= 3% faster), and B plus each depth position's norm + head + CFG as one kernel (C, D: two launch
+   settings of fused.depth_head), every runner captured in this process and the variants alternated;
+   median ms per frame, frames identical to A.
 
     BREEZE_COMMIT=<sha> PYTHONPATH=worker:client:protos python3 scripts/gpu_mlp_loop.py --json out.json
 """
@@ -184,7 +185,10 @@ def sweep_shape(name: str, kernel: str, rows: int, k: int, n: int, bandwidth: fl
 
 
 @torch.no_grad()
-def frame_ab(override: dict, frames: int, rounds: int, size: str = "full", path: str = "fast-compiled") -> dict:
+def frame_ab(variants: dict[str, dict], frames: int, rounds: int, size: str = "full",
+             path: str = "fast-compiled") -> dict:
+    """Each variant (label -> launch-plan overrides, "A" the committed plans) captured in this process, then
+    the variants alternated (the order rotates each round); median ms per frame, frames identical to A."""
     from breeze_worker.bench.models import random_model
     from breeze_worker.bench.runner import make_request, mask_end_of_speech, run_once
     from breeze_worker.engine.fastpath import graph
@@ -196,32 +200,34 @@ def frame_ab(override: dict, frames: int, rounds: int, size: str = "full", path:
     mask_end_of_speech(model)
     request = make_request(model, True, frames, 1234)
     print(f"[frame] model built in {time.perf_counter() - t0:.1f} s", flush=True)
+    labels = list(variants)
     pools, warm = {}, {}
-    for label, cfg in (("A", {}), ("B", override)):
-        fused._config_override = cfg
+    for label in labels:
+        fused._config_override = variants[label]
         graph._POOLS = {}
         t1 = time.perf_counter()
         run_once(path, model, request, device)
         warm[label] = time.perf_counter() - t1
         pools[label] = graph._POOLS
         print(f"[frame] {label} first use {warm[label]:.1f} s", flush=True)
-    per = {"A": [], "B": []}
+    per = {label: [] for label in labels}
     codes = {}
     for i in range(rounds):
-        for label in ("A", "B") if i % 2 == 0 else ("B", "A"):
-            fused._config_override = override if label == "B" else {}
+        for label in labels[i % len(labels):] + labels[:i % len(labels)]:
+            fused._config_override = variants[label]
             graph._POOLS = pools[label]
             result = run_once(path, model, request, device)
             per[label].append(1000 * statistics.median(result.frame_times_s))
             codes.setdefault(label, torch.stack(result.frames))
     fused._config_override = {}
-    a, b = statistics.median(per["A"]), statistics.median(per["B"])
-    same = (codes["A"] == codes["B"]).all(dim=1).float().mean().item()
-    print(f"[frame] A (default plans) {a:.3f} ms/frame, B (winners) {b:.3f} ms/frame, B/A {b / a:.3f}; "
-          f"frames identical {100 * same:.1f}%; A runs {[round(v, 3) for v in per['A']]} "
-          f"B runs {[round(v, 3) for v in per['B']]}", flush=True)
-    return {"frames": frames, "rounds": rounds, "override": override, "ms_per_frame": {"A": a, "B": b},
-            "ratio_b_over_a": b / a, "runs_ms": per, "first_use_s": warm, "frames_identical_fraction": same}
+    ms = {label: statistics.median(v) for label, v in per.items()}
+    same = {label: (codes[label] == codes["A"]).all(dim=1).float().mean().item() for label in labels}
+    for label in labels:
+        print(f"[frame] {label}: {ms[label]:.3f} ms/frame ({ms[label] / ms['A']:.3f} of A), frames identical to A "
+              f"{100 * same[label]:.1f}%, runs {[round(v, 3) for v in per[label]]}", flush=True)
+    return {"frames": frames, "rounds": rounds, "variants": variants, "ms_per_frame": ms,
+            "ratio_to_a": {label: ms[label] / ms["A"] for label in labels}, "runs_ms": per, "first_use_s": warm,
+            "frames_identical_to_a": same}
 
 
 def main() -> int:
@@ -229,7 +235,7 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--frames", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--skip-frame", action="store_true")
     parser.add_argument("--override", default="{}", help="settings added to the winners (JSON, as BREEZE_FUSED_CONFIG)")
     parser.add_argument("--dry-run", action="store_true",
@@ -262,9 +268,16 @@ def main() -> int:
             json.dump(doc, f, indent=1)
     doc["override"] = override
     print("winners as BREEZE_FUSED_CONFIG:", json.dumps(override), flush=True)
-    if override and not args.skip_frame:
-        doc["frame"] = (frame_ab(override, 4, 2, size="tiny", path="fast-uncompiled") if args.dry_run
-                        else frame_ab(override, args.frames, args.rounds))
+    if not args.skip_frame:
+        # A: the committed plans; B: the loop kernels' winners; C, D: B plus the depth head as one kernel
+        # (fused.depth_head, off in the committed plans) at two launch settings
+        variants = {"A": {}}
+        if override:
+            variants["B"] = override
+        variants["C"] = {**override, "depth_head": {"on": True, "block_v": 16, "num_warps": 8}}
+        variants["D"] = {**override, "depth_head": {"on": True, "block_v": 8, "num_warps": 4}}
+        doc["frame"] = (frame_ab(variants, 4, 2, size="tiny", path="fast-uncompiled") if args.dry_run
+                        else frame_ab(variants, args.frames, args.rounds))
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)
     return 0

@@ -185,3 +185,24 @@ def test_batched_mlp_form_falls_back_to_gemm_when_its_kernels_fail(model, reques
     fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
     clear_runners()
     assert _equal(eager, fast)
+
+
+def test_depth_head_kernel_form_gives_the_same_frames(model, request_for, monkeypatch):
+    """With the depth head's plan "on" (off by default until timed on a GPU), every depth position's logits
+    come from fused.depth_head (its torch form on the CPU) and the frames stay the eager reference's."""
+    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
+    monkeypatch.setenv(compiled.FORM_ENV, "fused+chain+all")
+    assert not fused.plan("depth_head", 1024)["on"]
+    monkeypatch.setattr(fused, "_config_override", {"depth_head": {"on": True}})
+    monkeypatch.setattr(fused, "depth_head_wanted", lambda device, hidden: fused.plan("depth_head", hidden)["on"])
+    calls = []
+    real = fused.depth_head
+    monkeypatch.setattr(fused, "depth_head", lambda *a, **k: calls.append(1) or real(*a, **k))
+    request = request_for(model, True, frames=3)
+    eager = list(EagerFrameGenerator(model, request, "cpu"))
+    clear_runners()
+    gen = FastFrameGenerator(model, request, "cpu", compile=True)
+    fast = list(gen)
+    clear_runners()
+    assert _equal(eager, fast)
+    assert len(calls) >= 3 * (model.lm.config.num_codebooks - 1)  # 15 positions a frame (plus the warm-up's)

@@ -28,6 +28,14 @@ def test_batched_mlp_kernels_match_their_torch_stages_in_the_interpreter(interpr
     assert all(c["workspace_reused_identical"] for c in cases)
 
 
+def test_depth_head_kernel_matches_its_torch_form_in_the_interpreter(interpreter_check):
+    """fused.depth_head (final norm, the codebook's head in FP32, CFG): CFG and plain streams, strided rows."""
+    cases = interpreter_check("head_interpreter_check.py")
+    assert len(cases) == 4 and all(c["ok"] for c in cases)
+    assert any(c["strided"] for c in cases) and any(c["no_cfg_streams"] and c["cfg_streams"] for c in cases)
+    assert max(c["err"] for c in cases if c["dtype"] == c["weights"] == "torch.float32") < 1e-5
+
+
 def test_batched_mlp_plans_split_k_exactly():
     from breeze_worker.engine.fastpath import fused_rows
 

@@ -421,6 +421,35 @@ if importlib.util.find_spec("triton") is not None:
                     w = _down_tile(w_ptr, n_cols, n_ks, N, K, EVICT)
                 tile += PROGRAMS
 
+        @triton.jit
+        def _depth_head_kernel(x_ptr, stride_x, w_norm_ptr, w_ptr, cond_ptr, uncond_ptr, scale_ptr, out_ptr, H, V,
+                               eps, STREAMS: tl.constexpr, BLOCK_V: tl.constexpr, HP: tl.constexpr,
+                               USE_PDL: tl.constexpr):
+            """A depth position's stream logits [S, V] in FP32: the final RMSNorm of each of the stream's rows
+            (x [R, H], row stride stride_x), times the codebook's head W [H, V] in FP32, CFG-combined
+            u + scale * (c - u). A program owns BLOCK_V classes and loads their H x BLOCK_V weights once."""
+            if USE_PDL:
+                gdc_launch_dependents()
+            pid = tl.program_id(0)
+            cols = pid * BLOCK_V + tl.arange(0, BLOCK_V)
+            col_ok = cols < V
+            ks = tl.arange(0, HP)
+            k_ok = ks < H
+            w = tl.load(w_ptr + ks[:, None] * V + cols[None, :], mask=k_ok[:, None] & col_ok[None, :],
+                        other=0.0).to(tl.float32)  # [HP, BLOCK_V]
+            if USE_PDL:  # the weights above do not depend on the kernel before; x does
+                gdc_wait()
+            w_ty = w_ptr.dtype.element_ty
+            for s in tl.static_range(STREAMS):
+                cond = tl.load(cond_ptr + s)
+                uncond = tl.load(uncond_ptr + s)
+                scale = tl.load(scale_ptr + s)
+                xc = _normed_row(x_ptr + cond * stride_x, w_norm_ptr, 0, H, eps, w_ty, HP)
+                xu = _normed_row(x_ptr + uncond * stride_x, w_norm_ptr, 0, H, eps, w_ty, HP)
+                lc = tl.sum(w * xc[:, None], axis=0)
+                lu = tl.sum(w * xu[:, None], axis=0)
+                tl.store(out_ptr + s * V + cols, lu + scale * (lc - lu), mask=col_ok)
+
         _triton = triton
     except Exception:  # an unusable Triton: the torch formulas serve
         _triton = None
@@ -514,6 +543,8 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
+    elif kernel == "depth_head":  # off until timed on a GPU (scripts/gpu_mlp_loop.py); "on": the kernel serves
+        cfg = {"on": False, "block_v": 16, "num_warps": 8}
     elif kernel == "sample":
         cfg = {"radix": 1, "num_warps": 8}  # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower)
     else:
@@ -526,6 +557,8 @@ def plan(kernel: str, k: int) -> dict:
     for key in (kernel, f"{kernel}@{k}"):
         cfg.update(overrides.get(key, {}))
         cfg.update(_config_override.get(key, {}))
+    if kernel == "depth_head":
+        return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:
             raise ValueError(f"sample: radix {cfg['radix']} must divide 32")
@@ -653,6 +686,35 @@ def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch
         return _linear(_rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
     out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
     _gate_up_launch(plan("norm_linear", hidden), x, w_norm, weight, out, n, eps, gated=False)
+    return out
+
+
+def depth_head_wanted(device: torch.device, hidden: int) -> bool:
+    """Whether `depth_head` runs its kernel (its plan's "on", and the kernels available on `device`)."""
+    return available(device) and bool(plan("depth_head", hidden)["on"]) and hidden <= _MAX_WIDTH
+
+
+def depth_head(x: torch.Tensor, w_norm: torch.Tensor, eps: float, head: torch.Tensor, cond_row: torch.Tensor,
+               uncond_row: torch.Tensor, cfg_scale: torch.Tensor) -> torch.Tensor:
+    """A depth position's stream logits [S, V] (FP32) from the last layer's output at that position x [R, H]
+    (rows may be strided): the final RMSNorm, the codebook's head `head` [H, V] in FP32, CFG u + s * (c - u)
+    over the streams' rows `cond_row`/`uncond_row` [S] with `cfg_scale` [S] (FrameStep._depth_logits)."""
+    rows, hidden = x.shape
+    vocab = head.shape[1]
+    streams = cond_row.shape[0]
+    if not available(x.device):
+        normed = _rms(x, w_norm, eps, head.dtype).float()
+        logits = normed @ head.float()
+        cond, uncond = logits[cond_row], logits[uncond_row]
+        return uncond + cfg_scale[:, None] * (cond - uncond)
+    if x.stride(1) != 1 or not head.is_contiguous():
+        raise ValueError("depth_head needs unit-stride rows and a contiguous head [H, V]")
+    cfg = plan("depth_head", hidden)
+    out = torch.empty(streams, vocab, dtype=torch.float32, device=x.device)
+    _depth_head_kernel[(-(-vocab // cfg["block_v"]),)](x, x.stride(0), w_norm, head, cond_row, uncond_row,
+                                                       cfg_scale, out, hidden, vocab, eps, STREAMS=streams,
+                                                       BLOCK_V=cfg["block_v"], HP=_next_power_of_two(hidden),
+                                                       num_warps=cfg["num_warps"], **_launch(x.device))
     return out
 
 

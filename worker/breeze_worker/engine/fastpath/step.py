@@ -196,6 +196,9 @@ class FrameStep:
         self.after_attention = tuple(compile_fn(fn) for fn in AFTER_ATTENTION_UNITS)
         self._bind_units(compile_fn)
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
+        # the "fused" forms: each depth position's logits as one kernel (fused.depth_head) where its plan says so
+        hidden = self.lm.config.depth.hidden_size
+        self.head_kernel = self.form.startswith("fused") and fused.depth_head_wanted(self.device, hidden)
         self.compiled = True
 
     def use_uncompiled(self, sample_kernel: bool | None = None) -> None:
@@ -208,6 +211,7 @@ class FrameStep:
         self._bind_units(lambda fn: fn)
         # fastpath/fused_sampling.py draws the codes (None: `sampling_kernel_wanted`)
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
+        self.head_kernel = False
         self.compiled = False
 
     def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -266,7 +270,11 @@ class FrameStep:
                 x = self._depth(x, 0)
             for p in range(1, self.codebooks):
                 with tracing.device_span(device, "sampling", codebook=p):
-                    if self.compiled:
+                    if self.head_kernel:  # norm, head, CFG as one kernel
+                        dm = lm.depth_decoder.model
+                        logits = fused.depth_head(x[:, -1], dm.norm.weight, dm.norm.eps, self.depth_heads[p - 1],
+                                                  self.cond_row, self.uncond_row, self.cfg_scale)
+                    elif self.compiled:
                         logits = units.depth_logits(self, x, self.depth_heads[p - 1])
                     else:  # the model's own head method (tests patch it)
                         dm = lm.depth_decoder.model
