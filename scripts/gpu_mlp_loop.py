@@ -28,6 +28,8 @@ import zlib
 
 import torch
 
+import gpu_fused  # scripts/: graph_ms
+
 from breeze_worker.bench.measure import copy_bandwidth
 from breeze_worker.engine.fastpath import fused
 
@@ -102,31 +104,9 @@ def _dry_timer(fn, replays: int = 2) -> float:
     return (time.perf_counter() - t0) * 1e6 / replays
 
 
-def time_graph(fn, replays: int = 200) -> float:
-    """us per replay of a CUDA graph of fn (after warm-up)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(20):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays // 5):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / (replays // 5))
-    return statistics.median(times)
+def time_graph(fn) -> float:
+    """us per call of fn (which launches the 12 layers' kernels), replayed from a CUDA graph."""
+    return 1000 * gpu_fused.graph_ms(fn, reps=4, iters=9)
 
 
 @torch.no_grad()

@@ -16,6 +16,11 @@ positions).
   order, so the result does not depend on arrival order, and resets the counter. It serves the MLP's
   down projection and the attention's output projection (plan "o_residual").
 - `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up.
+- loop kernels (plan setting `per_sm` > 0; off in the committed plans, not yet timed on a GPU): the
+  projections above with a few programs per SM, each walking column blocks and fetching the next block's
+  weights before it reduces the current one; each tile's sums as the one-tile kernels', the same bits.
+- `depth_head` (plan "on"; off, not yet timed): a depth position's final RMSNorm, the codebook's head in
+  FP32 and the CFG combination as one chained kernel.
 
 Forms (layers.py FORMS) built from them:
 - `fused+chain`: the whole depth layer as these five kernels. On compute
