@@ -96,6 +96,34 @@ if importlib.util.find_spec("triton") is not None:
             return (xv * rstd * wn).to(w_ty).to(tl.float32)
 
         @triton.jit
+        def _weights(ptrs, mask, EVICT: tl.constexpr):
+            """A weight tile as stored (masked lanes 0); EVICT: hinted evict-first (read once per step)."""
+            if EVICT:
+                return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+            return tl.load(ptrs, mask=mask, other=0.0)
+
+        @triton.jit
+        def _add_residual(x_ptr, y_ptr, at, ok, part):
+            """y = x + part at offsets `at` (mask `ok`), the projection rounded to y's dtype before the add."""
+            out_ty = y_ptr.dtype.element_ty
+            xv = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+            tl.store(y_ptr + at, (xv + part.to(out_ty).to(tl.float32)).to(out_ty), mask=ok)
+
+        @triton.jit
+        def _last_arrival(count_ptr):
+            """Release this program's partial sums of a tile and learn whether it is the tile's last split."""
+            return tl.atomic_add(count_ptr, 1, sem="acq_rel")
+
+        @triton.jit
+        def _add_splits(ws_ptr, x_ptr, y_ptr, at, ok, split_stride, SPLITS: tl.constexpr):
+            """The tile's SPLITS partial sums ws[s * split_stride + at] added in split order, whatever the
+            arrival order (the result does not depend on it), then the residual."""
+            total = tl.zeros(at.shape, dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                total += tl.load(ws_ptr + s * split_stride + at, mask=ok, other=0.0, cache_modifier=".cg")
+            _add_residual(x_ptr, y_ptr, at, ok, total)
+
+        @triton.jit
         def _qkv_rope_kernel(x_ptr, w_norm_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, H, start, eps,
                              stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
                              HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -174,58 +202,47 @@ if importlib.util.find_spec("triton") is not None:
                      out.to(out_ptr.dtype.element_ty))
 
         @triton.jit
-        def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
-                                 USE_PDL: tl.constexpr, GATED: tl.constexpr = True):
-            """GATED: SiLU(gate) * up over the packed [2I, H] weight; else the plain projection by [I, H]."""
-            if USE_PDL:
-                gdc_launch_dependents()
-            pid = tl.program_id(0)
-            cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            col_ok = cols < I
-            ks = tl.arange(0, HP)
-            w_ok = col_ok[:, None] & (ks < H)[None, :]
+        def _gate_up_tile(w_ptr, cols, ks, H, I, EVICT: tl.constexpr, GATED: tl.constexpr):
+            """The weight rows of output columns `cols` (gate, and up when GATED), all H inputs, as stored."""
+            w_ok = (cols < I)[:, None] & (ks < H)[None, :]
+            wg = _weights(w_ptr + cols[:, None] * H + ks[None, :], w_ok, EVICT)
+            wu = wg
+            if GATED:
+                wu = _weights(w_ptr + (cols + I)[:, None] * H + ks[None, :], w_ok, EVICT)
+            return wg, wu
+
+        @triton.jit
+        def _gate_up_rows(gf, uf, x_ptr, w_norm_ptr, w_ptr, out_ptr, cols, H, I, eps, M: tl.constexpr,
+                          HP: tl.constexpr, GATED: tl.constexpr):
+            """Each of the M rows of x normed and reduced against the FP32 tiles gf/uf of columns `cols`:
+            SiLU(gate) * up (GATED) or the plain projection, each product rounded to out's dtype first."""
             w_ty = w_ptr.dtype.element_ty
             out_ty = out_ptr.dtype.element_ty
-            if EVICT:  # the weights are read once per step: let them leave L2 before x and the norm weight
-                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
-                             eviction_policy="evict_first").to(tl.float32)
-                if GATED:
-                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
-                                 eviction_policy="evict_first").to(tl.float32)
-            else:
-                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
-                if GATED:
-                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0).to(tl.float32)
-            if USE_PDL:
-                gdc_wait()
+            col_ok = cols < I
             for i in tl.static_range(M):
                 xn = _normed_row(x_ptr, w_norm_ptr, i, H, eps, w_ty, HP)
-                gate = tl.sum(wg * xn[None, :], axis=1).to(out_ty).to(tl.float32)
+                gate = tl.sum(gf * xn[None, :], axis=1).to(out_ty).to(tl.float32)
                 if GATED:
-                    up = tl.sum(wu * xn[None, :], axis=1).to(out_ty).to(tl.float32)
+                    up = tl.sum(uf * xn[None, :], axis=1).to(out_ty).to(tl.float32)
                     hidden = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
                     tl.store(out_ptr + i * I + cols, hidden.to(out_ty), mask=col_ok)
                 else:
                     tl.store(out_ptr + i * I + cols, gate.to(out_ty), mask=col_ok)
 
         @triton.jit
-        def _gate_up_tile(w_ptr, cols, ks, H, I, EVICT: tl.constexpr, GATED: tl.constexpr):
-            """The weight rows of output columns `cols` (gate, and up when GATED), all H inputs, as stored."""
-            w_ok = (cols < I)[:, None] & (ks < H)[None, :]
-            if EVICT:
-                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
-                             eviction_policy="evict_first")
-            else:
-                wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0)
-            wu = wg
-            if GATED:
-                if EVICT:
-                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
-                                 eviction_policy="evict_first")
-                else:
-                    wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0)
-            return wg, wu
+        def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
+                                 USE_PDL: tl.constexpr, GATED: tl.constexpr = True):
+            """GATED: SiLU(gate) * up over the packed [2I, H] weight; else the plain projection by [I, H]."""
+            if USE_PDL:
+                gdc_launch_dependents()
+            cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+            wg, wu = _gate_up_tile(w_ptr, cols, tl.arange(0, HP), H, I, EVICT, GATED)
+            wg = wg.to(tl.float32)
+            wu = wu.to(tl.float32)
+            if USE_PDL:
+                gdc_wait()
+            _gate_up_rows(wg, wu, x_ptr, w_norm_ptr, w_ptr, out_ptr, cols, H, I, eps, M, HP, GATED)
 
         @triton.jit
         def _norm_gate_up_loop_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
@@ -240,10 +257,7 @@ if importlib.util.find_spec("triton") is not None:
                 gdc_launch_dependents()
             pid = tl.program_id(0)
             ks = tl.arange(0, HP)
-            w_ty = w_ptr.dtype.element_ty
-            out_ty = out_ptr.dtype.element_ty
-            tiles = tl.cdiv(I, BLOCK_N)
-            mine = tl.cdiv(tiles - pid, PROGRAMS)
+            mine = tl.cdiv(tl.cdiv(I, BLOCK_N) - pid, PROGRAMS)
             tile = pid
             wg, wu = _gate_up_tile(w_ptr, tile * BLOCK_N + tl.arange(0, BLOCK_N), ks, H, I, EVICT, GATED)
             if USE_PDL:  # the first block's weights are on their way; x is the kernel before's output
@@ -253,18 +267,8 @@ if importlib.util.find_spec("triton") is not None:
                 nxt = (tile + PROGRAMS) * BLOCK_N + tl.arange(0, BLOCK_N)  # past the end: masked, loads nothing
                 if PREFETCH:
                     ng, nu = _gate_up_tile(w_ptr, nxt, ks, H, I, EVICT, GATED)
-                col_ok = cols < I
-                gf = wg.to(tl.float32)
-                uf = wu.to(tl.float32)
-                for i in tl.static_range(M):
-                    xn = _normed_row(x_ptr, w_norm_ptr, i, H, eps, w_ty, HP)
-                    gate = tl.sum(gf * xn[None, :], axis=1).to(out_ty).to(tl.float32)
-                    if GATED:
-                        up = tl.sum(uf * xn[None, :], axis=1).to(out_ty).to(tl.float32)
-                        hidden = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
-                        tl.store(out_ptr + i * I + cols, hidden.to(out_ty), mask=col_ok)
-                    else:
-                        tl.store(out_ptr + i * I + cols, gate.to(out_ty), mask=col_ok)
+                _gate_up_rows(wg.to(tl.float32), wu.to(tl.float32), x_ptr, w_norm_ptr, w_ptr, out_ptr, cols, H, I,
+                              eps, M, HP, GATED)
                 if PREFETCH:
                     wg, wu = ng, nu
                 else:
@@ -319,6 +323,34 @@ if importlib.util.find_spec("triton") is not None:
                 tl.store(dst + HALF, a2.to(ty))
 
         @triton.jit
+        def _down_tile(w_ptr, cols, ks, N, K, EVICT: tl.constexpr):
+            """The weights [BLOCK_N, CHUNK] of output columns `cols` over inputs `ks`, as stored."""
+            return _weights(w_ptr + cols[:, None] * K + ks[None, :], (cols < N)[:, None], EVICT)
+
+        @triton.jit
+        def _down_partials(wf, h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, cols, ks, split, N, K, M: tl.constexpr,
+                           SPLITS: tl.constexpr):
+            """Each of the M rows of h against the FP32 tile wf (columns `cols`, inputs `ks`): with one split
+            the residual is added at once, else the partial sum goes to the workspace ws [SPLITS, M, N]."""
+            w_ty = w_ptr.dtype.element_ty
+            col_ok = cols < N
+            for i in tl.static_range(M):
+                hv = tl.load(h_ptr + i * K + ks).to(w_ty).to(tl.float32)
+                part = tl.sum(wf * hv[None, :], axis=1)  # [BLOCK_N]
+                if SPLITS == 1:
+                    _add_residual(x_ptr, y_ptr, i * N + cols, col_ok, part)
+                else:
+                    tl.store(ws_ptr + (split * M + i) * N + cols, part, mask=col_ok)
+
+        @triton.jit
+        def _down_finish(ws_ptr, count_ptr, x_ptr, y_ptr, cols, N, M: tl.constexpr, SPLITS: tl.constexpr):
+            """After a split's partials: the tile's last split to arrive adds them all and resets the counter."""
+            if _last_arrival(count_ptr) == SPLITS - 1:
+                for i in tl.static_range(M):
+                    _add_splits(ws_ptr, x_ptr, y_ptr, i * N + cols, cols < N, M * N, SPLITS)
+                tl.atomic_xchg(count_ptr, 0)
+
+        @triton.jit
         def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
                                   BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
                                   EVICT: tl.constexpr, USE_PDL: tl.constexpr):
@@ -327,45 +359,13 @@ if importlib.util.find_spec("triton") is not None:
             pid = tl.program_id(0)
             split = tl.program_id(1)
             cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            col_ok = cols < N
             ks = split * CHUNK + tl.arange(0, CHUNK)  # K = SPLITS * CHUNK exactly (see `plan`)
-            w_ty = w_ptr.dtype.element_ty
-            out_ty = y_ptr.dtype.element_ty
-            if EVICT:
-                w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0,
-                            eviction_policy="evict_first").to(tl.float32)
-            else:
-                w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0).to(tl.float32)
+            w = _down_tile(w_ptr, cols, ks, N, K, EVICT).to(tl.float32)
             if USE_PDL:  # the partials, counters and outputs are touched only after the kernel before is done
                 gdc_wait()
-            for i in tl.static_range(M):
-                hv = tl.load(h_ptr + i * K + ks).to(w_ty).to(tl.float32)
-                part = tl.sum(w * hv[None, :], axis=1)  # [BLOCK_N]
-                if SPLITS == 1:
-                    xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-                    tl.store(y_ptr + i * N + cols, (xv + part.to(out_ty).to(tl.float32)).to(out_ty), mask=col_ok)
-                else:
-                    tl.store(ws_ptr + (split * M + i) * N + cols, part, mask=col_ok)
+            _down_partials(w, h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, cols, ks, split, N, K, M, SPLITS)
             if SPLITS > 1:
-                # release our partials, and learn whether every other split of this block has released its own
-                arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-                if arrived == SPLITS - 1:
-                    for i in tl.static_range(M):
-                        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-                        for s in tl.static_range(SPLITS):  # split order, whatever the arrival order
-                            total += tl.load(ws_ptr + (s * M + i) * N + cols, mask=col_ok, other=0.0,
-                                             cache_modifier=".cg")
-                        xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-                        tl.store(y_ptr + i * N + cols, (xv + total.to(out_ty).to(tl.float32)).to(out_ty), mask=col_ok)
-                    tl.atomic_xchg(count_ptr + pid, 0)
-
-        @triton.jit
-        def _down_tile(w_ptr, cols, ks, N, K, EVICT: tl.constexpr):
-            w_ok = (cols < N)[:, None]
-            if EVICT:
-                return tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=w_ok, other=0.0,
-                               eviction_policy="evict_first")
-            return tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=w_ok, other=0.0)
+                _down_finish(ws_ptr, count_ptr + pid, x_ptr, y_ptr, cols, N, M, SPLITS)
 
         @triton.jit
         def _down_residual_loop_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
@@ -378,8 +378,6 @@ if importlib.util.find_spec("triton") is not None:
             if USE_PDL:
                 gdc_launch_dependents()
             pid = tl.program_id(0)
-            w_ty = w_ptr.dtype.element_ty
-            out_ty = y_ptr.dtype.element_ty
             tiles = tl.cdiv(N, BLOCK_N) * SPLITS
             mine = tl.cdiv(tiles - pid, PROGRAMS)
             tile = pid
@@ -397,29 +395,10 @@ if importlib.util.find_spec("triton") is not None:
                 n_ks = (nxt % SPLITS) * CHUNK + tl.arange(0, CHUNK)
                 if PREFETCH:
                     w_next = _down_tile(w_ptr, n_cols, n_ks, N, K, EVICT)
-                col_ok = cols < N
-                wf = w.to(tl.float32)
-                for i in tl.static_range(M):
-                    hv = tl.load(h_ptr + i * K + ks).to(w_ty).to(tl.float32)
-                    part = tl.sum(wf * hv[None, :], axis=1)
-                    if SPLITS == 1:
-                        xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-                        tl.store(y_ptr + i * N + cols, (xv + part.to(out_ty).to(tl.float32)).to(out_ty),
-                                 mask=col_ok)
-                    else:
-                        tl.store(ws_ptr + (split * M + i) * N + cols, part, mask=col_ok)
+                _down_partials(w.to(tl.float32), h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, cols, ks, split, N, K, M,
+                               SPLITS)
                 if SPLITS > 1:
-                    arrived = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
-                    if arrived == SPLITS - 1:
-                        for i in tl.static_range(M):
-                            total = tl.zeros([BLOCK_N], dtype=tl.float32)
-                            for s in tl.static_range(SPLITS):
-                                total += tl.load(ws_ptr + (s * M + i) * N + cols, mask=col_ok, other=0.0,
-                                                 cache_modifier=".cg")
-                            xv = tl.load(x_ptr + i * N + cols, mask=col_ok, other=0.0).to(tl.float32)
-                            tl.store(y_ptr + i * N + cols, (xv + total.to(out_ty).to(tl.float32)).to(out_ty),
-                                     mask=col_ok)
-                        tl.atomic_xchg(count_ptr + block, 0)
+                    _down_finish(ws_ptr, count_ptr + block, x_ptr, y_ptr, cols, N, M, SPLITS)
                 if PREFETCH:
                     w = w_next
                 else:

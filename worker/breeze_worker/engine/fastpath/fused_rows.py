@@ -37,7 +37,8 @@ if fused._triton is not None:
         import triton
         import triton.language as tl
 
-        from breeze_worker.engine.fastpath.fused import gdc_launch_dependents, gdc_wait
+        from breeze_worker.engine.fastpath.fused import (_add_residual, _add_splits, _last_arrival, _weights,
+                                                         gdc_launch_dependents, gdc_wait)
 
         @triton.jit
         def _dot(a, b, acc, IEEE: tl.constexpr):
@@ -81,18 +82,10 @@ if fused._triton is not None:
                 wn = tl.load(w_norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
                 xn = (xv * rstd[:, None] * wn[None, :]).to(w_ty)
                 w_ok = col_ok[:, None] & k_ok[None, :]
-                if EVICT:  # the weights are read once per step
-                    wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
-                                 eviction_policy="evict_first")
-                else:
-                    wg = tl.load(w_ptr + cols[:, None] * H + ks[None, :], mask=w_ok, other=0.0)
+                wg = _weights(w_ptr + cols[:, None] * H + ks[None, :], w_ok, EVICT)
                 acc_g = _dot(xn, tl.trans(wg), acc_g, IEEE)
                 if GATED:
-                    if EVICT:
-                        wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0,
-                                     eviction_policy="evict_first")
-                    else:
-                        wu = tl.load(w_ptr + (cols + I)[:, None] * H + ks[None, :], mask=w_ok, other=0.0)
+                    wu = _weights(w_ptr + (cols + I)[:, None] * H + ks[None, :], w_ok, EVICT)
                     acc_u = _dot(xn, tl.trans(wu), acc_u, IEEE)
             gate = acc_g.to(out_ty).to(tl.float32)
             out_ok = row_ok[:, None] & col_ok[None, :]
@@ -120,7 +113,6 @@ if fused._triton is not None:
             col_ok = cols < N
             kk = tl.arange(0, BLOCK_K)
             w_ty = w_ptr.dtype.element_ty
-            out_ty = y_ptr.dtype.element_ty
             chunk = K // SPLITS
             if USE_PDL:  # h is the kernel before's output; partials, counters and y are touched after it
                 gdc_wait()
@@ -128,28 +120,17 @@ if fused._triton is not None:
             for k0 in tl.range(split * chunk, split * chunk + chunk, BLOCK_K, num_stages=STAGES):
                 ks = k0 + kk
                 hv = tl.load(h_ptr + rows[:, None] * K + ks[None, :], mask=row_ok[:, None], other=0.0).to(w_ty)
-                if EVICT:
-                    w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0,
-                                eviction_policy="evict_first")
-                else:
-                    w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None], other=0.0)
+                w = _weights(w_ptr + cols[:, None] * K + ks[None, :], col_ok[:, None], EVICT)
                 acc = _dot(hv, tl.trans(w), acc, IEEE)
             out_ok = row_ok[:, None] & col_ok[None, :]
             at = rows[:, None] * N + cols[None, :]
             if SPLITS == 1:
-                xv = tl.load(x_ptr + at, mask=out_ok, other=0.0).to(tl.float32)
-                tl.store(y_ptr + at, (xv + acc.to(out_ty).to(tl.float32)).to(out_ty), mask=out_ok)
+                _add_residual(x_ptr, y_ptr, at, out_ok, acc)
             else:
                 tl.store(ws_ptr + split * M * N + at, acc, mask=out_ok)
                 tile = pid_m * tl.num_programs(0) + pid_n
-                # release our partials; learn whether every other split of this tile has released its own
-                arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-                if arrived == SPLITS - 1:
-                    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                    for s in tl.static_range(SPLITS):  # split order, whatever the arrival order
-                        total += tl.load(ws_ptr + s * M * N + at, mask=out_ok, other=0.0, cache_modifier=".cg")
-                    xv = tl.load(x_ptr + at, mask=out_ok, other=0.0).to(tl.float32)
-                    tl.store(y_ptr + at, (xv + total.to(out_ty).to(tl.float32)).to(out_ty), mask=out_ok)
+                if _last_arrival(count_ptr + tile) == SPLITS - 1:
+                    _add_splits(ws_ptr, x_ptr, y_ptr, at, out_ok, M * N, SPLITS)
                     tl.atomic_xchg(count_ptr + tile, 0)
 
         _kernels_ok = True
