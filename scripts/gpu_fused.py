@@ -158,6 +158,14 @@ def check(depth: Depth, rows: int, t: int, start: int) -> dict:
     return out
 
 
+def wall_us(fn, replays: int = 1) -> float:
+    """Wall-clock us per `fn()` without graphs: the scripts' --dry-run stand-in for graph_ms (CPU)."""
+    t0 = time.perf_counter()
+    for _ in range(replays):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / replays
+
+
 def graph_ms(fn, reps: int = 10, iters: int = 7) -> float:
     """Median time of one `fn()` replayed from a CUDA graph of `reps` calls (ms)."""
     side = torch.cuda.Stream()

@@ -128,31 +128,6 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     assert (len(whole_layers) == 0) == compile
 
 
-def test_fused_form_falls_back_to_units_when_its_kernels_fail(model, request_for, monkeypatch):
-    """A fused kernel that cannot be built on this device (here: raises) leaves the compiled units+attn
-    step, not the uncompiled one, and says why; the frames stay the eager reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, "fused")
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("no kernel for this device")
-
-    monkeypatch.setattr(fused, "qkv_rope", broken)
-    request = request_for(model, True, frames=2)
-    eager = list(EagerFrameGenerator(model, request, "cpu"))
-    clear_runners()
-    from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
-
-    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
-    assert runner.compiled and runner.step.form == "units+attn"
-    assert "no kernel for this device" in runner.compile_fallback_reason
-    assert "trying form units+attn" in runner.compile_fallback_reason
-    release_runner(model.lm, runner)
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
-    clear_runners()
-    assert _equal(eager, fast)
-
-
 def test_layer_form_by_rows_and_environment(monkeypatch):
     monkeypatch.delenv(compiled.FORM_ENV, raising=False)
     assert compiled.layer_form(1) == compiled.layer_form(2) == "fused+chain+all"  # one stream, CFG or not
@@ -164,23 +139,29 @@ def test_layer_form_by_rows_and_environment(monkeypatch):
         compiled.layer_form(2)
 
 
-def test_batched_mlp_form_falls_back_to_gemm_when_its_kernels_fail(model, request_for, monkeypatch):
-    """The "gemm+mlp" form whose kernels cannot run here (raises) leaves the compiled "gemm" step and says why."""
+@pytest.mark.parametrize("form, module, kernel, fallback", [("fused", fused, "qkv_rope", "units+attn"),
+                                                           ("gemm+mlp", fused_rows, "norm_gate_up_rows", "gemm")])
+def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monkeypatch, form, module, kernel,
+                                                         fallback):
+    """A form whose kernel cannot be built on this device (here: raises) leaves the compiled step of the form
+    without it ("fused" -> units+attn, "gemm+mlp" -> gemm), not the uncompiled one, and says why; the frames
+    stay the eager reference's."""
     monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, "gemm+mlp")
+    monkeypatch.setenv(compiled.FORM_ENV, form)
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel for this device")
 
-    monkeypatch.setattr(fused_rows, "norm_gate_up_rows", broken)
+    monkeypatch.setattr(module, kernel, broken)
     request = request_for(model, True, frames=2)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
     from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 
     runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
-    assert runner.compiled and runner.step.form == "gemm"
-    assert "trying form gemm" in runner.compile_fallback_reason and "no kernel" in runner.compile_fallback_reason
+    assert runner.compiled and runner.step.form == fallback
+    assert "no kernel for this device" in runner.compile_fallback_reason
+    assert f"trying form {fallback}" in runner.compile_fallback_reason
     release_runner(model.lm, runner)
     fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
     clear_runners()

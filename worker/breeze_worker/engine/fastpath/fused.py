@@ -507,6 +507,15 @@ _BY_WIDTH = {
 _LOOPED = ("norm_gate_up", "norm_linear", "down_residual", "o_residual")
 
 
+def apply_overrides(cfg: dict, kernel: str, k: int) -> None:
+    """`BREEZE_FUSED_CONFIG` (and the interpreter check's `_config_override`) on top of `cfg`: by kernel name,
+    then by name@width."""
+    overrides = _overrides()
+    for key in (kernel, f"{kernel}@{k}"):
+        cfg.update(overrides.get(key, {}))
+        cfg.update(_config_override.get(key, {}))
+
+
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
     the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them, by kernel
@@ -537,10 +546,7 @@ def plan(kernel: str, k: int) -> dict:
         cfg.setdefault("per_sm", 0)
         cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
-    overrides = _overrides()
-    for key in (kernel, f"{kernel}@{k}"):
-        cfg.update(overrides.get(key, {}))
-        cfg.update(_config_override.get(key, {}))
+    apply_overrides(cfg, kernel, k)
     if kernel == "depth_head":
         return cfg
     if kernel == "sample":

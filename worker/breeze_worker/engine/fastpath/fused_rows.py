@@ -161,10 +161,7 @@ def plan(kernel: str, k: int, rows: int) -> dict:
     else:
         raise ValueError(f"unknown rows kernel {kernel!r}")
     cfg["block_m"] = _block_m(rows)
-    overrides = fused._overrides()
-    for key in (kernel, f"{kernel}@{k}"):
-        cfg.update(overrides.get(key, {}))
-        cfg.update(fused._config_override.get(key, {}))
+    fused.apply_overrides(cfg, kernel, k)
     cfg["block_k"] = min(cfg["block_k"], max(16, k & -k))
     if kernel == "down_residual_rows":
         while cfg["splits"] > 1 and k % (cfg["splits"] * cfg["block_k"]):
