@@ -169,12 +169,12 @@ def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monk
 
 
 def test_depth_head_kernel_form_gives_the_same_frames(model, request_for, monkeypatch):
-    """With the depth head's plan "on" (off by default until timed on a GPU), every depth position's logits
-    come from fused.depth_head (its torch form on the CPU) and the frames stay the eager reference's."""
+    """With the depth head's plan "on" (the default), every depth position's logits come from
+    fused.depth_head (its torch form on the CPU, where the kernel is not wanted unless forced) and the frames
+    stay the eager reference's."""
     monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
     monkeypatch.setenv(compiled.FORM_ENV, "fused+chain+all")
-    assert not fused.plan("depth_head", 1024)["on"]
-    monkeypatch.setattr(fused, "_config_override", {"depth_head": {"on": True}})
+    assert fused.plan("depth_head", 1024)["on"] and not fused.depth_head_wanted(torch.device("cpu"), 1024)
     monkeypatch.setattr(fused, "depth_head_wanted", lambda device, hidden: fused.plan("depth_head", hidden)["on"])
     calls = []
     real = fused.depth_head

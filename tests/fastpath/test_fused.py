@@ -50,7 +50,7 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     from breeze_worker.engine.fastpath import fused
 
     depth_down = fused.plan("down_residual", 8192)
-    assert depth_down["chunk"] * depth_down["splits"] == 8192 and depth_down["splits"] == 4
+    assert (depth_down["chunk"], depth_down["splits"], depth_down["block_n"]) == (8192, 1, 1)  # run 28's winner
     odd = fused.plan("down_residual", 96)  # chunk: the largest power of two dividing K, at most the default
     assert (odd["chunk"], odd["splits"]) == (32, 3)
     wide = fused.plan("norm_gate_up", 4096)  # two tiles of block x 4096 must fit 8192 elements: block 1
@@ -61,7 +61,7 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
 
 
 def test_loop_kernels_are_opt_in_and_never_launch_idle_programs():
-    """The loop kernels (`per_sm` > 0) are off in the committed plans (not yet timed on a GPU); when asked for,
+    """The loop kernels (`per_sm` > 0) are off in the committed plans (slower on the H200, run 28); when asked for,
     per_sm programs a multiprocessor (2 in the interpreter), never more programs than tiles."""
     import torch
 

@@ -16,11 +16,12 @@ positions).
   order, so the result does not depend on arrival order, and resets the counter. It serves the MLP's
   down projection and the attention's output projection (plan "o_residual").
 - `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up.
-- loop kernels (plan setting `per_sm` > 0; off in the committed plans, not yet timed on a GPU): the
-  projections above with a few programs per SM, each walking column blocks and fetching the next block's
-  weights before it reduces the current one; each tile's sums as the one-tile kernels', the same bits.
-- `depth_head` (plan "on"; off, not yet timed): a depth position's final RMSNorm, the codebook's head in
-  FP32 and the CFG combination as one chained kernel.
+- loop kernels (plan setting `per_sm` > 0; off: 1.1-3x slower than the one-tile kernels at every shape on
+  the H200, results/NOTES.md run 28): the projections above with a few programs per SM, each walking column
+  blocks and fetching the next block's weights before it reduces the current one; each tile's sums as the
+  one-tile kernels', the same bits.
+- `depth_head` (plan "on", the default since run 28: 8.33 -> 8.19 ms per frame with it): a depth position's
+  final RMSNorm, the codebook's head in FP32 and the CFG combination as one chained kernel.
 
 Forms (layers.py FORMS) built from them:
 - `fused+chain`: the whole depth layer as these five kernels. On compute
@@ -495,12 +496,14 @@ def _overrides() -> dict:
     return value
 
 
-# launch settings by input width where the backbone's shapes (K 2048, the MLP's 6144) timed faster with
-# others than the depth decoder's defaults (scripts/gpu_backbone.py, results/NOTES.md run 19)
+# launch settings by input width where a shape timed faster with others than the defaults: the backbone's
+# (K 2048, the MLP's 6144; scripts/gpu_backbone.py, results/NOTES.md run 19) and the depth MLP's down
 _BY_WIDTH = {
     ("norm_linear", 2048): {"block_n": 4, "num_warps": 4, "evict": True},  # 8.10 -> 7.79 us
     ("o_residual", 2048): {"block_n": 2, "chunk": 2048, "num_warps": 2, "evict": False},  # 4.87 -> 3.62
     ("norm_gate_up", 2048): {"block_n": 2, "num_warps": 4, "evict": True},  # 21.37 -> 20.25
+    # the depth MLP's down (K 8192) in one chunk (scripts/gpu_mlp_loop.py, run 28): 8.24 -> 7.54 us
+    ("down_residual", 8192): {"block_n": 1, "chunk": 8192, "num_warps": 8, "evict": True},
 }
 
 
@@ -536,8 +539,8 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
-    elif kernel == "depth_head":  # off until timed on a GPU (scripts/gpu_mlp_loop.py); "on": the kernel serves
-        cfg = {"on": False, "block_v": 16, "num_warps": 8}
+    elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
+        cfg = {"on": True, "block_v": 8, "num_warps": 4}
     elif kernel == "sample":
         cfg = {"radix": 1, "num_warps": 8}  # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower)
     else:
