@@ -211,6 +211,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--skip-frame", action="store_true")
     parser.add_argument("--override", default="{}", help="settings added to the winners (JSON, as BREEZE_FUSED_CONFIG)")
+    parser.add_argument("--variants", default=None,
+                        help="the frame A/B's variants instead of the built-in ones: JSON {label: BREEZE_FUSED_CONFIG}, "
+                             "A first (the baseline)")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, Triton's interpreter, shrunk shapes, the tiny model uncompiled: the script's logic")
     args = parser.parse_args()
@@ -249,6 +252,8 @@ def main() -> int:
             variants["B"] = override
         variants["C"] = {**override, "depth_head": {"on": True, "block_v": 16, "num_warps": 8}}
         variants["D"] = {**override, "depth_head": {"on": True, "block_v": 8, "num_warps": 4}}
+        if args.variants:
+            variants = json.loads(args.variants)
         doc["frame"] = (frame_ab(variants, 4, 2, size="tiny", path="fast-uncompiled") if args.dry_run
                         else frame_ab(variants, args.frames, args.rounds))
     with open(args.json, "w") as f:

@@ -3,7 +3,8 @@ replaces (engine/sampling.py compiled by Inductor: pairwise filters up to 8 stre
 
 1. correctness, per stream count (1-32) and width (2051 depth classes, 2052 for codebook 0): the kernel's
    kept set == `_sorted_keep`, its codes == `sample_rows` (eager torch), its non-finite flags == isfinite,
-   over default settings (top-k 50, top-p 1), nucleus rows, greedy rows and tied logits.
+   over default settings (top-k 50, top-p 1), nucleus rows, greedy rows and tied logits; both block layouts
+   (plan "split" off: one block of 4096 lanes; on: 2048 + 4).
 2. launch settings: the kernel's search step (RADIX bits) and warps, per position in a CUDA graph of 16
    calls at 1 and 32 streams, default settings (top-p 1: no nucleus search) and top-p 0.9 on every row;
    the fastest at the default settings (the sum over 1 and 32 streams; the committed plan wins ties
@@ -27,7 +28,9 @@ from breeze_worker.engine.fastpath.compiled import compile_unit
 from breeze_worker.engine.sampling import RowSampling, exponential_noise, filter_rows, sample_rows
 
 DEVICE = "cuda"
-CANDIDATES = [{"radix": r, "num_warps": w} for r in (1, 2) for w in (8, 16)]  # run 19: 2-4 warps 2-4x slower
+# run 19: 2-4 warps 2-4x slower unsplit; split (2048 + 4 lanes for 2051 classes) holds half the registers
+CANDIDATES = ([{"radix": r, "num_warps": w, "split": False} for r in (1, 2) for w in (8, 16)]
+              + [{"radix": r, "num_warps": w, "split": True} for r in (1, 2) for w in (4, 8, 16)])
 
 
 def rows_for(streams: int, nucleus: bool | None) -> RowSampling:
@@ -52,11 +55,19 @@ def inputs(streams: int, vocab: int, seed: int, ties: bool = False):
     if ties:
         logits = (logits * 2).round() / 2
     blocked = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
-    blocked[2048:] = True
+    blocked[2048:2051] = True  # the reserved codes (2051, codebook 0's end of speech, stays open)
     return logits, blocked
 
 
-def check(streams: int, vocab: int, seed: int, ties: bool) -> dict:
+def check(streams: int, vocab: int, seed: int, ties: bool, split: bool) -> dict:
+    fused._config_override = {"sample": {"split": split}}
+    try:
+        return _check(streams, vocab, seed, ties) | {"split": split}
+    finally:
+        fused._config_override = {}
+
+
+def _check(streams: int, vocab: int, seed: int, ties: bool) -> dict:
     logits, blocked = inputs(streams, vocab, seed, ties)
     rows = rows_for(streams, None)
     frame = torch.full((streams,), seed, dtype=torch.int64, device=DEVICE)
@@ -140,7 +151,7 @@ def main() -> int:
     if args.dry_run:
         DEVICE = "cpu"
     result = {} if args.dry_run else gpu_fused.gpu_result()
-    checks = [check(s, v, seed, ties) for seed, (s, v, ties) in enumerate(
+    checks = [check(s, v, seed, ties, split) for split in (False, True) for seed, (s, v, ties) in enumerate(
         [(1, 2051, False), (2, 2052, False), (8, 2051, True), (16, 2052, False), (32, 2051, True), (48, 2051, False)])]
     for c in checks:
         print(json.dumps(c), flush=True)

@@ -32,12 +32,18 @@ def _logits(g: torch.Generator, kind: str, rows: int, vocab: int) -> torch.Tenso
     elif kind == "peaked":  # one or three leaders holding nearly all the mass: the nucleus inside a tie
         x[:, :3] = 25.0
         x[0, 1:3] = 0.0
+    elif kind == "tail":  # the leaders (and a tie across the two blocks) past the split's head block
+        x[:, vocab - 3:] = 25.0
+        x[0, vocab - 2:] = 0.0
+        x[1, 1000] = x[1, vocab - 1] = 30.0  # tied maximum in both blocks: the first index wins
     return x
 
 
-def _case(kind: str, seed: int) -> dict:
+def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None) -> dict:
+    """`split`: the kernel's plan setting (None: the committed plan's)."""
+    from breeze_worker.engine.fastpath import fused
+
     g = torch.Generator().manual_seed(seed)
-    vocab = 2051
     top_k = [50, 10, 0, 1, 2051, 4000, 7, 300]
     top_p = [1.0, 0.9, 0.8, 1.0, 0.5, 1e-6, 0.97, 0.3]
     temperature = [0.9, 1.0, 0.7, 1.3, 0.0, 1.0, 0.5, 1.1]  # row 4 greedy
@@ -46,7 +52,7 @@ def _case(kind: str, seed: int) -> dict:
                            top_p=torch.tensor(top_p), repetition_penalty=torch.ones(rows),
                            seed=torch.arange(rows, dtype=torch.int64) * 131 + seed)
     blocked = torch.zeros(vocab, dtype=torch.bool)
-    blocked[2048:] = True
+    blocked[2048:2051] = True  # the reserved codes; 2051 (codebook 0's end of speech) and above stay open
     blocked[5] = True
     logits = _logits(g, kind, rows, vocab)
     if kind == "nonfinite":
@@ -57,7 +63,12 @@ def _case(kind: str, seed: int) -> dict:
     flags = torch.zeros(rows, dtype=torch.bool)
     flags[7] = True  # a flag set earlier in the frame stays set
     keep = torch.zeros(rows, vocab, dtype=torch.int8)
-    code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep)
+    fused._config_override = {} if split is None else {"sample": {"split": split}}
+    try:
+        split_used = fused.plan("sample", vocab)["split"]
+        code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep)
+    finally:
+        fused._config_override = {}
 
     scaled, expected_keep = filter_rows(logits, sampling, blocked)
     finite_rows = torch.isfinite(logits).all(-1)
@@ -69,7 +80,8 @@ def _case(kind: str, seed: int) -> dict:
     flags_ok = torch.equal(flags, ~finite_rows | (torch.arange(rows) == 7))
     filtered = bool((keep.sum(-1) < torch.isfinite(scaled).sum(-1)).any())
     ok = bool(same_keep.all()) and bool(same_code.all()) and flags_ok
-    return {"kind": kind, "seed": seed, "ok": ok, "keep_rows_equal": int(same_keep.sum()),
+    return {"kind": kind, "seed": seed, "vocab": vocab, "split": split_used,
+            "blocks": list(fused_sampling.blocks(vocab, split_used)), "ok": ok, "keep_rows_equal": int(same_keep.sum()),
             "code_rows_equal": int(same_code.sum()), "rows": rows, "flags_ok": flags_ok,
             "nonfinite_rows": int((~finite_rows).sum()),
             "compared_rows": int(comparable.sum()), "filtered_something": filtered,
@@ -113,6 +125,11 @@ def _frames_case(cfg: bool, top_p: float | None) -> dict:
 def main() -> int:
     cases = [_case(kind, seed) for seed, kind in enumerate(("plain", "ties", "zeros", "sparse", "peaked",
                                                              "nonfinite", "plain", "ties"))]
+    # both block layouts: 2051 and 2052 classes as 2048 + 4, 3000 as 2048 + 1024 (72 lanes masked), a power
+    # of two (no tail either way), leaders in the tail block
+    for split in (True, False):
+        cases += [_case(kind, 20 + seed, vocab, split) for seed, (kind, vocab) in enumerate(
+            (("tail", 2052), ("ties", 2051), ("nonfinite", 3000), ("tail", 3000), ("plain", 2048)))]
     cases += [_frames_case(False, None), _frames_case(True, 0.8)]
     for case in cases:
         print(json.dumps(case))

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interpreter_check):
     cases = interpreter_check("sampling_interpreter_check.py")
-    assert len(cases) == 10 and all(c["ok"] for c in cases)
+    assert len(cases) == 20 and all(c["ok"] for c in cases)
+    blocks = {(c["vocab"], c["split"]): tuple(c["blocks"]) for c in cases if c["kind"] != "frames"}
+    assert blocks[(2051, True)] == blocks[(2052, True)] == (2048, 4) and blocks[(3000, True)] == (2048, 1024)
+    assert blocks[(2051, False)] == (4096, 0) and blocks[(2048, True)] == blocks[(2048, False)] == (2048, 0)
     rows = [c for c in cases if c["kind"] != "frames"]
     assert all(c["keep_rows_equal"] == c["code_rows_equal"] == c["rows"] for c in rows)
     assert all(c["filtered_something"] for c in rows)  # the filters cut tokens in every case
@@ -20,7 +23,7 @@ def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interprete
     nonfinite = next(c for c in cases if c["kind"] == "nonfinite")
     assert nonfinite["nonfinite_rows"] == 2 and nonfinite["compared_rows"] == 6 and nonfinite["flags_ok"]
     tied = [c for c in cases if c["kind"] == "ties"]
-    assert all(c["kept"][0] == 2047 for c in tied)  # an all-tied row keeps every unblocked token under top-k 50
+    assert all(c["kept"][0] == c["vocab"] - 4 for c in tied)  # an all-tied row keeps every unblocked token under top-k 50
 
 
 def test_sampler_choice_by_device_and_environment(monkeypatch):
@@ -69,10 +72,12 @@ def test_sampling_kernel_compiles_for_hopper_at_every_radix():
     signature = {"logits_ptr": "*fp32", "stride_l": "i32", "blocked_ptr": "*u8", "temp_ptr": "*fp32",
                  "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "log_noise_ptr": "*fp32", "stride_n": "i32",
                  "code_ptr": "*i64", "nonfinite_ptr": "*u8", "keep_ptr": "*i64", "V": "i32", "VP": "constexpr",
-                 "RADIX": "constexpr", "WRITE_KEEP": "constexpr"}
-    for radix in (1, 2, 4):
+                 "VT": "constexpr", "RADIX": "constexpr", "WRITE_KEEP": "constexpr"}
+    # both block layouts of 2051 classes (fused_sampling.blocks): one block of 4096, or 2048 + 4
+    for (head, tail), radix in [(fused_sampling.blocks(2051, split), radix) for split in (False, True)
+                                for radix in (1, 2, 4)]:
         source = ASTSource(fn=fused_sampling._sample_kernel, signature=signature,
-                           constexprs={"VP": 4096, "RADIX": radix, "WRITE_KEEP": radix == 1})
+                           constexprs={"VP": head, "VT": tail, "RADIX": radix, "WRITE_KEEP": radix == 1})
         built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         assert "_sample_kernel" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000
 

@@ -542,7 +542,9 @@ def plan(kernel: str, k: int) -> dict:
     elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
         cfg = {"on": True, "block_v": 8, "num_warps": 4}
     elif kernel == "sample":
-        cfg = {"radix": 1, "num_warps": 8}  # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower)
+        # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower); "split": the row as a power-of-two
+        # head block and a small tail (2048 + 4 lanes for 2051 classes) instead of one block of 4096
+        cfg = {"radix": 1, "num_warps": 8, "split": False}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     if kernel in _LOOPED:  # one program per tile (per_sm 0), or the loop kernels (`_programs`)

@@ -43,17 +43,28 @@ if fused._triton is not None:
         return above
 
     @triton.jit
-    def _search(skey, ok, probs, target, RADIX: tl.constexpr, MASS: tl.constexpr):
+    def _above_row(skey, ok, probs, tkey, tok, tprobs, cand, AXIS: tl.constexpr, MASS: tl.constexpr,
+                   TAIL: tl.constexpr):
+        """`_above` over the whole row: its power-of-two head and, with TAIL, the tail block after it."""
+        above = _above(skey, ok, probs, cand, AXIS, MASS)
+        if TAIL:
+            above += _above(tkey, tok, tprobs, cand, AXIS, MASS)
+        return above
+
+    @triton.jit
+    def _search(skey, ok, probs, tkey, tok, tprobs, target, RADIX: tl.constexpr, MASS: tl.constexpr,
+                TAIL: tl.constexpr):
         """The largest unsigned key t (an int64 in [0, 2**32)) where a test holds: MASS False, at least
         `target` keys >= t; MASS True, the probability mass of the keys > t at least `target`. The test
         holds at 0 (the caller's invariant) and fails above its answer, so t is found RADIX bits a step,
         from the top, by trying every digit of the step at once (RADIX 1: the one digit that is not known
-        to pass). `skey`: the keys minus 2**31, int32."""
+        to pass). `skey`: the keys minus 2**31, int32; the row is the head block (skey, ok, probs) and,
+        with TAIL, the tail block (tkey, tok, tprobs)."""
         t = tl.full([], 0, tl.int64)
         if RADIX == 1:
             for step in tl.static_range(32):
                 cand = (t + (1 << (31 - step)) - 2147483648).to(tl.int32)
-                above = _above(skey, ok, probs, cand, 0, MASS)
+                above = _above_row(skey, ok, probs, tkey, tok, tprobs, cand, 0, MASS, TAIL)
                 t = tl.where(above >= target, t + (1 << (31 - step)), t)
             return t
         DIGITS: tl.constexpr = 1 << RADIX
@@ -61,59 +72,112 @@ if fused._triton is not None:
         for step in tl.static_range(32 // RADIX):
             shift = 32 - RADIX * (step + 1)
             cand = (t + (digits.to(tl.int64) << shift) - 2147483648).to(tl.int32)  # [DIGITS], signed
-            above = _above(skey[None, :], ok[None, :], probs[None, :], cand[:, None], 1, MASS)
+            above = _above_row(skey[None, :], ok[None, :], probs[None, :], tkey[None, :], tok[None, :],
+                               tprobs[None, :], cand[:, None], 1, MASS, TAIL)
             best = tl.max(tl.where(above >= target, digits, 0), axis=0)
             t = t + (best.to(tl.int64) << shift)
         return t
 
     @triton.jit
-    def _sample_kernel(logits_ptr, stride_l, blocked_ptr, temp_ptr, top_k_ptr, top_p_ptr, log_noise_ptr, stride_n,
-                       code_ptr, nonfinite_ptr, keep_ptr, V, VP: tl.constexpr, RADIX: tl.constexpr,
-                       WRITE_KEEP: tl.constexpr):
-        s = tl.program_id(0)
-        ids = tl.arange(0, VP)
+    def _keys(logits_ptr, blocked_ptr, ids, V, temp, greedy):
+        """One block of a row: in range, scaled (temperature; reserved ids and lanes past V -inf), the
+        order-preserving keys, and whether it holds a NaN or an infinity (before the reserved ids are
+        masked)."""
         ok = ids < V
-        x = tl.load(logits_ptr + s * stride_l + ids, mask=ok, other=0.0).to(tl.float32)
-        # non-finite: NaN (x != x) or +-inf, before the reserved ids are masked
+        x = tl.load(logits_ptr + ids, mask=ok, other=0.0).to(tl.float32)
         bad = tl.sum((ok & ((x != x) | (tl.abs(x) == float("inf")))).to(tl.int32), axis=0) > 0
-        was = tl.load(nonfinite_ptr + s)
-        tl.store(nonfinite_ptr + s, (was != 0) | bad)
         blocked = tl.load(blocked_ptr + ids, mask=ok, other=1) != 0
         x = tl.where(blocked, float("-inf"), x)
-        temp = tl.load(temp_ptr + s)
-        greedy = temp <= 0.0
         scaled = x / tl.where(greedy, 1.0, temp)
         scaled = tl.where(ok, scaled, float("-inf"))
         # the order-preserving key: flip the magnitude bits of negatives (signed int32 order = float order;
         # the unsigned key of the module docstring is this plus 2**31)
         bits = tl.where(scaled == 0.0, 0.0, scaled).to(tl.int32, bitcast=True)
         skey = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        return ok, scaled, skey, bad
+
+    @triton.jit
+    def _first_max(v, tv, TAIL: tl.constexpr, VP: tl.constexpr):
+        """argmax over the head block v and the tail block tv (indices VP on), the first index on ties."""
+        best = tl.argmax(v, axis=0)
+        if TAIL:
+            tail = tl.argmax(tv, axis=0)
+            best = tl.where(tl.max(tv, axis=0) > tl.max(v, axis=0), tail + VP, best)
+        return best
+
+    @triton.jit
+    def _sample_kernel(logits_ptr, stride_l, blocked_ptr, temp_ptr, top_k_ptr, top_p_ptr, log_noise_ptr, stride_n,
+                       code_ptr, nonfinite_ptr, keep_ptr, V, VP: tl.constexpr, VT: tl.constexpr,
+                       RADIX: tl.constexpr, WRITE_KEEP: tl.constexpr):
+        """One stream row: ids [0, VP) as the head block and, when VT > 0, [VP, VP + VT) as the tail block
+        (fused.plan "split": 2051 classes as 2048 + 4 lanes instead of 4096)."""
+        TAIL: tl.constexpr = VT > 0
+        s = tl.program_id(0)
+        temp = tl.load(temp_ptr + s)
+        greedy = temp <= 0.0
+        row = logits_ptr + s * stride_l
+        ids = tl.arange(0, VP)
+        ok, scaled, skey, bad = _keys(row, blocked_ptr, ids, V, temp, greedy)
+        tids = VP + tl.arange(0, VT if TAIL else 1)  # without a tail: one lane past V, masked everywhere
+        tok, tscaled, tkey, tbad = _keys(row, blocked_ptr, tids, V, temp, greedy)
+        if TAIL:
+            bad = bad | tbad
+        was = tl.load(nonfinite_ptr + s)
+        tl.store(nonfinite_ptr + s, (was != 0) | bad)
         top_k = tl.load(top_k_ptr + s)
         k = tl.where(top_k > 0, tl.minimum(top_k, V), V)
         keep = ok
+        tkeep = tok
         if k < V:
-            t = _search(skey, ok, scaled, k, RADIX, False)
+            t = _search(skey, ok, scaled, tkey, tok, tscaled, k, RADIX, False, TAIL)
             keep = ok & (skey >= (t - 2147483648).to(tl.int32))
+            tkeep = tok & (tkey >= (t - 2147483648).to(tl.int32))
         p = tl.load(top_p_ptr + s)
         if p < 1.0:
             kept = tl.where(keep, scaled, float("-inf"))
-            e = tl.where(keep, tl.exp(kept - tl.max(kept, axis=0)), 0.0)
-            probs = e / tl.sum(e, axis=0)
-            if tl.sum(tl.where(skey > -2147483648, probs, 0.0), axis=0) >= p:  # else every kept token is in
-                t = _search(skey, ok, probs, p, RADIX, True)
+            tkept = tl.where(tkeep, tscaled, float("-inf"))
+            top = tl.max(kept, axis=0)
+            if TAIL:
+                top = tl.maximum(top, tl.max(tkept, axis=0))
+            e = tl.where(keep, tl.exp(kept - top), 0.0)
+            te = tl.where(tkeep, tl.exp(tkept - top), 0.0)
+            total = tl.sum(e, axis=0)
+            if TAIL:
+                total += tl.sum(te, axis=0)
+            probs = e / total
+            tprobs = te / total
+            low = tl.full([], -2147483648, tl.int32)
+            if _above_row(skey, ok, probs, tkey, tok, tprobs, low, 0, True, TAIL) >= p:  # else all kept are in
+                t = _search(skey, ok, probs, tkey, tok, tprobs, p, RADIX, True, TAIL)
                 keep = keep & (skey > (t - 2147483648).to(tl.int32))
+                tkeep = tkeep & (tkey > (t - 2147483648).to(tl.int32))
         filtered = tl.where(keep, scaled, float("-inf"))
+        tfiltered = tl.where(tkeep, tscaled, float("-inf"))
         log_noise = tl.load(log_noise_ptr + s * stride_n + ids, mask=ok, other=0.0)
-        drawn = tl.argmax(filtered - log_noise, axis=0)
-        best = tl.argmax(filtered, axis=0)
+        tlog_noise = tl.load(log_noise_ptr + s * stride_n + tids, mask=tok, other=0.0)
+        drawn = _first_max(filtered - log_noise, tfiltered - tlog_noise, TAIL, VP)
+        best = _first_max(filtered, tfiltered, TAIL, VP)
         tl.store(code_ptr + s, tl.where(greedy, best, drawn).to(tl.int64))
         if WRITE_KEEP:
             tl.store(keep_ptr + s * V + ids, keep.to(tl.int8), mask=ok)
+            if TAIL:
+                tl.store(keep_ptr + s * V + tids, tkeep.to(tl.int8), mask=tok)
 
 
 def available(device: torch.device) -> bool:
     """Whether the kernel runs for tensors on `device` (fused.available: CUDA with Triton, or the interpreter)."""
     return fused.available(device)
+
+
+def blocks(vocab: int, split: bool) -> tuple[int, int]:
+    """The kernel's two blocks over a row of `vocab` classes (powers of two; the tail 0 when there is none):
+    unsplit, one block padded to the next power of two (2051 -> 4096 lanes); split, the largest power of two
+    within the row and the rest padded (2051 -> 2048 + 4)."""
+    whole = fused._next_power_of_two(vocab)
+    if not split or whole == vocab:
+        return whole, 0
+    head = whole // 2
+    return head, fused._next_power_of_two(vocab - head)
 
 
 def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_noise: torch.Tensor,
@@ -125,11 +189,12 @@ def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_n
     if log_noise.stride(-1) != 1 or logits.stride(-1) != 1:
         raise ValueError("the sampling kernel needs unit stride along the vocabulary")
     cfg = fused.plan("sample", vocab)
+    head, tail = blocks(vocab, cfg["split"])
     code = torch.empty(streams, dtype=torch.int64, device=logits.device)
     keep = keep_out if keep_out is not None else code
     _sample_kernel[(streams,)](logits, logits.stride(0), blocked.view(torch.uint8), rows.temperature, rows.top_k,
                                rows.top_p, log_noise, log_noise.stride(0), code, nonfinite.view(torch.uint8), keep,
-                               vocab, VP=fused._next_power_of_two(vocab), RADIX=cfg["radix"],
+                               vocab, VP=head, VT=tail, RADIX=cfg["radix"],
                                WRITE_KEEP=keep_out is not None, num_warps=cfg["num_warps"])
     return code
 
