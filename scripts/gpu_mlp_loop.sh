@@ -2,11 +2,7 @@
 # One device call for the loop kernels (engine/fastpath/fused.py `per_sm`): the kernel sweep and the frame A/B
 # in one process (scripts/gpu_mlp_loop.py), then the mid-size FP32 check (fast == eager, CFG on) with the
 # winners exported as BREEZE_FUSED_CONFIG. Usage: BREEZE_COMMIT=<sha> OUT=results/gpu_runN scripts/gpu_mlp_loop.sh
-set -u
-OUT="${OUT:-results/gpu}"
-mkdir -p "$OUT"
-export PYTHONPATH="worker:client:protos${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+source "$(dirname "$0")/device_env.sh"
 t0=$SECONDS
 timeout "${LIMIT_LOOP:-380}" python3 scripts/gpu_mlp_loop.py ${LOOP_ARGS:-} --json "$OUT/mlp_loop.json" \
   > "$OUT/mlp_loop.log" 2>&1

@@ -6,11 +6,7 @@
 #     kernels run at 2 rows in IEEE FP32, with the winners exported as BREEZE_FUSED_CONFIG
 #   STEP=batching (~5 min): 32 streams (half CFG), 48 frames, the default "gemm" form and "gemm+mlp" (winners
 #     from $OUT/rows_best.json if there), each in its own process
-set -u
-OUT="${OUT:-results/gpu}"
-mkdir -p "$OUT"
-export PYTHONPATH="worker:client:protos${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+source "$(dirname "$0")/device_env.sh"
 winners() { cat "$OUT/rows_best.json" 2>/dev/null || echo '{}'; }
 BENCH=(python3 -m breeze_worker.cli --log-level INFO bench --device cuda --capacity 256)
 case "${STEP:-kernels}" in

@@ -4,11 +4,7 @@
 # torch sampler, launch settings timed), the frame A/B in one process (A the committed plan, split since run 31;
 # B unsplit at the committed radix and warps; C the fastest setting of the sweep), then the mid-size FP32 check
 # (fast == eager, CFG on and off) with split on. Usage: BREEZE_COMMIT=<sha> OUT=results/gpu_runN scripts/gpu_sampling_split.sh
-set -u
-OUT="${OUT:-results/gpu}"
-mkdir -p "$OUT"
-export PYTHONPATH="worker:client:protos:scripts${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+source "$(dirname "$0")/device_env.sh"
 t0=$SECONDS
 timeout "${LIMIT_SAMPLING:-150}" python3 scripts/gpu_sampling.py --json "$OUT/sampling.json" \
   --best-out "$OUT/sampling_best.json" > "$OUT/sampling.log" 2>&1
