@@ -14,8 +14,9 @@ before capture. Choice, per process, from the environment:
   11.77). Above 2 rows the fused kernels' per-row reductions lose to the library's GEMMs
   (results/batching/NOTES.md runs 7-8: language-model step at 2 streams, 4 rows, 13.21 ms fused vs 12.77
   gemm; at 4 streams 22.42 ms fused (8 rows) vs 12.56 gemm (6 rows); at 1 stream 8.48 fused vs 12.29 gemm).
-  `gemm+mlp` (opt-in, not yet timed on a GPU): `gemm` with the MLPs as fastpath/fused_rows.py's tensor-core
-  kernels; if they cannot be built the runner falls back to `gemm`.
+  `gemm+mlp` (opt-in; 1.4-1.7x slower than `gemm`'s MLP at 16-48 rows on the H200, results/batching/NOTES.md
+  run 12): `gemm` with the MLPs as fastpath/fused_rows.py's tensor-core kernels; if they cannot be built the
+  runner falls back to `gemm`.
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
   sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per

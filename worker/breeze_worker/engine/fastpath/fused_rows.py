@@ -3,7 +3,8 @@
 Why: above 2 rows the layers run as compiled units around library GEMMs ("gemm"). At 32 streams (48 rows)
 a depth-decoder layer's MLP is five kernels there: the post-norm, the gate/up GEMM (11.7 us for 33.5 MB,
 ~68% of the H200's copy bandwidth), SiLU(gate) * up, the down GEMM (8.2 us for 16.8 MB) and the residual
-add (results/batching/NOTES.md run 9), and the frame has 180 such steps. Here the MLP is two kernels:
+add (results/batching/NOTES.md run 9), and the frame has 180 such steps. Here the MLP is two kernels (opt-in:
+measured 1.4-1.7x slower than those five at 16-48 rows on the H200, results/batching/NOTES.md run 12):
 
 - `norm_gate_up_rows`: RMSNorm in the prologue (each row's statistics in a first pass over its input, then
   the normalized input rounded to the weight's dtype chunk by chunk, as `fused._normed_row` does), the gate
