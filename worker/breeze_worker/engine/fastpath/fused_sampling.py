@@ -15,6 +15,10 @@ pairwise top-k count 13 us, the nucleus mass 14.5, the race and finiteness check
   differ from the sorted cumulative sum only by FP32 summation order, as `_pairwise_keep`'s do. top_p 1
   (the default) and top_k 0 skip their halvings.
 
+A row is held as a power-of-two head block and a small tail block (`blocks`; 2051 classes as 2048 + 4
+lanes, half the registers of one 4096-lane block): every count, mass and argmax runs over both, the tail's
+indices after the head's, so the first index still wins ties.
+
 The race itself is the same arithmetic as `sample_rows`: argmax(filtered - log(noise)), first index on
 ties, greedy rows argmax(filtered). `log(noise)` comes in precomputed (the step takes it with the frame's
 noise) so the kernel uses no transcendental of its own on that path.
