@@ -306,16 +306,21 @@ def layer_steps(depth: Depth, best: dict) -> list[dict]:
     return out
 
 
-def gpu_result() -> dict:
-    """The JSON skeleton of a GPU run: meta (GPU, date, commit, versions) and the measured copy bandwidth."""
-    import triton
-
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    result = {"meta": {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(),
+def gpu_result(device: str = "cuda") -> dict:
+    """The JSON skeleton of a GPU run: meta (GPU, date, commit, versions, SMs, chained launches) and the measured
+    copy bandwidth. On the CPU (the scripts' dry runs) the GPU is "cpu (dry run)" and the bandwidth None."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    bandwidth = copy_bandwidth(dev)
+    result = {"meta": {"gpu": torch.cuda.get_device_name() if cuda else "cpu (dry run)",
+                       "date": datetime.datetime.now(datetime.UTC).isoformat(),
                        "commit": os.environ.get("BREEZE_COMMIT", "unknown"), "torch": torch.__version__,
-                       "triton": triton.__version__},
+                       "triton": fused._triton.__version__ if fused._triton else None,
+                       "multiprocessors": torch.cuda.get_device_properties(dev).multi_processor_count if cuda else None,
+                       "pdl": fused.pdl(dev)},
               "copy_bandwidth_bytes_per_s": bandwidth}
-    print(f"{result['meta']}  copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    shown = f"{bandwidth / 1e12:.2f} TB/s" if bandwidth else "not measured"
+    print(f"{result['meta']}  copy bandwidth {shown}", flush=True)
     return result
 
 

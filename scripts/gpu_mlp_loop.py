@@ -19,9 +19,7 @@ one-tile kernels, at batch 1 with CFG (2 rows), then the whole frame with the wi
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import statistics
 import time
 import zlib
@@ -30,7 +28,6 @@ import torch
 
 import gpu_fused  # scripts/: graph_ms
 
-from breeze_worker.bench.measure import copy_bandwidth
 from breeze_worker.engine.fastpath import fused
 
 DEVICE = "cuda"
@@ -223,16 +220,8 @@ def main() -> int:
         time_graph = gpu_fused.wall_us
         for name, (kernel, rows, k, n) in list(SHAPES.items()):
             SHAPES[name] = (kernel, rows, k // 16, n // 16)
-    device = torch.device(DEVICE)
-    bandwidth = copy_bandwidth(device) or 1e12
-    cuda = device.type == "cuda"
-    doc = {"schema": "breeze-mlp-loop/1",
-           "meta": {"device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run)", "date": datetime.datetime.now(datetime.timezone.utc)
-                    .isoformat(timespec="seconds"), "commit": os.environ.get("BREEZE_COMMIT", "unknown"),
-                    "torch": torch.__version__, "triton": fused._triton.__version__ if fused._triton else None,
-                    "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
-                    "pdl": fused.pdl(device)},
-           "copy_bandwidth_bytes_per_s": bandwidth, "shapes": []}
+    doc = {"schema": "breeze-mlp-loop/1", **gpu_fused.gpu_result(DEVICE), "shapes": []}
+    bandwidth = doc["copy_bandwidth_bytes_per_s"] or 1e12
     override = json.loads(args.override)
     for name in filter(None, args.shapes.split(",")):
         kernel, rows, k, n = SHAPES[name]

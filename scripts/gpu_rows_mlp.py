@@ -14,7 +14,6 @@ The winners are written as BREEZE_FUSED_CONFIG JSON (--best-out).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import zlib
@@ -24,7 +23,6 @@ import torch.nn.functional as F
 
 import gpu_fused  # scripts/: graph_ms
 
-from breeze_worker.bench.measure import copy_bandwidth
 from breeze_worker.engine.fastpath import fused, fused_rows
 from breeze_worker.engine.fastpath.compiled import compile_unit
 from breeze_worker.engine.fastpath.layers import layer_mlp_out, linear, rms_norm
@@ -182,16 +180,9 @@ def main() -> int:
             SHAPES[name] = (hidden // 16, inter // 16)
         GATE_UP[:] = [{"block_n": 32, "block_k": 16, "stages": 1, "num_warps": 4}]
         DOWN[:] = [{"block_n": 16, "block_k": 32, "splits": 2, "stages": 1, "num_warps": 4}]
-    device = torch.device(DEVICE)
-    cuda = device.type == "cuda"
-    bandwidth = copy_bandwidth(device) or 1e12
     rows_list = [int(r) for r in args.rows.split(",")]
-    doc = {"schema": "breeze-rows-mlp/1",
-           "meta": {"device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run)", "date": datetime.datetime.now(datetime.timezone.utc)
-                    .isoformat(timespec="seconds"), "commit": os.environ.get("BREEZE_COMMIT", "unknown"),
-                    "torch": torch.__version__, "triton": fused._triton.__version__ if fused._triton else None,
-                    "pdl": fused.pdl(device)},
-           "copy_bandwidth_bytes_per_s": bandwidth, "shapes": []}
+    doc = {"schema": "breeze-rows-mlp/1", **gpu_fused.gpu_result(DEVICE), "shapes": []}
+    bandwidth = doc["copy_bandwidth_bytes_per_s"] or 1e12
     best = {}
     for name, (hidden, inter) in SHAPES.items():
         report = shape_report(name, hidden, inter, bandwidth, rows_list)
