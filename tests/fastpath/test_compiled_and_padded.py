@@ -187,23 +187,3 @@ def test_depth_head_kernel_form_gives_the_same_frames(model, request_for, monkey
     clear_runners()
     assert _equal(eager, fast)
     assert len(calls) >= 3 * (model.lm.config.num_codebooks - 1)  # 15 positions a frame (plus the warm-up's)
-
-
-def test_attention_inside_the_qkv_kernel_gives_the_same_frames(model, request_for, monkeypatch):
-    """With the "qkv_rope" plan's `attend` on, every depth layer step of the chained form goes through
-    fused.qkv_rope_attend (its torch form here: q/k/v + RoPE, then the attention) and the frames stay the
-    eager reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, "fused+chain+all")
-    monkeypatch.setattr(fused, "_config_override", {"qkv_rope": {"attend": True}})
-    calls = []
-    real = fused.qkv_rope_attend
-    monkeypatch.setattr(fused, "qkv_rope_attend", lambda *a, **k: calls.append(1) or real(*a, **k))
-    request = request_for(model, True, frames=3)
-    eager = list(EagerFrameGenerator(model, request, "cpu"))
-    clear_runners()
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
-    clear_runners()
-    assert _equal(eager, fast)
-    depth = model.lm.config.depth.num_hidden_layers
-    assert len(calls) >= 3 * depth * (model.lm.config.num_codebooks - 1)  # 15 depth steps a frame (one the prefill)

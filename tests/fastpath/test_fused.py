@@ -10,9 +10,7 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
     assert len(cases) == 7 and all(c["ok"] for c in cases)
     fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
     assert len(fp32) == 4 and max(max(c[k] for k in ("q", "k_cache", "attention", "o_residual", "out", "norm_linear",
-                                                     "backbone_q", "backbone_k_cache", "backbone_v_cache", "attend",
-                                                     "attend_k_cache", "attend_v_cache",
-                                                     "attend_vs_attention_kernel"))
+                                                     "backbone_q", "backbone_k_cache", "backbone_v_cache"))
                                   for c in fp32) < 1e-5
     assert {c["down_splits"] for c in cases} >= {3, 6, 12}  # the ordered split-K sum at several splits
     assert {c["o_splits"] for c in cases} >= {1, 2}  # the output projection: one chunk, and split
@@ -57,7 +55,7 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     assert (odd["chunk"], odd["splits"]) == (32, 3)
     wide = fused.plan("norm_gate_up", 4096)  # two tiles of block x 4096 must fit 8192 elements: block 1
     assert wide["block_n"] == 1 and fused.plan("norm_gate_up", 1024)["block_n"] == 4
-    assert fused.plan("qkv_rope", 1024) == {"block_p": 4, "num_warps": 2, "attend": False}
+    assert fused.plan("qkv_rope", 1024) == {"block_p": 4, "num_warps": 2}
     out_proj = fused.plan("o_residual", 1024)
     assert out_proj["chunk"] * out_proj["splits"] == 1024 and out_proj["block_n"] * 1024 <= 8192
 
@@ -115,25 +113,3 @@ def test_supported_layers_and_shapes(model):
     assert not fused.supported(depth[0], fused.MAX_ROWS + 1, 16)
     assert not fused.supported(depth[0], 2, 12)
     assert not fused.supported(backbone[0], 2, 16) and fused.mlp_supported(backbone[0], 2)
-
-
-def test_qkv_attend_kernel_compiles_for_hopper_chained():
-    """Triton's compiler (the interpreter accepts more) builds the q/k/v kernel with the attention inside for
-    sm_90 at the depth decoder's shapes, chained (griddepcontrol in its PTX), at both step lengths."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from breeze_worker.engine.fastpath import fused
-
-    pointers = ("x_ptr", "w_norm_ptr", "w_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr", "v_ptr", "out_ptr")
-    signature = {**{name: "*bf16" for name in pointers}, "count_ptr": "*i32", "H": "i32", "start": "i32",
-                 "eps": "fp32", "scale": "fp32", "stride_cr": "i32", "stride_ck": "i32", "stride_cl": "i32",
-                 **{name: "constexpr" for name in ("M", "T", "HEADS", "KV_HEADS", "HEAD_DIM", "SLOTS", "BLOCK_P",
-                                                   "HP", "USE_PDL")}}
-    for rows, t in ((2, 1), (2, 2)):
-        source = ASTSource(fn=fused._qkv_rope_attend_kernel, signature=signature,
-                           constexprs={"M": rows * t, "T": t, "HEADS": 8, "KV_HEADS": 2, "HEAD_DIM": 128, "SLOTS": 16,
-                                       "BLOCK_P": 4, "HP": 1024, "USE_PDL": True})
-        built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
-        assert "griddepcontrol" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000

@@ -11,11 +11,6 @@ positions).
   head, so RoPE is local.
 - `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots (three
   kernels before).
-- `qkv_rope_attend` (plan "qkv_rope" `attend`; off until measured): the two above as one kernel. The last
-  program to finish among those writing a KV head's query heads, key and value (an atomic counter, as
-  `down_residual`'s last arrival) attends that group for every row, so the layer step has one kernel
-  boundary less (run 24 folded the attention into the output projection instead and lost: every
-  program recomputed it).
 - `down_residual`: a projection plus the residual with K in SPLITS chunks; the partials go to a
   workspace and the last program of a column block to arrive, by an atomic counter, adds them in split
   order, so the result does not depend on arrival order, and resets the counter. It serves the MLP's
@@ -130,24 +125,27 @@ if importlib.util.find_spec("triton") is not None:
             _add_residual(x_ptr, y_ptr, at, ok, total)
 
         @triton.jit
-        def _qkv_tiles(w_ptr, head, pairs, H, HEAD_DIM: tl.constexpr, HP: tl.constexpr):
-            """A q/k/v program's weight rows in FP32: columns d and d + D/2 of its pairs (RoPE mixes them)."""
+        def _qkv_rope_kernel(x_ptr, w_norm_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, H, start, eps,
+                             stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
+                             HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             BLOCK_P: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
+            if USE_PDL:
+                gdc_launch_dependents()
             HALF: tl.constexpr = HEAD_DIM // 2
+            PER_HEAD: tl.constexpr = HALF // BLOCK_P
+            pid = tl.program_id(0)
+            head = pid // PER_HEAD
+            pairs = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
             ks = tl.arange(0, HP)
             k_ok = (ks < H)[None, :]
             col1 = head * HEAD_DIM + pairs
+            w_ty = w_ptr.dtype.element_ty
+            out_ty = q_ptr.dtype.element_ty
+            # the program's weight rows, loaded once: columns d and d + D/2 of its pairs (RoPE mixes them)
             w1 = tl.load(w_ptr + col1[:, None] * H + ks[None, :], mask=k_ok, other=0.0).to(tl.float32)
             w2 = tl.load(w_ptr + (col1 + HALF)[:, None] * H + ks[None, :], mask=k_ok, other=0.0).to(tl.float32)
-            return w1, w2
-
-        @triton.jit
-        def _qkv_rope_rows(w1, w2, x_ptr, w_norm_ptr, w_ty, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, head, pairs, H,
-                           start, eps, stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
-                           HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HP: tl.constexpr):
-            """Each of the M rows normed and reduced against the program's tiles; RoPE on q and k; q into its
-            buffer [M, HEADS, D], k and v into the caches at slot start + t."""
-            HALF: tl.constexpr = HEAD_DIM // 2
-            out_ty = q_ptr.dtype.element_ty
+            if USE_PDL:  # the weights above do not depend on the kernel before; x and the cache do
+                gdc_wait()
             for i in tl.static_range(M):
                 r = i // T
                 t = i % T
@@ -172,84 +170,6 @@ if importlib.util.find_spec("triton") is not None:
                            + (start + t) * stride_cl + pairs)
                     tl.store(dst, a1.to(out_ty))
                     tl.store(dst + HALF, a2.to(out_ty))
-
-        @triton.jit
-        def _qkv_rope_kernel(x_ptr, w_norm_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, H, start, eps,
-                             stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
-                             HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             BLOCK_P: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
-            if USE_PDL:
-                gdc_launch_dependents()
-            PER_HEAD: tl.constexpr = HEAD_DIM // 2 // BLOCK_P
-            pid = tl.program_id(0)
-            head = pid // PER_HEAD
-            pairs = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
-            w1, w2 = _qkv_tiles(w_ptr, head, pairs, H, HEAD_DIM, HP)
-            if USE_PDL:  # the weights above do not depend on the kernel before; x and the cache do
-                gdc_wait()
-            _qkv_rope_rows(w1, w2, x_ptr, w_norm_ptr, w_ptr.dtype.element_ty, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
-                           head, pairs, H, start, eps, stride_cr, stride_ck, stride_cl, M, T, HEADS, KV_HEADS,
-                           HEAD_DIM, HP)
-
-        @triton.jit
-        def _attend_group(q_ptr, k_ptr, v_ptr, out_ptr, i, g, start, scale, stride_cr, stride_ck, stride_cl,
-                          T: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          SLOTS: tl.constexpr):
-            """Row x position `i`, KV head `g`: its query heads one at a time over the SLOTS depth slots (those
-            after start + t masked), everything read past L1 (.cg: other programs of this kernel wrote it)."""
-            GROUP: tl.constexpr = HEADS // KV_HEADS
-            r = i // T
-            t = i % T
-            d = tl.arange(0, HEAD_DIM)
-            slots = tl.arange(0, SLOTS)
-            allowed = slots <= start + t
-            kv = r * stride_cr + g * stride_ck + slots[:, None] * stride_cl + d[None, :]
-            keys = tl.load(k_ptr + kv, mask=allowed[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-            vals = tl.load(v_ptr + kv, mask=allowed[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-            val_ty = v_ptr.dtype.element_ty
-            for h in tl.static_range(GROUP):
-                at = i * (HEADS * HEAD_DIM) + (g * GROUP + h) * HEAD_DIM + d
-                q = tl.load(q_ptr + at, cache_modifier=".cg").to(tl.float32)
-                s = tl.sum(keys * q[None, :], axis=1) * scale  # [SLOTS]
-                s = tl.where(allowed, s, float("-inf"))
-                e = tl.exp(s - tl.max(s, axis=0))
-                p = (e / tl.sum(e, axis=0)).to(val_ty).to(tl.float32)
-                tl.store(out_ptr + at, tl.sum(vals * p[:, None], axis=0).to(out_ptr.dtype.element_ty))
-
-        @triton.jit
-        def _qkv_rope_attend_kernel(x_ptr, w_norm_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, out_ptr,
-                                    count_ptr, H, start, eps, scale, stride_cr, stride_ck, stride_cl,
-                                    M: tl.constexpr, T: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                                    HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr, BLOCK_P: tl.constexpr,
-                                    HP: tl.constexpr, USE_PDL: tl.constexpr):
-            """`_qkv_rope_kernel`, then the attention where it can start: the last program to finish among
-            those writing KV head g's query heads, key and value (an atomic counter per KV head, as the
-            split-K sums' last arrival) attends g's group for every row and resets the counter. One kernel
-            boundary less per depth layer step than `_depth_attention_kernel` after `_qkv_rope_kernel`."""
-            if USE_PDL:
-                gdc_launch_dependents()
-            GROUP: tl.constexpr = HEADS // KV_HEADS
-            PER_HEAD: tl.constexpr = HEAD_DIM // 2 // BLOCK_P
-            pid = tl.program_id(0)
-            head = pid // PER_HEAD
-            pairs = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
-            w1, w2 = _qkv_tiles(w_ptr, head, pairs, H, HEAD_DIM, HP)
-            if USE_PDL:
-                gdc_wait()
-            _qkv_rope_rows(w1, w2, x_ptr, w_norm_ptr, w_ptr.dtype.element_ty, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
-                           head, pairs, H, start, eps, stride_cr, stride_ck, stride_cl, M, T, HEADS, KV_HEADS,
-                           HEAD_DIM, HP)
-            if head < HEADS:
-                g = head // GROUP
-            elif head < HEADS + KV_HEADS:
-                g = head - HEADS
-            else:
-                g = head - HEADS - KV_HEADS
-            if _last_arrival(count_ptr + g) == (GROUP + 2) * PER_HEAD - 1:
-                for i in tl.static_range(M):
-                    _attend_group(q_ptr, k_ptr, v_ptr, out_ptr, i, g, start, scale, stride_cr, stride_ck,
-                                  stride_cl, T, HEADS, KV_HEADS, HEAD_DIM, SLOTS)
-                tl.atomic_xchg(count_ptr + g, 0)
 
         @triton.jit
         def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start, scale, stride_cr, stride_ck, stride_cl,
@@ -609,8 +529,8 @@ def plan(kernel: str, k: int) -> dict:
     CHUNK) values in FP32, within _TILE_BUDGET. "sample" is fused_sampling.py's kernel (`k`: the
     vocabulary): RADIX bits a search step."""
     width = _next_power_of_two(k)
-    if kernel == "qkv_rope":  # "attend": the depth attention inside this kernel (`qkv_rope_attend`)
-        cfg = {"block_p": 4, "num_warps": 2, "attend": False}
+    if kernel == "qkv_rope":
+        cfg = {"block_p": 4, "num_warps": 2}
     elif kernel == "norm_gate_up":
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "down_residual":
@@ -702,32 +622,6 @@ def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                                   k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
                                                   KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots, num_warps=4,
                                                   **_launch(q.device))
-    return out
-
-
-def qkv_rope_attend(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tensor, cos: torch.Tensor,
-                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, mask: torch.Tensor,
-                    workspace: "DownWorkspace", *, heads: int, kv_heads: int, head_dim: int,
-                    scale: float) -> torch.Tensor:
-    """`qkv_rope` then `depth_attention` as ONE kernel (plan "qkv_rope" `attend`): x [R, T, H] -> the attention's
-    output [R, T, heads * D], the caches written as `qkv_rope` writes them. The torch form is those two."""
-    rows, t, hidden = x.shape
-    if not available(x.device):
-        q = qkv_rope(x, w_norm, eps, qkv, cos, sin, k_cache, v_cache, start, heads=heads, kv_heads=kv_heads,
-                     head_dim=head_dim)
-        return depth_attention(q, k_cache, v_cache, mask, start, scale=scale)
-    _check_cache(k_cache, v_cache, head_dim)
-    cfg = plan("qkv_rope", hidden)
-    q = torch.empty(rows, t, heads, head_dim, dtype=x.dtype, device=x.device)
-    out = torch.empty(rows, t, heads * head_dim, dtype=v_cache.dtype, device=x.device)
-    counts = workspace.get(x.device, 1, 1, 1, kv_heads, kind="attend")[1]
-    grid = ((heads + 2 * kv_heads) * (head_dim // 2) // cfg["block_p"],)
-    _qkv_rope_attend_kernel[grid](x.contiguous(), w_norm, qkv, cos.contiguous(), sin.contiguous(), q, k_cache,
-                                  v_cache, out, counts, hidden, start, eps, scale, k_cache.stride(0),
-                                  k_cache.stride(1), k_cache.stride(2), M=rows * t, T=t, HEADS=heads,
-                                  KV_HEADS=kv_heads, HEAD_DIM=head_dim, SLOTS=k_cache.shape[2],
-                                  BLOCK_P=cfg["block_p"], HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"],
-                                  **_launch(x.device))
     return out
 
 
@@ -952,15 +846,8 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
       (layer_out_mlp_in, layer_mlp_out) or their compiled forms);
     - "fused+mlp": the `attention` unit (layers.layer_attention) and `mlp`;
     - "fused+chain": every stage a kernel of this module (`depth_attention`, the output projection plus
-      residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`); with the
-      "qkv_rope" plan's `attend`, the attention inside the q/k/v kernel (`qkv_rope_attend`).
+      residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`).
     `mask`: additive [1, 1, T, 16]."""
-    if form == "fused+chain" and plan("qkv_rope", layer.qkv.shape[1])["attend"]:
-        attn = qkv_rope_attend(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, mask,
-                               workspace, heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim,
-                               scale=layer.scale)
-        x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-        return mlp(layer, x, workspace)
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
                  kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     if form == "fused+mlp":
