@@ -186,6 +186,8 @@ class BatchedStepper:
             self._row_owner[r] = None
             self._row_pos[r] = 0
         self.step_buffers.release(stream.slot, stream.rows)
+        if stream.info["nonfinite_events"]:  # its rows' caches hold what the bad step computed
+            self.step_buffers.scrub(stream.rows)
         self._left[key] = stream.info
 
     def stream_info(self, key: object) -> dict:

@@ -155,4 +155,6 @@ class FastFrameGenerator:
             if frame_spans is not None:
                 frame_spans.close()
             self.runner = None
+            if self.nonfinite_events:  # its caches hold what the bad step computed (FrameStep.scrub)
+                runner.step.scrub()
             release_runner(model.lm, runner)

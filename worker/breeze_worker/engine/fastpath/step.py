@@ -382,6 +382,15 @@ class FrameStep:
                                     seed=s.seed[:streams])
         return view
 
+    def scrub(self, rows: list[int] | None = None) -> None:
+        """Zero the keys/values of `rows` (all when None) in both caches. After a step computed non-finite
+        values for a row, its slots hold them; a later occupant's attention reads every slot of its bucket,
+        and a masked NaN is still NaN (NaN + mask), so the next request on these rows would fail too."""
+        index = slice(None) if rows is None else torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        for cache in (self.cache, self.depth_cache):
+            cache.key[:, index] = 0
+            cache.value[:, index] = 0
+
     def release(self, stream: int | None, rows: list[int]) -> None:
         """Park a finished stream's slot and rows (or idle rows only, stream None): they stay inside graphs'
         row prefixes, so every index they hold must stay in range (rows -> stream 0, stream -> row 0) and
