@@ -54,7 +54,7 @@ def test_causal_conv_routes_only_listed_shapes():
     conv.conv.register_forward_hook(lambda *_: calls.append("library"))
     conv.convolve(x)
     assert calls == ["library"]
-    conv.gemm_shapes.add(tuple(x.shape))
+    conv.set_form(tuple(x.shape), gemm=True)
     out = conv.convolve(x)
     assert calls == ["library"]  # the GEMM form did not call the library's module
     torch.testing.assert_close(out, conv.conv(x), atol=1e-5, rtol=1e-5)
@@ -80,7 +80,7 @@ def test_tuner_reports_every_one_group_convolution_and_keeps_the_audio(codec):
 
     # the recorded shape is the one a step gives each convolution (seen with every module on the library)
     for m in one_group:
-        m.gemm_shapes = set()
+        m.gemm_shapes = {}
     seen = {}
 
     def record(name):
@@ -96,7 +96,7 @@ def test_tuner_reports_every_one_group_convolution_and_keeps_the_audio(codec):
 
     # every convolution as a GEMM, then none: the streamed audio agrees within FP32 rounding
     for r in report:
-        modules[r["conv"]].gemm_shapes = {tuple(r["shape"])}
+        modules[r["conv"]].gemm_shapes = {tuple(r["shape"]): True}
     library_calls = []
     probes = [m.conv.register_forward_hook(lambda *_: library_calls.append(1)) for m in one_group]
     frames = random_codes(2, 4, seed=5)
@@ -107,7 +107,7 @@ def test_tuner_reports_every_one_group_convolution_and_keeps_the_audio(codec):
     for probe in probes:
         probe.remove()
     for m in one_group:
-        m.gemm_shapes = set()
+        m.gemm_shapes = {}
     library, state = [], decoder.new_stream(2)
     for t in range(4):
         library.append(decoder.decode_stream(frames[:, :, t: t + 1], state))

@@ -31,6 +31,9 @@ class EngineSettings:
     reference_cache_entries: int = 64
     # the codec's convolutions in TF32 where the device has it (compute capability >= 8.0); else true FP32
     codec_tf32: bool = False
+    # the codec's batched step through torch.compile (Inductor), so its small element-wise kernels fuse; each
+    # slot bucket compiles once, at warm-up, before its CUDA graph is captured (engine/codec_graphs.py)
+    codec_compile: bool = False
     # decode a step's audio on a CUDA stream of its own and read it during the next step (off by default: on
     # an H200 it stalled 16-stream bursts for ~8.7 s at a time, results/batching/NOTES.md)
     codec_overlap: bool = False

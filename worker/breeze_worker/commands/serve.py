@@ -42,6 +42,8 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("engine", "reference_cache_entries", "--reference-cache-entries", "encoded references kept in memory"),
     ("engine", "codec_tf32", "--codec-tf32", "TF32 convolutions in the codec (compute capability >= 8.0 only; "
                                              "default: true FP32)"),
+    ("engine", "codec_compile", "--codec-compile", "compile the codec's batched step with torch.compile "
+                                                   "(Inductor) at warm-up, each slot bucket once (slower start)"),
     ("engine", "codec_overlap", "--codec-overlap", "decode each step's audio on its own CUDA stream while the "
                                                    "next step runs (experimental: stalls seen at 16 streams)"),
     ("server", "host", "--host", "address to listen on (0.0.0.0 for all interfaces)"),

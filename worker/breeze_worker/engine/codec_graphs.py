@@ -7,11 +7,23 @@ static shapes and addresses, so a `SlotBatch` keeps a static `DecoderStreamState
 ALL slots. Rows are independent in the decoder (embedding, convolutions and norms act per row, attention
 per row and head, the mask per row), so a slot nobody uses decodes junk that changes no other row.
 
-The captured function, `SlotBatch.advance`, runs `decode_stream` on an alias of the static state
-(decode_stream rebinds the state's tensors to new ones and never writes into them), then copies the new
-tensors back into the static ones: each replay advances the state. On the CPU, or when capture fails
-(logged, kept in `fallback_reason`), the same function runs eagerly. decode_stream has no host sync and
-no value-dependent shape or branch (positions are only used in tensor arithmetic: streaming.window_mask).
+The captured function, `SlotBatch.advance`, runs `decode_step` (decode_stream as a pure function of the
+codes and the state's tensors; decode_stream rebinds a state's tensors to new ones and never writes into
+them), then copies the new tensors back into the static ones: each replay advances the state. On the CPU,
+or when capture fails (logged, kept in `fallback_reason`), the same function runs without a graph. decode_stream
+has no host sync and no value-dependent shape or branch (positions are only used in tensor arithmetic:
+streaming.window_mask).
+
+Compiled step (`compile`; the `codec_compile` setting, off by default): `decode_step` through
+`torch.compile` (Inductor, whole graph, static shapes), so that the eager step's many small element-wise
+kernels fuse: SnakeBeta alone is six (exp, mul, sin, pow, div, add), then the residual adds, the contexts'
+concatenations, LayerNorm and GELU; among the 15 costliest kernels of an eager 32-slot FP32 step on an
+H200 the element-wise and concatenation ones took 2.3 of ~10.1 ms (results/batching/run4/
+codec_variants.json, `kernels_eager_fp32`). Inductor's default mode, not "reduce-overhead": our graph
+captures the compiled code, which must not capture CUDA graphs of its own. The convolution forms are
+tuned eagerly first and compiled in as chosen (`TwoFormConvolution.gemm_shapes` says why it is a dict).
+A failed compile is logged and kept in `fallback_reason`, and the batch runs (and captures) the
+uncompiled step.
 
 Convolution forms (`tune_convolutions`): before capture, each one-group causal convolution and transposed
 convolution is timed at this bucket's input shape as the library's (cuDNN, under the capture's flags)
@@ -27,12 +39,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import types
 import weakref
+from collections.abc import Callable
 
 import torch
 
+from breeze_worker.config import WorkerSettings
 from breeze_worker.engine.fastpath.graph import run_on_side_stream
 from breeze_worker.model.codec.layers import TwoFormConvolution
+from breeze_worker.model.codec.streaming import DecoderStreamState
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +103,7 @@ def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> 
             library_us = _time_us(lambda: module.convolve(x, gemm=False), weight.device, repeats)
             gemm_us = _time_us(lambda: module.convolve(x, gemm=True), weight.device, repeats)
             use = gemm_us < margin * library_us and diff <= 1e-2
-            if use:
-                module.gemm_shapes.add(shape)
-            else:
-                module.gemm_shapes.discard(shape)
+            module.set_form(shape, use)
             report.append({"conv": names[module], "shape": list(shape), "library_us": library_us,
                            "gemm_us": gemm_us, "gemm": use, "relative_diff": diff})
     return report
@@ -100,7 +113,31 @@ def clear_convolution_forms(decoder) -> None:
     """Every convolution of `decoder` back to the library's form at every shape."""
     for module in decoder.modules():
         if isinstance(module, TwoFormConvolution):
-            module.gemm_shapes = set()
+            module.gemm_shapes = {}
+
+
+def decode_step(decoder, codes: torch.Tensor, contexts: list[torch.Tensor], keys: list[torch.Tensor],
+                values: list[torch.Tensor], position: torch.Tensor) -> tuple:
+    """One `decode_stream` call as a function of tensors only: (codes, the state's tensors) -> (audio, the new
+    state's contexts, keys, values, position); the given tensors are left as they are. Without a state object
+    among its inputs Dynamo traces it whole and guards on the tensors and the decoder alone."""
+    state = DecoderStreamState(list(contexts), list(keys), list(values), position)
+    audio = decoder.decode_stream(codes, state)
+    return audio, state.contexts, state.keys, state.values, state.position
+
+
+def compile_step(backend: str | Callable = "inductor") -> Callable:
+    """`decode_step` through `torch.compile` (whole graph, static shapes), with a code object of its own.
+
+    Dynamo keeps its compiled entries on the code object: batches compiling the same function would share
+    one cache, one entry per bucket, and the ninth bucket (1..256) would pass `recompile_limit` (8), which
+    makes a whole-graph compile fail (without `fullgraph`, Dynamo would run the step eagerly, saying so only
+    in a warning). One code object per batch keeps one entry each, with no process-wide change to Dynamo's
+    limits (which torch 2.13 keeps per thread: a limit raised on one thread does not hold on another)."""
+    code = decode_step.__code__.replace()  # an equal code object, not the same one
+    fn = types.FunctionType(code, decode_step.__globals__, decode_step.__name__)
+    options = {"mode": "default"} if backend == "inductor" else {}  # no Inductor CUDA graphs: ours capture it
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, **options)
 
 
 def bucket_for(rows: int) -> int:
@@ -112,17 +149,23 @@ class SlotBatch:
     """A static streaming state of `rows` slots, its codes input, and the step decoding all slots at once."""
 
     def __init__(self, decoder, rows: int, use_graphs: bool | None = None, *, benchmark: bool = True,
-                 tf32: bool | None = None, tune: bool = True):
+                 tf32: bool | None = None, tune: bool = True, compile: bool | None = None,
+                 compile_backend: str | Callable = "inductor"):
         """`benchmark`: cuDNN benchmark mode for the warm-up and capture; `tf32`: TF32 convolutions in the
         captured graph (None: the process's `torch.backends.cudnn.allow_tf32`, which the runtime sets from
         the `codec_tf32` setting, engine/runtime.py `configure_codec_convolutions`); `tune`: choose each
         convolution's form by measurement before capture (`tune_convolutions`; `conv_tuning` keeps the
-        report). All three matter on CUDA only."""
+        report). These three matter on CUDA only. `compile`: the step through `torch.compile`, here, before
+        any capture (None: the `codec_compile` setting; `compiled` says whether it is, `compile_s` how long
+        compiling took, apart from `capture_s`); `compile_backend`: torch.compile's backend (the CPU tests
+        trace with "aot_eager", which generates no code)."""
         self.decoder = decoder
         self.rows = rows
         self.benchmark = benchmark
         self.tf32 = tf32
         self.tune = tune
+        self.compile = WorkerSettings.from_env().engine.codec_compile if compile is None else compile
+        self.compile_backend = compile_backend
         self.conv_tuning: list[dict] = []
         self.device = decoder.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -130,11 +173,15 @@ class SlotBatch:
         self.audio: torch.Tensor | None = None  # the graph's output [rows, 1920], rewritten by each replay
         self.fallback_reason: str | None = None
         self.capture_s = 0.0
+        self.compile_s = 0.0
+        self._decode: Callable = decode_step  # the compiled step once `_compile` succeeds
         with torch.inference_mode():
             self.state = decoder.new_stream(rows)
             self.codes = torch.zeros(rows, decoder.config.num_quantizers, 1, dtype=torch.long, device=self.device)
         if self.use_graphs:
-            self._capture()
+            self._capture()  # tunes, compiles, captures
+        elif self.compile:
+            self._compile()
         if self.device.type == "cuda":  # the zero-fills above ran on this thread's stream; the batch may be
             torch.cuda.synchronize(self.device)  # used on another one (engine/codec_rows.py's codec stream)
 
@@ -142,12 +189,17 @@ class SlotBatch:
     def graphed(self) -> bool:
         return self.graph is not None
 
+    @property
+    def compiled(self) -> bool:
+        return self._decode is not decode_step
+
     def advance(self) -> torch.Tensor:
         """Decode `self.codes` for every slot and write the new state into the static tensors -> [rows, 1920].
         This is what the graph captures; eagerly it is the whole step."""
-        work = self.state.alias()
-        audio = self.decoder.decode_stream(self.codes, work)
-        self.state.copy_(work)
+        state = self.state
+        audio, *new = self._decode(self.decoder, self.codes, state.contexts, state.keys, state.values,
+                                   state.position)
+        state.copy_(DecoderStreamState(*new))
         return audio
 
     def step(self, host_codes: torch.Tensor) -> torch.Tensor:
@@ -170,6 +222,29 @@ class SlotBatch:
             self.state.zero_rows_(slice(None))
             self.codes.zero_()
 
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason if self.fallback_reason is None else f"{self.fallback_reason}; {reason}"
+        log.warning("%s", reason)
+
+    def _compile(self) -> None:
+        """Compile the step now (the first call compiles), so that a bucket's compile happens while it is
+        prepared and never during a replay or a serving step. The call leaves the state as it is: the
+        step is pure, and its result is not copied back."""
+        t0 = time.perf_counter()
+        try:
+            step = compile_step(self.compile_backend)
+            state = self.state
+            with torch.inference_mode():
+                step(self.decoder, self.codes, state.contexts, state.keys, state.values, state.position)
+            self._decode = step
+        except Exception as exc:  # compiling is an optimization: the uncompiled step does the same
+            log.debug("the codec step's compile failed", exc_info=exc)
+            self._fall_back(f"torch.compile of the codec step failed ({type(exc).__name__}: "
+                            f"{str(exc).strip()[:1000]}); running {self.rows} slots uncompiled")
+        self.compile_s = time.perf_counter() - t0
+        if self.compiled:
+            log.info("compiled the codec step for %d slots in %.1f s", self.rows, self.compile_s)
+
     def _capture(self) -> None:
         t0 = time.perf_counter()
         try:
@@ -181,8 +256,10 @@ class SlotBatch:
             tf32 = cudnn.allow_tf32 if self.tf32 is None else self.tf32
             with torch.inference_mode(), cudnn.flags(enabled=cudnn.enabled, benchmark=self.benchmark,
                                                      deterministic=cudnn.deterministic, allow_tf32=tf32):
-                if self.tune:
+                if self.tune:  # eagerly, before compiling: the compiled step takes the forms chosen here
                     self.conv_tuning = tune_convolutions(self.decoder, self.advance)
+                if self.compile:
+                    self._compile()
                 # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
                 run_on_side_stream(self.device, lambda: [self.advance() for _ in range(2)])
                 graph = torch.cuda.CUDAGraph()
@@ -194,25 +271,27 @@ class SlotBatch:
         except Exception as exc:  # graphs are an optimization: the same step runs eagerly
             self.graph = self.audio = None
             self.use_graphs = False
-            self.fallback_reason = (f"CUDA graph capture of the codec step failed ({type(exc).__name__}: {exc}); "
-                                    f"decoding {self.rows} slots eagerly")
-            log.warning("%s", self.fallback_reason)
+            self._fall_back(f"CUDA graph capture of the codec step failed ({type(exc).__name__}: {exc}); "
+                            f"decoding {self.rows} slots eagerly")
         self.clear()  # the warm-up steps advanced the state
-        self.capture_s = time.perf_counter() - t0
+        self.capture_s = time.perf_counter() - t0 - self.compile_s
         if self.graph is not None:
             gemm = [c for c in self.conv_tuning if c["gemm"]]
             saved = sum(c["library_us"] - c["gemm_us"] for c in gemm)
             log.info("captured the codec step for %d slots in %.2f s (%d of %d convolutions as GEMMs, %.0f us "
-                     "less than the library's)", self.rows, self.capture_s, len(gemm), len(self.conv_tuning), saved)
+                     "less than the library's; %s)", self.rows, self.capture_s, len(gemm), len(self.conv_tuning),
+                     saved, f"compiled in {self.compile_s:.1f} s" if self.compiled else "not compiled")
 
 
 class SlotPool:
     """Built `SlotBatch`es of one codec decoder, free ones by row count; `acquire` builds (and captures)
-    one when none is free. Thread-safe."""
+    one when none is free. Thread-safe. `compile`: what every batch it builds is given (None: the
+    `codec_compile` setting from the environment; the runtime passes the setting it was started with)."""
 
-    def __init__(self, decoder):
+    def __init__(self, decoder, compile: bool | None = None):
         self.decoder = decoder
         self.device = decoder.device
+        self.compile = compile
         self._free: dict[int, list[SlotBatch]] = {}
         self._lock = threading.RLock()  # a CodecRows finalizer may release from inside a locked allocation
 
@@ -221,14 +300,16 @@ class SlotPool:
             free = self._free.get(rows)
             if free:
                 return free.pop()
-        return SlotBatch(self.decoder, rows)  # outside the lock: capture runs gc, which may release
+        # outside the lock: capture runs gc, which may release
+        return SlotBatch(self.decoder, rows, compile=self.compile)
 
     def release(self, batch: SlotBatch) -> None:
         with self._lock:
             self._free.setdefault(batch.rows, []).append(batch)
 
     def prepare(self, max_rows: int) -> float:
-        """Build (capture) one batch of every bucket up to `max_rows` now, so serving never captures; seconds."""
+        """Build (compile, capture) one batch of every bucket up to `max_rows` now, so serving never
+        captures; seconds."""
         t0 = time.perf_counter()
         rows = 1
         while rows <= bucket_for(max_rows):
@@ -241,10 +322,12 @@ _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # codec -> Slot
 _POOLS_LOCK = threading.Lock()
 
 
-def pool_for(codec) -> SlotPool:
-    """The pool of `codec` (a new one if the codec moved to another device)."""
+def pool_for(codec, compile: bool | None = None) -> SlotPool:
+    """The pool of `codec` (a new one if the codec moved to another device, or if `compile` is given and is
+    not the pool's: its batches were built the other way). `compile` None: the pool as it is."""
     with _POOLS_LOCK:
         pool = _POOLS.get(codec)
-        if pool is None or pool.decoder is not codec.decoder or pool.device != codec.device:
-            pool = _POOLS[codec] = SlotPool(codec.decoder)
+        if (pool is None or pool.decoder is not codec.decoder or pool.device != codec.device
+                or (compile is not None and pool.compile != compile)):
+            pool = _POOLS[codec] = SlotPool(codec.decoder, compile=compile)
         return pool

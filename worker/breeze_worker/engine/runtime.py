@@ -53,7 +53,8 @@ def configure_codec_convolutions(device: torch.device, tf32: bool | None = None)
 class Runtime:
     """The loaded model, codec and decode path for one worker process."""
 
-    def __init__(self, model, device: torch.device, decode_path: str, description: str):
+    def __init__(self, model, device: torch.device, decode_path: str, description: str,
+                 codec_compile: bool | None = None):
         self.model = model  # breeze_worker.model.loaded.LoadedModel
         self.codec = model.codec
         self.device = device
@@ -62,6 +63,7 @@ class Runtime:
         self.sample_rate = int(self.codec.sample_rate)
         self.warmup_s = 0.0
         self.stepper = None  # built by `load` (or on first `stepper_for`)
+        self.codec_compile = codec_compile  # the `codec_compile` setting (None: as the environment says)
 
     @property
     def is_tiny_default(self) -> bool:
@@ -90,7 +92,7 @@ class Runtime:
         decode_path = settings.fast_path
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"
-        runtime = cls(model, device, decode_path, description)
+        runtime = cls(model, device, decode_path, description, codec_compile=settings.codec_compile)
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
         runtime.stepper_for(settings.max_active_streams)
@@ -125,11 +127,14 @@ class Runtime:
     # ---- start-up ----
     def warm_up(self, frames: int = 3, max_streams: int = 1) -> None:
         """Run a short job through the whole path so the first real request pays no first-call costs; the
-        codec's graphs for every batch bucket up to `max_streams` are captured here too."""
+        codec's graphs for every batch bucket up to `max_streams` are captured (with `codec_compile`, first
+        compiled) here too."""
         t0 = time.perf_counter()
         params = _probe_request(frames)
+        from breeze_worker.engine.codec_graphs import pool_for
         from breeze_worker.engine.codec_rows import CodecRows
 
+        pool_for(self.codec, compile=self.codec_compile)  # the engine's CodecRows take this pool's batches
         rows = CodecRows(self.codec)
         codec_s = rows.prepare(max_streams)
         if codec_s > 0.01:

@@ -35,13 +35,24 @@ def conv1d_as_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 class TwoFormConvolution(nn.Module):
     """A convolution (`self.conv`) that can also run as one GEMM (`_as_gemm`). `gemm_shapes`: the input
-    shapes (left context included) at which it does; empty by default. On CUDA the codec's slot batches
-    measure both forms per shape before capturing their graph and fill it (engine/codec_graphs.py
-    `tune_convolutions`)."""
+    shapes (left context included) at which it does, as the keys of a dict; empty by default. On CUDA the
+    codec's slot batches measure both forms per shape before capturing their graph and fill it
+    (engine/codec_graphs.py `tune_convolutions`).
+
+    A dict, not a set: a compiled step (engine/codec_graphs.py, `compile`) reads it while Dynamo traces,
+    and Dynamo guards `shape in dict` on that one key but `shape in set` on the whole set's contents, so
+    with a set every bucket tuned later would invalidate the compiled steps of the buckets before it."""
 
     def __init__(self):
         super().__init__()
-        self.gemm_shapes: set[tuple[int, ...]] = set()
+        self.gemm_shapes: dict[tuple[int, ...], bool] = {}
+
+    def set_form(self, shape: tuple[int, ...], gemm: bool) -> None:
+        """Run inputs of `shape` as the GEMM (`gemm`) or through the library's convolution."""
+        if gemm:
+            self.gemm_shapes[tuple(shape)] = True
+        else:
+            self.gemm_shapes.pop(tuple(shape), None)
 
     def _as_gemm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
