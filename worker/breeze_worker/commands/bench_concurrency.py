@@ -27,6 +27,7 @@ import torch
 
 from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.measure import device_name
+from breeze_worker.config import WorkerSettings
 from breeze_worker.bench.runner import mask_end_of_speech
 
 log = logging.getLogger("breeze_worker.bench")
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                  "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
                  "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
                  "stepper": stats, "codec": model.codec is not None, "codec_overlap": sweep.codec_overlap_default(),
-                 "codec_tf32": codec_tf32},
+                 "codec_tf32": codec_tf32, "codec_compile": WorkerSettings.from_env().engine.codec_compile},
     }
 
     def save(rows=None) -> None:
