@@ -106,29 +106,18 @@ def test_a_stream_that_leaves_frees_its_slot_for_the_next_join(model, requests):
     assert stepper.stream_info("a")["generate_s"] > 0
 
 
-def test_a_stream_with_nonfinite_values_leaves_clean_rows_for_the_next_one(model, requests, alone):
+def test_a_stream_with_nonfinite_values_leaves_clean_rows_for_the_next_one(model, requests, alone,
+                                                                          nan_frame_embedding):
     """A stream whose backbone step computed NaN (its frame embedding, at the second backbone step) ends with
     NumericalError; the stream that takes its rows next gives its frames alone. Without the scrub of the
     rows' caches (FrameStep.scrub) it failed too: its attention read the masked NaN slots."""
     from breeze_worker.errors import NumericalError
 
-    lm = model.lm
-    calls = {"n": 0}
-    original = lm.embed_frames
-
-    def poisoned(codes):
-        calls["n"] += 1
-        out = original(codes)
-        return out + float("nan") if calls["n"] == 2 else out
-
     stepper = BatchedStepper(model, 1, "cpu")
-    lm.embed_frames = poisoned
-    try:
+    with nan_frame_embedding(model.lm, at=2):
         assert stepper.join([("x", requests["a"])]) == {}
         rows = list(stepper._streams["x"].rows)
         errors = [out.error for _ in range(4) for out in stepper.step().values() if out.error is not None]
-    finally:
-        del lm.embed_frames
     assert len(errors) == 1 and isinstance(errors[0], NumericalError) and len(stepper) == 0
     assert stepper.stream_info("x")["nonfinite_events"] == 1
     assert stepper.join([("a", requests["a"])]) == {} and stepper._streams["a"].rows == rows

@@ -59,7 +59,7 @@ def test_masked_end_of_speech_is_not_mistaken_for_a_nonfinite_frame(model, reque
     assert gen.nonfinite_events == 0 and fast_generator.nonfinite_events() == before
 
 
-def test_a_nonfinite_request_does_not_poison_the_next_one_on_its_runner(model, request_for):
+def test_a_nonfinite_request_does_not_poison_the_next_one_on_its_runner(model, request_for, nan_frame_embedding):
     """A request whose backbone step computed NaN (here: its frame embedding, at the second backbone step)
     left NaN keys/values in the pooled runner's caches. Masked slots are added to -inf-like scores, and NaN
     stays NaN, so the next request on that runner failed too. The runner's caches are scrubbed when such a
@@ -67,22 +67,9 @@ def test_a_nonfinite_request_does_not_poison_the_next_one_on_its_runner(model, r
     from breeze_worker.engine.eager import EagerFrameGenerator
     from breeze_worker.engine.fastpath.graph import clear_runners
 
-    lm = model.lm
-    calls = {"n": 0}
-    original = lm.embed_frames
-
-    def poisoned(codes):
-        calls["n"] += 1
-        out = original(codes)
-        return out + float("nan") if calls["n"] == 2 else out
-
     clear_runners()
-    lm.embed_frames = poisoned
-    try:
-        with pytest.raises(NumericalError, match="non-finite"):
-            list(FastFrameGenerator(model, request_for(model, True, frames=6), "cpu"))
-    finally:
-        del lm.embed_frames
+    with nan_frame_embedding(model.lm, at=2) as calls, pytest.raises(NumericalError, match="non-finite"):
+        list(FastFrameGenerator(model, request_for(model, True, frames=6), "cpu"))
     request = request_for(model, True, frames=4, seed=11)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     fast = list(FastFrameGenerator(model, request, "cpu"))  # the same pooled runner
