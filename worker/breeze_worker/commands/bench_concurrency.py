@@ -27,8 +27,8 @@ import torch
 
 from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.measure import device_name
-from breeze_worker.config import WorkerSettings
 from breeze_worker.bench.runner import mask_end_of_speech
+from breeze_worker.config import WorkerSettings
 
 log = logging.getLogger("breeze_worker.bench")
 

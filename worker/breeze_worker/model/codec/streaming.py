@@ -11,9 +11,9 @@ requests it decodes together and reshapes it between calls:
   - `state.select(rows)`: keep (and reorder) rows, e.g. drop finished requests;
   - `DecoderStreamState.concat([a, b])` / `a.concat(b)`: add rows, e.g. newly admitted requests;
   - `state.reset(rows)`: restart rows (a slot reused by a new request).
-For a state whose tensors must keep their addresses (the inputs of a CUDA graph, engine/codec_graphs.py):
-  - `state.alias()`: a state over the same tensors; decoding into it leaves them untouched, because
-    `decode_stream` replaces a state's tensors and never writes into them;
+For a state whose tensors must keep their addresses (the inputs of a CUDA graph, engine/codec_graphs.py,
+which decodes into a new state over the same tensors: `decode_stream` replaces a state's tensors and never
+writes into them):
   - `state.copy_(other, rows)`: write `other`'s values into this state's tensors;
   - `state.zero_rows_(rows)`: restart rows by zero-filling them.
 The decoder's `decode_stream(codes [B, 16, n], state)` then decodes `n` frames for every row at once. No
@@ -133,10 +133,6 @@ class DecoderStreamState:
         self.keys = [cleared(t) for t in self.keys]
         self.values = [cleared(t) for t in self.values]
         self.position = cleared(self.position)
-
-    def alias(self) -> DecoderStreamState:
-        """A state over this state's tensors (new lists): `decode_stream` into it rebinds the alias only."""
-        return self._rebuild(self._tensors())
 
     def copy_(self, other: DecoderStreamState, rows: slice = slice(None)) -> None:
         """Write `rows` of `other` into the same rows of this state's tensors, in place."""
