@@ -172,8 +172,14 @@ def frame_ab(variants: dict[str, dict], frames: int, rounds: int, size: str = "f
     print(f"[frame] model built in {time.perf_counter() - t0:.1f} s", flush=True)
     labels = list(variants)
     pools, warm = {}, {}
-    for label in labels:
+
+    def use(label: str) -> None:
+        """The variant's launch plans, and its "_read_overlap" (graph.read_overlap_wanted; absent: the default)."""
         fused._config_override = variants[label]
+        graph._read_overlap_override = variants[label].get("_read_overlap")
+
+    for label in labels:
+        use(label)
         graph._POOLS = {}
         t1 = time.perf_counter()
         run_once(path, model, request, device)
@@ -184,12 +190,13 @@ def frame_ab(variants: dict[str, dict], frames: int, rounds: int, size: str = "f
     codes = {}
     for i in range(rounds):
         for label in labels[i % len(labels):] + labels[:i % len(labels)]:
-            fused._config_override = variants[label]
+            use(label)
             graph._POOLS = pools[label]
             result = run_once(path, model, request, device)
             per[label].append(1000 * statistics.median(result.frame_times_s))
             codes.setdefault(label, torch.stack(result.frames))
     fused._config_override = {}
+    graph._read_overlap_override = None
     ms = {label: statistics.median(v) for label, v in per.items()}
     same = {label: (codes[label] == codes["A"]).all(dim=1).float().mean().item() for label in labels}
     for label in labels:

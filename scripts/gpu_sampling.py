@@ -59,10 +59,11 @@ def inputs(streams: int, vocab: int, seed: int, ties: bool = False):
     return logits, blocked
 
 
-def check(streams: int, vocab: int, seed: int, ties: bool, split: bool) -> dict:
-    fused._config_override = {"sample": {"split": split}}
+def check(streams: int, vocab: int, seed: int, ties: bool, split: bool, early: bool = True) -> dict:
+    """`early`: plan "early" (the top-k search's early stop)."""
+    fused._config_override = {"sample": {"split": split, "early": early}}
     try:
-        return _check(streams, vocab, seed, ties) | {"split": split}
+        return _check(streams, vocab, seed, ties) | {"split": split, "early": early}
     finally:
         fused._config_override = {}
 
@@ -98,10 +99,10 @@ def _timing_inputs(streams: int, vocab: int, nucleus: bool):
     return logits, blocked, rows, noise, torch.log(noise), torch.zeros(streams, dtype=torch.bool, device=DEVICE)
 
 
-def tune(vocab: int) -> tuple[list[dict], dict]:
+def tune(vocab: int, candidates: list[dict]) -> tuple[list[dict], dict]:
     """Every candidate at 1 and 32 streams, top-p 1 and 0.9 (us per position); the chosen settings."""
     table = []
-    for cfg in CANDIDATES + [None]:  # None: the committed plan
+    for cfg in candidates + [None]:  # None: the committed plan
         fused._config_override = {"sample": cfg} if cfg else {}
         row = {"config": cfg or fused.plan("sample", vocab), "committed": cfg is None}
         try:
@@ -146,20 +147,23 @@ def main() -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--best-out", help="write the chosen launch settings here (BREEZE_FUSED_CONFIG JSON)")
     parser.add_argument("--dry-run", action="store_true", help="the checks on the CPU (Triton's interpreter)")
+    parser.add_argument("--candidates", default=None,
+                        help="the launch settings to time instead of the built-in sweep (JSON list of 'sample' settings)")
     args = parser.parse_args()
     global DEVICE
     if args.dry_run:
         DEVICE = "cpu"
     result = {} if args.dry_run else gpu_fused.gpu_result()
-    checks = [check(s, v, seed, ties, split) for split in (False, True) for seed, (s, v, ties) in enumerate(
-        [(1, 2051, False), (2, 2052, False), (8, 2051, True), (16, 2052, False), (32, 2051, True), (48, 2051, False)])]
+    checks = [check(s, v, seed, ties, split, early) for split, early in ((False, True), (True, True), (True, False))
+              for seed, (s, v, ties) in enumerate([(1, 2051, False), (2, 2052, False), (8, 2051, True),
+                                                   (16, 2052, False), (32, 2051, True), (48, 2051, False)])]
     for c in checks:
         print(json.dumps(c), flush=True)
     result["checks"] = checks
     result["checks_ok"] = all(c["ok"] for c in checks)
     if args.dry_run:
         return 0 if result["checks_ok"] else 1
-    result["tune"], best = tune(2051)
+    result["tune"], best = tune(2051, json.loads(args.candidates) if args.candidates else CANDIDATES)
     print("best:", json.dumps(best), flush=True)
     if args.best_out:
         with open(args.best_out, "w") as fh:

@@ -39,8 +39,10 @@ def _logits(g: torch.Generator, kind: str, rows: int, vocab: int) -> torch.Tenso
     return x
 
 
-def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None) -> dict:
-    """`split`: the kernel's plan setting (None: the committed plan's)."""
+def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, early: bool | None = None) -> dict:
+    """`split`, `early`: the kernel's plan settings (None: the committed plan's). Every case also has the
+    kernel write the next input: rows of a table to each stream's cond and uncond rows (equal for some
+    streams, as without CFG), and checks them against the table at the drawn codes."""
     from breeze_worker.engine.fastpath import fused
 
     g = torch.Generator().manual_seed(seed)
@@ -63,12 +65,24 @@ def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None) ->
     flags = torch.zeros(rows, dtype=torch.bool)
     flags[7] = True  # a flag set earlier in the frame stays set
     keep = torch.zeros(rows, vocab, dtype=torch.int8)
-    fused._config_override = {} if split is None else {"sample": {"split": split}}
+    settings = {name: value for name, value in (("split", split), ("early", early)) if value is not None}
+    fused._config_override = {"sample": settings} if settings else {}
+    table = torch.randn(vocab, 24, generator=g)
+    cond_row = torch.arange(rows) * 2
+    uncond_row = torch.where(torch.arange(rows) % 3 == 0, cond_row, cond_row + 1)
+    next_out = torch.full((2 * rows + 1, 1, 24), 7.0)  # the last row belongs to no stream: left alone
+    codes = torch.zeros(rows, 4, dtype=torch.int64)
     try:
-        split_used = fused.plan("sample", vocab)["split"]
-        code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep)
+        used = fused.plan("sample", vocab)
+        code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep,
+                                     out=codes[:, 2], next_table=table, next_out=next_out, cond_row=cond_row,
+                                     uncond_row=uncond_row)
     finally:
         fused._config_override = {}
+    want_next = table[code.clamp(0, vocab - 1)]
+    next_ok = (torch.equal(next_out[cond_row, 0], want_next) and torch.equal(next_out[uncond_row, 0], want_next)
+               and bool((next_out[-1] == 7.0).all()) and torch.equal(codes[:, 2], code)
+               and not codes[:, [0, 1, 3]].any())
 
     scaled, expected_keep = filter_rows(logits, sampling, blocked)
     finite_rows = torch.isfinite(logits).all(-1)
@@ -79,9 +93,10 @@ def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None) ->
     same_code = (code == expected_code) | ~comparable
     flags_ok = torch.equal(flags, ~finite_rows | (torch.arange(rows) == 7))
     filtered = bool((keep.sum(-1) < torch.isfinite(scaled).sum(-1)).any())
-    ok = bool(same_keep.all()) and bool(same_code.all()) and flags_ok
-    return {"kind": kind, "seed": seed, "vocab": vocab, "split": split_used,
-            "blocks": list(fused_sampling.blocks(vocab, split_used)), "ok": ok, "keep_rows_equal": int(same_keep.sum()),
+    ok = bool(same_keep.all()) and bool(same_code.all()) and flags_ok and next_ok
+    return {"kind": kind, "seed": seed, "vocab": vocab, "split": used["split"], "early": used["early"],
+            "next_ok": next_ok, "blocks": list(fused_sampling.blocks(vocab, used["split"])), "ok": ok,
+            "keep_rows_equal": int(same_keep.sum()),
             "code_rows_equal": int(same_code.sum()), "rows": rows, "flags_ok": flags_ok,
             "nonfinite_rows": int((~finite_rows).sum()),
             "compared_rows": int(comparable.sum()), "filtered_something": filtered,
@@ -130,6 +145,8 @@ def main() -> int:
     for split in (True, False):
         cases += [_case(kind, 20 + seed, vocab, split) for seed, (kind, vocab) in enumerate(
             (("tail", 2052), ("ties", 2051), ("nonfinite", 3000), ("tail", 3000), ("plain", 2048)))]
+    # the full 32-step search (plan "early" off) against the same references
+    cases += [_case(kind, 40 + seed, 2051, True, False) for seed, kind in enumerate(("plain", "ties", "sparse"))]
     cases += [_frames_case(False, None), _frames_case(True, 0.8)]
     for case in cases:
         print(json.dumps(case))

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interpreter_check):
     cases = interpreter_check("sampling_interpreter_check.py")
-    assert len(cases) == 20 and all(c["ok"] for c in cases)
+    assert len(cases) == 23 and all(c["ok"] for c in cases)
+    rows_cases = [c for c in cases if c["kind"] != "frames"]
+    assert all(c["next_ok"] for c in rows_cases)  # the next-input rows written for each stream's rows
+    assert {c["early"] for c in rows_cases} == {True, False}  # the early-stopped and the full top-k search
     blocks = {(c["vocab"], c["split"]): tuple(c["blocks"]) for c in cases if c["kind"] != "frames"}
     assert blocks[(2051, True)] == blocks[(2052, True)] == (2048, 4) and blocks[(3000, True)] == (2048, 1024)
     assert blocks[(2051, False)] == (4096, 0) and blocks[(2048, True)] == blocks[(2048, False)] == (2048, 0)
@@ -71,15 +74,22 @@ def test_sampling_kernel_compiles_for_hopper_at_every_radix():
 
     signature = {"logits_ptr": "*fp32", "stride_l": "i32", "blocked_ptr": "*u8", "temp_ptr": "*fp32",
                  "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "log_noise_ptr": "*fp32", "stride_n": "i32",
-                 "code_ptr": "*i64", "nonfinite_ptr": "*u8", "keep_ptr": "*i64", "V": "i32", "VP": "constexpr",
-                 "VT": "constexpr", "RADIX": "constexpr", "WRITE_KEEP": "constexpr"}
-    # both block layouts of 2051 classes (fused_sampling.blocks): one block of 4096, or 2048 + 4
+                 "code_ptr": "*i64", "stride_code": "i32", "nonfinite_ptr": "*u8", "keep_ptr": "*i64",
+                 "table_ptr": "*bf16", "stride_t": "i32", "next_ptr": "*bf16", "stride_next": "i32",
+                 "cond_ptr": "*i64", "uncond_ptr": "*i64", "H": "i32", "V": "i32", "VP": "constexpr",
+                 "VT": "constexpr", "RADIX": "constexpr", "WRITE_KEEP": "constexpr", "EARLY": "constexpr",
+                 "WRITE_NEXT": "constexpr", "HP": "constexpr", "USE_PDL": "constexpr"}
+    # both block layouts of 2051 classes (fused_sampling.blocks): one block of 4096, or 2048 + 4; the early
+    # stop (a while loop), the next-input write and the chained launch (griddepcontrol) at radix 1
     for (head, tail), radix in [(fused_sampling.blocks(2051, split), radix) for split in (False, True)
                                 for radix in (1, 2, 4)]:
+        extras = radix == 1
         source = ASTSource(fn=fused_sampling._sample_kernel, signature=signature,
-                           constexprs={"VP": head, "VT": tail, "RADIX": radix, "WRITE_KEEP": radix == 1})
+                           constexprs={"VP": head, "VT": tail, "RADIX": radix, "WRITE_KEEP": extras,
+                                       "EARLY": extras, "WRITE_NEXT": extras, "HP": 1024, "USE_PDL": extras})
         built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         assert "_sample_kernel" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000
+        assert ("griddepcontrol.wait" in built.asm["ptx"]) == extras
 
 
 def test_an_explicit_sampler_wins_over_the_environment(model, monkeypatch):

@@ -112,7 +112,9 @@ def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_
 
 
 @pytest.mark.parametrize("path", ["fast"])
-def test_fast_path_trace_places_setup_and_frames(tiny_with_codec, path):
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_fast_path_trace_places_setup_and_frames(tiny_with_codec, path, overlap, monkeypatch):
+    monkeypatch.setenv("BREEZE_FASTPATH_READ_OVERLAP", overlap)
     request = make_request(tiny_with_codec, "hello there", False, 2, 3)
     tracer = tracing.Tracer()
     assert trace_request(tiny_with_codec, request, tiny_with_codec.device, path, tracer, sync_marks=True) == 2
@@ -132,7 +134,10 @@ def test_fast_path_trace_places_setup_and_frames(tiny_with_codec, path):
     for e in spans:
         parents.setdefault(e["name"], set()).add(_parent(e, spans))
     assert parents["text_encode"] == parents["prefill"] == parents["frame"] == {"request"}
-    assert parents["fast_step"] == parents["backbone_step"] == {"frame"}
+    # the next frame's backbone step: queued inside the fast step, before its host read (FrameRunner.sample_frame),
+    # or after the read when the overlap is off
+    assert parents["fast_step"] == {"frame"}
+    assert parents["backbone_step"] == ({"fast_step"} if overlap == "on" else {"frame"})
     # inside a frame (no CUDA graphs on the CPU): the frame step's own stages
     assert parents["depth_steps"] == {"fast_step"} and parents["depth_step"] == {"depth_steps"}
     assert parents["sampling"] == {"fast_step", "depth_steps"}  # codebook 0, then 1..15

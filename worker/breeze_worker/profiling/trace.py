@@ -11,7 +11,8 @@ Both decode paths record their own spans; this module adds the request and the c
 - fast (engine/fastpath/generator.py): frame > fast_step (the sampling half and the frame's one host read;
   with CUDA graphs off, as on the CPU, it holds sampling and depth_steps > depth_step, sampling; with graphs
   on it is one replay) and backbone_step (the NEXT frame's backbone step, queued before the frame is handed
-  out; absent from the last frame).
+  out: inside fast_step, before its host read, unless BREEZE_FASTPATH_READ_OVERLAP=off puts it after; absent
+  from the last frame).
 """
 
 from __future__ import annotations

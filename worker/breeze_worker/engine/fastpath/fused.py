@@ -545,7 +545,9 @@ def plan(kernel: str, k: int) -> dict:
         # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower); "split": the row as a power-of-two
         # head block and a small tail (2048 + 4 lanes for 2051 classes) instead of one block of 4096: run 31,
         # 12.6-13.1 -> 11.2 us a position (top-p 0.9: 22.0 -> 19.3), the same codes
-        cfg = {"radix": 1, "num_warps": 8, "split": True}
+        # "early": the top-k search stops where exactly k keys pass (the same set); "next": the kernel also
+        # writes the next depth position's projected input (FrameStep); "pdl": chained like the layers' kernels
+        cfg = {"radix": 1, "num_warps": 8, "split": True, "early": True, "next": True, "pdl": True}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     if kernel in _LOOPED:  # one program per tile (per_sm 0), or the loop kernels (`_programs`)

@@ -36,6 +36,8 @@ if fused._triton is not None:
     import triton
     import triton.language as tl
 
+    from breeze_worker.engine.fastpath.fused import gdc_launch_dependents, gdc_wait
+
     @triton.jit
     def _above(skey, ok, probs, cand, AXIS: tl.constexpr, MASS: tl.constexpr):
         """Per candidate key (`cand` broadcast against the row): the probability mass of the keys > it
@@ -57,14 +59,31 @@ if fused._triton is not None:
 
     @triton.jit
     def _search(skey, ok, probs, tkey, tok, tprobs, target, RADIX: tl.constexpr, MASS: tl.constexpr,
-                TAIL: tl.constexpr):
+                TAIL: tl.constexpr, EARLY: tl.constexpr = False):
         """The largest unsigned key t (an int64 in [0, 2**32)) where a test holds: MASS False, at least
         `target` keys >= t; MASS True, the probability mass of the keys > t at least `target`. The test
         holds at 0 (the caller's invariant) and fails above its answer, so t is found RADIX bits a step,
         from the top, by trying every digit of the step at once (RADIX 1: the one digit that is not known
         to pass). `skey`: the keys minus 2**31, int32; the row is the head block (skey, ok, probs) and,
-        with TAIL, the tail block (tkey, tok, tprobs)."""
+        with TAIL, the tail block (tkey, tok, tprobs).
+
+        EARLY (the count search only, fused.plan "sample" `early`): stop at the first candidate that exactly
+        `target` keys pass and return it. Those keys are then exactly the top `target` (the full search's
+        answer t* >= the candidate, and the >= target keys at t* are among the `target` at the candidate), so
+        `key >= returned` keeps the same set. With a tie across the boundary no candidate gives exactly
+        `target` and all 32 steps run, as without EARLY."""
         t = tl.full([], 0, tl.int64)
+        if EARLY:  # the count search, RADIX 1, stopped where exactly `target` keys pass (see _search's docstring)
+            step = tl.full([], 0, tl.int32)
+            found = tl.full([], 0, tl.int32)
+            while (step < 32) & (found == 0):
+                bit = tl.full([], 1, tl.int64) << (31 - step).to(tl.int64)
+                cand = (t + bit - 2147483648).to(tl.int32)
+                above = _above_row(skey, ok, probs, tkey, tok, tprobs, cand, 0, MASS, TAIL)
+                t = tl.where(above >= target, t + bit, t)
+                found = (above == target).to(tl.int32)
+                step += 1
+            return t
         if RADIX == 1:
             for step in tl.static_range(32):
                 cand = (t + (1 << (31 - step)) - 2147483648).to(tl.int32)
@@ -111,15 +130,26 @@ if fused._triton is not None:
 
     @triton.jit
     def _sample_kernel(logits_ptr, stride_l, blocked_ptr, temp_ptr, top_k_ptr, top_p_ptr, log_noise_ptr, stride_n,
-                       code_ptr, nonfinite_ptr, keep_ptr, V, VP: tl.constexpr, VT: tl.constexpr,
-                       RADIX: tl.constexpr, WRITE_KEEP: tl.constexpr):
+                       code_ptr, stride_code, nonfinite_ptr, keep_ptr, table_ptr, stride_t, next_ptr, stride_next,
+                       cond_ptr, uncond_ptr, H, V, VP: tl.constexpr, VT: tl.constexpr, RADIX: tl.constexpr,
+                       WRITE_KEEP: tl.constexpr, EARLY: tl.constexpr, WRITE_NEXT: tl.constexpr, HP: tl.constexpr,
+                       USE_PDL: tl.constexpr):
         """One stream row: ids [0, VP) as the head block and, when VT > 0, [VP, VP + VT) as the tail block
         (fused.plan "split", the default: 2051 classes as 2048 + 4 lanes instead of 4096; 11.2 vs 12.6-13.1 us
-        a position on the H200, results/NOTES.md run 31)."""
+        a position on the H200, results/NOTES.md run 31). The code goes to code_ptr + s * stride_code; with
+        WRITE_NEXT, row `code` of `table` [V, H] (the next depth position's projected input) goes to the
+        stream's rows cond_ptr[s] and uncond_ptr[s] of `next` [R, H]. USE_PDL: chained (fused.pdl); the
+        settings are read before the wait, everything earlier kernels wrote after it."""
         TAIL: tl.constexpr = VT > 0
         s = tl.program_id(0)
+        if USE_PDL:
+            gdc_launch_dependents()
         temp = tl.load(temp_ptr + s)
+        top_k = tl.load(top_k_ptr + s)
+        p = tl.load(top_p_ptr + s)
         greedy = temp <= 0.0
+        if USE_PDL:
+            gdc_wait()
         row = logits_ptr + s * stride_l
         ids = tl.arange(0, VP)
         ok, scaled, skey, bad = _keys(row, blocked_ptr, ids, V, temp, greedy)
@@ -129,15 +159,13 @@ if fused._triton is not None:
             bad = bad | tbad
         was = tl.load(nonfinite_ptr + s)
         tl.store(nonfinite_ptr + s, (was != 0) | bad)
-        top_k = tl.load(top_k_ptr + s)
         k = tl.where(top_k > 0, tl.minimum(top_k, V), V)
         keep = ok
         tkeep = tok
         if k < V:
-            t = _search(skey, ok, scaled, tkey, tok, tscaled, k, RADIX, False, TAIL)
+            t = _search(skey, ok, scaled, tkey, tok, tscaled, k, RADIX, False, TAIL, EARLY)
             keep = ok & (skey >= (t - 2147483648).to(tl.int32))
             tkeep = tok & (tkey >= (t - 2147483648).to(tl.int32))
-        p = tl.load(top_p_ptr + s)
         if p < 1.0:
             kept = tl.where(keep, scaled, float("-inf"))
             tkept = tl.where(tkeep, tscaled, float("-inf"))
@@ -162,7 +190,16 @@ if fused._triton is not None:
         tlog_noise = tl.load(log_noise_ptr + s * stride_n + tids, mask=tok, other=0.0)
         drawn = _first_max(filtered - log_noise, tfiltered - tlog_noise, TAIL, VP)
         best = _first_max(filtered, tfiltered, TAIL, VP)
-        tl.store(code_ptr + s, tl.where(greedy, best, drawn).to(tl.int64))
+        code = tl.where(greedy, best, drawn)
+        tl.store(code_ptr + s * stride_code, code.to(tl.int64))
+        if WRITE_NEXT:
+            hs = tl.arange(0, HP)
+            hm = hs < H
+            # a non-finite row's draw may land on a reserved id; the table has a row for each (the frame is dropped)
+            picked = tl.minimum(tl.maximum(code, 0), V - 1).to(tl.int64)
+            values = tl.load(table_ptr + picked * stride_t + hs, mask=hm)
+            tl.store(next_ptr + tl.load(cond_ptr + s) * stride_next + hs, values, mask=hm)
+            tl.store(next_ptr + tl.load(uncond_ptr + s) * stride_next + hs, values, mask=hm)
         if WRITE_KEEP:
             tl.store(keep_ptr + s * V + ids, keep.to(tl.int8), mask=ok)
             if TAIL:
@@ -186,20 +223,40 @@ def blocks(vocab: int, split: bool) -> tuple[int, int]:
 
 
 def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_noise: torch.Tensor,
-           nonfinite: torch.Tensor, keep_out: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row of float32 `logits` [S, V] (int64 [S]); marks `nonfinite` (bool [S]) for rows with
-    a NaN or infinity. `log_noise` [S, V] = log of `sampling.exponential_noise` for this position;
-    `blocked` bool [V]. `keep_out` (int8 [S, V], for tests) receives the filtered set."""
+           nonfinite: torch.Tensor, keep_out: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           next_table: torch.Tensor | None = None, next_out: torch.Tensor | None = None,
+           cond_row: torch.Tensor | None = None, uncond_row: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row of float32 `logits` [S, V] (int64 [S]; into `out`, which may be strided, e.g. a
+    column of the frame's codes); marks `nonfinite` (bool [S]) for rows with a NaN or infinity. `log_noise`
+    [S, V] = log of `sampling.exponential_noise` for this position; `blocked` bool [V]. `keep_out` (int8
+    [S, V], for tests) receives the filtered set. With `next_table` [V, H]: row `code` of it is also written
+    to rows `cond_row[s]` and `uncond_row[s]` of `next_out` [R, H] (FrameStep: the next depth position's
+    input, with no kernel of its own)."""
     streams, vocab = logits.shape
     if log_noise.stride(-1) != 1 or logits.stride(-1) != 1:
         raise ValueError("the sampling kernel needs unit stride along the vocabulary")
     cfg = fused.plan("sample", vocab)
     head, tail = blocks(vocab, cfg["split"])
-    code = torch.empty(streams, dtype=torch.int64, device=logits.device)
+    code = torch.empty(streams, dtype=torch.int64, device=logits.device) if out is None else out
     keep = keep_out if keep_out is not None else code
+    write_next = next_table is not None
+    if write_next:
+        if next_out is None or cond_row is None or uncond_row is None:
+            raise ValueError("next_table needs next_out, cond_row and uncond_row")
+        if next_table.shape[0] < vocab or next_table.stride(1) != 1 or next_out.stride(-1) != 1:
+            raise ValueError("the next-input table needs a row per class and unit-stride rows")
+        if next_table.shape[1] > fused._MAX_WIDTH:
+            raise ValueError(f"next-input rows of {next_table.shape[1]} exceed {fused._MAX_WIDTH}")
+        table, nxt, width = next_table, next_out.reshape(-1, next_out.shape[-1]), next_table.shape[1]
+        cond, uncond = cond_row, uncond_row
+    else:  # unused pointers (never dereferenced)
+        table, nxt, width, cond, uncond = logits, logits, 1, code, code
+    launch = fused._launch(logits.device) if cfg["pdl"] else {"USE_PDL": False}
     _sample_kernel[(streams,)](logits, logits.stride(0), blocked.view(torch.uint8), rows.temperature, rows.top_k,
-                               rows.top_p, log_noise, log_noise.stride(0), code, nonfinite.view(torch.uint8), keep,
-                               vocab, VP=head, VT=tail, RADIX=cfg["radix"],
-                               WRITE_KEEP=keep_out is not None, num_warps=cfg["num_warps"])
+                               rows.top_p, log_noise, log_noise.stride(0), code, code.stride(0),
+                               nonfinite.view(torch.uint8), keep, table, table.stride(0), nxt, nxt.stride(0),
+                               cond, uncond, width, vocab, VP=head, VT=tail, RADIX=cfg["radix"],
+                               WRITE_KEEP=keep_out is not None, EARLY=bool(cfg["early"]) and cfg["radix"] == 1,
+                               WRITE_NEXT=write_next, HP=fused._next_power_of_two(width),
+                               num_warps=cfg["num_warps"], **launch)
     return code
-

@@ -5,7 +5,9 @@ from a graph per length bucket (fastpath/prompt.py); the backbone prefill runs o
 replayed from a graph per prompt-length bucket (the prompt left-padded to it, FrameRunner.prefill); then
 each frame is one replay of the sampling graph, ONE host read
 (16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
-the next frame, queued before the frame is handed out.
+the next frame, queued before the frame is handed out: by default already before the host read
+(FrameRunner.sample_frame), so the device does not idle while the host reads and decides. When the frame
+ends the request (end of speech, non-finite values) that step's work is discarded with the runner's state.
 
 Trace spans (engine/tracing.py, recorded only while a tracer is active): text_encode, prefill, then per
 frame `frame` > `fast_step` (the sampling half: a graph replay, or with graphs off its own spans from
@@ -128,8 +130,15 @@ class FastFrameGenerator:
             while frame_index < limit:
                 started = time.perf_counter()
                 frame_spans.next(index=frame_index)
+
+                def next_backbone(index=frame_index + 1):  # the next frame's backbone step (writes its slot)
+                    with tracing.span("backbone_step", for_frame=index, graph=graphs):
+                        runner.backbone_step(slots + index - 1)
+
                 with tracing.span("fast_step", index=frame_index, graph=graphs):
-                    readout = runner.sample_frame()[0]
+                    # with a next frame the runner may queue its backbone step before the read (graph.py)
+                    readout, queued = runner.sample_frame(next_backbone if frame_index + 1 < limit else None)
+                    readout = readout[0]
                 self.host_reads += 1
                 if bool(readout[READOUT_NONFINITE]):
                     self.nonfinite_events += 1
@@ -144,9 +153,8 @@ class FastFrameGenerator:
                     self.end_reason = EndReason.END_OF_SPEECH
                     return
                 frame_index += 1
-                if frame_index < limit:  # the next frame's backbone step runs while the caller decodes this one
-                    with tracing.span("backbone_step", for_frame=frame_index, graph=graphs):
-                        runner.backbone_step(slots + frame_index - 1)
+                if frame_index < limit and not queued:  # it runs while the caller decodes this frame
+                    next_backbone()
                 self.timings["generate_s"] += time.perf_counter() - started
                 self.frames_emitted += 1
                 yield readout[:READOUT_EOS].clone()

@@ -14,8 +14,10 @@ kept in `fallback_reason`), it runs the same static-cache step eagerly. A pool o
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -26,6 +28,16 @@ from breeze_worker.engine.fastpath.step import FrameStep
 log = logging.getLogger(__name__)
 
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024)
+READ_OVERLAP_ENV = "BREEZE_FASTPATH_READ_OVERLAP"
+_read_overlap_override: bool | None = None  # scripts/gpu_mlp_loop.py's frame A/B: forced on or off
+
+
+def read_overlap_wanted() -> bool:
+    """Whether `FrameRunner.sample_frame` queues the next frame's backbone step before its host read
+    (`BREEZE_FASTPATH_READ_OVERLAP=off` turns it off). The same work in the same order on the device."""
+    if _read_overlap_override is not None:
+        return _read_overlap_override
+    return os.environ.get(READ_OVERLAP_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
 def run_on_side_stream(device: torch.device, work) -> None:
@@ -62,6 +74,8 @@ class FrameRunner:
         self.warmup_s = 0.0
         self.compile_s = 0.0
         self._prompt_pool = None
+        self._read_event: torch.cuda.Event | None = None  # sample_frame's overlapped read (CUDA)
+        self._pinned_readout: torch.Tensor | None = None
         self.compile_requested = compile_wanted(device, compile)
         # the compiled layers' form (fastpath/layers.py); part of the pool key, so fixed at creation
         self.form_requested = (form or layer_form(rows)) if self.compile_requested else None
@@ -213,13 +227,32 @@ class FrameRunner:
         s_allowed[:, pad:].copy_(allowed)
 
     # ---- per frame ----
-    def sample_frame(self) -> torch.Tensor:
-        """Sample one frame; returns the host copy of `readout` [streams, 18] (the frame's one host read)."""
+    def sample_frame(self, then: Callable[[], None] | None = None) -> tuple[torch.Tensor, bool]:
+        """Sample one frame; returns the host copy of `readout` [streams, 18] (the frame's one host read) and
+        whether `then` ran. `then` (the next frame's backbone step) runs before the read where
+        `read_overlap_wanted`: on CUDA the readout goes to pinned memory behind an event, `then` queues its
+        work, and the host waits for that event only, so the device goes on to the backbone step without
+        waiting for the host. Its work is in the same order either way; the caller runs `then` itself when
+        this returns False."""
         if self.sample_graph is not None:
             self.sample_graph.replay()
         else:
             self.step.sample_frame()
-        return self.step.readout.cpu()
+        if then is None or not read_overlap_wanted():
+            return self.step.readout.cpu(), False
+        if self.device.type != "cuda":
+            host = self.step.readout.cpu()  # the CPU's read (the step's buffer itself: `then` leaves it alone)
+            then()
+            return host, True
+        if self._read_event is None:
+            self._pinned_readout = torch.empty(self.step.readout.shape, dtype=self.step.readout.dtype,
+                                               pin_memory=True)
+            self._read_event = torch.cuda.Event()
+        self._pinned_readout.copy_(self.step.readout, non_blocking=True)
+        self._read_event.record()
+        then()
+        self._read_event.synchronize()  # the host read (engine/syncaudit.py counts it)
+        return self._pinned_readout.clone(), True
 
     def backbone_step(self, next_slot: int) -> None:
         """Queue the backbone step writing slot `next_slot` (known on the host: no read needed)."""

@@ -44,6 +44,25 @@ from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty,
 READOUT_EOS, READOUT_NONFINITE = 16, 17  # columns of `readout` after the 16 codes
 
 
+@torch.no_grad()
+def projected_codes(lm, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every code's depth input, projected: per codebook p, embed_tokens[p * V:(p + 1) * V] times the input
+    projector's weight transposed, [V, depth hidden] in `dtype`; once per model and dtype (16 x 2051 x 1024
+    values, 67 MB in BF16 at full size). A depth position then takes its input as one row of this table
+    instead of a gather plus a 2048 -> 1024 projection. Computed in float64 and rounded once: the product
+    the runtime projection rounds from its FP32 sum (they can differ in the last bit of `dtype`)."""
+    cache = getattr(lm, "_fastpath_projected", None)
+    if cache is None:
+        cache = lm._fastpath_projected = {}
+    if dtype not in cache:
+        vocab = lm.config.vocab_size
+        embed = lm.depth_decoder.model.embed_tokens.weight
+        weight = lm.depth_decoder.model.inputs_embeds_projector.weight.double().t()
+        cache[dtype] = [(embed[p * vocab:(p + 1) * vocab].double() @ weight).to(dtype)
+                        for p in range(lm.config.num_codebooks)]
+    return cache[dtype]
+
+
 def packed_layers(lm) -> tuple[list[PackedLayer], list[PackedLayer]]:
     """Pack the model's layers once per model (the packing re-points module weights at packed tensors)."""
     packed = getattr(lm, "_fastpath_packed", None)
@@ -89,12 +108,14 @@ class FrameStep:
         embed = lm.depth_decoder.model.embed_tokens.weight
         self.depth_heads = [head[p - 1] for p in range(1, n_pos)]  # [H, V] per codebook p
         self.depth_embeds = [embed[p * self.vocab:(p + 1) * self.vocab] for p in range(n_pos)]  # [V, H]
+        self.depth_projected = projected_codes(lm, dtype)  # [V, depth H] per codebook (plan "sample" `next`)
         # the units as plain functions of the step; `sample_kernel` as in use_uncompiled (None: the environment's)
         self.use_uncompiled(sample_kernel)
         self.fused_workspace = fused.DownWorkspace()  # the "fused" form's split-K partial sums
         # per-row and per-stream state
         z = dict(device=device)
         self.hidden = torch.zeros(rows, bb.hidden_size, dtype=dtype, **z)  # last backbone state per row
+        self.next_x = torch.zeros(rows, 1, dd.hidden_size, dtype=dtype, **z)  # the sampling kernel's next input
         self.logits = torch.zeros(rows, self.vocab + 1, dtype=torch.float32, **z)  # pending codebook-0 logits
         self.row_stream = torch.zeros(rows, dtype=torch.int64, **z)
         self.cond_row = torch.zeros(streams, dtype=torch.int64, **z)
@@ -183,7 +204,7 @@ class FrameStep:
         """The frame's units between the layers, each `wrap`ped (compiled or as they are), called with `self`."""
         self.frame_units = SimpleNamespace(**{name.lstrip("_"): wrap(getattr(FrameStep, name)) for name in
                                               ("_frame_start", "_prefill_inputs", "_depth_logits", "_next_input",
-                                               "_pick")})
+                                               "_next_projected", "_pick")})
 
     def use_compiled(self, compile_fn, form: str | None = None, sample_kernel: bool | None = None) -> None:
         """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py); `form`: the
@@ -255,11 +276,22 @@ class FrameStep:
         nxt = F.embedding(code[self.row_stream], embed)[:, None]
         return self._project(nxt.to(self.dtype))
 
+    def _next_projected(self, code: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """As `_next_input`, from codebook p's rows of `projected_codes` (one gather, no projection)."""
+        return F.embedding(code[self.row_stream], table)[:, None]
+
+    def _next_from_table(self) -> bool:
+        """Whether depth inputs come from `projected_codes` (fused.plan "sample" `next`; with the sampling
+        kernel it writes them itself). Off, and always uncompiled without the kernel: the model's own
+        embedding and projection (tests patch them)."""
+        return bool(fused.plan("sample", self.vocab)["next"]) and (self.sample_kernel or self.compiled)
+
     @torch.no_grad()
     def sample_frame(self) -> None:
         """Trace spans (engine/tracing.py; only when not graph-captured): sampling (codebook 0, with the depth
         prefill inputs), depth_steps > depth_step (codebook p's position), sampling (codebooks 1..15)."""
         lm, device, units = self.lm, self.device, self.frame_units
+        from_table = self._next_from_table()
         self.nonfinite.zero_()
         with tracing.device_span(device, "sampling", codebook=0):
             logits0, noise, log_noise = units.frame_start(self)
@@ -279,14 +311,26 @@ class FrameStep:
                     else:  # the model's own head method (tests patch it)
                         dm = lm.depth_decoder.model
                         logits = self._combine(lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p))
-                    code = self._sample(logits, noise[:, p, : self.vocab],
-                                        None if log_noise is None else log_noise[:, p, : self.vocab],
-                                        self.blocked_depth)
-                    self.codes[:, p] = code
+                    last = p + 1 == self.codebooks
+                    if self.sample_kernel and from_table:  # the code into its column, the next input into next_x
+                        code = fused_sampling.sample(
+                            logits, self.sampling, self.blocked_depth, log_noise[:, p, : self.vocab],
+                            self.nonfinite, out=self.codes[:, p],
+                            next_table=None if last else self.depth_projected[p], next_out=self.next_x,
+                            cond_row=self.cond_row, uncond_row=self.uncond_row)
+                    else:
+                        code = self._sample(logits, noise[:, p, : self.vocab],
+                                            None if log_noise is None else log_noise[:, p, : self.vocab],
+                                            self.blocked_depth)
+                        self.codes[:, p] = code
                 if p + 1 < self.codebooks:
                     # codebook p's code sits at depth position p + 1 (embedding offset p * vocab)
                     with tracing.device_span(device, "depth_step", codebook=p + 1):
-                        if self.compiled:
+                        if self.sample_kernel and from_table:
+                            nxt = self.next_x
+                        elif from_table:
+                            nxt = units.next_projected(self, code, self.depth_projected[p])
+                        elif self.compiled:
                             nxt = units.next_input(self, code, self.depth_embeds[p])
                         else:  # the model's own embedding method (tests patch it)
                             embed = lm.depth_decoder.code_embedding(code[self.row_stream], p)[:, None]
@@ -371,7 +415,7 @@ class FrameStep:
         view.cache = BackboneCache(key=c.key[:, :rows], value=c.value[:, :rows], valid=c.valid[:rows],
                                    write_pos=c.write_pos[:rows], rope_pos=c.rope_pos[:rows])
         view.depth_cache = DepthCache(key=d.key[:, :rows], value=d.value[:, :rows])
-        for name in ("hidden", "logits", "row_stream"):
+        for name in ("hidden", "next_x", "logits", "row_stream"):
             setattr(view, name, getattr(self, name)[:rows])
         for name in ("cond_row", "uncond_row", "cfg_scale", "frame", "seen", "eos_masked", "codes", "nonfinite",
                      "readout"):
