@@ -26,11 +26,36 @@ def now(device: torch.device) -> float:
     return time.perf_counter()
 
 
+@contextlib.contextmanager
+def explicit_waits() -> Iterator[dict]:
+    """Count the explicit waits for the device (`torch.cuda.synchronize`, `Stream.synchronize`,
+    `Event.synchronize`) made inside the block, into the yielded dict's "n": CUDA's sync debug mode warns
+    only on the ATen operators that synchronize. The originals are restored on exit."""
+    waits = {"n": 0}
+    patched = [(torch.cuda, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda.Event, "synchronize")]
+    originals = [getattr(owner, name) for owner, name in patched]
+
+    def counted(original):
+        def wait(*args, **kwargs):
+            waits["n"] += 1
+            return original(*args, **kwargs)
+        return wait
+
+    for (owner, name), original in zip(patched, originals):
+        setattr(owner, name, counted(original))
+    try:
+        yield waits
+    finally:
+        for (owner, name), original in zip(patched, originals):
+            setattr(owner, name, original)
+
+
 class SyncCounter:
     """Counts device-to-host synchronizations (`.item()`, `.cpu()`, `.tolist()`, nonzero, multinomial, explicit
     waits, ...) per named section of the code (`with counter.section("lm"): ...`) while `counting()` is open.
 
-    On CUDA: PyTorch's CUDA sync debug mode, which warns on every synchronizing ATen call (the ground truth).
+    On CUDA: PyTorch's CUDA sync debug mode, which warns on every synchronizing ATen call (the ground truth),
+    plus the explicit waits it does not see (`explicit_waits`: the fast path's per-frame read waits on an event).
     On the CPU: engine/syncaudit.py's `SyncDetector`, which emulates a device (it counts what would synchronize
     on a GPU; it slows every tensor operation down, so count in a run that is not timed). `on_sync(event)`
     (e.g. a trace mark) is called for every sync the detector sees; on CUDA a detector runs for it alongside
@@ -40,7 +65,8 @@ class SyncCounter:
         self.device = device
         self.on_sync = on_sync
         self.counts: dict[str, int] = {}
-        self.source = "cuda sync debug mode" if device.type == "cuda" else "emulated (engine/syncaudit.py)"
+        self.source = ("cuda sync debug mode + explicit waits" if device.type == "cuda"
+                       else "emulated (engine/syncaudit.py)")
         self._total: Callable[[], int] | None = None
 
     @property
@@ -62,10 +88,10 @@ class SyncCounter:
             return
         marks = SyncDetector(self.device, on_sync=self.on_sync) if self.on_sync else contextlib.nullcontext()
         previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught, marks:
+        with warnings.catch_warnings(record=True) as caught, marks, explicit_waits() as waits:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
-            self._total = lambda: sum(1 for w in caught if "synchroniz" in str(w.message))
+            self._total = lambda: sum(1 for w in caught if "synchroniz" in str(w.message)) + waits["n"]
             try:
                 yield self
             finally:
