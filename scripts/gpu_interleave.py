@@ -16,6 +16,9 @@ interleaved work's ms. `nvidia-smi` samples SM clock and power every 50 ms in th
 
     BREEZE_COMMIT=<sha> PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_interleave.py --json out.json
     PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_interleave.py --json /tmp/i.json --dry-run  (CPU, tiny)
+
+--pipeline-ab instead: a streaming consumer's loop (no wait beyond the generator's read; codec or nothing
+between frames), frame-to-frame time, with one frame in flight (BREEZE_FASTPATH_PIPELINE) or not (run 39).
 """
 
 from __future__ import annotations
@@ -68,6 +71,32 @@ def one_request(model, request, device, action: str, rows, gemm, sleep_s: float)
     return {"ms_per_frame": 1000 * statistics.median(times), "extra_ms": 1000 * statistics.median(extra)}
 
 
+def streaming(model, request, device, action: str, rows, pipeline: bool) -> dict:
+    """A streaming consumer's loop: no wait for the device beyond the generator's own read, the codec step
+    (or nothing) between frames; the time from one frame to the next, codec included. `pipeline`:
+    graph.pipeline_wanted forced on (one frame in flight) or off (the next backbone step queued before the
+    read only)."""
+    from breeze_worker.engine.fastpath import graph
+
+    graph._pipeline_override = pipeline
+    try:
+        gen = open_generator("fast" if device.type == "cpu" else "fast-compiled", model, request, device)
+        it = iter(gen)
+        next(it)
+        times = []
+        last = time.perf_counter()
+        for frame in it:
+            t = time.perf_counter()
+            times.append(t - last)
+            last = t
+            if action == "codec":
+                rows.decode({0: frame})
+        sync(device)
+    finally:
+        graph._pipeline_override = None
+    return {"ms_per_frame": 1000 * statistics.median(times)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
@@ -75,6 +104,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--clocks", default=None, help="nvidia-smi's samples go here")
     parser.add_argument("--dry-run", action="store_true", help="the CPU, the tiny model, 2 rounds of 4 frames")
+    parser.add_argument("--pipeline-ab", action="store_true",
+                        help="instead: the streaming loop (`streaming`), pipelined or not, with and without the codec")
     args = parser.parse_args()
     device = torch.device("cpu" if args.dry_run else "cuda")
     size = "tiny" if args.dry_run else "full"
@@ -117,6 +148,21 @@ def main() -> int:
         print(f"codec step {1000 * codec_s:.2f} ms; product n={n}", flush=True)
         result.update({"codec_step_ms": 1000 * codec_s, "gemm_n": n, "frames": args.frames, "rounds": args.rounds})
         one_request(lm_only, request, device, "none", rows, (a, b), codec_s)  # warm-up: capture, compile
+        if args.pipeline_ab:
+            labels = [(pipe, action) for action in ("none", "codec") for pipe in (False, True)]
+            per_ab = {label: [] for label in labels}
+            for i in range(args.rounds):
+                for pipe, action in labels[i % len(labels):] + labels[:i % len(labels)]:
+                    per_ab[(pipe, action)].append(streaming(lm_only, request, device, action, rows, pipe)["ms_per_frame"])
+            result["streaming"] = {f"{'pipelined' if p else 'overlap'}/{a}": {"ms_per_frame": statistics.median(v),
+                                                                             "runs_ms": v}
+                                   for (p, a), v in per_ab.items()}
+            for label, v in result["streaming"].items():
+                print(f"[streaming] {label:17s}: {v['ms_per_frame']:.3f} ms from frame to frame, runs "
+                      f"{[round(x, 3) for x in v['runs_ms']]}", flush=True)
+            with open(args.json, "w") as fh:
+                json.dump(result, fh, indent=2)
+            return 0
         per = {action: [] for action in ACTIONS}
         for i in range(args.rounds):
             for action in ACTIONS[i % len(ACTIONS):] + ACTIONS[:i % len(ACTIONS)]:

@@ -32,7 +32,7 @@ import torch
 
 from breeze_worker.engine import tracing
 from breeze_worker.engine.eager import prepare_prompt_embeddings, prompt_text_segments
-from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
+from breeze_worker.engine.fastpath.graph import acquire_runner, pipeline_wanted, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
 from breeze_worker.engine.sampling import RowSampling
@@ -90,6 +90,45 @@ class FastFrameGenerator:
     def close(self) -> None:
         self._frames.close()
 
+    def _check(self, readout: torch.Tensor, frame_index: int) -> bool:
+        """The frame's flags: raises NumericalError (counted) on non-finite logits; True at end of speech."""
+        if bool(readout[READOUT_NONFINITE]):
+            self.nonfinite_events += 1
+            _count_nonfinite()
+            self.end_reason = EndReason.ERROR
+            log.error("frame %d of a request produced non-finite logits; it was not emitted", frame_index)
+            raise NumericalError(
+                f"non-finite values in the model's logits at frame {frame_index} (precision policy "
+                "of this worker); the frame was discarded. Retry, or run the worker with --precision fp32")
+        if bool(readout[READOUT_EOS]):
+            self.end_reason = EndReason.END_OF_SPEECH
+            return True
+        return False
+
+    def _pipelined(self, runner, slots: int, limit: int, graphs: bool, frame_spans):
+        """The frame loop with one frame in flight (graph.pipeline_wanted): frame t+1's backbone step and
+        sampling are queued before frame t is read."""
+        launched = runner.launch_frame()
+        for frame_index in range(limit):
+            started = time.perf_counter()
+            frame_spans.next(index=frame_index)
+            with tracing.span("fast_step", index=frame_index, graph=graphs, pipelined=True):
+                following = None
+                if frame_index + 1 < limit:
+                    with tracing.span("backbone_step", for_frame=frame_index + 1, graph=graphs):
+                        runner.backbone_step(slots + frame_index)
+                    following = runner.launch_frame()
+                readout = runner.read_frame(launched)[0]
+            self.host_reads += 1
+            ended = self._check(readout, frame_index)
+            self.timings["generate_s"] += time.perf_counter() - started
+            if ended:
+                return
+            self.frames_emitted += 1
+            yield readout[:READOUT_EOS].clone()
+            launched = following
+        self.end_reason = EndReason.FRAME_LIMIT
+
     def _stage_end(self) -> None:
         if self.timed_stages and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -127,6 +166,9 @@ class FastFrameGenerator:
             frame_index = 0
             graphs = bool(runner.use_graphs)
             frame_spans = tracing.span_sequence("frame")
+            if pipeline_wanted():
+                yield from self._pipelined(runner, slots, limit, graphs, frame_spans)
+                return
             while frame_index < limit:
                 started = time.perf_counter()
                 frame_spans.next(index=frame_index)
@@ -140,17 +182,8 @@ class FastFrameGenerator:
                     readout, queued = runner.sample_frame(next_backbone if frame_index + 1 < limit else None)
                     readout = readout[0]
                 self.host_reads += 1
-                if bool(readout[READOUT_NONFINITE]):
-                    self.nonfinite_events += 1
-                    _count_nonfinite()
-                    self.end_reason = EndReason.ERROR
-                    log.error("frame %d of a request produced non-finite logits; it was not emitted", frame_index)
-                    raise NumericalError(
-                        f"non-finite values in the model's logits at frame {frame_index} (precision policy "
-                        "of this worker); the frame was discarded. Retry, or run the worker with --precision fp32")
-                if bool(readout[READOUT_EOS]):
+                if self._check(readout, frame_index):
                     self.timings["generate_s"] += time.perf_counter() - started
-                    self.end_reason = EndReason.END_OF_SPEECH
                     return
                 frame_index += 1
                 if frame_index < limit and not queued:  # it runs while the caller decodes this frame

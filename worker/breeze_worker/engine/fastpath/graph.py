@@ -29,7 +29,23 @@ log = logging.getLogger(__name__)
 
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024)
 READ_OVERLAP_ENV = "BREEZE_FASTPATH_READ_OVERLAP"
+PIPELINE_ENV = "BREEZE_FASTPATH_PIPELINE"
 _read_overlap_override: bool | None = None  # scripts/gpu_mlp_loop.py's frame A/B: forced on or off
+_pipeline_override: bool | None = None
+
+
+def _switch(env: str, default: str) -> bool:
+    return os.environ.get(env, default).strip().lower() not in ("0", "off", "false", "no")
+
+
+def pipeline_wanted() -> bool:
+    """Whether FastFrameGenerator keeps one frame in flight (`BREEZE_FASTPATH_PIPELINE=on`, off by default):
+    frame t+1's backbone step and sampling are queued before frame t is read (FrameRunner.launch_frame /
+    read_frame), so no host work sits between two frames on the device. A frame that ends the request
+    leaves the next one computed and thrown away; each frame's audio comes one frame later."""
+    if _pipeline_override is not None:
+        return _pipeline_override
+    return _switch(PIPELINE_ENV, "off")
 
 
 def read_overlap_wanted() -> bool:
@@ -37,7 +53,7 @@ def read_overlap_wanted() -> bool:
     (`BREEZE_FASTPATH_READ_OVERLAP=off` turns it off). The same work in the same order on the device."""
     if _read_overlap_override is not None:
         return _read_overlap_override
-    return os.environ.get(READ_OVERLAP_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+    return _switch(READ_OVERLAP_ENV, "on")
 
 
 def run_on_side_stream(device: torch.device, work) -> None:
@@ -76,6 +92,8 @@ class FrameRunner:
         self._prompt_pool = None
         self._read_event: torch.cuda.Event | None = None  # sample_frame's overlapped read (CUDA)
         self._pinned_readout: torch.Tensor | None = None
+        self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []  # launch_frame's readout copies
+        self._ring_next = 0
         self.compile_requested = compile_wanted(device, compile)
         # the compiled layers' form (fastpath/layers.py); part of the pool key, so fixed at creation
         self.form_requested = (form or layer_form(rows)) if self.compile_requested else None
@@ -253,6 +271,37 @@ class FrameRunner:
         then()
         self._read_event.synchronize()  # the host read (engine/syncaudit.py counts it)
         return self._pinned_readout.clone(), True
+
+    def launch_frame(self) -> int:
+        """Queue one frame's sampling and a copy of its `readout` (pinned memory behind an event on CUDA)
+        into one of two slots; returns the slot for `read_frame`. Two frames may be in flight: the copy is
+        queued before the next frame's sampling rewrites `readout`."""
+        if not self._ring:
+            for _ in range(2):
+                if self.device.type == "cuda":
+                    self._ring.append((torch.empty(self.step.readout.shape, dtype=self.step.readout.dtype,
+                                                   pin_memory=True), torch.cuda.Event()))
+                else:
+                    self._ring.append((torch.empty_like(self.step.readout), None))
+        if self.sample_graph is not None:
+            self.sample_graph.replay()
+        else:
+            self.step.sample_frame()
+        slot = self._ring_next
+        self._ring_next = 1 - slot
+        buffer, event = self._ring[slot]
+        buffer.copy_(self.step.readout, non_blocking=event is not None)
+        if event is not None:
+            event.record()
+        return slot
+
+    def read_frame(self, slot: int) -> torch.Tensor:
+        """The host copy of the frame launched into `slot` (the frame's one host read)."""
+        buffer, event = self._ring[slot]
+        if event is None:
+            return buffer.cpu()  # the CPU's read (engine/syncaudit.py counts it)
+        event.synchronize()
+        return buffer.clone()
 
     def backbone_step(self, next_slot: int) -> None:
         """Queue the backbone step writing slot `next_slot` (known on the host: no read needed)."""
