@@ -29,3 +29,46 @@ def nan_frame_embedding():
             del lm.embed_frames
 
     return poison
+
+
+@pytest.fixture
+def steer_logits(monkeypatch):
+    """Rig a model's logits for the length of a test:
+    - `steer_logits.nan_depth(lm, codebook=5, at=3)`: codebook `codebook`'s depth logits are NaN at their
+      `at`-th computation (the third frame's);
+    - `steer_logits.end_of_speech(model, at=3)`: the backbone's `at`-th read-out (the prefill's is the first)
+      puts end of speech far ahead, so frame at - 1 ends the stream.
+    Each returns the dict whose "n" counts the calls."""
+
+    def nan_depth(lm, codebook: int = 5, at: int = 3) -> dict:
+        calls = {"n": 0}
+        original = lm.depth_logits
+
+        def poisoned(hidden, position):
+            out = original(hidden, position)
+            if position == codebook:
+                calls["n"] += 1
+                if calls["n"] == at:
+                    out = out + float("nan")
+            return out
+
+        monkeypatch.setattr(lm, "depth_logits", poisoned)
+        return calls
+
+    def end_of_speech(model, at: int = 3) -> dict:
+        calls = {"n": 0}
+        lm = model.lm
+        original = lm.backbone_logits
+
+        def steered(hidden):
+            out = original(hidden)
+            calls["n"] += 1
+            if calls["n"] == at:
+                out[..., model.config.end_of_speech_id] = 1e4
+            return out
+
+        monkeypatch.setattr(lm, "backbone_logits", steered)
+        return calls
+
+    return type("SteerLogits", (), {"nan_depth": staticmethod(nan_depth),
+                                    "end_of_speech": staticmethod(end_of_speech)})

@@ -92,19 +92,8 @@ def rigged():
     return tiny_model(seed=0, with_codec=False)
 
 
-def test_end_of_speech_ends_the_stream(rigged, monkeypatch):
-    lm = rigged.lm
-    real = lm.backbone_logits
-    calls = {"n": 0}
-
-    def logits(hidden):
-        out = real(hidden)
-        calls["n"] += 1
-        if calls["n"] == 3:  # the third backbone read-out: after two frames
-            out[..., rigged.config.end_of_speech_id] = 1e4
-        return out
-
-    monkeypatch.setattr(lm, "backbone_logits", logits)
+def test_end_of_speech_ends_the_stream(rigged, steer_logits):
+    steer_logits.end_of_speech(rigged, at=3)  # the third backbone read-out: after two frames
     out, gen = frames(rigged, request(rigged, max_frames=50))
     assert out.shape[0] == 2 and gen.end_reason is EndReason.END_OF_SPEECH
 

@@ -12,29 +12,14 @@ from breeze_worker.engine.types import EndReason
 from breeze_worker.errors import NumericalError
 
 
-def test_forced_nonfinite_frame_is_not_emitted_and_counted(model, request_for):
-    lm = model.lm
-    calls = {"n": 0}
-    original = lm.depth_logits
-
-    def poisoned(hidden, position):  # NaN in codebook 5's logits of the third frame
-        logits = original(hidden, position)
-        if position == 5:
-            calls["n"] += 1
-            if calls["n"] == 3:
-                logits = logits + float("nan")
-        return logits
-
-    lm.depth_logits = poisoned
-    try:
-        before = fast_generator.nonfinite_events()
-        gen = FastFrameGenerator(model, request_for(model, False, frames=6), "cpu")
-        emitted = []
-        with pytest.raises(NumericalError, match="non-finite"):
-            for frame in gen:
-                emitted.append(frame)
-    finally:
-        del lm.depth_logits
+def test_forced_nonfinite_frame_is_not_emitted_and_counted(model, request_for, steer_logits):
+    steer_logits.nan_depth(model.lm)  # NaN in codebook 5's logits of the third frame
+    before = fast_generator.nonfinite_events()
+    gen = FastFrameGenerator(model, request_for(model, False, frames=6), "cpu")
+    emitted = []
+    with pytest.raises(NumericalError, match="non-finite"):
+        for frame in gen:
+            emitted.append(frame)
     assert len(emitted) == 2  # frames 0 and 1; frame 2 was discarded
     assert all(bool((f >= 0).all()) and bool((f < 2048).all()) for f in emitted)
     assert gen.nonfinite_events == 1

@@ -33,7 +33,8 @@ def test_pipelined_frames_equal_eager_and_unpipelined(model, request_for, monkey
 
 
 @pytest.mark.parametrize("mode", ["off", "on"])
-def test_pipelined_end_of_speech_stops_with_the_next_frame_in_flight(model, request_for, monkeypatch, mode):
+def test_pipelined_end_of_speech_stops_with_the_next_frame_in_flight(model, request_for, monkeypatch, mode,
+                                                                     steer_logits):
     monkeypatch.setenv(PIPELINE_ENV, mode)
     sampled = {"n": 0}
     original_sample = FrameStep.sample_frame
@@ -43,18 +44,8 @@ def test_pipelined_end_of_speech_stops_with_the_next_frame_in_flight(model, requ
         return original_sample(self)
 
     monkeypatch.setattr(FrameStep, "sample_frame", counted)
-    lm = model.lm
-    real = lm.backbone_logits
-    calls = {"n": 0}
-
-    def logits(hidden):
-        out = real(hidden)
-        calls["n"] += 1
-        if calls["n"] == 3:  # the third backbone read-out (after the prefill's and one step's): frame 2
-            out[..., model.config.end_of_speech_id] = 1e4
-        return out
-
-    monkeypatch.setattr(lm, "backbone_logits", logits)
+    # the third backbone read-out (after the prefill's and one step's) ends the stream at frame 2
+    calls = steer_logits.end_of_speech(model, at=3)
     clear_runners()
     gen = FastFrameGenerator(model, request_for(model, False, frames=50), "cpu")
     out = list(gen)
@@ -65,21 +56,9 @@ def test_pipelined_end_of_speech_stops_with_the_next_frame_in_flight(model, requ
     assert sampled["n"] == (4 if mode == "on" else 3)
 
 
-def test_pipelined_nonfinite_frame_is_not_emitted(model, request_for, monkeypatch):
+def test_pipelined_nonfinite_frame_is_not_emitted(model, request_for, monkeypatch, steer_logits):
     monkeypatch.setenv(PIPELINE_ENV, "on")
-    lm = model.lm
-    original = lm.depth_logits
-    calls = {"n": 0}
-
-    def poisoned(hidden, position):  # NaN in codebook 5's logits of the third frame
-        out = original(hidden, position)
-        if position == 5:
-            calls["n"] += 1
-            if calls["n"] == 3:
-                out = out + float("nan")
-        return out
-
-    monkeypatch.setattr(lm, "depth_logits", poisoned)
+    steer_logits.nan_depth(model.lm)  # NaN in codebook 5's logits of the third frame
     clear_runners()
     gen = FastFrameGenerator(model, request_for(model, False, frames=6), "cpu")
     emitted = []
