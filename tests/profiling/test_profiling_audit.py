@@ -77,8 +77,7 @@ def test_audit_json_schema_and_known_counts(tmp_path, use_tiny):
     # the fast path's design: one host read per frame (the packed readout)
     assert runs["fast"]["syncs_per_frame"] == [1, 1, 1]
     fast_sites = [s for s in runs["fast"]["sites"] if not s["setup"]]
-    # (two lines of FrameRunner.sample_frame: the read before the next backbone step is queued, and the
-    # last frame's, which has none)
+    # (FrameRunner.read_frame, once per frame)
     assert {(s["site"].split(":")[0], s["op"]) for s in fast_sites} == {
         ("breeze_worker/engine/fastpath/graph.py", "cpu")} and sum(s["count"] for s in fast_sites) == 3
     # the eager reference (as torch.cuda's sync debug mode counts it on an H200): frame index upload,

@@ -29,25 +29,17 @@ def now(device: torch.device) -> float:
 @contextlib.contextmanager
 def explicit_waits() -> Iterator[dict]:
     """Count the explicit waits for the device (`torch.cuda.synchronize`, `Stream.synchronize`,
-    `Event.synchronize`) made inside the block, into the yielded dict's "n": CUDA's sync debug mode warns
-    only on the ATen operators that synchronize. The originals are restored on exit."""
+    `Event.synchronize`: engine/syncaudit.py `watch_waits`) made inside the block on this thread, into the
+    yielded dict's "n": CUDA's sync debug mode warns only on the ATen operators that synchronize."""
+    from breeze_worker.engine.syncaudit import watch_waits
+
     waits = {"n": 0}
-    patched = [(torch.cuda, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda.Event, "synchronize")]
-    originals = [getattr(owner, name) for owner, name in patched]
 
-    def counted(original):
-        def wait(*args, **kwargs):
-            waits["n"] += 1
-            return original(*args, **kwargs)
-        return wait
+    def count(op: str) -> None:
+        waits["n"] += 1
 
-    for (owner, name), original in zip(patched, originals):
-        setattr(owner, name, counted(original))
-    try:
+    with watch_waits(count):
         yield waits
-    finally:
-        for (owner, name), original in zip(patched, originals):
-            setattr(owner, name, original)
 
 
 class SyncCounter:

@@ -29,6 +29,7 @@ CUDA (profiling/audit.py cross-checks with it; on an H200 both count 18 per eage
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import sys
 import threading
@@ -76,6 +77,34 @@ _INDEX_OPS = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.defa
 SETUP_SPANS = frozenset({"text_encode", "prefill"})
 SETUP_FUNCTIONS = frozenset({"prepare_prompt_embeddings", "prompt_text_segments", "encode_segments", "from_params",
                              "prefill", "set_stream", "acquire_runner", "_capture"})
+
+
+@contextlib.contextmanager
+def watch_waits(on_wait: Callable[[str], None]):
+    """While open, each explicit wait for the device (EXPLICIT_WAITS) made on the thread that opened it
+    calls `on_wait(op)` before it waits. The originals are put back on exit (an inherited attribute is
+    removed again)."""
+    thread = threading.get_ident()
+    wrapped = []
+    for owner, name, op in EXPLICIT_WAITS:
+        own = name in vars(owner)
+        original = getattr(owner, name)
+
+        def wait(*args, _original=original, _op=op, **kwargs):
+            if threading.get_ident() == thread:
+                on_wait(_op)
+            return _original(*args, **kwargs)
+
+        setattr(owner, name, wait)
+        wrapped.append((owner, name, original if own else None))
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(wrapped):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 @dataclass(frozen=True)
@@ -162,7 +191,7 @@ class SyncDetector:
         self._claimed = 0  # >0 while a Python-level sync runs (its ATen ops are not counted again)
         self._paused = 0
         self._modes: tuple | None = None
-        self._wrapped: list[tuple] = []  # (owner, attribute, original) of the explicit waits wrapped
+        self._waits = None  # `watch_waits` while active
 
     # ---- device / host ----
     def on_device(self, t: torch.Tensor) -> bool:
@@ -378,24 +407,10 @@ class SyncDetector:
 
     # ---- explicit waits (not tensor operations: the modes do not see them) ----
     def _wrap_waits(self) -> None:
-        detector, thread = self, threading.get_ident()
-        self._wrapped = []
-        for owner, name, op in EXPLICIT_WAITS:
-            own = name in vars(owner)  # else inherited: removed again on exit
-            original = getattr(owner, name)
-
-            def wait(*args, _original=original, _op=op, **kwargs):
-                if threading.get_ident() == thread:
-                    detector.record(_op)
-                return _original(*args, **kwargs)
-
-            setattr(owner, name, wait)
-            self._wrapped.append((owner, name, original if own else None))
+        self._waits = watch_waits(self.record)
+        self._waits.__enter__()
 
     def _unwrap_waits(self) -> None:
-        for owner, name, original in reversed(self._wrapped):
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._wrapped = []
+        if self._waits is not None:
+            self._waits.__exit__(None, None, None)
+            self._waits = None

@@ -90,8 +90,6 @@ class FrameRunner:
         self.warmup_s = 0.0
         self.compile_s = 0.0
         self._prompt_pool = None
-        self._read_event: torch.cuda.Event | None = None  # sample_frame's overlapped read (CUDA)
-        self._pinned_readout: torch.Tensor | None = None
         self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []  # launch_frame's readout copies
         self._ring_next = 0
         self.compile_requested = compile_wanted(device, compile)
@@ -248,29 +246,14 @@ class FrameRunner:
     def sample_frame(self, then: Callable[[], None] | None = None) -> tuple[torch.Tensor, bool]:
         """Sample one frame; returns the host copy of `readout` [streams, 18] (the frame's one host read) and
         whether `then` ran. `then` (the next frame's backbone step) runs before the read where
-        `read_overlap_wanted`: on CUDA the readout goes to pinned memory behind an event, `then` queues its
-        work, and the host waits for that event only, so the device goes on to the backbone step without
-        waiting for the host. Its work is in the same order either way; the caller runs `then` itself when
-        this returns False."""
-        if self.sample_graph is not None:
-            self.sample_graph.replay()
-        else:
-            self.step.sample_frame()
-        if then is None or not read_overlap_wanted():
-            return self.step.readout.cpu(), False
-        if self.device.type != "cuda":
-            host = self.step.readout.cpu()  # the CPU's read (the step's buffer itself: `then` leaves it alone)
+        `read_overlap_wanted`: it queues its work behind the readout's copy (`launch_frame`), and the host
+        waits for that copy only, so the device goes on to the backbone step without waiting for the host.
+        Its work is in the same order either way; the caller runs `then` itself when this returns False."""
+        slot = self.launch_frame()
+        queued = then is not None and read_overlap_wanted()
+        if queued:
             then()
-            return host, True
-        if self._read_event is None:
-            self._pinned_readout = torch.empty(self.step.readout.shape, dtype=self.step.readout.dtype,
-                                               pin_memory=True)
-            self._read_event = torch.cuda.Event()
-        self._pinned_readout.copy_(self.step.readout, non_blocking=True)
-        self._read_event.record()
-        then()
-        self._read_event.synchronize()  # the host read (engine/syncaudit.py counts it)
-        return self._pinned_readout.clone(), True
+        return self.read_frame(slot), queued
 
     def launch_frame(self) -> int:
         """Queue one frame's sampling and a copy of its `readout` (pinned memory behind an event on CUDA)

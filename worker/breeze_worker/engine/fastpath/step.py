@@ -292,6 +292,7 @@ class FrameStep:
         prefill inputs), depth_steps > depth_step (codebook p's position), sampling (codebooks 1..15)."""
         lm, device, units = self.lm, self.device, self.frame_units
         from_table = self._next_from_table()
+        kernel_writes_next = self.sample_kernel and from_table  # the code into its column, the input into next_x
         self.nonfinite.zero_()
         with tracing.device_span(device, "sampling", codebook=0):
             logits0, noise, log_noise = units.frame_start(self)
@@ -312,7 +313,7 @@ class FrameStep:
                         dm = lm.depth_decoder.model
                         logits = self._combine(lm.depth_logits(rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps), p))
                     last = p + 1 == self.codebooks
-                    if self.sample_kernel and from_table:  # the code into its column, the next input into next_x
+                    if kernel_writes_next:
                         code = fused_sampling.sample(
                             logits, self.sampling, self.blocked_depth, log_noise[:, p, : self.vocab],
                             self.nonfinite, out=self.codes[:, p],
@@ -326,7 +327,7 @@ class FrameStep:
                 if p + 1 < self.codebooks:
                     # codebook p's code sits at depth position p + 1 (embedding offset p * vocab)
                     with tracing.device_span(device, "depth_step", codebook=p + 1):
-                        if self.sample_kernel and from_table:
+                        if kernel_writes_next:
                             nxt = self.next_x
                         elif from_table:
                             nxt = units.next_projected(self, code, self.depth_projected[p])
