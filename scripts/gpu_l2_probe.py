@@ -1,12 +1,14 @@
 """Does a weight asked into L2 beforehand make the depth MLP's gate/up kernel faster? (results/NOTES.md run 40)
 
-Run 39's frame A/B had every L2 prefetch setting slower than none (engine/fastpath/prefetch.py). This probe
-isolates the mechanism: the full-size depth gate/up weight (8192 x 2 rows of 1024, BF16, 33.5 MB) read by the
-real kernel (fused.norm_gate_up at 2 rows) after L2 was flushed (a 512 MB copy), with, between the flush and
-the kernel: nothing; a bulk prefetch (prefetch.launch) of half or all of it; a per-line prefetch
+Run 39's frame A/B had every L2 prefetch setting slower than none (commit b1eaac4's
+engine/fastpath/prefetch.py, reverted since). This probe isolates the mechanism: the full-size depth gate/up
+weight (8192 x 2 rows of 1024, BF16, 33.5 MB) read by the real kernel (fused.norm_gate_up at 2 rows) after L2
+was flushed (a 512 MB copy), with, between the flush and the kernel: nothing; a bulk prefetch
+(`cp.async.bulk.prefetch.L2`, one chunk a thread) of half or all of it; a per-line prefetch
 (`prefetch.global.L2`) of all of it; an ordinary read of all of it (an upper bound: the weight resident in
 L2 as far as it fits); each followed by a device sleep of 0, 10 or 40 us. Events around the kernel (and
-around the prefetch) give its time; median of REPS.
+around the prefetch) give its time; median of REPS. (Run 40 ran it at commit 3dfcc4e, whose bulk prefetch
+came from engine/fastpath/prefetch.py with the same chunking: 64 programs of 128 threads.)
 
     PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_l2_probe.py --json out.json
 """
@@ -22,7 +24,7 @@ import triton
 import triton.language as tl
 
 import gpu_fused
-from breeze_worker.engine.fastpath import fused, prefetch
+from breeze_worker.engine.fastpath import fused
 
 REPS = 15
 CLOCK_HZ = 1.98e9  # the SM clock nvidia-smi showed under load (run 36): sleep cycles per us
@@ -36,6 +38,24 @@ def _line_prefetch_kernel(base, nbytes, LINES: tl.constexpr, THREADS: tl.constex
     ok = (off < nbytes).to(tl.int32)
     tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
                               "=r,l,r", [base + off, ok], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _bulk_prefetch_kernel(base, nbytes, chunk, THREADS: tl.constexpr):
+    """Bulk `cp.async.bulk.prefetch.L2`: thread t of program p asks for chunk p * THREADS + t (a multiple of 16)."""
+    lane = (tl.program_id(0) * THREADS + tl.arange(0, THREADS)).to(tl.int64)
+    size = tl.maximum(tl.minimum(nbytes - lane * chunk, chunk), 0).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [base + lane * chunk, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def bulk_prefetch(weight: torch.Tensor, start_row: int, rows: int, threads: int = 128, programs: int = 64) -> None:
+    row_bytes = weight.stride(0) * weight.element_size()
+    nbytes = rows * row_bytes
+    chunk = -(-nbytes // (threads * programs * 16)) * 16
+    _bulk_prefetch_kernel[(programs,)](weight.data_ptr() + start_row * row_bytes, nbytes, chunk, THREADS=threads,
+                                       num_warps=threads // 32)
 
 
 def line_prefetch(weight: torch.Tensor) -> None:
@@ -60,16 +80,13 @@ def main() -> int:
     x = torch.randn(2, 1, hidden, generator=gen, device="cuda").to(torch.bfloat16)
     flush_src = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
     flush_dst = torch.empty_like(flush_src)
-    half = prefetch.regions(prefetch.rows(weight, 0.5, 0, inter), prefetch.rows(weight, 0.5, inter, inter))
-    full = prefetch.regions(prefetch.rows(weight, 1.0))
     before = {
         "none": lambda: None,
-        "bulk_half": lambda: prefetch.launch(half, weight.device),
-        "bulk_all": lambda: prefetch.launch(full, weight.device),
+        "bulk_half": lambda: (bulk_prefetch(weight, 0, inter // 2), bulk_prefetch(weight, inter, inter // 2)),
+        "bulk_all": lambda: bulk_prefetch(weight, 0, 2 * inter),
         "line_all": lambda: line_prefetch(weight),
         "read_all": lambda: weight.view(torch.int16).max(),
     }
-    prefetch._override = True
     ref = fused.norm_gate_up(x, w_norm, 1e-5, weight, inter)
     rows = []
     for sleep_us in (0, 10, 40):

@@ -28,7 +28,8 @@ def main() -> int:
     x = torch.randn(2, 1, hidden, generator=gen, device="cuda").to(torch.bfloat16)
     k_cache = torch.zeros(2, kv, 16, d, dtype=torch.bfloat16, device="cuda")
     v_cache = torch.zeros_like(k_cache)
-    cos, sin = torch.ones(1, d, device="cuda", dtype=torch.bfloat16), torch.zeros(1, d, device="cuda", dtype=torch.bfloat16)
+    cos = torch.ones(1, d, device="cuda", dtype=torch.bfloat16)
+    sin = torch.zeros(1, d, device="cuda", dtype=torch.bfloat16)
     mask = torch.zeros(1, 1, 1, 16, device="cuda")
     workspace = fused.DownWorkspace()
     for _ in range(3):

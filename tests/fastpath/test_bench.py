@@ -62,3 +62,31 @@ def test_bench_json_schema(tmp_path, capsys):
         assert held.count("frame") == 3 and held.count("codec_decode") == 3 and held.count("text_encode") == 1
         assert any(inside(m, r) for m in marks) is (not r["args"]["timed"])
     assert all(any(inside(m, r) for r in requests) for m in marks)
+
+
+def test_bench_times_every_variant_before_it_instruments_any(tmp_path, monkeypatch):
+    """torch.profiler leaves CUPTI attached, and frames timed after it ran 7% slower (results/NOTES.md run 43):
+    the bench times every variant of every precision first, then counts syncs and profiles, reloading an
+    earlier precision's model for that."""
+    from breeze_worker.commands import bench
+
+    calls = []
+    for name in ("time_variant", "instrument_variant"):
+        real = getattr(bench, name)
+
+        def wrapped(variant, *args, _real=real, _name=name, **kwargs):
+            calls.append((_name, variant))
+            return _real(variant, *args, **kwargs)
+
+        monkeypatch.setattr(bench, name, wrapped)
+    out = tmp_path / "bench.json"
+    rc = main(["--log-level", "WARNING", "bench", "--size", "tiny", "--device", "cpu", "--precision", "fp32,bf16",
+               "--force-precision", "--paths", "eager,fast", "--frames", "2", "--repeats", "1", "--cfg", "off,on",
+               "--json", str(out)])
+    assert rc == 0
+    kinds = [kind for kind, _ in calls]
+    assert kinds == ["time_variant"] * 8 + ["instrument_variant"] * 8
+    assert {v for _, v in calls[:8]} == {v for _, v in calls[8:]} and len({v for _, v in calls}) == 8
+    doc = json.loads(out.read_text())
+    assert all(v["host_syncs_per_frame_lm"] is not None for v in doc["variants"])  # every variant instrumented
+    assert [v["name"] for v in doc["variants"]][:2] == ["eager/nocfg/fp32", "fast/nocfg/fp32"]

@@ -178,11 +178,10 @@ def _run(path: str, model: LoadedModel, request, device: torch.device, codec, ro
     )
 
 
-def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
-                    repeats: int, seed: int, profile_frames: int = 8, tracer: tracing.Tracer | None = None) -> dict:
-    """Warm up once, time `repeats` requests, count syncs (one untimed request), profile GPU busy time; one
-    JSON-able dict. With `tracer`, the first timed request is traced (spans only) and so is the sync-count
-    request (with a gpu_sync mark at every sync it counts)."""
+def time_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
+                 repeats: int, seed: int, tracer: tracing.Tracer | None = None) -> dict:
+    """Warm up once and time `repeats` requests: one JSON-able dict (`instrument_variant` adds the host-sync
+    count and the GPU-busy profile). With `tracer`, the first timed request is traced (spans only)."""
     request = make_request(model, cfg, frames, seed)
     warm_t0 = time.perf_counter()
     warm = run_once(path, model, request, device)  # first use: graph capture for the fast path
@@ -200,15 +199,6 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
             else:
                 runs.append(run_once(path, model, request, device))
     peak = peak_memory_bytes(device)
-    short = make_request(model, cfg, min(profile_frames, frames), seed)
-    if tracer is not None:
-        marks = lambda e: tracing.mark("gpu_sync", op=e.op, site=e.site, code=e.code)  # noqa: E731
-        with tracer.recording(), tracing.span("request", variant=name, path=path, cfg=cfg, timed=False,
-                                              purpose="host sync count", frames=short.max_frames):
-            counted = run_once(path, model, short, device, count_syncs=True, on_sync=marks)
-    else:
-        counted = run_once(path, model, short, device, count_syncs=True)
-    busy = gpu_busy_fraction(device, lambda: run_once(path, model, short, device))
     best = min(runs, key=lambda r: r.wall_s)
     per_frame = [statistics.median(r.frame_times_s) for r in runs if r.frame_times_s]
     ms_per_frame = 1000 * statistics.median(per_frame) if per_frame else None
@@ -233,23 +223,44 @@ def measure_variant(name: str, path: str, cfg: bool, model: LoadedModel, device:
         "stages_s": stages,
         "peak_memory_bytes": peak,
         **peaks.result,  # gpu_peak_allocated_bytes, gpu_peak_reserved_bytes, host_peak_rss_bytes, host_peak_scope
-        # host syncs per frame after the first, from one untimed request of `profiled_frames` frames
-        "host_syncs_per_frame": counted.syncs_per_frame,
-        "host_syncs_per_frame_lm": counted.syncs_lm_per_frame,
-        "host_syncs_per_frame_codec": counted.syncs_codec_per_frame,
-        "host_syncs_source": counted.sync_source,
         "host_reads_per_frame": best.host_reads_per_frame,
-        "gpu_busy_fraction": busy["busy_fraction"],
-        "gpu_kernel_s_profiled": busy["kernel_s"],
-        "profiled_frames": min(profile_frames, frames),  # one request (prompt, frames, codec) under the profiler
-        "gpu_kernels_profiled": busy["kernels"],
-        "top_kernels": busy["top_kernels"],
         "first_use_s": warmup_s,  # includes graph capture for the fast path
         "fallback_reason": warm.fallback_reason,
         "compiled": warm.compiled,
         "compile_fallback_reason": warm.compile_fallback_reason,
         "codes_digest": int(sum(int(f.sum()) * (i + 1) for i, f in enumerate(best.frames)) % (2**31)),
         "_frames": best.frames,
+    }
+
+
+def instrument_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
+                       seed: int, profile_frames: int = 8, tracer: tracing.Tracer | None = None) -> dict:
+    """The instrumented requests of a variant, each of min(profile_frames, frames) frames: host syncs per frame
+    (CUDA's sync debug mode and the explicit waits), then the GPU-busy fraction and kernels under
+    torch.profiler. Call it after every timed request of the process: once torch.profiler has run, CUPTI stays
+    attached and the fast path's frames ran 7% slower for the rest of the process (results/NOTES.md run 43).
+    With `tracer`, the sync-count request is traced with a gpu_sync mark at every sync it counts."""
+    short = make_request(model, cfg, min(profile_frames, frames), seed)
+    run_once(path, model, short, device)  # a model loaded again for this pass: its first use is not counted
+    if tracer is not None:
+        marks = lambda e: tracing.mark("gpu_sync", op=e.op, site=e.site, code=e.code)  # noqa: E731
+        with tracer.recording(), tracing.span("request", variant=name, path=path, cfg=cfg, timed=False,
+                                              purpose="host sync count", frames=short.max_frames):
+            counted = run_once(path, model, short, device, count_syncs=True, on_sync=marks)
+    else:
+        counted = run_once(path, model, short, device, count_syncs=True)
+    busy = gpu_busy_fraction(device, lambda: run_once(path, model, short, device))
+    return {
+        # host syncs per frame after the first, from one untimed request of `profiled_frames` frames
+        "host_syncs_per_frame": counted.syncs_per_frame,
+        "host_syncs_per_frame_lm": counted.syncs_lm_per_frame,
+        "host_syncs_per_frame_codec": counted.syncs_codec_per_frame,
+        "host_syncs_source": counted.sync_source,
+        "gpu_busy_fraction": busy["busy_fraction"],
+        "gpu_kernel_s_profiled": busy["kernel_s"],
+        "profiled_frames": short.max_frames,  # one request (prompt, frames, codec) under the profiler
+        "gpu_kernels_profiled": busy["kernels"],
+        "top_kernels": busy["top_kernels"],
     }
 
 

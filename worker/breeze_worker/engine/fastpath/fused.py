@@ -65,7 +65,6 @@ import os
 import torch
 import torch.nn.functional as F
 
-from breeze_worker.engine.fastpath import prefetch
 from breeze_worker.engine.fastpath.layers import attend_rows, rotate, write_cache
 
 CONFIG_ENV = "BREEZE_FUSED_CONFIG"
@@ -79,8 +78,6 @@ if importlib.util.find_spec("triton") is not None:
     try:
         import triton
         import triton.language as tl
-
-        from breeze_worker.engine.fastpath.prefetch import _prefetch_l2
 
         try:  # programmatic dependent launch (Hopper and later): wait for / release the kernels around this one
             from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -129,10 +126,9 @@ if importlib.util.find_spec("triton") is not None:
 
         @triton.jit
         def _qkv_rope_kernel(x_ptr, w_norm_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, H, start, eps,
-                             stride_cr, stride_ck, stride_cl, pf_a, pf_an, pf_b, pf_bn, pf_chunk, M: tl.constexpr,
-                             T: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             BLOCK_P: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr, PF: tl.constexpr,
-                             PF_THREADS: tl.constexpr):
+                             stride_cr, stride_ck, stride_cl, M: tl.constexpr, T: tl.constexpr,
+                             HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             BLOCK_P: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
             if USE_PDL:
                 gdc_launch_dependents()
             HALF: tl.constexpr = HEAD_DIM // 2
@@ -148,8 +144,6 @@ if importlib.util.find_spec("triton") is not None:
             # the program's weight rows, loaded once: columns d and d + D/2 of its pairs (RoPE mixes them)
             w1 = tl.load(w_ptr + col1[:, None] * H + ks[None, :], mask=k_ok, other=0.0).to(tl.float32)
             w2 = tl.load(w_ptr + (col1 + HALF)[:, None] * H + ks[None, :], mask=k_ok, other=0.0).to(tl.float32)
-            if PF:  # a later kernel's weights asked into L2 (fastpath/prefetch.py)
-                _prefetch_l2(pf_a, pf_an, pf_b, pf_bn, pf_chunk, pid * PF_THREADS, PF_THREADS)
             if USE_PDL:  # the weights above do not depend on the kernel before; x and the cache do
                 gdc_wait()
             for i in tl.static_range(M):
@@ -237,17 +231,14 @@ if importlib.util.find_spec("triton") is not None:
                     tl.store(out_ptr + i * I + cols, gate.to(out_ty), mask=col_ok)
 
         @triton.jit
-        def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, pf_a, pf_an, pf_b, pf_bn, pf_chunk,
-                                 M: tl.constexpr, BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
-                                 USE_PDL: tl.constexpr, GATED: tl.constexpr, PF: tl.constexpr,
-                                 PF_THREADS: tl.constexpr):
+        def _norm_gate_up_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
+                                 USE_PDL: tl.constexpr, GATED: tl.constexpr = True):
             """GATED: SiLU(gate) * up over the packed [2I, H] weight; else the plain projection by [I, H]."""
             if USE_PDL:
                 gdc_launch_dependents()
             cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
             wg, wu = _gate_up_tile(w_ptr, cols, tl.arange(0, HP), H, I, EVICT, GATED)
-            if PF:
-                _prefetch_l2(pf_a, pf_an, pf_b, pf_bn, pf_chunk, tl.program_id(0) * PF_THREADS, PF_THREADS)
             wg = wg.to(tl.float32)
             wu = wu.to(tl.float32)
             if USE_PDL:
@@ -361,10 +352,9 @@ if importlib.util.find_spec("triton") is not None:
                 tl.atomic_xchg(count_ptr, 0)
 
         @triton.jit
-        def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, pf_a, pf_an, pf_b, pf_bn,
-                                  pf_chunk, M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-                                  SPLITS: tl.constexpr, EVICT: tl.constexpr, USE_PDL: tl.constexpr, PF: tl.constexpr,
-                                  PF_THREADS: tl.constexpr):
+        def _down_residual_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+                                  EVICT: tl.constexpr, USE_PDL: tl.constexpr):
             if USE_PDL:
                 gdc_launch_dependents()
             pid = tl.program_id(0)
@@ -372,9 +362,6 @@ if importlib.util.find_spec("triton") is not None:
             cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
             ks = split * CHUNK + tl.arange(0, CHUNK)  # K = SPLITS * CHUNK exactly (see `plan`)
             w = _down_tile(w_ptr, cols, ks, N, K, EVICT).to(tl.float32)
-            if PF:
-                _prefetch_l2(pf_a, pf_an, pf_b, pf_bn, pf_chunk, (split * tl.num_programs(0) + pid) * PF_THREADS,
-                             PF_THREADS)
             if USE_PDL:  # the partials, counters and outputs are touched only after the kernel before is done
                 gdc_wait()
             _down_partials(w, h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, cols, ks, split, N, K, M, SPLITS)
@@ -561,10 +548,6 @@ def plan(kernel: str, k: int) -> dict:
         # "early": the top-k search stops where exactly k keys pass (the same set); "next": the kernel also
         # writes the next depth position's projected input (FrameStep); "pdl": chained like the layers' kernels
         cfg = {"radix": 1, "num_warps": 8, "split": True, "early": True, "next": True, "pdl": True}
-    elif kernel == "l2":  # a layer chain's L2 prefetch (`layer_prefetch`, fastpath/prefetch.py): shares of weights
-        cfg = {"on": False, "gate_up": 0.5, "down": 0.0, "next": 0.0}
-    elif kernel == "l2_gemm":  # the library-GEMM forms: one prefetch kernel before each layer (`gemm_prefetch`)
-        cfg = {"on": False, "gate_up": 0.5, "down": 0.0}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     if kernel in _LOOPED:  # one program per tile (per_sm 0), or the loop kernels (`_programs`)
@@ -572,7 +555,7 @@ def plan(kernel: str, k: int) -> dict:
         cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     apply_overrides(cfg, kernel, k)
-    if kernel in ("depth_head", "l2", "l2_gemm"):
+    if kernel == "depth_head":
         return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:
@@ -602,10 +585,9 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> to
 
 def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, *, heads: int,
-             kv_heads: int, head_dim: int, l2: tuple | None = None) -> torch.Tensor:
+             kv_heads: int, head_dim: int) -> torch.Tensor:
     """x [R, T, H] -> q [R, heads, T, D] (a view); k and v [R, kv, T, D] written into the caches [R, kv, L, D]
-    at slots start..start+T-1. cos/sin [T, D] (the tables of those positions). `l2`: byte ranges a later
-    kernel reads, asked into L2 by this one (fastpath/prefetch.py)."""
+    at slots start..start+T-1. cos/sin [T, D] (the tables of those positions)."""
     rows, t, hidden = x.shape
     dtype = x.dtype
     if not available(x.device):
@@ -623,8 +605,7 @@ def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tenso
     _qkv_rope_kernel[grid](x.contiguous(), w_norm, qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache,
                            hidden, start, eps, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), M=rows * t,
                            T=t, HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_P=cfg["block_p"],
-                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"], **_launch(x.device),
-                           **prefetch.kernel_args(l2, grid[0], cfg["num_warps"]))
+                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"], **_launch(x.device))
     return q.transpose(1, 2)
 
 
@@ -647,8 +628,8 @@ def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor,
-                 intermediate: int, l2: tuple | None = None) -> torch.Tensor:
-    """SiLU(gate(norm(x))) * up(norm(x)) for x [R, T, H] -> [R, T, I]; `l2` as in `qkv_rope`."""
+                 intermediate: int) -> torch.Tensor:
+    """SiLU(gate(norm(x))) * up(norm(x)) for x [R, T, H] -> [R, T, I]."""
     rows, t, hidden = x.shape
     if not available(x.device):
         normed = _rms(x, w_norm, eps, gate_up.dtype)
@@ -656,14 +637,13 @@ def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: tor
         up = _linear(normed, gate_up[intermediate:], x.dtype).float()
         return (F.silu(gate) * up).to(x.dtype)
     out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
-    _gate_up_launch(plan("norm_gate_up", hidden), x, w_norm, gate_up, out, intermediate, eps, gated=True, l2=l2)
+    _gate_up_launch(plan("norm_gate_up", hidden), x, w_norm, gate_up, out, intermediate, eps, gated=True)
     return out
 
 
 def _gate_up_launch(cfg: dict, x: torch.Tensor, w_norm: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
-                    n: int, eps: float, gated: bool, l2: tuple | None = None) -> None:
-    """One program per column block, or (`per_sm` > 0) a few programs per SM walking the blocks (which issue
-    no L2 prefetch)."""
+                    n: int, eps: float, gated: bool) -> None:
+    """One program per column block, or (`per_sm` > 0) a few programs per SM walking the blocks."""
     rows, t, hidden = x.shape
     tiles = -(-n // cfg["block_n"])
     args = (x.contiguous(), w_norm, weight, out, hidden, n, eps)
@@ -673,7 +653,7 @@ def _gate_up_launch(cfg: dict, x: torch.Tensor, w_norm: torch.Tensor, weight: to
     if programs:
         _norm_gate_up_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
     else:
-        _norm_gate_up_kernel[(tiles,)](*args, **common, **prefetch.kernel_args(l2, tiles, cfg["num_warps"]))
+        _norm_gate_up_kernel[(tiles,)](*args, **common)
 
 
 def _programs(cfg: dict, tiles: int, device: torch.device) -> int:
@@ -696,15 +676,14 @@ def _multiprocessors(device: torch.device) -> int:
     return _SM_COUNTS[key]
 
 
-def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor,
-                l2: tuple | None = None) -> torch.Tensor:
-    """weight(norm(x)) for x [R, T, H] -> [R, T, N] (`norm_gate_up`'s kernel, ungated); `l2` as in `qkv_rope`."""
+def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """weight(norm(x)) for x [R, T, H] -> [R, T, N] (`norm_gate_up`'s kernel, ungated)."""
     rows, t, hidden = x.shape
     n = weight.shape[0]
     if not available(x.device):
         return _linear(_rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
     out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
-    _gate_up_launch(plan("norm_linear", hidden), x, w_norm, weight, out, n, eps, gated=False, l2=l2)
+    _gate_up_launch(plan("norm_linear", hidden), x, w_norm, weight, out, n, eps, gated=False)
     return out
 
 
@@ -784,9 +763,9 @@ class DownWorkspace:
 
 
 def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, workspace: DownWorkspace,
-                  kernel: str = "down_residual", l2: tuple | None = None) -> torch.Tensor:
+                  kernel: str = "down_residual") -> torch.Tensor:
     """x + down(hidden), hidden [R, T, I], x [R, T, H]. `kernel` names the launch plan ("o_residual": the
-    attention's output projection, the same kernel); `l2` as in `qkv_rope`."""
+    attention's output projection, the same kernel)."""
     rows, t, k = hidden.shape
     n = down.shape[0]
     if not available(x.device):
@@ -802,8 +781,7 @@ def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, wor
     if programs:
         _down_residual_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
     else:
-        _down_residual_kernel[(blocks, cfg["splits"])](*args, **common, **prefetch.kernel_args(
-            l2, blocks * cfg["splits"], cfg["num_warps"]))
+        _down_residual_kernel[(blocks, cfg["splits"])](*args, **common)
     return y
 
 
@@ -842,63 +820,27 @@ def backbone_supported(layer, rows: int) -> bool:
 
 def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend, workspace: DownWorkspace,
-                   reduce_attn: bool = True, l2: dict | None = None) -> torch.Tensor:
+                   reduce_attn: bool = True) -> torch.Tensor:
     """One backbone layer (a PackedLayer, q/k norm or not) of x [R, T, H] as this module's kernels around
     `attend` (layers.attend_rows or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
     q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP."""
-    l2 = l2 or {}
-    proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv, l2=l2.get("qkv"))
+    proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv)
     q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                      kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=reduce_attn)
     x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-    return mlp(layer, x, workspace, l2)
+    return mlp(layer, x, workspace)
 
 
-def mlp(layer, x: torch.Tensor, workspace: DownWorkspace, l2: dict | None = None) -> torch.Tensor:
-    """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels (`l2`: `layer_prefetch`)."""
-    l2 = l2 or {}
-    hidden = norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate, l2=l2.get("gate_up"))
-    return down_residual(hidden, layer.mlp.down_proj.weight, x, workspace, l2=l2.get("down"))
-
-
-def layer_prefetch(layer, next_layer, device: torch.device) -> dict:
-    """Which weights each kernel of `layer`'s fused chain asks into L2 (plan "l2" at the layer's width; {}
-    when off, or where the prefetch cannot run): the q/k/v kernel the first `gate_up` share of the gate rows
-    and of the up rows (a gate/up program reads both), the gate/up kernel the first `down` share of the down
-    projection, the down kernel the first `next` share of `next_layer`'s q/k/v and output projection."""
-    cfg = plan("l2", layer.w_in.shape[0])
-    if not cfg["on"] or not prefetch.available(device) or layer.qkv is None or layer.gate_up is None:
-        return {}
-    out = {}
-    n = layer.intermediate
-    if cfg["gate_up"] > 0:
-        out["qkv"] = prefetch.regions(prefetch.rows(layer.gate_up, cfg["gate_up"], 0, n),
-                                      prefetch.rows(layer.gate_up, cfg["gate_up"], n, n))
-    if cfg["down"] > 0:
-        out["gate_up"] = prefetch.regions(prefetch.rows(layer.mlp.down_proj.weight, cfg["down"]))
-    if cfg["next"] > 0 and next_layer is not None and next_layer.qkv is not None:
-        out["down"] = prefetch.regions(prefetch.rows(next_layer.qkv, cfg["next"]),
-                                       prefetch.rows(next_layer.attn.o_proj.weight, cfg["next"]))
-    return out
-
-
-def gemm_prefetch(layer, device: torch.device) -> bool:
-    """Before a layer of the library-GEMM forms: the first `gate_up` share of its packed gate/up weight and the
-    first `down` share of its down projection asked into L2 by one small kernel (plan "l2_gemm"), so they
-    travel while the layer's attention half runs. False: nothing issued (off, or not possible here)."""
-    if layer.gate_up is None:
-        return False
-    cfg = plan("l2_gemm", layer.w_in.shape[0])
-    if not cfg["on"]:
-        return False
-    return prefetch.launch(prefetch.regions(prefetch.rows(layer.gate_up, cfg["gate_up"]),
-                                            prefetch.rows(layer.mlp.down_proj.weight, cfg["down"])), device)
+def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
+    """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels."""
+    hidden = norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate)
+    return down_residual(hidden, layer.mlp.down_proj.weight, x, workspace)
 
 
 def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, start: int, mask: torch.Tensor, units, attention, workspace: DownWorkspace,
-                form: str = "fused", l2: dict | None = None) -> torch.Tensor:
+                form: str = "fused") -> torch.Tensor:
     """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H].
     `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then, by
     `form` (layers.py FORMS):
@@ -907,10 +849,9 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     - "fused+mlp": the `attention` unit (layers.layer_attention) and `mlp`;
     - "fused+chain": every stage a kernel of this module (`depth_attention`, the output projection plus
       residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`).
-    `mask`: additive [1, 1, T, 16]. `l2`: `layer_prefetch`'s ranges (the "fused+chain" form issues them)."""
-    l2 = (l2 or {}) if form == "fused+chain" else {}
+    `mask`: additive [1, 1, T, 16]."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
-                 kv_heads=layer.kv_heads, head_dim=layer.head_dim, l2=l2.get("qkv"))
+                 kv_heads=layer.kv_heads, head_dim=layer.head_dim)
     if form == "fused+mlp":
         x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, proj="rows",
                       reduce_attn=True)
@@ -918,7 +859,7 @@ def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_
     attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
     if form == "fused+chain":
         x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-        return mlp(layer, x, workspace, l2)
+        return mlp(layer, x, workspace)
     out_mlp_in, mlp_out = units
     x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
                            intermediate=layer.intermediate, act=layer.act, proj="rows")

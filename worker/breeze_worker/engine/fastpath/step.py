@@ -342,18 +342,12 @@ class FrameStep:
         self.readout[:, READOUT_EOS] = (self.codes[:, 0] == self.lm.config.end_of_speech_id).long()
         self.readout[:, READOUT_NONFINITE] = self.nonfinite.long()
 
-    def _l2(self, layers: list[PackedLayer], i: int, wrap: bool) -> dict:
-        """fused.layer_prefetch for layer i of `layers` (the next one: i + 1, or the first when `wrap`: the depth
-        decoder's next position starts there)."""
-        following = layers[(i + 1) % len(layers)] if wrap or i + 1 < len(layers) else None
-        return fused.layer_prefetch(layers[i], following, self.device)
-
     def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
-               static_slot: int | None = None, l2: dict | None = None) -> torch.Tensor:
+               static_slot: int | None = None) -> torch.Tensor:
         rows = x.shape[0] * x.shape[1]
         if self.form == "fused+chain+all" and static_slot is None and fused.backbone_supported(layer, rows):
             return fused.backbone_layer(layer, x, cos, sin, k_cache, v_cache, slots, mask, self.attend_unit,
-                                        self.fused_workspace, l2=l2)
+                                        self.fused_workspace)
         if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
             form = "units+attn" if self.form.startswith("fused") else self.form
             mlp = None
@@ -364,8 +358,6 @@ class FrameStep:
         mlp = None  # "gemm+mlp": the MLP as fastpath/fused_rows.py's two tensor-core kernels
         if self.form == "gemm+mlp" and fused_rows.supported(layer, rows):
             mlp = (self.attention_unit, lambda layer, x: fused_rows.mlp(layer, x, self.fused_workspace))
-        if self.compiled:  # plan "l2_gemm": the MLP's weights asked into L2 while the attention half runs
-            fused.gemm_prefetch(layer, self.device)
         if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
                                       static_slot=static_slot, mlp=mlp)
@@ -384,8 +376,7 @@ class FrameStep:
             if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
                 x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
                                       self.after_attention, self.attention_unit, self.fused_workspace,
-                                      form="fused+chain" if self.form.startswith("fused+chain") else self.form,
-                                      l2=self._l2(self.depth_layers, i, wrap=True))
+                                      form="fused+chain" if self.form.startswith("fused+chain") else self.form)
             else:
                 x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
         return x
@@ -403,7 +394,7 @@ class FrameStep:
         slots = cache.write_pos[:, None]
         for i, layer in enumerate(self.backbone_layers):
             x = self._layer(layer, x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket], slots,
-                            mask, l2=self._l2(self.backbone_layers, i, wrap=False))
+                            mask)
         norm = lm.backbone_model.norm
         last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
