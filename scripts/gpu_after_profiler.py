@@ -7,8 +7,8 @@ Runs 34-37: CFG on measured 7.77 / 7.86 ms a frame in processes that timed it fi
 that ran another variant first.
 
 One process, the bench's model (full size, seeded random weights, BF16, codec) and request (CFG on, 64
-frames, end of speech masked), the bench's loop (bench/runner.run_once), median ms per frame of REPEATS
-requests, in phases:
+frames, end of speech masked), the bench's loop (bench/runner.run_once), median ms per frame of 3 requests
+(gpu_second_runner.timed), in phases:
   1 fresh            nothing but the first use before it
   2 after_syncs      after one request with the sync counter (bench/measure.SyncCounter.counting)
   3 after_profiler   after one short request under torch.profiler (bench/measure.gpu_busy_fraction)
@@ -21,23 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
 import gpu_fused
+from gpu_second_runner import print_phases, timed  # 3 requests, median ms per frame
 from breeze_worker.bench.measure import gpu_busy_fraction
 from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import make_request, mask_end_of_speech, run_once
 from breeze_worker.engine.precision import choose_policy
-
-REPEATS = 3
-
-
-def timed(model, request, device) -> dict:
-    per = [1000 * statistics.median(run_once("fast-compiled", model, request, device).frame_times_s)
-           for _ in range(REPEATS)]
-    return {"ms_per_frame": statistics.median(per), "runs_ms": per}
 
 
 def main() -> int:
@@ -58,9 +50,7 @@ def main() -> int:
     phases["4_again"] = timed(model, request, device)
     doc["phases"] = phases
     doc["busy_fraction"] = busy["busy_fraction"]
-    for name, v in phases.items():
-        print(f"[after] {name:18s} {v['ms_per_frame']:.3f} ms/frame, runs {[round(x, 3) for x in v['runs_ms']]}",
-              flush=True)
+    print_phases("after", phases)
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)
     return 0

@@ -33,6 +33,13 @@ def timed(model, request, device, repeats: int = 3) -> dict:
     return {"ms_per_frame": statistics.median(per), "runs_ms": per}
 
 
+def print_phases(tag: str, phases: dict) -> None:
+    """One line per phase of `timed` results: median ms per frame and each request's."""
+    for name, v in phases.items():
+        print(f"[{tag}] {name:28s} {v['ms_per_frame']:.3f} ms/frame, runs {[round(x, 3) for x in v['runs_ms']]}",
+              flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
@@ -62,9 +69,7 @@ def main() -> int:
         gc.enable()
     phases["5_cfg_again"] = timed(model, cfg_on, device)
     result["phases"] = phases
-    for name, v in phases.items():
-        print(f"[second-runner] {name:28s} {v['ms_per_frame']:.3f} ms/frame, runs {[round(x, 3) for x in v['runs_ms']]}",
-              flush=True)
+    print_phases("second-runner", phases)
     with open(args.json, "w") as fh:
         json.dump(result, fh, indent=2)
     return 0
