@@ -234,14 +234,17 @@ def time_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: to
 
 
 def instrument_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
-                       seed: int, profile_frames: int = 8, tracer: tracing.Tracer | None = None) -> dict:
+                       seed: int, profile_frames: int = 8, tracer: tracing.Tracer | None = None,
+                       warm_up: bool = False) -> dict:
     """The instrumented requests of a variant, each of min(profile_frames, frames) frames: host syncs per frame
     (CUDA's sync debug mode and the explicit waits), then the GPU-busy fraction and kernels under
     torch.profiler. Call it after every timed request of the process: once torch.profiler has run, CUPTI stays
     attached and the fast path's frames ran 7% slower for the rest of the process (results/NOTES.md run 43).
-    With `tracer`, the sync-count request is traced with a gpu_sync mark at every sync it counts."""
+    With `tracer`, the sync-count request is traced with a gpu_sync mark at every sync it counts. `warm_up`: the
+    model was loaded again for this pass, so one uncounted request first (its runner's first use)."""
     short = make_request(model, cfg, min(profile_frames, frames), seed)
-    run_once(path, model, short, device)  # a model loaded again for this pass: its first use is not counted
+    if warm_up:
+        run_once(path, model, short, device)
     if tracer is not None:
         marks = lambda e: tracing.mark("gpu_sync", op=e.op, site=e.site, code=e.code)  # noqa: E731
         with tracer.recording(), tracing.span("request", variant=name, path=path, cfg=cfg, timed=False,

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     # pass 1: every timed request of every variant; pass 2: the instrumented requests (host syncs, the
     # profiler). torch.profiler leaves CUPTI attached, and frames timed after it ran 7% slower for the rest of
     # the process (results/NOTES.md run 43), so nothing is timed after the first profile.
-    measured = []  # (policy, path, cfg, frames, variant dict)
+    measured = []  # (policy, frames asked for, variant dict: its path and cfg)
     model = None
     for i, policy in enumerate(policies):
         log.info("precision %s (%s)", policy.name, policy.reason)
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                                  tracer=tracer)
                 v.update(precision=policy.name, floor_ms=floor)
                 results[(path, cfg)] = v
-                measured.append((policy, path, cfg, frames, v))
+                measured.append((policy, frames, v))
                 doc["variants"].append(v)
                 print(f"[{name}] ms/frame {v['ms_per_frame']} ttfa_ms {v['ttfa_ms']} (lm {v['ttfa_lm_ms']}) "
                       f"first use s {v['first_use_s']} fallback {v['compile_fallback_reason']}", flush=True)
@@ -138,11 +138,12 @@ def run(args: argparse.Namespace) -> int:
             model = None
             unload()
     for policy in reversed(policies):
-        model = model if model is not None else load(policy, first=False)
-        for p, path, cfg, frames, v in measured:
+        reloaded = model is None
+        model = load(policy, first=False) if reloaded else model
+        for p, frames, v in measured:
             if p is policy:
-                v.update(instrument_variant(v["name"], path, cfg, model, device, frames=frames, seed=args.seed,
-                                            tracer=tracer))
+                v.update(instrument_variant(v["name"], v["path"], v["cfg"], model, device, frames=frames,
+                                            seed=args.seed, tracer=tracer, warm_up=reloaded))
                 print(f"[{v['name']}] host syncs/frame {v['host_syncs_per_frame']} busy {v['gpu_busy_fraction']} "
                       f"kernels {v['gpu_kernels_profiled']}", flush=True)
         model = None
