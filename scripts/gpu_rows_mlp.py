@@ -38,6 +38,29 @@ DOWN = [{"block_n": n, "block_k": k, "splits": p, "stages": s, "num_warps": w} f
         ((64, 128, 8, 3, 4), (64, 128, 4, 3, 4), (64, 64, 8, 4, 4), (32, 128, 8, 3, 4), (128, 64, 8, 3, 8),
          (64, 128, 16, 3, 4), (32, 64, 16, 4, 4), (128, 128, 4, 3, 8))]
 
+# the "tma" kernels (weights through tensor descriptors): (block_n, block_k, stages, warps) and, for down,
+# (block_n, block_k, splits, stages, warps); one row tile of 16 (2-16 rows: mma.sync) or 64 (wgmma, 8 warps)
+GATE_UP_TMA = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 4), (32, 64, 8, 4), (16, 128, 6, 4), (128, 64, 4, 8),
+               (64, 128, 3, 8), (64, 64, 6, 8)]
+DOWN_TMA = [(32, 128, 8, 4, 4), (64, 128, 8, 4, 4), (32, 128, 16, 3, 4), (64, 64, 16, 4, 4), (16, 128, 8, 4, 4),
+            (128, 64, 8, 4, 8), (64, 128, 8, 3, 8)]
+
+
+def tma_candidates(table: list[tuple], rows: int) -> list[dict]:
+    """Settings of the "tma" kernels for `rows` rows: 4-warp tiles up to 16 rows, 8-warp tiles above (a 64-row
+    tile at 4 warps spills: ptxas, sm_90a)."""
+    out = []
+    for entry in table:
+        warps = entry[-1]
+        if (rows > 16) != (warps == 8):
+            continue
+        if len(entry) == 4:
+            out.append({"block_n": entry[0], "block_k": entry[1], "stages": entry[2], "num_warps": warps, "tma": True})
+        else:
+            out.append({"block_n": entry[0], "block_k": entry[1], "splits": entry[2], "stages": entry[3],
+                        "num_warps": warps, "tma": True})
+    return out
+
 
 def mlp_in(x, w_post, gate_up, *, eps: float, intermediate: int):
     """The gemm form's MLP input half (layers.layer_out_mlp_in after its residual): norm, gate/up, SiLU * up."""
@@ -67,7 +90,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list: list[int]) -> dict:
+def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list: list[int],
+                 sweep_rows: list[int]) -> dict:
     gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(name.encode()))
     layers = [Layer(hidden, inter, gen) for _ in range(LAYERS)]
     compiled_in, compiled_out = compile_unit(mlp_in), compile_unit(layer_mlp_out)
@@ -88,39 +112,43 @@ def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list
     def ref_down(r):
         return x[r].float() + hid[r].float() @ l0.down.float().t()
 
-    # 1. candidates at the largest row count
-    big = max(rows_list)
-    sweeps = {}
-    for kernel, cands, run, ref in (
-            ("norm_gate_up_rows", GATE_UP,
-             lambda l, r: fused_rows.norm_gate_up_rows(x[r], l.w_post, 1e-5, l.gate_up, inter), ref_gate_up),
-            ("down_residual_rows", DOWN,
-             lambda l, r: fused_rows.down_residual_rows(hid[r], l.down, x[r], workspace), ref_down)):
-        width = hidden if kernel == "norm_gate_up_rows" else inter
-        results = []
-        for cand in [{}] + cands:
-            fused._config_override = {f"{kernel}@{width}": cand} if cand else {}
-            workspace = fused.DownWorkspace()
-            try:
-                out, again = run(l0, big), run(l0, big)
-                us = time_graph(lambda: [run(l, big) for l in layers]) / LAYERS
-                entry = {"settings": cand, "plan": fused_rows.plan(kernel, width, big), "us": us,
-                         "repeat_identical": bool(torch.equal(out, again)), "rel_err_vs_fp32": rel_err(out, ref(big))}
-            except Exception as exc:  # a setting Triton cannot build: reported, the sweep goes on
-                entry = {"settings": cand, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            results.append(entry)
-            print(f"[{name} {kernel} x{big}] {json.dumps(cand)} -> " + (
-                f"{entry['us']:.2f} us err={entry['rel_err_vs_fp32']:.2e}" if "us" in entry else entry["error"]),
-                flush=True)
-        fused._config_override = {}
-        # usable: the same bits on a repeat, and no further from the FP32 product than the default plan
-        limit = 1.5 * results[0].get("rel_err_vs_fp32", 0.0) + 1e-3
-        ok = [e for e in results if "us" in e and e["repeat_identical"] and e["rel_err_vs_fp32"] <= limit]
-        best = min(ok, key=lambda e: e["us"]) if ok else None
-        sweeps[kernel] = {"width": width, "candidates": results, "best": best}
-    report["sweep_rows"] = big
+    # 1. candidates at each sweep row count (the pointer kernels and the "tma" kernels)
+    sweeps, winners_by_rows = {}, {}
+    for big in sweep_rows:
+        sweeps[big] = {}
+        for kernel, cands, run, ref in (
+                ("norm_gate_up_rows", GATE_UP + tma_candidates(GATE_UP_TMA, big),
+                 lambda l, r: fused_rows.norm_gate_up_rows(x[r], l.w_post, 1e-5, l.gate_up, inter), ref_gate_up),
+                ("down_residual_rows", DOWN + tma_candidates(DOWN_TMA, big),
+                 lambda l, r: fused_rows.down_residual_rows(hid[r], l.down, x[r], workspace), ref_down)):
+            width = hidden if kernel == "norm_gate_up_rows" else inter
+            results = []
+            for cand in [{}] + cands:
+                fused._config_override = {f"{kernel}@{width}": cand} if cand else {}
+                workspace = fused.DownWorkspace()
+                try:
+                    out, again = run(l0, big), run(l0, big)
+                    us = time_graph(lambda: [run(l, big) for l in layers]) / LAYERS
+                    entry = {"settings": cand, "plan": fused_rows.plan(kernel, width, big), "us": us,
+                             "repeat_identical": bool(torch.equal(out, again)),
+                             "rel_err_vs_fp32": rel_err(out, ref(big))}
+                except Exception as exc:  # a setting Triton cannot build: reported, the sweep goes on
+                    entry = {"settings": cand, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                results.append(entry)
+                print(f"[{name} {kernel} x{big}] {json.dumps(cand)} -> " + (
+                    f"{entry['us']:.2f} us err={entry['rel_err_vs_fp32']:.2e}" if "us" in entry else entry["error"]),
+                    flush=True)
+            fused._config_override = {}
+            # usable: the same bits on a repeat, and no further from the FP32 product than the default plan
+            limit = 1.5 * results[0].get("rel_err_vs_fp32", 0.0) + 1e-3
+            ok = [e for e in results if "us" in e and e["repeat_identical"] and e["rel_err_vs_fp32"] <= limit]
+            best = min(ok, key=lambda e: e["us"]) if ok else None
+            sweeps[big][kernel] = {"width": width, "candidates": results, "best": best}
+        winners_by_rows[big] = {f"{k}@{v['width']}": v["best"]["settings"] for k, v in sweeps[big].items()
+                                if v["best"] and v["best"]["settings"]}
     report["sweeps"] = sweeps
-    winners = {f"{k}@{v['width']}": v["best"]["settings"] for k, v in sweeps.items() if v["best"] and v["best"]["settings"]}
+    winners = winners_by_rows[max(sweep_rows)]
+    report["winners_by_rows"] = winners_by_rows
     report["winners"] = winners
 
     # 2. the whole MLP per layer: library form vs kernels (default plans, winners)
@@ -140,7 +168,17 @@ def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list
         lib_out = compiled_out(compiled_in(x[r], l0.w_post, l0.gate_up, eps=1e-5, intermediate=inter), x[r], l0.down,
                                proj="gemm")
         entry = {"library_us": time_graph(library) / LAYERS}
-        for label, cfg in (("kernels_default_us", {}), ("kernels_winners_us", winners)):
+        if r <= fused.MAX_ROWS:  # the batch-1 form's GEMV kernels (fused.mlp, the committed plans)
+
+            def gemv(r=r):
+                for l in layers:
+                    fused.mlp(_Packed(l), x[r], workspace)
+
+            g_out = fused.mlp(_Packed(l0), x[r], workspace)
+            entry["gemv_us"] = time_graph(gemv) / LAYERS
+            entry["gemv_vs_library_rel"] = rel_err(g_out, lib_out.float())
+        near = min(sweep_rows, key=lambda s: abs(s - r))
+        for label, cfg in (("kernels_default_us", {}), ("kernels_winners_us", winners_by_rows[near])):
             fused._config_override = cfg
             k_out = fused_rows.mlp(_Packed(l0), x[r], workspace)
             entry[label] = time_graph(kernels) / LAYERS
@@ -148,8 +186,9 @@ def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list
         fused._config_override = {}
         entry["floor_us"] = report["floor_us"]["gate_up"] + report["floor_us"]["down"]
         per_rows[r] = entry
+        gemv = f", gemv {entry['gemv_us']:.2f}" if "gemv_us" in entry else ""
         print(f"[{name} mlp x{r}] library {entry['library_us']:.2f} us, kernels {entry['kernels_default_us']:.2f} "
-              f"(winners {entry['kernels_winners_us']:.2f}), floor {entry['floor_us']:.2f} us", flush=True)
+              f"(winners {entry['kernels_winners_us']:.2f}){gemv}, floor {entry['floor_us']:.2f} us", flush=True)
     report["mlp_per_layer"] = per_rows
     return report
 
@@ -168,6 +207,8 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     parser.add_argument("--best-out", default=None)
     parser.add_argument("--rows", default="16,32,48")
+    parser.add_argument("--sweep-rows", default="", help="row counts of the launch-setting sweeps (default: the largest)")
+    parser.add_argument("--no-pointer", action="store_true", help="sweep the tma kernels only")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, Triton's interpreter, shrunk shapes, one layer: the script's logic")
     args = parser.parse_args()
@@ -180,12 +221,18 @@ def main() -> int:
             SHAPES[name] = (hidden // 16, inter // 16)
         GATE_UP[:] = [{"block_n": 32, "block_k": 16, "stages": 1, "num_warps": 4}]
         DOWN[:] = [{"block_n": 16, "block_k": 32, "splits": 2, "stages": 1, "num_warps": 4}]
+        GATE_UP_TMA[:] = [(32, 16, 2, 4)]
+        DOWN_TMA[:] = [(16, 32, 2, 2, 4)]
+    if args.no_pointer:
+        GATE_UP.clear()
+        DOWN.clear()
     rows_list = [int(r) for r in args.rows.split(",")]
+    sweep_rows = [int(r) for r in args.sweep_rows.split(",")] if args.sweep_rows else [max(rows_list)]
     doc = {"schema": "breeze-rows-mlp/1", **gpu_fused.gpu_result(DEVICE), "shapes": []}
     bandwidth = doc["copy_bandwidth_bytes_per_s"] or 1e12
     best = {}
     for name, (hidden, inter) in SHAPES.items():
-        report = shape_report(name, hidden, inter, bandwidth, rows_list)
+        report = shape_report(name, hidden, inter, bandwidth, rows_list, sweep_rows)
         doc["shapes"].append(report)
         best.update(report["winners"])
         with open(args.json, "w") as f:

@@ -33,10 +33,14 @@ def _case(rows: int, dtype: torch.dtype, weight_dtype: torch.dtype, override: di
     fused._use_kernels = None
     fused_rows._kernels_ok = True
     cfg = fused_rows.plan("down_residual_rows", inter, rows)
+    up_cfg = fused_rows.plan("norm_gate_up_rows", hidden, rows)
+    tma = (up_cfg["tma"] and cfg["tma"] and inter % up_cfg["block_n"] == 0 and hidden % cfg["block_n"] == 0
+           and fused_rows.tma_usable(x.device, gate_up, up_cfg["block_n"], up_cfg["block_k"])
+           and fused_rows.tma_usable(x.device, down, cfg["block_n"], cfg["block_k"]))
     fused._config_override = {}
     tol = 1e-5 if weight_dtype == dtype == torch.float32 else 2e-3
     report = {"rows": rows, "dtype": str(dtype), "weights": str(weight_dtype), "block_m": cfg["block_m"],
-              "splits": cfg["splits"], "workspace_reused_identical": results["kernel"][2]}
+              "splits": cfg["splits"], "tma": tma, "workspace_reused_identical": results["kernel"][2]}
     ok = results["kernel"][2]
     for name, a, b in zip(("hidden", "out"), results["torch"][:2], results["kernel"][:2]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
@@ -55,8 +59,14 @@ def main() -> int:
                                                                                          "block_k": 32, "splits": 3}}
     tiles = {"norm_gate_up_rows": {"block_n": 64, "block_k": 32, "block_m": 16},  # 96 columns: one block masked
              "down_residual_rows": {"block_n": 32, "block_k": 32, "splits": 1, "block_m": 16}}
+    # the weights' tiles fetched through tensor descriptors (the "tma" kernels): 96 columns in 3 blocks
+    tma = {"norm_gate_up_rows": {"block_n": 32, "block_k": 16, "tma": True},
+           "down_residual_rows": {"block_n": 16, "block_k": 16, "splits": 3, "tma": True}}
+    tma_tiles = {"norm_gate_up_rows": {"block_n": 32, "block_k": 32, "block_m": 16, "tma": True},
+                 "down_residual_rows": {"block_n": 32, "block_k": 32, "splits": 1, "block_m": 16, "tma": True}}
     cases = [(3, f32, f32, small), (20, f32, f32, tiles), (6, f32, f16, small), (33, f16, f16, tiles),
-             (2, f32, f32, {"down_residual_rows": {"splits": 2, "block_k": 16}})]
+             (2, f32, f32, {"down_residual_rows": {"splits": 2, "block_k": 16}}), (2, f32, f32, tma),
+             (33, f32, f32, tma_tiles), (5, f16, f16, tma)]
     failed = 0
     for i, (rows, dtype, weight_dtype, override) in enumerate(cases):
         report = _case(rows, dtype, weight_dtype, override, seed=i)

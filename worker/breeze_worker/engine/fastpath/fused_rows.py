@@ -33,10 +33,16 @@ from breeze_worker.engine.fastpath import fused
 MAX_ROWS = 64  # one BLOCK_M tile of rows at most
 
 _kernels_ok = False
+TensorDescriptor = None
 if fused._triton is not None:
     try:
         import triton
         import triton.language as tl
+
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+        except ImportError:  # an older Triton: the pointer kernels only
+            TensorDescriptor = None
 
         from breeze_worker.engine.fastpath.fused import (_add_residual, _add_splits, _last_arrival, _weights,
                                                          gdc_launch_dependents, gdc_wait)
@@ -134,6 +140,84 @@ if fused._triton is not None:
                     _add_splits(ws_ptr, x_ptr, y_ptr, at, out_ok, M * N, SPLITS)
                     tl.atomic_xchg(count_ptr + tile, 0)
 
+        @triton.jit
+        def _norm_gate_up_tma_kernel(x_ptr, w_norm_ptr, w_desc, out_ptr, M, H, I, eps, BLOCK_M: tl.constexpr,
+                                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                                     IEEE: tl.constexpr, USE_PDL: tl.constexpr):
+            """`_norm_gate_up_rows_kernel` (GATED) with the weight tiles fetched by the tensor-memory accelerator
+            (a descriptor of the packed [2I, H] weight, tiles [BLOCK_N, BLOCK_K]) into a STAGES-deep ring of
+            shared memory. I a multiple of BLOCK_N, H of BLOCK_K (`tma_supported`)."""
+            if USE_PDL:
+                gdc_launch_dependents()
+            pid_n = tl.program_id(0)
+            pid_m = tl.program_id(1)
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            col0 = pid_n * BLOCK_N
+            cols = col0 + tl.arange(0, BLOCK_N)
+            kk = tl.arange(0, BLOCK_K)
+            out_ty = out_ptr.dtype.element_ty
+            if USE_PDL:  # x is the kernel before's output
+                gdc_wait()
+            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, H, BLOCK_K):
+                xv = tl.load(x_ptr + rows[:, None] * H + (k0 + kk)[None, :], mask=row_ok[:, None],
+                             other=0.0).to(tl.float32)
+                squares += tl.sum(xv * xv, axis=1)
+            rstd = 1.0 / tl.sqrt(squares / H + eps)
+            acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
+                wg = w_desc.load([col0, k0])
+                wu = w_desc.load([I + col0, k0])
+                xv = tl.load(x_ptr + rows[:, None] * H + (k0 + kk)[None, :], mask=row_ok[:, None],
+                             other=0.0).to(tl.float32)
+                wn = tl.load(w_norm_ptr + k0 + kk).to(tl.float32)
+                xn = (xv * rstd[:, None] * wn[None, :]).to(wg.dtype)
+                acc_g = _dot(xn, tl.trans(wg), acc_g, IEEE)
+                acc_u = _dot(xn, tl.trans(wu), acc_u, IEEE)
+            gate = acc_g.to(out_ty).to(tl.float32)
+            up = acc_u.to(out_ty).to(tl.float32)
+            tl.store(out_ptr + rows[:, None] * I + cols[None, :], (gate / (1.0 + tl.exp(-gate)) * up).to(out_ty),
+                     mask=row_ok[:, None])
+
+        @triton.jit
+        def _down_residual_tma_kernel(h_ptr, w_desc, x_ptr, y_ptr, ws_ptr, count_ptr, M, N, K,
+                                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                      SPLITS: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr,
+                                      USE_PDL: tl.constexpr):
+            """`_down_residual_rows_kernel` with the weight tiles [BLOCK_N, BLOCK_K] fetched by the tensor-memory
+            accelerator (a descriptor of w [N, K]); N a multiple of BLOCK_N."""
+            if USE_PDL:
+                gdc_launch_dependents()
+            pid_n = tl.program_id(0)
+            split = tl.program_id(1)
+            pid_m = tl.program_id(2)
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            col0 = pid_n * BLOCK_N
+            cols = col0 + tl.arange(0, BLOCK_N)
+            kk = tl.arange(0, BLOCK_K)
+            chunk = K // SPLITS
+            if USE_PDL:  # h is the kernel before's output; partials, counters and y are touched after it
+                gdc_wait()
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in tl.range(split * chunk, split * chunk + chunk, BLOCK_K, num_stages=STAGES):
+                w = w_desc.load([col0, k0])
+                hv = tl.load(h_ptr + rows[:, None] * K + (k0 + kk)[None, :], mask=row_ok[:, None],
+                             other=0.0).to(w.dtype)
+                acc = _dot(hv, tl.trans(w), acc, IEEE)
+            out_ok = row_ok[:, None] & (cols < N)[None, :]
+            at = rows[:, None] * N + cols[None, :]
+            if SPLITS == 1:
+                _add_residual(x_ptr, y_ptr, at, out_ok, acc)
+            else:
+                tl.store(ws_ptr + split * M * N + at, acc, mask=out_ok)
+                tile = pid_m * tl.num_programs(0) + pid_n
+                if _last_arrival(count_ptr + tile) == SPLITS - 1:
+                    _add_splits(ws_ptr, x_ptr, y_ptr, at, out_ok, M * N, SPLITS)
+                    tl.atomic_xchg(count_ptr + tile, 0)
+
         _kernels_ok = True
     except Exception:  # an unusable Triton: the torch formulas serve
         _kernels_ok = False
@@ -141,6 +225,22 @@ if fused._triton is not None:
 
 def available(device: torch.device) -> bool:
     return _kernels_ok and fused.available(device)
+
+
+def tma_usable(device: torch.device, weight: torch.Tensor, block_n: int, block_k: int) -> bool:
+    """Whether the "tma" kernels can fetch `weight`'s tiles: a Triton with tensor descriptors, compute capability
+    >= 9.0 (or the interpreter), a contiguous 16-byte-aligned weight whose rows split into whole tiles."""
+    if TensorDescriptor is None or not available(device):
+        return False
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    n, k = weight.shape
+    return (weight.is_contiguous() and weight.data_ptr() % 16 == 0 and (k * weight.element_size()) % 16 == 0
+            and k % block_k == 0)
+
+
+def _descriptor(weight: torch.Tensor, block_n: int, block_k: int):
+    return TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [block_n, block_k])
 
 
 def _block_m(rows: int) -> int:
@@ -156,9 +256,9 @@ def plan(kernel: str, k: int, rows: int) -> dict:
     `BREEZE_FUSED_CONFIG` may override them by kernel or kernel@width (fused.plan's rules). NOT yet timed on
     a GPU: the defaults are a starting point for scripts/gpu_rows_mlp.py."""
     if kernel == "norm_gate_up_rows":
-        cfg = {"block_n": 64, "block_k": 128, "stages": 3, "num_warps": 4, "evict": True}
+        cfg = {"block_n": 64, "block_k": 128, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
     elif kernel == "down_residual_rows":
-        cfg = {"block_n": 64, "block_k": 128, "splits": 8, "stages": 3, "num_warps": 4, "evict": True}
+        cfg = {"block_n": 64, "block_k": 128, "splits": 8, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
     else:
         raise ValueError(f"unknown rows kernel {kernel!r}")
     cfg["block_m"] = _block_m(rows)
@@ -192,6 +292,14 @@ def norm_gate_up_rows(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up
     cfg = plan("norm_gate_up_rows", hidden, m)
     out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
     grid = (-(-intermediate // cfg["block_n"]), -(-m // cfg["block_m"]))
+    if (cfg["tma"] and intermediate % cfg["block_n"] == 0 and hidden % cfg["block_k"] == 0
+            and tma_usable(x.device, gate_up, cfg["block_n"], cfg["block_k"])):
+        _norm_gate_up_tma_kernel[grid](x.contiguous(), w_norm, _descriptor(gate_up, cfg["block_n"], cfg["block_k"]),
+                                       out, m, hidden, intermediate, eps, BLOCK_M=cfg["block_m"],
+                                       BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], STAGES=cfg["stages"],
+                                       IEEE=gate_up.dtype == torch.float32, num_warps=cfg["num_warps"],
+                                       **fused._launch(x.device))
+        return out
     _norm_gate_up_rows_kernel[grid](x.contiguous(), w_norm, gate_up, out, m, hidden, intermediate, eps,
                                     BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
                                     STAGES=cfg["stages"], EVICT=cfg["evict"], IEEE=gate_up.dtype == torch.float32,
@@ -211,6 +319,13 @@ def down_residual_rows(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor
     n_blocks, m_blocks = -(-n // cfg["block_n"]), -(-m // cfg["block_m"])
     partials, counts = workspace.get(x.device, cfg["splits"], m, n, n_blocks * m_blocks, kind="rows")
     y = torch.empty_like(x)
+    if cfg["tma"] and n % cfg["block_n"] == 0 and tma_usable(x.device, down, cfg["block_n"], cfg["block_k"]):
+        _down_residual_tma_kernel[(n_blocks, cfg["splits"], m_blocks)](
+            hidden.contiguous(), _descriptor(down, cfg["block_n"], cfg["block_k"]), x.contiguous(), y, partials,
+            counts, m, n, k, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+            SPLITS=cfg["splits"], STAGES=cfg["stages"], IEEE=down.dtype == torch.float32,
+            num_warps=cfg["num_warps"], **fused._launch(x.device))
+        return y
     _down_residual_rows_kernel[(n_blocks, cfg["splits"], m_blocks)](
         hidden.contiguous(), down, x.contiguous(), y, partials, counts, m, n, k, BLOCK_M=cfg["block_m"],
         BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], SPLITS=cfg["splits"], STAGES=cfg["stages"],
