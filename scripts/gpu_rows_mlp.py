@@ -40,10 +40,10 @@ DOWN = [{"block_n": n, "block_k": k, "splits": p, "stages": s, "num_warps": w} f
 
 # the "tma" kernels (weights through tensor descriptors): (block_n, block_k, stages, warps) and, for down,
 # (block_n, block_k, splits, stages, warps); one row tile of 16 (2-16 rows: mma.sync) or 64 (wgmma, 8 warps)
-GATE_UP_TMA = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 4), (32, 64, 8, 4), (16, 128, 6, 4), (128, 64, 4, 8),
-               (64, 128, 3, 8), (64, 64, 6, 8)]
-DOWN_TMA = [(32, 128, 8, 4, 4), (64, 128, 8, 4, 4), (32, 128, 16, 3, 4), (64, 64, 16, 4, 4), (16, 128, 8, 4, 4),
-            (128, 64, 8, 4, 8), (64, 128, 8, 3, 8)]
+GATE_UP_TMA = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 4), (32, 64, 8, 4), (128, 64, 4, 4), (64, 64, 4, 4),
+               (128, 64, 4, 8), (64, 128, 3, 8), (64, 64, 6, 8), (128, 64, 3, 8)]
+DOWN_TMA = [(32, 128, 8, 4, 4), (64, 128, 8, 4, 4), (32, 128, 16, 3, 4), (64, 64, 16, 4, 4), (128, 128, 8, 4, 4),
+            (64, 128, 16, 2, 4), (128, 64, 8, 4, 8), (64, 128, 8, 3, 8), (64, 64, 16, 4, 8), (128, 128, 8, 3, 8)]
 
 
 def tma_candidates(table: list[tuple], rows: int) -> list[dict]:

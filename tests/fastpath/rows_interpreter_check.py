@@ -35,8 +35,8 @@ def _case(rows: int, dtype: torch.dtype, weight_dtype: torch.dtype, override: di
     cfg = fused_rows.plan("down_residual_rows", inter, rows)
     up_cfg = fused_rows.plan("norm_gate_up_rows", hidden, rows)
     tma = (up_cfg["tma"] and cfg["tma"] and inter % up_cfg["block_n"] == 0 and hidden % cfg["block_n"] == 0
-           and fused_rows.tma_usable(x.device, gate_up, up_cfg["block_n"], up_cfg["block_k"])
-           and fused_rows.tma_usable(x.device, down, cfg["block_n"], cfg["block_k"]))
+           and fused_rows.tma_usable(x.device, up_cfg["block_k"], x.view(rows, hidden), gate_up)
+           and fused_rows.tma_usable(x.device, cfg["block_k"], results["kernel"][0].view(rows, inter), down))
     fused._config_override = {}
     tol = 1e-5 if weight_dtype == dtype == torch.float32 else 2e-3
     report = {"rows": rows, "dtype": str(dtype), "weights": str(weight_dtype), "block_m": cfg["block_m"],

@@ -141,28 +141,27 @@ if fused._triton is not None:
                     tl.atomic_xchg(count_ptr + tile, 0)
 
         @triton.jit
-        def _norm_gate_up_tma_kernel(x_ptr, w_norm_ptr, w_desc, out_ptr, M, H, I, eps, BLOCK_M: tl.constexpr,
+        def _norm_gate_up_tma_kernel(x_desc, wn_desc, w_desc, out_ptr, M, H, I, eps, BLOCK_M: tl.constexpr,
                                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                                      IEEE: tl.constexpr, USE_PDL: tl.constexpr):
-            """`_norm_gate_up_rows_kernel` (GATED) with the weight tiles fetched by the tensor-memory accelerator
-            (a descriptor of the packed [2I, H] weight, tiles [BLOCK_N, BLOCK_K]) into a STAGES-deep ring of
-            shared memory. I a multiple of BLOCK_N, H of BLOCK_K (`tma_supported`)."""
+            """`_norm_gate_up_rows_kernel` (GATED) with every operand fetched by the tensor-memory accelerator
+            into a STAGES-deep ring of shared memory: the input rows (a descriptor of x [M, H], tiles
+            [BLOCK_M, BLOCK_K], rows past M read as zeros), the norm weight ([1, H], tiles [1, BLOCK_K]) and
+            the packed [2I, H] weight (tiles [BLOCK_N, BLOCK_K]). I a multiple of BLOCK_N, H of BLOCK_K."""
             if USE_PDL:
                 gdc_launch_dependents()
             pid_n = tl.program_id(0)
             pid_m = tl.program_id(1)
-            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < M
+            row0 = pid_m * BLOCK_M
+            rows = row0 + tl.arange(0, BLOCK_M)
             col0 = pid_n * BLOCK_N
             cols = col0 + tl.arange(0, BLOCK_N)
-            kk = tl.arange(0, BLOCK_K)
             out_ty = out_ptr.dtype.element_ty
             if USE_PDL:  # x is the kernel before's output
                 gdc_wait()
             squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for k0 in range(0, H, BLOCK_K):
-                xv = tl.load(x_ptr + rows[:, None] * H + (k0 + kk)[None, :], mask=row_ok[:, None],
-                             other=0.0).to(tl.float32)
+            for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
+                xv = x_desc.load([row0, k0]).to(tl.float32)
                 squares += tl.sum(xv * xv, axis=1)
             rstd = 1.0 / tl.sqrt(squares / H + eps)
             acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -170,42 +169,41 @@ if fused._triton is not None:
             for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
                 wg = w_desc.load([col0, k0])
                 wu = w_desc.load([I + col0, k0])
-                xv = tl.load(x_ptr + rows[:, None] * H + (k0 + kk)[None, :], mask=row_ok[:, None],
-                             other=0.0).to(tl.float32)
-                wn = tl.load(w_norm_ptr + k0 + kk).to(tl.float32)
-                xn = (xv * rstd[:, None] * wn[None, :]).to(wg.dtype)
+                xv = x_desc.load([row0, k0]).to(tl.float32)
+                wn = wn_desc.load([0, k0]).to(tl.float32)
+                xn = (xv * rstd[:, None] * wn).to(wg.dtype)
                 acc_g = _dot(xn, tl.trans(wg), acc_g, IEEE)
                 acc_u = _dot(xn, tl.trans(wu), acc_u, IEEE)
             gate = acc_g.to(out_ty).to(tl.float32)
             up = acc_u.to(out_ty).to(tl.float32)
             tl.store(out_ptr + rows[:, None] * I + cols[None, :], (gate / (1.0 + tl.exp(-gate)) * up).to(out_ty),
-                     mask=row_ok[:, None])
+                     mask=(rows < M)[:, None])
 
         @triton.jit
-        def _down_residual_tma_kernel(h_ptr, w_desc, x_ptr, y_ptr, ws_ptr, count_ptr, M, N, K,
+        def _down_residual_tma_kernel(h_desc, w_desc, x_ptr, y_ptr, ws_ptr, count_ptr, M, N, K,
                                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                       SPLITS: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr,
                                       USE_PDL: tl.constexpr):
-            """`_down_residual_rows_kernel` with the weight tiles [BLOCK_N, BLOCK_K] fetched by the tensor-memory
-            accelerator (a descriptor of w [N, K]); N a multiple of BLOCK_N."""
+            """`_down_residual_rows_kernel` with the input rows (a descriptor of h [M, K], tiles [BLOCK_M, BLOCK_K])
+            and the weight (w [N, K], tiles [BLOCK_N, BLOCK_K]) fetched by the tensor-memory accelerator; N a
+            multiple of BLOCK_N."""
             if USE_PDL:
                 gdc_launch_dependents()
             pid_n = tl.program_id(0)
             split = tl.program_id(1)
             pid_m = tl.program_id(2)
-            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            row0 = pid_m * BLOCK_M
+            rows = row0 + tl.arange(0, BLOCK_M)
             row_ok = rows < M
             col0 = pid_n * BLOCK_N
             cols = col0 + tl.arange(0, BLOCK_N)
-            kk = tl.arange(0, BLOCK_K)
             chunk = K // SPLITS
             if USE_PDL:  # h is the kernel before's output; partials, counters and y are touched after it
                 gdc_wait()
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for k0 in tl.range(split * chunk, split * chunk + chunk, BLOCK_K, num_stages=STAGES):
                 w = w_desc.load([col0, k0])
-                hv = tl.load(h_ptr + rows[:, None] * K + (k0 + kk)[None, :], mask=row_ok[:, None],
-                             other=0.0).to(w.dtype)
+                hv = h_desc.load([row0, k0]).to(w.dtype)
                 acc = _dot(hv, tl.trans(w), acc, IEEE)
             out_ok = row_ok[:, None] & (cols < N)[None, :]
             at = rows[:, None] * N + cols[None, :]
@@ -227,20 +225,21 @@ def available(device: torch.device) -> bool:
     return _kernels_ok and fused.available(device)
 
 
-def tma_usable(device: torch.device, weight: torch.Tensor, block_n: int, block_k: int) -> bool:
-    """Whether the "tma" kernels can fetch `weight`'s tiles: a Triton with tensor descriptors, compute capability
-    >= 9.0 (or the interpreter), a contiguous 16-byte-aligned weight whose rows split into whole tiles."""
+def tma_usable(device: torch.device, block_k: int, *operands: torch.Tensor) -> bool:
+    """Whether the "tma" kernels can fetch their operands' tiles: a Triton with tensor descriptors, compute
+    capability >= 9.0 (or the interpreter), 2-D contiguous 16-byte-aligned operands whose rows split into whole
+    BLOCK_K tiles."""
     if TensorDescriptor is None or not available(device):
         return False
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
         return False
-    n, k = weight.shape
-    return (weight.is_contiguous() and weight.data_ptr() % 16 == 0 and (k * weight.element_size()) % 16 == 0
-            and k % block_k == 0)
+    return all(t.dim() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0 and t.shape[1] % block_k == 0
+               and (t.shape[1] * t.element_size()) % 16 == 0 for t in operands)
 
 
-def _descriptor(weight: torch.Tensor, block_n: int, block_k: int):
-    return TensorDescriptor(weight, list(weight.shape), list(weight.stride()), [block_n, block_k])
+def _descriptor(t: torch.Tensor, block_rows: int, block_k: int):
+    """A tensor descriptor of the 2-D `t`, tiles [block_rows, block_k] (reads past its rows give zeros)."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_rows, block_k])
 
 
 def _block_m(rows: int) -> int:
@@ -292,10 +291,11 @@ def norm_gate_up_rows(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up
     cfg = plan("norm_gate_up_rows", hidden, m)
     out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
     grid = (-(-intermediate // cfg["block_n"]), -(-m // cfg["block_m"]))
-    if (cfg["tma"] and intermediate % cfg["block_n"] == 0 and hidden % cfg["block_k"] == 0
-            and tma_usable(x.device, gate_up, cfg["block_n"], cfg["block_k"])):
-        _norm_gate_up_tma_kernel[grid](x.contiguous(), w_norm, _descriptor(gate_up, cfg["block_n"], cfg["block_k"]),
-                                       out, m, hidden, intermediate, eps, BLOCK_M=cfg["block_m"],
+    x2, wn2 = x.reshape(m, hidden).contiguous(), w_norm.view(1, -1)
+    if cfg["tma"] and intermediate % cfg["block_n"] == 0 and tma_usable(x.device, cfg["block_k"], x2, wn2, gate_up):
+        bm, bk = cfg["block_m"], cfg["block_k"]
+        _norm_gate_up_tma_kernel[grid](_descriptor(x2, bm, bk), _descriptor(wn2, 1, bk),
+                                       _descriptor(gate_up, cfg["block_n"], bk), out, m, hidden, intermediate, eps, BLOCK_M=cfg["block_m"],
                                        BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], STAGES=cfg["stages"],
                                        IEEE=gate_up.dtype == torch.float32, num_warps=cfg["num_warps"],
                                        **fused._launch(x.device))
@@ -319,9 +319,11 @@ def down_residual_rows(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor
     n_blocks, m_blocks = -(-n // cfg["block_n"]), -(-m // cfg["block_m"])
     partials, counts = workspace.get(x.device, cfg["splits"], m, n, n_blocks * m_blocks, kind="rows")
     y = torch.empty_like(x)
-    if cfg["tma"] and n % cfg["block_n"] == 0 and tma_usable(x.device, down, cfg["block_n"], cfg["block_k"]):
+    h2 = hidden.reshape(m, k).contiguous()
+    if cfg["tma"] and n % cfg["block_n"] == 0 and tma_usable(x.device, cfg["block_k"], h2, down):
         _down_residual_tma_kernel[(n_blocks, cfg["splits"], m_blocks)](
-            hidden.contiguous(), _descriptor(down, cfg["block_n"], cfg["block_k"]), x.contiguous(), y, partials,
+            _descriptor(h2, cfg["block_m"], cfg["block_k"]),
+            _descriptor(down, cfg["block_n"], cfg["block_k"]), x.contiguous(), y, partials,
             counts, m, n, k, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
             SPLITS=cfg["splits"], STAGES=cfg["stages"], IEEE=down.dtype == torch.float32,
             num_warps=cfg["num_warps"], **fused._launch(x.device))
