@@ -50,6 +50,40 @@ def _case(rows: int, dtype: torch.dtype, weight_dtype: torch.dtype, override: di
     return report
 
 
+class _Layer:
+    """What fused.mlp and fused_rows.mlp read of a PackedLayer."""
+
+    def __init__(self, w_post, gate_up, down, inter):
+        self.w_post, self.eps_post, self.gate_up, self.intermediate = w_post, 1e-5, gate_up, inter
+        self.decodable, self.act = True, torch.nn.functional.silu
+        self.mlp = type("M", (), {"down_proj": type("D", (), {"weight": down})()})()
+
+
+def _routing(seed: int) -> dict:
+    """fused.mlp with plan "mlp_rows" on at the input's width runs fused_rows.mlp (the same bits), off the GEMV
+    kernels; the tma settings in both."""
+    g = torch.Generator().manual_seed(seed)
+    hidden, inter = 64, 96
+    x = torch.randn(2, 1, hidden, generator=g)
+    layer = _Layer(1 + 0.1 * torch.randn(hidden, generator=g), 0.2 * torch.randn(2 * inter, hidden, generator=g),
+                   0.2 * torch.randn(hidden, inter, generator=g), inter)
+    tma = {"norm_gate_up_rows": {"block_n": 32, "block_k": 16, "tma": True},
+           "down_residual_rows": {"block_n": 16, "block_k": 16, "splits": 2, "tma": True}}
+    fused._config_override = tma
+    rows_out = fused_rows.mlp(layer, x, fused.DownWorkspace())
+    gemv_out = fused.mlp(layer, x, fused.DownWorkspace())
+    fused._config_override = {**tma, f"mlp_rows@{hidden}": {"on": True}}
+    routed = fused.mlp(layer, x, fused.DownWorkspace())
+    fused._config_override = {**tma, "mlp_rows@128": {"on": True}}  # another width: not routed
+    other = fused.mlp(layer, x, fused.DownWorkspace())
+    fused._config_override = {}
+    report = {"case": "routing", "routed_identical": bool(torch.equal(routed, rows_out)),
+              "off_is_gemv": bool(torch.equal(gemv_out, other)),
+              "gemv_vs_rows": ((gemv_out - rows_out).abs().max() / rows_out.abs().max()).item()}
+    report["ok"] = report["routed_identical"] and report["off_is_gemv"] and report["gemv_vs_rows"] < 1e-5
+    return report
+
+
 def main() -> int:
     if not fused_rows._kernels_ok:
         print("Triton is not importable", file=sys.stderr)
@@ -72,6 +106,9 @@ def main() -> int:
         report = _case(rows, dtype, weight_dtype, override, seed=i)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]
+    report = _routing(seed=len(cases))
+    print(json.dumps(report), flush=True)
+    failed += not report["ok"]
     return 1 if failed else 0
 
 
