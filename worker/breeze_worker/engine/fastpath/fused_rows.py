@@ -143,11 +143,12 @@ if fused._triton is not None:
         @triton.jit
         def _norm_gate_up_tma_kernel(x_desc, wn_desc, w_desc, out_ptr, M, H, I, eps, BLOCK_M: tl.constexpr,
                                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                                     IEEE: tl.constexpr, USE_PDL: tl.constexpr):
+                                     IEEE: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr):
             """`_norm_gate_up_rows_kernel` (GATED) with every operand fetched by the tensor-memory accelerator
             into a STAGES-deep ring of shared memory: the input rows (a descriptor of x [M, H], tiles
             [BLOCK_M, BLOCK_K], rows past M read as zeros), the norm weight ([1, H], tiles [1, BLOCK_K]) and
-            the packed [2I, H] weight (tiles [BLOCK_N, BLOCK_K]). I a multiple of BLOCK_N, H of BLOCK_K."""
+            the packed [2I, H] weight (tiles [BLOCK_N, BLOCK_K]); not GATED: the plain projection by w [I, H].
+            I a multiple of BLOCK_N, H of BLOCK_K."""
             if USE_PDL:
                 gdc_launch_dependents()
             pid_n = tl.program_id(0)
@@ -168,16 +169,20 @@ if fused._triton is not None:
             acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
                 wg = w_desc.load([col0, k0])
-                wu = w_desc.load([I + col0, k0])
                 xv = x_desc.load([row0, k0]).to(tl.float32)
                 wn = wn_desc.load([0, k0]).to(tl.float32)
                 xn = (xv * rstd[:, None] * wn).to(wg.dtype)
                 acc_g = _dot(xn, tl.trans(wg), acc_g, IEEE)
-                acc_u = _dot(xn, tl.trans(wu), acc_u, IEEE)
+                if GATED:
+                    wu = w_desc.load([I + col0, k0])
+                    acc_u = _dot(xn, tl.trans(wu), acc_u, IEEE)
             gate = acc_g.to(out_ty).to(tl.float32)
-            up = acc_u.to(out_ty).to(tl.float32)
-            tl.store(out_ptr + rows[:, None] * I + cols[None, :], (gate / (1.0 + tl.exp(-gate)) * up).to(out_ty),
-                     mask=(rows < M)[:, None])
+            dst = out_ptr + rows[:, None] * I + cols[None, :]
+            if GATED:
+                up = acc_u.to(out_ty).to(tl.float32)
+                tl.store(dst, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ty), mask=(rows < M)[:, None])
+            else:
+                tl.store(dst, gate.to(out_ty), mask=(rows < M)[:, None])
 
         @triton.jit
         def _down_residual_tma_kernel(h_desc, w_desc, x_ptr, y_ptr, ws_ptr, count_ptr, M, N, K,
@@ -256,6 +261,8 @@ def plan(kernel: str, k: int, rows: int) -> dict:
     a GPU: the defaults are a starting point for scripts/gpu_rows_mlp.py."""
     if kernel == "norm_gate_up_rows":
         cfg = {"block_n": 64, "block_k": 128, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
+    elif kernel == "norm_linear_rows":
+        cfg = {"block_n": 32, "block_k": 128, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
     elif kernel == "down_residual_rows":
         cfg = {"block_n": 64, "block_k": 128, "splits": 8, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
     else:
@@ -281,29 +288,42 @@ def supported(layer, rows: int) -> bool:
 def norm_gate_up_rows(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor,
                       intermediate: int) -> torch.Tensor:
     """SiLU(gate(norm(x))) * up(norm(x)) for x [R, T, H] -> [R, T, I] (fused.norm_gate_up's function)."""
-    rows, t, hidden = x.shape
-    m = rows * t
     if not available(x.device):
         normed = fused._rms(x, w_norm, eps, gate_up.dtype)
         gate = fused._linear(normed, gate_up[:intermediate], x.dtype).float()
         up = fused._linear(normed, gate_up[intermediate:], x.dtype).float()
         return (F.silu(gate) * up).to(x.dtype)
-    cfg = plan("norm_gate_up_rows", hidden, m)
-    out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
-    grid = (-(-intermediate // cfg["block_n"]), -(-m // cfg["block_m"]))
+    return _norm_proj("norm_gate_up_rows", x, w_norm, eps, gate_up, intermediate, gated=True)
+
+
+def norm_linear_rows(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """weight(norm(x)) for x [R, T, H] -> [R, T, N] (fused.norm_linear's function): `norm_gate_up_rows`'
+    kernel ungated, with plans of its own ("norm_linear_rows")."""
+    if not available(x.device):
+        return fused._linear(fused._rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
+    return _norm_proj("norm_linear_rows", x, w_norm, eps, weight, weight.shape[0], gated=False)
+
+
+def _norm_proj(kernel: str, x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor, n: int,
+               gated: bool) -> torch.Tensor:
+    rows, t, hidden = x.shape
+    m = rows * t
+    cfg = plan(kernel, hidden, m)
+    out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
+    grid = (-(-n // cfg["block_n"]), -(-m // cfg["block_m"]))
+    ieee = weight.dtype == torch.float32
     x2, wn2 = x.reshape(m, hidden).contiguous(), w_norm.view(1, -1)
-    if cfg["tma"] and intermediate % cfg["block_n"] == 0 and tma_usable(x.device, cfg["block_k"], x2, wn2, gate_up):
+    if cfg["tma"] and n % cfg["block_n"] == 0 and tma_usable(x.device, cfg["block_k"], x2, wn2, weight):
         bm, bk = cfg["block_m"], cfg["block_k"]
         _norm_gate_up_tma_kernel[grid](_descriptor(x2, bm, bk), _descriptor(wn2, 1, bk),
-                                       _descriptor(gate_up, cfg["block_n"], bk), out, m, hidden, intermediate, eps, BLOCK_M=cfg["block_m"],
-                                       BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], STAGES=cfg["stages"],
-                                       IEEE=gate_up.dtype == torch.float32, num_warps=cfg["num_warps"],
-                                       **fused._launch(x.device))
+                                       _descriptor(weight, cfg["block_n"], bk), out, m, hidden, n, eps, BLOCK_M=bm,
+                                       BLOCK_N=cfg["block_n"], BLOCK_K=bk, STAGES=cfg["stages"], IEEE=ieee,
+                                       GATED=gated, num_warps=cfg["num_warps"], **fused._launch(x.device))
         return out
-    _norm_gate_up_rows_kernel[grid](x.contiguous(), w_norm, gate_up, out, m, hidden, intermediate, eps,
-                                    BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-                                    STAGES=cfg["stages"], EVICT=cfg["evict"], IEEE=gate_up.dtype == torch.float32,
-                                    GATED=True, num_warps=cfg["num_warps"], **fused._launch(x.device))
+    _norm_gate_up_rows_kernel[grid](x2, w_norm, weight, out, m, hidden, n, eps, BLOCK_M=cfg["block_m"],
+                                    BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], STAGES=cfg["stages"],
+                                    EVICT=cfg["evict"], IEEE=ieee, GATED=gated, num_warps=cfg["num_warps"],
+                                    **fused._launch(x.device))
     return out
 
 
@@ -339,3 +359,23 @@ def mlp(layer, x: torch.Tensor, workspace: fused.DownWorkspace) -> torch.Tensor:
     """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels."""
     hidden = norm_gate_up_rows(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate)
     return down_residual_rows(hidden, layer.mlp.down_proj.weight, x, workspace)
+
+
+def layer_supported(layer, rows: int) -> bool:
+    """Whether `decoder_layer` applies: `supported`, packed q/k/v whose input width is a multiple of 16, and a
+    power-of-two head size (fused.qk_norm_rope)."""
+    return (supported(layer, rows) and layer.qkv is not None and layer.qkv.shape[1] % 16 == 0
+            and layer.head_dim >= 2 and layer.head_dim & (layer.head_dim - 1) == 0)
+
+
+def decoder_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slots: torch.Tensor, attend, workspace: fused.DownWorkspace) -> torch.Tensor:
+    """One decoder layer (a PackedLayer, q/k norm or not) of x [R, T, H] for a batched step (the "gemm+rows"
+    form): the norm and q/k/v projection (`norm_linear_rows`), q/k norm, RoPE and the cache write at `slots`
+    [R or 1, T] (fused.qk_norm_rope; cos/sin [R or 1, 1, T, D]), `attend(q) -> [R, T, heads * D]` over the
+    caches, the output projection and residual (`down_residual_rows`), the MLP (`mlp`)."""
+    proj = norm_linear_rows(x, layer.w_in, layer.eps_in, layer.qkv)
+    q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
+                           kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+    x = down_residual_rows(attend(q), layer.attn.o_proj.weight, x, workspace)
+    return mlp(layer, x, workspace)
