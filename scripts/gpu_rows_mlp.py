@@ -31,44 +31,12 @@ DEVICE = "cuda"
 LAYERS = 12
 DTYPE = torch.bfloat16  # --dry-run: FP16 (the interpreter's tl.dot mishandles BF16)
 SHAPES = {"depth": (1024, 8192), "backbone": (2048, 6144)}  # hidden, intermediate
-QKV = {"depth": 1536, "backbone": 4096}  # the q/k/v projection's outputs ((heads + 2 kv) x 128); o: hidden x hidden
 GATE_UP = [{"block_n": n, "block_k": k, "stages": s, "num_warps": w} for n, k, s, w in
            ((64, 128, 3, 4), (64, 64, 4, 4), (64, 64, 4, 8), (128, 64, 3, 8), (32, 128, 3, 4), (32, 64, 4, 4),
             (128, 128, 3, 8))]
 DOWN = [{"block_n": n, "block_k": k, "splits": p, "stages": s, "num_warps": w} for n, k, p, s, w in
         ((64, 128, 8, 3, 4), (64, 128, 4, 3, 4), (64, 64, 8, 4, 4), (32, 128, 8, 3, 4), (128, 64, 8, 3, 8),
          (64, 128, 16, 3, 4), (32, 64, 16, 4, 4), (128, 128, 4, 3, 8))]
-
-# --projections: the attention's projections as the rows kernels ("gemm+rows"): norm_linear_rows (the q/k/v)
-# and down_residual_rows at the hidden width (the output projection), the same tuples as below
-QKV_TMA = [(16, 128, 4, 4), (32, 128, 4, 4), (32, 64, 6, 4), (64, 64, 6, 4), (16, 128, 4, 8), (32, 128, 4, 8),
-           (64, 128, 3, 8), (32, 64, 6, 8)]
-O_TMA = [(32, 128, 4, 3, 4), (64, 128, 2, 3, 4), (32, 64, 8, 4, 4), (16, 128, 4, 3, 4), (64, 64, 4, 4, 4),
-         (32, 128, 4, 3, 8), (64, 128, 2, 3, 8), (32, 64, 8, 4, 8), (64, 64, 4, 4, 8)]
-PROJECTIONS = False
-
-# the "tma" kernels (weights through tensor descriptors): (block_n, block_k, stages, warps) and, for down,
-# (block_n, block_k, splits, stages, warps); one row tile of 16 (2-16 rows: mma.sync) or 64 (wgmma, 8 warps)
-GATE_UP_TMA = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 6, 4), (32, 64, 8, 4), (128, 64, 4, 4), (64, 64, 4, 4),
-               (128, 64, 4, 8), (64, 128, 3, 8), (64, 64, 6, 8), (128, 64, 3, 8)]
-DOWN_TMA = [(32, 128, 8, 4, 4), (64, 128, 8, 4, 4), (32, 128, 16, 3, 4), (64, 64, 16, 4, 4), (128, 128, 8, 4, 4),
-            (64, 128, 16, 2, 4), (128, 64, 8, 4, 8), (64, 128, 8, 3, 8), (64, 64, 16, 4, 8), (128, 128, 8, 3, 8)]
-
-
-def tma_candidates(table: list[tuple], rows: int) -> list[dict]:
-    """Settings of the "tma" kernels for `rows` rows: 4-warp tiles up to 16 rows, 8-warp tiles above (a 64-row
-    tile at 4 warps spills: ptxas, sm_90a)."""
-    out = []
-    for entry in table:
-        warps = entry[-1]
-        if (rows > 16) != (warps == 8):
-            continue
-        if len(entry) == 4:
-            out.append({"block_n": entry[0], "block_k": entry[1], "stages": entry[2], "num_warps": warps, "tma": True})
-        else:
-            out.append({"block_n": entry[0], "block_k": entry[1], "splits": entry[2], "stages": entry[3],
-                        "num_warps": warps, "tma": True})
-    return out
 
 
 def mlp_in(x, w_post, gate_up, *, eps: float, intermediate: int):
@@ -80,15 +48,13 @@ def mlp_in(x, w_post, gate_up, *, eps: float, intermediate: int):
 class Layer:
     """Packed-layer stand-in with the attributes fused_rows.mlp reads."""
 
-    def __init__(self, hidden: int, inter: int, gen: torch.Generator, qkv: int = 0):
+    def __init__(self, hidden: int, inter: int, gen: torch.Generator):
         z = dict(generator=gen, device=DEVICE)
         self.w_post = (1 + 0.1 * torch.randn(hidden, **z)).to(DTYPE)
         self.eps_post = 1e-5
         self.gate_up = (0.02 * torch.randn(2 * inter, hidden, **z)).to(DTYPE)
         self.down = (0.02 * torch.randn(hidden, inter, **z)).to(DTYPE)
         self.intermediate = inter
-        self.qkv = (0.02 * torch.randn(qkv, hidden, **z)).to(DTYPE) if qkv else None
-        self.o = (0.02 * torch.randn(hidden, hidden, **z)).to(DTYPE) if qkv else None
 
 
 def time_graph(fn) -> float:
@@ -101,10 +67,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list: list[int],
-                 sweep_rows: list[int]) -> dict:
+def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list: list[int]) -> dict:
     gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(name.encode()))
-    layers = [Layer(hidden, inter, gen, QKV[name] if PROJECTIONS else 0) for _ in range(LAYERS)]
+    layers = [Layer(hidden, inter, gen) for _ in range(LAYERS)]
     compiled_in, compiled_out = compile_unit(mlp_in), compile_unit(layer_mlp_out)
     report = {"name": name, "hidden": hidden, "intermediate": inter,
               "weight_bytes_gate_up": layers[0].gate_up.numel() * 2, "weight_bytes_down": layers[0].down.numel() * 2}
@@ -123,54 +88,39 @@ def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list
     def ref_down(r):
         return x[r].float() + hid[r].float() @ l0.down.float().t()
 
-    def ref_qkv(r):
-        xf = x[r].float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * l0.w_post.float()) @ l0.qkv.float().t()
-
-    def ref_o(r):
-        return x[r].float() + x[r].float() @ l0.o.float().t()
-
-    # 1. candidates at each sweep row count (the pointer kernels and the "tma" kernels)
-    sweeps, winners_by_rows = {}, {}
-    for big in sweep_rows:
-        sweeps[big] = {}
-        kernels = [("norm_gate_up_rows", GATE_UP + tma_candidates(GATE_UP_TMA, big), hidden,
-                    lambda l, r: fused_rows.norm_gate_up_rows(x[r], l.w_post, 1e-5, l.gate_up, inter), ref_gate_up),
-                   ("down_residual_rows", DOWN + tma_candidates(DOWN_TMA, big), inter,
-                    lambda l, r: fused_rows.down_residual_rows(hid[r], l.down, x[r], workspace), ref_down)]
-        if PROJECTIONS:
-            kernels += [("norm_linear_rows", tma_candidates(QKV_TMA, big), hidden,
-                         lambda l, r: fused_rows.norm_linear_rows(x[r], l.w_post, 1e-5, l.qkv), ref_qkv),
-                        ("down_residual_rows", tma_candidates(O_TMA, big), hidden,
-                         lambda l, r: fused_rows.down_residual_rows(x[r], l.o, x[r], workspace), ref_o)]
-        for kernel, cands, width, run, ref in kernels:
-            results = []
-            for cand in [{}] + cands:
-                fused._config_override = {f"{kernel}@{width}": cand} if cand else {}
-                workspace = fused.DownWorkspace()
-                try:
-                    out, again = run(l0, big), run(l0, big)
-                    us = time_graph(lambda: [run(l, big) for l in layers]) / LAYERS
-                    entry = {"settings": cand, "plan": fused_rows.plan(kernel, width, big), "us": us,
-                             "repeat_identical": bool(torch.equal(out, again)),
-                             "rel_err_vs_fp32": rel_err(out, ref(big))}
-                except Exception as exc:  # a setting Triton cannot build: reported, the sweep goes on
-                    entry = {"settings": cand, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-                results.append(entry)
-                print(f"[{name} {kernel} x{big}] {json.dumps(cand)} -> " + (
-                    f"{entry['us']:.2f} us err={entry['rel_err_vs_fp32']:.2e}" if "us" in entry else entry["error"]),
-                    flush=True)
-            fused._config_override = {}
-            # usable: the same bits on a repeat, and no further from the FP32 product than the default plan
-            limit = 1.5 * results[0].get("rel_err_vs_fp32", 0.0) + 1e-3
-            ok = [e for e in results if "us" in e and e["repeat_identical"] and e["rel_err_vs_fp32"] <= limit]
-            best = min(ok, key=lambda e: e["us"]) if ok else None
-            sweeps[big][f"{kernel}@{width}"] = {"width": width, "candidates": results, "best": best}
-        winners_by_rows[big] = {k: v["best"]["settings"] for k, v in sweeps[big].items()
-                                if v["best"] and v["best"]["settings"]}
+    # 1. candidates at the largest row count
+    big = max(rows_list)
+    sweeps = {}
+    for kernel, cands, run, ref in (
+            ("norm_gate_up_rows", GATE_UP,
+             lambda l, r: fused_rows.norm_gate_up_rows(x[r], l.w_post, 1e-5, l.gate_up, inter), ref_gate_up),
+            ("down_residual_rows", DOWN,
+             lambda l, r: fused_rows.down_residual_rows(hid[r], l.down, x[r], workspace), ref_down)):
+        width = hidden if kernel == "norm_gate_up_rows" else inter
+        results = []
+        for cand in [{}] + cands:
+            fused._config_override = {f"{kernel}@{width}": cand} if cand else {}
+            workspace = fused.DownWorkspace()
+            try:
+                out, again = run(l0, big), run(l0, big)
+                us = time_graph(lambda: [run(l, big) for l in layers]) / LAYERS
+                entry = {"settings": cand, "plan": fused_rows.plan(kernel, width, big), "us": us,
+                         "repeat_identical": bool(torch.equal(out, again)), "rel_err_vs_fp32": rel_err(out, ref(big))}
+            except Exception as exc:  # a setting Triton cannot build: reported, the sweep goes on
+                entry = {"settings": cand, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            results.append(entry)
+            print(f"[{name} {kernel} x{big}] {json.dumps(cand)} -> " + (
+                f"{entry['us']:.2f} us err={entry['rel_err_vs_fp32']:.2e}" if "us" in entry else entry["error"]),
+                flush=True)
+        fused._config_override = {}
+        # usable: the same bits on a repeat, and no further from the FP32 product than the default plan
+        limit = 1.5 * results[0].get("rel_err_vs_fp32", 0.0) + 1e-3
+        ok = [e for e in results if "us" in e and e["repeat_identical"] and e["rel_err_vs_fp32"] <= limit]
+        best = min(ok, key=lambda e: e["us"]) if ok else None
+        sweeps[kernel] = {"width": width, "candidates": results, "best": best}
+    report["sweep_rows"] = big
     report["sweeps"] = sweeps
-    winners = winners_by_rows[max(sweep_rows)]
-    report["winners_by_rows"] = winners_by_rows
+    winners = {f"{k}@{v['width']}": v["best"]["settings"] for k, v in sweeps.items() if v["best"] and v["best"]["settings"]}
     report["winners"] = winners
 
     # 2. the whole MLP per layer: library form vs kernels (default plans, winners)
@@ -190,17 +140,7 @@ def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list
         lib_out = compiled_out(compiled_in(x[r], l0.w_post, l0.gate_up, eps=1e-5, intermediate=inter), x[r], l0.down,
                                proj="gemm")
         entry = {"library_us": time_graph(library) / LAYERS}
-        if r <= fused.MAX_ROWS:  # the batch-1 form's GEMV kernels (fused.mlp, the committed plans)
-
-            def gemv(r=r):
-                for l in layers:
-                    fused.mlp(_Packed(l), x[r], workspace)
-
-            g_out = fused.mlp(_Packed(l0), x[r], workspace)
-            entry["gemv_us"] = time_graph(gemv) / LAYERS
-            entry["gemv_vs_library_rel"] = rel_err(g_out, lib_out.float())
-        near = min(sweep_rows, key=lambda s: abs(s - r))
-        for label, cfg in (("kernels_default_us", {}), ("kernels_winners_us", winners_by_rows[near])):
+        for label, cfg in (("kernels_default_us", {}), ("kernels_winners_us", winners)):
             fused._config_override = cfg
             k_out = fused_rows.mlp(_Packed(l0), x[r], workspace)
             entry[label] = time_graph(kernels) / LAYERS
@@ -208,9 +148,8 @@ def shape_report(name: str, hidden: int, inter: int, bandwidth: float, rows_list
         fused._config_override = {}
         entry["floor_us"] = report["floor_us"]["gate_up"] + report["floor_us"]["down"]
         per_rows[r] = entry
-        gemv = f", gemv {entry['gemv_us']:.2f}" if "gemv_us" in entry else ""
         print(f"[{name} mlp x{r}] library {entry['library_us']:.2f} us, kernels {entry['kernels_default_us']:.2f} "
-              f"(winners {entry['kernels_winners_us']:.2f}){gemv}, floor {entry['floor_us']:.2f} us", flush=True)
+              f"(winners {entry['kernels_winners_us']:.2f}), floor {entry['floor_us']:.2f} us", flush=True)
     report["mlp_per_layer"] = per_rows
     return report
 
@@ -229,15 +168,10 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     parser.add_argument("--best-out", default=None)
     parser.add_argument("--rows", default="16,32,48")
-    parser.add_argument("--sweep-rows", default="", help="row counts of the launch-setting sweeps (default: the largest)")
-    parser.add_argument("--no-pointer", action="store_true", help="sweep the tma kernels only")
-    parser.add_argument("--projections", action="store_true",
-                        help="also the attention's projections as the rows kernels (the gemm+rows form)")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, Triton's interpreter, shrunk shapes, one layer: the script's logic")
     args = parser.parse_args()
-    global DEVICE, LAYERS, DTYPE, PROJECTIONS, time_graph
-    PROJECTIONS = args.projections
+    global DEVICE, LAYERS, DTYPE, time_graph
     if args.dry_run:
         DEVICE, LAYERS, DTYPE = "cpu", 1, torch.float16
         time_graph = gpu_fused.wall_us
@@ -246,22 +180,12 @@ def main() -> int:
             SHAPES[name] = (hidden // 16, inter // 16)
         GATE_UP[:] = [{"block_n": 32, "block_k": 16, "stages": 1, "num_warps": 4}]
         DOWN[:] = [{"block_n": 16, "block_k": 32, "splits": 2, "stages": 1, "num_warps": 4}]
-        GATE_UP_TMA[:] = [(32, 16, 2, 4)]
-        DOWN_TMA[:] = [(16, 32, 2, 2, 4)]
-        QKV_TMA[:] = [(16, 16, 2, 4)]
-        O_TMA[:] = [(16, 16, 2, 2, 4)]
-        for name in QKV:
-            QKV[name] //= 16
-    if args.no_pointer:
-        GATE_UP.clear()
-        DOWN.clear()
     rows_list = [int(r) for r in args.rows.split(",")]
-    sweep_rows = [int(r) for r in args.sweep_rows.split(",")] if args.sweep_rows else [max(rows_list)]
     doc = {"schema": "breeze-rows-mlp/1", **gpu_fused.gpu_result(DEVICE), "shapes": []}
     bandwidth = doc["copy_bandwidth_bytes_per_s"] or 1e12
     best = {}
     for name, (hidden, inter) in SHAPES.items():
-        report = shape_report(name, hidden, inter, bandwidth, rows_list, sweep_rows)
+        report = shape_report(name, hidden, inter, bandwidth, rows_list)
         doc["shapes"].append(report)
         best.update(report["winners"])
         with open(args.json, "w") as f:

@@ -33,54 +33,16 @@ def _case(rows: int, dtype: torch.dtype, weight_dtype: torch.dtype, override: di
     fused._use_kernels = None
     fused_rows._kernels_ok = True
     cfg = fused_rows.plan("down_residual_rows", inter, rows)
-    up_cfg = fused_rows.plan("norm_gate_up_rows", hidden, rows)
-    tma = (up_cfg["tma"] and cfg["tma"] and inter % up_cfg["block_n"] == 0 and hidden % cfg["block_n"] == 0
-           and fused_rows.tma_usable(x.device, up_cfg["block_k"], x.view(rows, hidden), gate_up)
-           and fused_rows.tma_usable(x.device, cfg["block_k"], results["kernel"][0].view(rows, inter), down))
     fused._config_override = {}
     tol = 1e-5 if weight_dtype == dtype == torch.float32 else 2e-3
     report = {"rows": rows, "dtype": str(dtype), "weights": str(weight_dtype), "block_m": cfg["block_m"],
-              "splits": cfg["splits"], "tma": tma, "workspace_reused_identical": results["kernel"][2]}
+              "splits": cfg["splits"], "workspace_reused_identical": results["kernel"][2]}
     ok = results["kernel"][2]
     for name, a, b in zip(("hidden", "out"), results["torch"][:2], results["kernel"][:2]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err
         ok = ok and err <= tol and bool(torch.isfinite(b.float()).all())
     report["ok"] = ok
-    return report
-
-
-class _Layer:
-    """What fused.mlp and fused_rows.mlp read of a PackedLayer."""
-
-    def __init__(self, w_post, gate_up, down, inter):
-        self.w_post, self.eps_post, self.gate_up, self.intermediate = w_post, 1e-5, gate_up, inter
-        self.decodable, self.act = True, torch.nn.functional.silu
-        self.mlp = type("M", (), {"down_proj": type("D", (), {"weight": down})()})()
-
-
-def _routing(seed: int) -> dict:
-    """fused.mlp with plan "mlp_rows" on at the input's width runs fused_rows.mlp (the same bits), off the GEMV
-    kernels; the tma settings in both."""
-    g = torch.Generator().manual_seed(seed)
-    hidden, inter = 64, 96
-    x = torch.randn(2, 1, hidden, generator=g)
-    layer = _Layer(1 + 0.1 * torch.randn(hidden, generator=g), 0.2 * torch.randn(2 * inter, hidden, generator=g),
-                   0.2 * torch.randn(hidden, inter, generator=g), inter)
-    tma = {"norm_gate_up_rows": {"block_n": 32, "block_k": 16, "tma": True},
-           "down_residual_rows": {"block_n": 16, "block_k": 16, "splits": 2, "tma": True}}
-    fused._config_override = tma
-    rows_out = fused_rows.mlp(layer, x, fused.DownWorkspace())
-    gemv_out = fused.mlp(layer, x, fused.DownWorkspace())
-    fused._config_override = {**tma, f"mlp_rows@{hidden}": {"on": True}}
-    routed = fused.mlp(layer, x, fused.DownWorkspace())
-    fused._config_override = {**tma, "mlp_rows@128": {"on": True}}  # another width: not routed
-    other = fused.mlp(layer, x, fused.DownWorkspace())
-    fused._config_override = {}
-    report = {"case": "routing", "routed_identical": bool(torch.equal(routed, rows_out)),
-              "off_is_gemv": bool(torch.equal(gemv_out, other)),
-              "gemv_vs_rows": ((gemv_out - rows_out).abs().max() / rows_out.abs().max()).item()}
-    report["ok"] = report["routed_identical"] and report["off_is_gemv"] and report["gemv_vs_rows"] < 1e-5
     return report
 
 
@@ -93,22 +55,13 @@ def main() -> int:
                                                                                          "block_k": 32, "splits": 3}}
     tiles = {"norm_gate_up_rows": {"block_n": 64, "block_k": 32, "block_m": 16},  # 96 columns: one block masked
              "down_residual_rows": {"block_n": 32, "block_k": 32, "splits": 1, "block_m": 16}}
-    # the weights' tiles fetched through tensor descriptors (the "tma" kernels): 96 columns in 3 blocks
-    tma = {"norm_gate_up_rows": {"block_n": 32, "block_k": 16, "tma": True},
-           "down_residual_rows": {"block_n": 16, "block_k": 16, "splits": 3, "tma": True}}
-    tma_tiles = {"norm_gate_up_rows": {"block_n": 32, "block_k": 32, "block_m": 16, "tma": True},
-                 "down_residual_rows": {"block_n": 32, "block_k": 32, "splits": 1, "block_m": 16, "tma": True}}
     cases = [(3, f32, f32, small), (20, f32, f32, tiles), (6, f32, f16, small), (33, f16, f16, tiles),
-             (2, f32, f32, {"down_residual_rows": {"splits": 2, "block_k": 16}}), (2, f32, f32, tma),
-             (33, f32, f32, tma_tiles), (5, f16, f16, tma)]
+             (2, f32, f32, {"down_residual_rows": {"splits": 2, "block_k": 16}})]
     failed = 0
     for i, (rows, dtype, weight_dtype, override) in enumerate(cases):
         report = _case(rows, dtype, weight_dtype, override, seed=i)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]
-    report = _routing(seed=len(cases))
-    print(json.dumps(report), flush=True)
-    failed += not report["ok"]
     return 1 if failed else 0
 
 

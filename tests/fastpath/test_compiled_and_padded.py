@@ -49,7 +49,7 @@ def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp", "fused+chain",
-                                  "fused+chain+mlp", "fused+chain+all", "gemm+mlp", "gemm+rows"])
+                                  "fused+chain+mlp", "fused+chain+all", "gemm+mlp"])
 def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
     """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
     frames as the eager reference, CFG on (2 rows)."""
@@ -57,11 +57,9 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     monkeypatch.setenv(compiled.FORM_ENV, form)
     # "fused*": every depth layer step goes through the fused stages (their torch form here); "fused+mlp": the
     # backbone's MLPs too
-    fused_layers, fused_mlps, backbone_layers, rows_mlps, rows_layers = [], [], [], [], []
+    fused_layers, fused_mlps, backbone_layers, rows_mlps = [], [], [], []
     real_depth_layer, real_mlp, real_backbone = fused.depth_layer, fused.mlp, fused.backbone_layer
-    real_rows_mlp, real_rows_layer = fused_rows.mlp, fused_rows.decoder_layer
-    monkeypatch.setattr(fused_rows, "decoder_layer",
-                        lambda layer, x, *a: rows_layers.append(x.shape[-1]) or real_rows_layer(layer, x, *a))
+    real_rows_mlp = fused_rows.mlp
     monkeypatch.setattr(fused_rows, "mlp", lambda layer, x, ws: rows_mlps.append(x.shape[-1]) or real_rows_mlp(layer, x, ws))
     monkeypatch.setattr(fused, "backbone_layer", lambda *a, **k: backbone_layers.append(1) or real_backbone(*a, **k))
     monkeypatch.setattr(fused, "depth_layer", lambda *a, **k: fused_layers.append(1) or real_depth_layer(*a, **k))
@@ -80,7 +78,6 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     fused_mlps.clear()
     backbone_layers.clear()
     rows_mlps.clear()
-    rows_layers.clear()
     fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
     clear_runners()
     assert len(fast) == 3 and _equal(eager, fast)
@@ -91,13 +88,8 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if with_backbone_mlps else 0)
     # "fused+chain+all": every backbone layer step of the request's frames (2 after the first) as fused kernels
     assert len(backbone_layers) == (2 * model.lm.config.backbone.num_hidden_layers if form == "fused+chain+all" else 0)
-    # "gemm+mlp": every MLP, depth and backbone, as the batched kernels (their torch form here); "gemm+rows":
-    # every layer as fused_rows.decoder_layer, its MLP included
-    rows = form in ("gemm+mlp", "gemm+rows")
-    whole = form == "gemm+rows"
-    assert rows_layers.count(model.lm.config.depth.hidden_size) == (depth_layer_steps if whole else 0)
-    assert rows_layers.count(model.lm.config.backbone.hidden_size) == (
-        2 * model.lm.config.backbone.num_hidden_layers if whole else 0)
+    # "gemm+mlp": every MLP, depth and backbone, as the batched kernels (their torch form here)
+    rows = form == "gemm+mlp"
     assert rows_mlps.count(model.lm.config.depth.hidden_size) == (depth_layer_steps if rows else 0)
     assert rows_mlps.count(model.lm.config.backbone.hidden_size) == (
         2 * model.lm.config.backbone.num_hidden_layers if rows else 0)
@@ -148,8 +140,7 @@ def test_layer_form_by_rows_and_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("form, module, kernel, fallback", [("fused", fused, "qkv_rope", "units+attn"),
-                                                           ("gemm+mlp", fused_rows, "norm_gate_up_rows", "gemm"),
-                                                           ("gemm+rows", fused_rows, "norm_linear_rows", "gemm")])
+                                                           ("gemm+mlp", fused_rows, "norm_gate_up_rows", "gemm")])
 def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monkeypatch, form, module, kernel,
                                                          fallback):
     """A form whose kernel cannot be built on this device (here: raises) leaves the compiled step of the form

@@ -21,16 +21,10 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
 def test_batched_mlp_kernels_match_their_torch_stages_in_the_interpreter(interpreter_check):
     """fastpath/fused_rows.py (the "gemm+mlp" form): one and several row tiles, masked columns, K in 1-3 chunks."""
     cases = interpreter_check("rows_interpreter_check.py")
-    routing = [c for c in cases if c.get("case") == "routing"]  # fused.mlp's plan "mlp_rows" picks these kernels
-    assert len(routing) == 1 and routing[0]["routed_identical"] and routing[0]["off_is_gemv"]
-    assert 0 < routing[0]["gemv_vs_rows"] < 1e-5  # other kernels (other summation order), the same function
-    cases = [c for c in cases if c.get("case") != "routing"]
-    assert len(cases) == 8 and all(c["ok"] for c in cases)
+    assert len(cases) == 5 and all(c["ok"] for c in cases)
     assert {c["splits"] for c in cases} >= {1, 2, 3} and any(c["rows"] > c["block_m"] for c in cases)
     fp32 = [c for c in cases if c["dtype"] == c["weights"] == "torch.float32"]
-    assert len(fp32) == 5 and max(max(c["hidden"], c["out"]) for c in fp32) < 1e-5  # IEEE products, not TF32
-    tma = [c for c in cases if c["tma"]]  # weights through tensor descriptors: split and not, several row tiles
-    assert len(tma) == 3 and {c["splits"] for c in tma} == {1, 3} and any(c["rows"] > c["block_m"] for c in tma)
+    assert len(fp32) == 3 and max(max(c["hidden"], c["out"]) for c in fp32) < 1e-5  # IEEE products, not TF32
     assert all(c["workspace_reused_identical"] for c in cases)
 
 

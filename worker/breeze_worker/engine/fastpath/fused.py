@@ -541,8 +541,6 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
         cfg = {"on": True, "block_v": 8, "num_warps": 4}
-    elif kernel == "mlp_rows":  # "on": the MLP as fused_rows.py's kernels (with their own plans) instead
-        cfg = {"on": False}
     elif kernel == "sample":
         # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower); "split": the row as a power-of-two
         # head block and a small tail (2048 + 4 lanes for 2051 classes) instead of one block of 4096: run 31,
@@ -557,7 +555,7 @@ def plan(kernel: str, k: int) -> dict:
         cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     apply_overrides(cfg, kernel, k)
-    if kernel in ("depth_head", "mlp_rows"):
+    if kernel == "depth_head":
         return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:
@@ -835,12 +833,7 @@ def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
-    """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels: these GEMV kernels, or
-    (plan "mlp_rows" on at this hidden width) fastpath/fused_rows.py's tensor-core kernels."""
-    if plan("mlp_rows", x.shape[-1])["on"]:
-        from breeze_worker.engine.fastpath import fused_rows
-        if fused_rows.supported(layer, x.shape[0] * x.shape[1]):
-            return fused_rows.mlp(layer, x, workspace)
+    """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels."""
     hidden = norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate)
     return down_residual(hidden, layer.mlp.down_proj.weight, x, workspace)
 

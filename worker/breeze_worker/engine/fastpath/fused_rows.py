@@ -33,16 +33,10 @@ from breeze_worker.engine.fastpath import fused
 MAX_ROWS = 64  # one BLOCK_M tile of rows at most
 
 _kernels_ok = False
-TensorDescriptor = None
 if fused._triton is not None:
     try:
         import triton
         import triton.language as tl
-
-        try:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-        except ImportError:  # an older Triton: the pointer kernels only
-            TensorDescriptor = None
 
         from breeze_worker.engine.fastpath.fused import (_add_residual, _add_splits, _last_arrival, _weights,
                                                          gdc_launch_dependents, gdc_wait)
@@ -140,87 +134,6 @@ if fused._triton is not None:
                     _add_splits(ws_ptr, x_ptr, y_ptr, at, out_ok, M * N, SPLITS)
                     tl.atomic_xchg(count_ptr + tile, 0)
 
-        @triton.jit
-        def _norm_gate_up_tma_kernel(x_desc, wn_desc, w_desc, out_ptr, M, H, I, eps, BLOCK_M: tl.constexpr,
-                                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                                     IEEE: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr):
-            """`_norm_gate_up_rows_kernel` (GATED) with every operand fetched by the tensor-memory accelerator
-            into a STAGES-deep ring of shared memory: the input rows (a descriptor of x [M, H], tiles
-            [BLOCK_M, BLOCK_K], rows past M read as zeros), the norm weight ([1, H], tiles [1, BLOCK_K]) and
-            the packed [2I, H] weight (tiles [BLOCK_N, BLOCK_K]); not GATED: the plain projection by w [I, H].
-            I a multiple of BLOCK_N, H of BLOCK_K."""
-            if USE_PDL:
-                gdc_launch_dependents()
-            pid_n = tl.program_id(0)
-            pid_m = tl.program_id(1)
-            row0 = pid_m * BLOCK_M
-            rows = row0 + tl.arange(0, BLOCK_M)
-            col0 = pid_n * BLOCK_N
-            cols = col0 + tl.arange(0, BLOCK_N)
-            out_ty = out_ptr.dtype.element_ty
-            if USE_PDL:  # x is the kernel before's output
-                gdc_wait()
-            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
-                xv = x_desc.load([row0, k0]).to(tl.float32)
-                squares += tl.sum(xv * xv, axis=1)
-            rstd = 1.0 / tl.sqrt(squares / H + eps)
-            acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
-                wg = w_desc.load([col0, k0])
-                xv = x_desc.load([row0, k0]).to(tl.float32)
-                wn = wn_desc.load([0, k0]).to(tl.float32)
-                xn = (xv * rstd[:, None] * wn).to(wg.dtype)
-                acc_g = _dot(xn, tl.trans(wg), acc_g, IEEE)
-                if GATED:
-                    wu = w_desc.load([I + col0, k0])
-                    acc_u = _dot(xn, tl.trans(wu), acc_u, IEEE)
-            gate = acc_g.to(out_ty).to(tl.float32)
-            dst = out_ptr + rows[:, None] * I + cols[None, :]
-            if GATED:
-                up = acc_u.to(out_ty).to(tl.float32)
-                tl.store(dst, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ty), mask=(rows < M)[:, None])
-            else:
-                tl.store(dst, gate.to(out_ty), mask=(rows < M)[:, None])
-
-        @triton.jit
-        def _down_residual_tma_kernel(h_desc, w_desc, x_ptr, y_ptr, ws_ptr, count_ptr, M, N, K,
-                                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                      SPLITS: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr,
-                                      USE_PDL: tl.constexpr):
-            """`_down_residual_rows_kernel` with the input rows (a descriptor of h [M, K], tiles [BLOCK_M, BLOCK_K])
-            and the weight (w [N, K], tiles [BLOCK_N, BLOCK_K]) fetched by the tensor-memory accelerator; N a
-            multiple of BLOCK_N."""
-            if USE_PDL:
-                gdc_launch_dependents()
-            pid_n = tl.program_id(0)
-            split = tl.program_id(1)
-            pid_m = tl.program_id(2)
-            row0 = pid_m * BLOCK_M
-            rows = row0 + tl.arange(0, BLOCK_M)
-            row_ok = rows < M
-            col0 = pid_n * BLOCK_N
-            cols = col0 + tl.arange(0, BLOCK_N)
-            chunk = K // SPLITS
-            if USE_PDL:  # h is the kernel before's output; partials, counters and y are touched after it
-                gdc_wait()
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in tl.range(split * chunk, split * chunk + chunk, BLOCK_K, num_stages=STAGES):
-                w = w_desc.load([col0, k0])
-                hv = h_desc.load([row0, k0]).to(w.dtype)
-                acc = _dot(hv, tl.trans(w), acc, IEEE)
-            out_ok = row_ok[:, None] & (cols < N)[None, :]
-            at = rows[:, None] * N + cols[None, :]
-            if SPLITS == 1:
-                _add_residual(x_ptr, y_ptr, at, out_ok, acc)
-            else:
-                tl.store(ws_ptr + split * M * N + at, acc, mask=out_ok)
-                tile = pid_m * tl.num_programs(0) + pid_n
-                if _last_arrival(count_ptr + tile) == SPLITS - 1:
-                    _add_splits(ws_ptr, x_ptr, y_ptr, at, out_ok, M * N, SPLITS)
-                    tl.atomic_xchg(count_ptr + tile, 0)
-
         _kernels_ok = True
     except Exception:  # an unusable Triton: the torch formulas serve
         _kernels_ok = False
@@ -228,23 +141,6 @@ if fused._triton is not None:
 
 def available(device: torch.device) -> bool:
     return _kernels_ok and fused.available(device)
-
-
-def tma_usable(device: torch.device, block_k: int, *operands: torch.Tensor) -> bool:
-    """Whether the "tma" kernels can fetch their operands' tiles: a Triton with tensor descriptors, compute
-    capability >= 9.0 (or the interpreter), 2-D contiguous 16-byte-aligned operands whose rows split into whole
-    BLOCK_K tiles."""
-    if TensorDescriptor is None or not available(device):
-        return False
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
-        return False
-    return all(t.dim() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0 and t.shape[1] % block_k == 0
-               and (t.shape[1] * t.element_size()) % 16 == 0 for t in operands)
-
-
-def _descriptor(t: torch.Tensor, block_rows: int, block_k: int):
-    """A tensor descriptor of the 2-D `t`, tiles [block_rows, block_k] (reads past its rows give zeros)."""
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [block_rows, block_k])
 
 
 def _block_m(rows: int) -> int:
@@ -260,11 +156,9 @@ def plan(kernel: str, k: int, rows: int) -> dict:
     `BREEZE_FUSED_CONFIG` may override them by kernel or kernel@width (fused.plan's rules). NOT yet timed on
     a GPU: the defaults are a starting point for scripts/gpu_rows_mlp.py."""
     if kernel == "norm_gate_up_rows":
-        cfg = {"block_n": 64, "block_k": 128, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
-    elif kernel == "norm_linear_rows":
-        cfg = {"block_n": 32, "block_k": 128, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
+        cfg = {"block_n": 64, "block_k": 128, "stages": 3, "num_warps": 4, "evict": True}
     elif kernel == "down_residual_rows":
-        cfg = {"block_n": 64, "block_k": 128, "splits": 8, "stages": 3, "num_warps": 4, "evict": True, "tma": False}
+        cfg = {"block_n": 64, "block_k": 128, "splits": 8, "stages": 3, "num_warps": 4, "evict": True}
     else:
         raise ValueError(f"unknown rows kernel {kernel!r}")
     cfg["block_m"] = _block_m(rows)
@@ -288,42 +182,20 @@ def supported(layer, rows: int) -> bool:
 def norm_gate_up_rows(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor,
                       intermediate: int) -> torch.Tensor:
     """SiLU(gate(norm(x))) * up(norm(x)) for x [R, T, H] -> [R, T, I] (fused.norm_gate_up's function)."""
+    rows, t, hidden = x.shape
+    m = rows * t
     if not available(x.device):
         normed = fused._rms(x, w_norm, eps, gate_up.dtype)
         gate = fused._linear(normed, gate_up[:intermediate], x.dtype).float()
         up = fused._linear(normed, gate_up[intermediate:], x.dtype).float()
         return (F.silu(gate) * up).to(x.dtype)
-    return _norm_proj("norm_gate_up_rows", x, w_norm, eps, gate_up, intermediate, gated=True)
-
-
-def norm_linear_rows(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
-    """weight(norm(x)) for x [R, T, H] -> [R, T, N] (fused.norm_linear's function): `norm_gate_up_rows`'
-    kernel ungated, with plans of its own ("norm_linear_rows")."""
-    if not available(x.device):
-        return fused._linear(fused._rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
-    return _norm_proj("norm_linear_rows", x, w_norm, eps, weight, weight.shape[0], gated=False)
-
-
-def _norm_proj(kernel: str, x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor, n: int,
-               gated: bool) -> torch.Tensor:
-    rows, t, hidden = x.shape
-    m = rows * t
-    cfg = plan(kernel, hidden, m)
-    out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
-    grid = (-(-n // cfg["block_n"]), -(-m // cfg["block_m"]))
-    ieee = weight.dtype == torch.float32
-    x2, wn2 = x.reshape(m, hidden).contiguous(), w_norm.view(1, -1)
-    if cfg["tma"] and n % cfg["block_n"] == 0 and tma_usable(x.device, cfg["block_k"], x2, wn2, weight):
-        bm, bk = cfg["block_m"], cfg["block_k"]
-        _norm_gate_up_tma_kernel[grid](_descriptor(x2, bm, bk), _descriptor(wn2, 1, bk),
-                                       _descriptor(weight, cfg["block_n"], bk), out, m, hidden, n, eps, BLOCK_M=bm,
-                                       BLOCK_N=cfg["block_n"], BLOCK_K=bk, STAGES=cfg["stages"], IEEE=ieee,
-                                       GATED=gated, num_warps=cfg["num_warps"], **fused._launch(x.device))
-        return out
-    _norm_gate_up_rows_kernel[grid](x2, w_norm, weight, out, m, hidden, n, eps, BLOCK_M=cfg["block_m"],
-                                    BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], STAGES=cfg["stages"],
-                                    EVICT=cfg["evict"], IEEE=ieee, GATED=gated, num_warps=cfg["num_warps"],
-                                    **fused._launch(x.device))
+    cfg = plan("norm_gate_up_rows", hidden, m)
+    out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
+    grid = (-(-intermediate // cfg["block_n"]), -(-m // cfg["block_m"]))
+    _norm_gate_up_rows_kernel[grid](x.contiguous(), w_norm, gate_up, out, m, hidden, intermediate, eps,
+                                    BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+                                    STAGES=cfg["stages"], EVICT=cfg["evict"], IEEE=gate_up.dtype == torch.float32,
+                                    GATED=True, num_warps=cfg["num_warps"], **fused._launch(x.device))
     return out
 
 
@@ -339,15 +211,6 @@ def down_residual_rows(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor
     n_blocks, m_blocks = -(-n // cfg["block_n"]), -(-m // cfg["block_m"])
     partials, counts = workspace.get(x.device, cfg["splits"], m, n, n_blocks * m_blocks, kind="rows")
     y = torch.empty_like(x)
-    h2 = hidden.reshape(m, k).contiguous()
-    if cfg["tma"] and n % cfg["block_n"] == 0 and tma_usable(x.device, cfg["block_k"], h2, down):
-        _down_residual_tma_kernel[(n_blocks, cfg["splits"], m_blocks)](
-            _descriptor(h2, cfg["block_m"], cfg["block_k"]),
-            _descriptor(down, cfg["block_n"], cfg["block_k"]), x.contiguous(), y, partials,
-            counts, m, n, k, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-            SPLITS=cfg["splits"], STAGES=cfg["stages"], IEEE=down.dtype == torch.float32,
-            num_warps=cfg["num_warps"], **fused._launch(x.device))
-        return y
     _down_residual_rows_kernel[(n_blocks, cfg["splits"], m_blocks)](
         hidden.contiguous(), down, x.contiguous(), y, partials, counts, m, n, k, BLOCK_M=cfg["block_m"],
         BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], SPLITS=cfg["splits"], STAGES=cfg["stages"],
@@ -359,23 +222,3 @@ def mlp(layer, x: torch.Tensor, workspace: fused.DownWorkspace) -> torch.Tensor:
     """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels."""
     hidden = norm_gate_up_rows(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate)
     return down_residual_rows(hidden, layer.mlp.down_proj.weight, x, workspace)
-
-
-def layer_supported(layer, rows: int) -> bool:
-    """Whether `decoder_layer` applies: `supported`, packed q/k/v whose input width is a multiple of 16, and a
-    power-of-two head size (fused.qk_norm_rope)."""
-    return (supported(layer, rows) and layer.qkv is not None and layer.qkv.shape[1] % 16 == 0
-            and layer.head_dim >= 2 and layer.head_dim & (layer.head_dim - 1) == 0)
-
-
-def decoder_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slots: torch.Tensor, attend, workspace: fused.DownWorkspace) -> torch.Tensor:
-    """One decoder layer (a PackedLayer, q/k norm or not) of x [R, T, H] for a batched step (the "gemm+rows"
-    form): the norm and q/k/v projection (`norm_linear_rows`), q/k norm, RoPE and the cache write at `slots`
-    [R or 1, T] (fused.qk_norm_rope; cos/sin [R or 1, 1, T, D]), `attend(q) -> [R, T, heads * D]` over the
-    caches, the output projection and residual (`down_residual_rows`), the MLP (`mlp`)."""
-    proj = norm_linear_rows(x, layer.w_in, layer.eps_in, layer.qkv)
-    q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
-                           kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    x = down_residual_rows(attend(q), layer.attn.o_proj.weight, x, workspace)
-    return mlp(layer, x, workspace)

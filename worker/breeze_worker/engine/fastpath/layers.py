@@ -56,10 +56,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels; "fused+chain+all": the
 # backbone's layers as those kernels too around a compiled attention (fused.backbone_layer); "gemm+mlp":
 # "gemm" with every MLP as fastpath/fused_rows.py's two tensor-core kernels (batched steps; not yet timed on
-# a GPU, opt-in); "gemm+rows": every layer of a batched step as fused_rows.decoder_layer (tensor-core kernels
-# for the projections, fused.py's for RoPE/cache and the depth attention; opt-in). Measured alternatives since
-# removed: results/NOTES.md runs 9-13.
-FORMS = ("gemm", "gemm+mlp", "gemm+rows", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
+# a GPU, opt-in). Measured alternatives since removed: results/NOTES.md runs 9-13.
+FORMS = ("gemm", "gemm+mlp", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
          "fused+chain+mlp", "fused+chain+all")
 
 

@@ -355,14 +355,6 @@ class FrameStep:
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
-        if self.form == "gemm+rows" and fused_rows.layer_supported(layer, rows):
-            if static_slot is None:  # the backbone: each row at its own slot, the compiled attention
-                def attend(q):
-                    return self.attend_unit(q, k_cache, v_cache, mask, layer.scale, reduce=True)
-            else:  # the depth decoder: every row at `static_slot`, fused.py's attention kernel
-                def attend(q):
-                    return fused.depth_attention(q, k_cache, v_cache, mask, static_slot, scale=layer.scale)
-            return fused_rows.decoder_layer(layer, x, cos, sin, k_cache, v_cache, slots, attend, self.fused_workspace)
         mlp = None  # "gemm+mlp": the MLP as fastpath/fused_rows.py's two tensor-core kernels
         if self.form == "gemm+mlp" and fused_rows.supported(layer, rows):
             mlp = (self.attention_unit, lambda layer, x: fused_rows.mlp(layer, x, self.fused_workspace))
