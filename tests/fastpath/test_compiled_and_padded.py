@@ -49,7 +49,7 @@ def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp", "fused+chain",
-                                  "fused+chain+mlp", "fused+chain+all", "gemm+mlp"])
+                                  "fused+chain+mlp", "fused+chain+all", "gemm+mlp", "gemm+attention"])
 def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
     """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
     frames as the eager reference, CFG on (2 rows)."""
@@ -57,8 +57,10 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     monkeypatch.setenv(compiled.FORM_ENV, form)
     # "fused*": every depth layer step goes through the fused stages (their torch form here); "fused+mlp": the
     # backbone's MLPs too
-    fused_layers, fused_mlps, backbone_layers, rows_mlps = [], [], [], []
+    fused_layers, fused_mlps, backbone_layers, rows_mlps, attentions = [], [], [], [], []
     real_depth_layer, real_mlp, real_backbone = fused.depth_layer, fused.mlp, fused.backbone_layer
+    real_attention = fused.depth_attention
+    monkeypatch.setattr(fused, "depth_attention", lambda *a, **k: attentions.append(1) or real_attention(*a, **k))
     real_rows_mlp = fused_rows.mlp
     monkeypatch.setattr(fused_rows, "mlp", lambda layer, x, ws: rows_mlps.append(x.shape[-1]) or real_rows_mlp(layer, x, ws))
     monkeypatch.setattr(fused, "backbone_layer", lambda *a, **k: backbone_layers.append(1) or real_backbone(*a, **k))
@@ -78,11 +80,16 @@ def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, f
     fused_mlps.clear()
     backbone_layers.clear()
     rows_mlps.clear()
+    attentions.clear()
     fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
     clear_runners()
     assert len(fast) == 3 and _equal(eager, fast)
     depth_layer_steps = 3 * 15 * model.lm.config.depth.num_hidden_layers  # 15 depth positions per frame
     assert len(fused_layers) == (depth_layer_steps if form.startswith("fused") else 0)
+    # the depth attention as fused.py's kernel (its torch form here): the fused forms but "fused+mlp" (an attention
+    # unit), and "gemm+attention" (between library-GEMM units)
+    kernel_attention = form == "gemm+attention" or (form.startswith("fused") and form != "fused+mlp")
+    assert len(attentions) == (depth_layer_steps if kernel_attention else 0)
     backbone_mlps = fused_mlps.count(model.lm.config.backbone.hidden_size)
     with_backbone_mlps = form in ("fused+mlp", "fused+chain+mlp", "fused+chain+all")
     assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if with_backbone_mlps else 0)
@@ -140,7 +147,8 @@ def test_layer_form_by_rows_and_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("form, module, kernel, fallback", [("fused", fused, "qkv_rope", "units+attn"),
-                                                           ("gemm+mlp", fused_rows, "norm_gate_up_rows", "gemm")])
+                                                           ("gemm+mlp", fused_rows, "norm_gate_up_rows", "gemm"),
+                                                           ("gemm+attention", fused, "depth_attention", "gemm")])
 def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monkeypatch, form, module, kernel,
                                                          fallback):
     """A form whose kernel cannot be built on this device (here: raises) leaves the compiled step of the form

@@ -119,8 +119,8 @@ class FrameRunner:
             attempts.append((self.form_requested, False))
         if self.form_requested and self.form_requested.startswith("fused"):
             attempts.append(("units+attn", False))  # the fused kernels failed: the same layers without them
-        elif self.form_requested == "gemm+mlp":
-            attempts.append(("gemm", False))  # fused_rows.py's kernels failed: the library's GEMMs
+        elif self.form_requested in ("gemm+mlp", "gemm+attention"):
+            attempts.append(("gemm", False))  # the Triton kernels failed: the library's GEMMs only
         for i, (form, sample_kernel) in enumerate(attempts):
             try:
                 self.step.use_compiled(compile_unit, form, sample_kernel=sample_kernel)

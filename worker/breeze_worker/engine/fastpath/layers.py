@@ -55,9 +55,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # projection, MLP), chained by programmatic dependent launch where the device has it; the backbone as in
 # "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels; "fused+chain+all": the
 # backbone's layers as those kernels too around a compiled attention (fused.backbone_layer); "gemm+mlp":
-# "gemm" with every MLP as fastpath/fused_rows.py's two tensor-core kernels (batched steps; not yet timed on
-# a GPU, opt-in). Measured alternatives since removed: results/NOTES.md runs 9-13.
-FORMS = ("gemm", "gemm+mlp", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
+# "gemm" with every MLP as fastpath/fused_rows.py's two tensor-core kernels (batched steps; opt-in: 1.4-1.7x
+# slower than the library's MLP on the H200, results/batching/NOTES.md run 12); "gemm+attention": "gemm" with the depth decoder's attention as fastpath/fused.py's kernel
+# (one kernel for any row count, library GEMMs around it). Measured alternatives since removed:
+# results/NOTES.md runs 9-13.
+FORMS = ("gemm", "gemm+mlp", "gemm+attention", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp", "fused+chain",
          "fused+chain+mlp", "fused+chain+all")
 
 
@@ -212,6 +214,16 @@ def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch
     return qk[:, :h], qk[:, h:], v
 
 
+def layer_qkv_heads_last(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
+                         qk_norm: torch.Tensor | None, k_out: torch.Tensor, v_out: torch.Tensor, *, heads: int,
+                         kv_heads: int, head_dim: int, eps_in: float, qk_eps: float, proj: str) -> torch.Tensor:
+    """`layer_qkv` with the cache slots given (k and v written there), q returned as [R, T, h, D], contiguous:
+    the layout fastpath/fused.py's depth attention kernel reads as it is (the "gemm+attention" form)."""
+    (q,) = layer_qkv(x, cos, sin, w_in, qkv, qk_norm, k_out, v_out, heads=heads, kv_heads=kv_heads,
+                     head_dim=head_dim, eps_in=eps_in, qk_eps=qk_eps, proj=proj)
+    return q.transpose(1, 2).contiguous()
+
+
 def layer_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,
                     o_proj: torch.Tensor, *, scale: float, proj: str, reduce_attn: bool) -> torch.Tensor:
     """Attention over the (already written) cache, output projection and residual: x after attention."""
@@ -256,6 +268,8 @@ ATTEND_UNIT = attend_rows
 ATTENTION_UNIT = layer_attention
 # "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)
 AFTER_ATTENTION_UNITS = (layer_out_mlp_in, layer_mlp_out)
+# "gemm+attention" (the depth decoder): this, fastpath/fused.py's attention kernel, then AFTER_ATTENTION_UNITS
+DEPTH_QKV_UNIT = layer_qkv_heads_last
 
 
 class PackedLayer:
