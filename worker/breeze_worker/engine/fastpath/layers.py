@@ -214,14 +214,18 @@ def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch
     return qk[:, :h], qk[:, h:], v
 
 
-def layer_qkv_heads_last(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
-                         qk_norm: torch.Tensor | None, k_out: torch.Tensor, v_out: torch.Tensor, *, heads: int,
-                         kv_heads: int, head_dim: int, eps_in: float, qk_eps: float, proj: str) -> torch.Tensor:
-    """`layer_qkv` with the cache slots given (k and v written there), q returned as [R, T, h, D], contiguous:
-    the layout fastpath/fused.py's depth attention kernel reads as it is (the "gemm+attention" form)."""
-    (q,) = layer_qkv(x, cos, sin, w_in, qkv, qk_norm, k_out, v_out, heads=heads, kv_heads=kv_heads,
-                     head_dim=head_dim, eps_in=eps_in, qk_eps=qk_eps, proj=proj)
-    return q.transpose(1, 2).contiguous()
+def layer_norm_qkv(x: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor, *, eps_in: float) -> torch.Tensor:
+    """Input norm and the packed q/k/v projection (the GEMM library): [R, T, (h + 2 kv) * D] (the "gemm+attention"
+    form; fastpath/fused.py's qk_norm_rope kernel takes it from there)."""
+    return linear(rms_norm(x, w_in, eps_in), qkv)
+
+
+def layer_mlp_out_addmm(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """`layer_mlp_out` as one library call: x + hidden @ down^T with the residual added in the GEMM's epilogue
+    (no separate add kernel; the projection is not rounded to x's dtype before the add)."""
+    rows, t, width = x.shape
+    out = torch.addmm(x.reshape(rows * t, width), hidden.reshape(rows * t, -1).to(down.dtype), down.t())
+    return out.view(rows, t, width)
 
 
 def layer_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,
@@ -268,8 +272,9 @@ ATTEND_UNIT = attend_rows
 ATTENTION_UNIT = layer_attention
 # "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)
 AFTER_ATTENTION_UNITS = (layer_out_mlp_in, layer_mlp_out)
-# "gemm+attention" (the depth decoder): this, fastpath/fused.py's attention kernel, then AFTER_ATTENTION_UNITS
-DEPTH_QKV_UNIT = layer_qkv_heads_last
+# "gemm+attention" (the depth decoder): norm and q/k/v, fastpath/fused.py's q/k RoPE + cache write and attention
+# kernels, layer_out_mlp_in, then the down projection with the residual in its epilogue
+GEMM_ATTENTION_UNITS = (layer_norm_qkv, layer_mlp_out_addmm)
 
 
 class PackedLayer:

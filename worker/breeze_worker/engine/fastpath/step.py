@@ -37,7 +37,7 @@ from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
 from breeze_worker.engine.fastpath import fused, fused_rows, fused_sampling
 from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT,
-                                                  DEPTH_QKV_UNIT, UNITS, PackedLayer, linear, rms_norm,
+                                                  GEMM_ATTENTION_UNITS, UNITS, PackedLayer, linear, rms_norm,
                                                   small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
@@ -216,7 +216,7 @@ class FrameStep:
         self.attention_unit = compile_fn(ATTENTION_UNIT)
         self.attend_unit = compile_fn(ATTEND_UNIT)
         self.after_attention = tuple(compile_fn(fn) for fn in AFTER_ATTENTION_UNITS)
-        self.depth_qkv_unit = compile_fn(DEPTH_QKV_UNIT)
+        self.gemm_attention_units = tuple(compile_fn(fn) for fn in GEMM_ATTENTION_UNITS)
         self._bind_units(compile_fn)
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
         # the "fused" forms: each depth position's logits as one kernel (fused.depth_head) where its plan says so
@@ -231,7 +231,7 @@ class FrameStep:
         self.attention_unit = ATTENTION_UNIT  # "fused+mlp": attention before the fused MLP
         self.attend_unit = ATTEND_UNIT  # "fused+chain+all": the backbone's attention between fused kernels
         self.after_attention = AFTER_ATTENTION_UNITS  # "fused": the depth layers after the Triton attention
-        self.depth_qkv_unit = DEPTH_QKV_UNIT  # "gemm+attention": the depth layers' q/k/v before it
+        self.gemm_attention_units = GEMM_ATTENTION_UNITS  # "gemm+attention": the depth layers around the kernels
         self._bind_units(lambda fn: fn)
         # fastpath/fused_sampling.py draws the codes (None: `sampling_kernel_wanted`)
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
@@ -362,7 +362,7 @@ class FrameStep:
         if self.form == "gemm+mlp" and fused_rows.supported(layer, rows):
             mlp = (self.attention_unit, lambda layer, x: fused_rows.mlp(layer, x, self.fused_workspace))
         if static_slot is not None and self.form == "gemm+attention":  # the attention as fused.py's kernel
-            return self._depth_layer_attention_kernel(layer, x, cos, sin, k_cache, v_cache, mask, static_slot)
+            return self._depth_layer_attention_kernel(layer, x, cos, sin, k_cache, v_cache, slots, mask, static_slot)
         if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
                                       static_slot=static_slot, mlp=mlp)
@@ -373,20 +373,22 @@ class FrameStep:
                                       mlp=mlp)
         return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask)  # uncompiled: decode_layer as it is
 
-    def _depth_layer_attention_kernel(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, mask,
+    def _depth_layer_attention_kernel(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
                                       start: int) -> torch.Tensor:
-        """A depth layer in the "gemm+attention" form: norm, q/k/v (library GEMM), RoPE and the cache write at
-        `start` as one compiled unit; the attention as fused.depth_attention (one kernel for any row count, in
-        place of the compiled attention's reductions); the units after the attention with library GEMMs."""
-        t = x.shape[1]
-        q = self.depth_qkv_unit(x, cos, sin, layer.w_in, layer.qkv, layer.qk_norm, k_cache[:, :, start:start + t],
-                                v_cache[:, :, start:start + t], heads=layer.heads, kv_heads=layer.kv_heads,
-                                head_dim=layer.head_dim, eps_in=layer.eps_in, qk_eps=layer.qk_eps, proj="gemm")
-        attn = fused.depth_attention(q.transpose(1, 2), k_cache, v_cache, mask, start, scale=layer.scale)
-        out_mlp_in, mlp_out = self.after_attention
+        """A depth layer in the "gemm+attention" form: norm and q/k/v (library GEMM) as a compiled unit; RoPE and
+        the cache write at `start` (fused.qk_norm_rope) and the attention (fused.depth_attention), one kernel
+        each for any row count, in place of the compiled unit's three and the attention's matmuls and softmax;
+        the output projection, norm, gate/up and SiLU * up as the compiled unit; the down projection with the
+        residual in the library GEMM's epilogue."""
+        norm_qkv, mlp_out = self.gemm_attention_units
+        proj = norm_qkv(x, layer.w_in, layer.qkv, eps_in=layer.eps_in)
+        q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
+                               kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+        attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
+        out_mlp_in = self.after_attention[0]
         x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
                                intermediate=layer.intermediate, act=layer.act, proj="gemm")
-        return mlp_out(hidden, x, layer.mlp.down_proj.weight, proj="gemm")
+        return mlp_out(hidden, x, layer.mlp.down_proj.weight)
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Depth layers at positions from `start` (0: the 2-position prefill); x projected [R, n, H]."""
