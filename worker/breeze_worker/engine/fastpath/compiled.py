@@ -16,7 +16,9 @@ before capture. Choice, per process, from the environment:
   gemm; at 4 streams 22.42 ms fused (8 rows) vs 12.56 gemm (6 rows); at 1 stream 8.48 fused vs 12.29 gemm).
   `gemm+mlp` (opt-in; 1.4-1.7x slower than `gemm`'s MLP at 16-48 rows on the H200, results/batching/NOTES.md
   run 12): `gemm` with the MLPs as fastpath/fused_rows.py's tensor-core kernels; if they cannot be built the
-  runner falls back to `gemm`.
+  runner falls back to `gemm`. `gemm+attention` (opt-in; the 32-stream step's language model 1-2% shorter in
+  separate processes, results/batching/NOTES.md runs 19-20): `gemm` with the depth decoder's RoPE, cache write
+  and attention as fastpath/fused.py's kernels; the same fallback.
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
   sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per
