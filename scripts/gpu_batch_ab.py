@@ -1,0 +1,110 @@
+"""Batched layer forms A/B in ONE process (results/batching/NOTES.md runs 19-20: forms compared in separate
+processes differ by less than the spread between processes).
+
+One model (full-size architecture, seeded random weights, BF16, end of speech masked, 256 cache slots), one
+BatchedStepper per form (BREEZE_FASTPATH_FORM set while it is built: compiled units and CUDA graphs of its
+own), then ROUNDS rounds in which every form runs the same STREAMS-stream burst (half the streams with CFG,
+FRAMES frames each, the FP32 codec after each step as the engine runs it by default), the order rotating
+each round. Per form: the median over rounds of the burst's median language-model ms per step, step ms,
+aggregate and steady x real time; the share of frames equal to the first form's (BF16: different kernels
+round differently, then sampling diverges, so this is not expected to be 1).
+
+    BREEZE_COMMIT=<sha> PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_batch_ab.py --json ab.json
+    PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_batch_ab.py --json /tmp/ab.json --dry-run  (CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+import gpu_fused  # scripts/: the JSON skeleton (GPU, date, commit, versions)
+
+from breeze_worker.bench import concurrency as sweep
+from breeze_worker.bench.models import random_model
+from breeze_worker.bench.runner import mask_end_of_speech
+from breeze_worker.engine.batching import BatchedStepper
+from breeze_worker.engine.fastpath import compiled
+from breeze_worker.engine.precision import choose_policy
+from breeze_worker.engine.runtime import configure_codec_convolutions
+
+
+def build(model, form: str, streams: int, device: torch.device, compile: bool | None) -> tuple[BatchedStepper, float]:
+    """A stepper whose compiled steps use `form` (the environment is read while its units are built)."""
+    before = os.environ.get(compiled.FORM_ENV)
+    os.environ[compiled.FORM_ENV] = form
+    try:
+        t0 = time.perf_counter()
+        stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]),
+                                 compile=compile)
+        return stepper, time.perf_counter() - t0
+    finally:
+        if before is None:
+            os.environ.pop(compiled.FORM_ENV, None)
+        else:
+            os.environ[compiled.FORM_ENV] = before
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--forms", default="gemm,gemm+attention", help="comma-separated; the first is the baseline")
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 2 streams, uncompiled: the logic")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    size, streams, compile = ("tiny", min(args.streams, 2), False) if args.dry_run else ("full", args.streams, None)
+    doc = {"schema": "breeze-batch-ab/1", **gpu_fused.gpu_result(device.type)}
+    configure_codec_convolutions(device)
+    policy = choose_policy("fp32" if args.dry_run else "bf16", device)
+    model = random_model(size, args.seed, device, policy)
+    model.generation_defaults = replace(model.generation_defaults, max_sequence=256)
+    mask_end_of_speech(model)
+    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    steppers, build_s = {}, {}
+    for form in forms:
+        steppers[form], build_s[form] = build(model, form, streams, device, compile)
+        print(f"[ab] {form}: stepper built in {build_s[form]:.1f} s ({steppers[form].stats()['compile_s']:.1f} s "
+              f"compiling)", flush=True)
+    requests = sweep.stream_requests(model, streams, args.frames, args.seed)
+    per = {form: [] for form in forms}
+    frames = {}
+    for i in range(args.rounds):
+        for form in forms[i % len(forms):] + forms[:i % len(forms)]:
+            burst = sweep.run_burst(steppers[form], model.codec, requests, device, overlap=False)
+            figures = sweep._burst_figures(burst, streams)
+            per[form].append({k: figures[k] for k in ("lm_ms_p50", "step_ms_p50", "codec_ms_p50",
+                                                     "aggregate_x_realtime", "steady_x_realtime")})
+            frames.setdefault(form, burst["frames"])
+            print(f"[ab] round {i} {form}: LM {figures['lm_ms_p50']:.2f} ms, step {figures['step_ms_p50']:.2f} ms, "
+                  f"{figures['aggregate_x_realtime']:.1f}x", flush=True)
+    base = forms[0]
+    summary = {}
+    for form in forms:
+        med = {k: statistics.median(r[k] for r in per[form] if r[k] is not None) for k in per[form][0]
+               if any(r[k] is not None for r in per[form])}
+        pairs = [(a, b) for k in frames[base] for a, b in zip(frames[base][k], frames[form][k])]
+        med["frames_equal_to_first"] = sum(bool(torch.equal(a, b)) for a, b in pairs) / max(1, len(pairs))
+        med["lm_ratio_to_first"] = med["lm_ms_p50"] / statistics.median(r["lm_ms_p50"] for r in per[base])
+        summary[form] = med
+        print(f"[ab] {form}: LM {med['lm_ms_p50']:.3f} ms ({med['lm_ratio_to_first']:.3f} of {base}), step "
+              f"{med['step_ms_p50']:.2f} ms, {med['aggregate_x_realtime']:.1f}x aggregate, frames equal to {base} "
+              f"{100 * med['frames_equal_to_first']:.1f}%", flush=True)
+    doc.update({"forms": forms, "streams": streams, "frames": args.frames, "rounds": args.rounds, "build_s": build_s,
+                "runs": per, "summary": summary})
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
