@@ -358,11 +358,11 @@ class FrameStep:
                 mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
                                       static_slot=static_slot, mlp=mlp)
+        if static_slot is not None and self.form == "gemm+attention":  # the attention as fused.py's kernel
+            return self._depth_layer_attention_kernel(layer, x, cos, sin, k_cache, v_cache, slots, mask, static_slot)
         mlp = None  # "gemm+mlp": the MLP as fastpath/fused_rows.py's two tensor-core kernels
         if self.form == "gemm+mlp" and fused_rows.supported(layer, rows):
             mlp = (self.attention_unit, lambda layer, x: fused_rows.mlp(layer, x, self.fused_workspace))
-        if static_slot is not None and self.form == "gemm+attention":  # the attention as fused.py's kernel
-            return self._depth_layer_attention_kernel(layer, x, cos, sin, k_cache, v_cache, slots, mask, static_slot)
         if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
                                       static_slot=static_slot, mlp=mlp)
