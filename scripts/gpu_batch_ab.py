@@ -30,31 +30,54 @@ from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.engine.batching import BatchedStepper
-from breeze_worker.engine.fastpath import compiled
+from breeze_worker.engine.fastpath import compiled, fused
 from breeze_worker.engine.precision import choose_policy
 from breeze_worker.engine.runtime import configure_codec_convolutions
 
 
-def build(model, form: str, streams: int, device: torch.device, compile: bool | None) -> tuple[BatchedStepper, float]:
-    """A stepper whose compiled steps use `form` (the environment is read while its units are built)."""
-    before = os.environ.get(compiled.FORM_ENV)
-    os.environ[compiled.FORM_ENV] = form
+def build(model, form: str, streams: int, device: torch.device, compile: bool | None,
+          fused_config: str | None = None) -> tuple[BatchedStepper, float]:
+    """A stepper whose compiled steps use `form`, its kernels launched with `fused_config` (BREEZE_FUSED_CONFIG
+    JSON; the environment is read while its units are built and its graphs captured)."""
+    settings = {compiled.FORM_ENV: form, fused.CONFIG_ENV: fused_config}
+    before = {name: os.environ.get(name) for name in settings}
+    for name, value in settings.items():
+        if value is not None:
+            os.environ[name] = value
     try:
         t0 = time.perf_counter()
         stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]),
                                  compile=compile)
         return stepper, time.perf_counter() - t0
     finally:
-        if before is None:
-            os.environ.pop(compiled.FORM_ENV, None)
-        else:
-            os.environ[compiled.FORM_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def parse_variants(forms: str, variants: list[str]) -> dict[str, tuple[str, str | None]]:
+    """label -> (form, BREEZE_FUSED_CONFIG or None): each --variant "label=form" or "label=form|{json}", else
+    each of --forms under its own name."""
+    if not variants:
+        return {f.strip(): (f.strip(), None) for f in forms.split(",") if f.strip()}
+    out = {}
+    for spec in variants:
+        label, _, rest = spec.partition("=")
+        form, _, config = rest.partition("|")
+        if not label or not form:
+            raise SystemExit(f"--variant {spec!r}: want label=form or label=form|{{json}}")
+        out[label.strip()] = (form.strip(), config.strip() or None)
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--forms", default="gemm,gemm+attention", help="comma-separated; the first is the baseline")
+    parser.add_argument("--variant", action="append", default=[],
+                        help='label=form or label=form|{"kernel": {settings}} (repeatable; replaces --forms)')
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=4)
@@ -69,10 +92,11 @@ def main() -> int:
     model = random_model(size, args.seed, device, policy)
     model.generation_defaults = replace(model.generation_defaults, max_sequence=256)
     mask_end_of_speech(model)
-    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    variants = parse_variants(args.forms, args.variant)
+    forms = list(variants)
     steppers, build_s = {}, {}
     for form in forms:
-        steppers[form], build_s[form] = build(model, form, streams, device, compile)
+        steppers[form], build_s[form] = build(model, variants[form][0], streams, device, compile, variants[form][1])
         print(f"[ab] {form}: stepper built in {build_s[form]:.1f} s ({steppers[form].stats()['compile_s']:.1f} s "
               f"compiling)", flush=True)
     requests = sweep.stream_requests(model, streams, args.frames, args.seed)
@@ -99,7 +123,7 @@ def main() -> int:
         print(f"[ab] {form}: LM {med['lm_ms_p50']:.3f} ms ({med['lm_ratio_to_first']:.3f} of {base}), step "
               f"{med['step_ms_p50']:.2f} ms, {med['aggregate_x_realtime']:.1f}x aggregate, frames equal to {base} "
               f"{100 * med['frames_equal_to_first']:.1f}%", flush=True)
-    doc.update({"forms": forms, "streams": streams, "frames": args.frames, "rounds": args.rounds, "build_s": build_s,
+    doc.update({"forms": forms, "variants": {k: list(v) for k, v in variants.items()}, "streams": streams, "frames": args.frames, "rounds": args.rounds, "build_s": build_s,
                 "runs": per, "summary": summary})
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)

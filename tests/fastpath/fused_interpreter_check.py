@@ -56,6 +56,13 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, proj="rows",
                              reduce_attn=True)
         attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=d ** -0.5)
+        # both attention kernels at every row count: one program per (row, KV head) and per (row, query head)
+        by_kernel = []
+        for per_head_rows in (rows + 1, 1):
+            fused._config_override = {**fused._config_override,
+                                      "depth_attention": {"per_head_rows": per_head_rows}}
+            by_kernel.append(fused.depth_attention(q, k_cache, v_cache, mask, start, scale=d ** -0.5))
+        fused._config_override = {k: v for k, v in fused._config_override.items() if k != "depth_attention"}
         workspace = fused.DownWorkspace()
         # the "fused+chain" form's output projection (the down-projection kernel, its own launch plan)
         x2 = fused.down_residual(attn, o_proj, x, workspace, kernel="o_residual")
@@ -69,16 +76,23 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         kb, vb = stale.clone(), stale.clone()
         qb = fused.qk_norm_rope(proj, qk_gain, 1e-6, cos_rows, sin_rows, kb, vb, row_slots, heads=heads, kv_heads=kv,
                                 head_dim=d)
-        results[mode] = (q, k_cache, v_cache, attn, x2, h, y, proj, qb, kb, vb)
+        # the "gemm+attention" form's depth call: one RoPE table and slot list for every row (read with a row
+        # stride of 0, not copied per row), no q/k norm
+        kd, vd = stale.clone(), stale.clone()
+        shared_slots = ((start + torch.arange(t)) % slots)[None]
+        qd = fused.qk_norm_rope(proj, None, 0.0, cos[None, None], sin[None, None], kd, vd, shared_slots, heads=heads,
+                                kv_heads=kv, head_dim=d)
+        results[mode] = (q, k_cache, v_cache, attn, *by_kernel, x2, h, y, proj, qb, kb, vb, qd, kd, vd)
     fused._use_kernels = None
     fused._config_override = base_override
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
               "down_splits": fused.plan("down_residual", inter)["splits"],
               "o_splits": fused.plan("o_residual", heads * d)["splits"]}
-    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "o_residual", "hidden", "out", "norm_linear",
-                           "backbone_q", "backbone_k_cache", "backbone_v_cache"), results["torch"],
-                          results["kernel"]):
+    for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "attention_grouped", "attention_per_head",
+                           "o_residual", "hidden", "out", "norm_linear", "backbone_q", "backbone_k_cache",
+                           "backbone_v_cache", "shared_rope_q", "shared_rope_k_cache", "shared_rope_v_cache"),
+                          results["torch"], results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err
         report["ok"] = report.get("ok", True) and err <= tol and bool(torch.isfinite(b.float()).all())

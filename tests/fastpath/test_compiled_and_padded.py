@@ -138,7 +138,7 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
 def test_layer_form_by_rows_and_environment(monkeypatch):
     monkeypatch.delenv(compiled.FORM_ENV, raising=False)
     assert compiled.layer_form(1) == compiled.layer_form(2) == "fused+chain+all"  # one stream, CFG or not
-    assert compiled.FUSED_ROWS == 2 and compiled.layer_form(3) == compiled.layer_form(8) == "gemm"
+    assert compiled.FUSED_ROWS == 2 and compiled.layer_form(3) == compiled.layer_form(48) == "gemm+attention"
     monkeypatch.setenv(compiled.FORM_ENV, "gemm")
     assert compiled.layer_form(2) == "gemm"
     monkeypatch.setenv(compiled.FORM_ENV, "fast-please")

@@ -52,6 +52,7 @@ FORM_ENV = "BREEZE_FASTPATH_FORM"
 TUNE_ENV = "BREEZE_FASTPATH_TUNE"
 SAMPLER_ENV = "BREEZE_FASTPATH_SAMPLER"
 FUSED_ROWS = 2  # up to this many model rows the `auto` form is the fused kernels' (module docstring)
+BATCHED_FORM = "gemm+attention"  # the `auto` form above FUSED_ROWS (module docstring)
 RECOMPILE_LIMIT = 128  # one entry per (unit, shape, dtype, runner): a bench run has a few dozen
 _compiled: dict[tuple, Callable] = {}
 
@@ -74,7 +75,7 @@ def layer_form(rows: int) -> str:
 
     form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
     if form == "auto":
-        return "fused+chain+all" if rows <= FUSED_ROWS else "gemm"
+        return "fused+chain+all" if rows <= FUSED_ROWS else BATCHED_FORM
     if form not in FORMS:
         raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
     return form

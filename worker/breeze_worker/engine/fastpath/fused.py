@@ -10,7 +10,7 @@ positions).
   slot, q into a buffer (five kernels before). A program owns BLOCK_P column pairs (d, d + D/2) of one
   head, so RoPE is local.
 - `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots (three
-  kernels before).
+  kernels before); in batched steps (plan `per_head_rows` model rows and more) one per (row, query head).
 - `down_residual`: a projection plus the residual with K in SPLITS chunks; the partials go to a
   workspace and the last program of a column block to arrive, by an atomic counter, adds them in split
   order, so the result does not depend on arrival order, and resets the counter. It serves the MLP's
@@ -201,6 +201,36 @@ if importlib.util.find_spec("triton") is not None:
             out = tl.sum(p[:, :, None] * vals[None, :, :], axis=1)  # [GROUP, D]
             tl.store(out_ptr + i * (HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :],
                      out.to(out_ptr.dtype.element_ty))
+
+        @triton.jit
+        def _depth_attention_head_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start, scale, stride_cr, stride_ck,
+                                         stride_cl, T: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                                         HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr, USE_PDL: tl.constexpr):
+            """`_depth_attention_kernel` with one (row, query head) per program: more, smaller programs (2-D
+            tiles, no [GROUP, SLOTS, D] products) for batched steps; its KV head's keys and values are read
+            once per query head of the group (from L2 after the first)."""
+            if USE_PDL:
+                gdc_launch_dependents()
+                gdc_wait()
+            GROUP: tl.constexpr = HEADS // KV_HEADS
+            i = tl.program_id(0)  # row x position
+            head = tl.program_id(1)
+            r = i // T
+            t = i % T
+            d = tl.arange(0, HEAD_DIM)
+            slots = tl.arange(0, SLOTS)
+            allowed = slots <= start + t
+            kv = r * stride_cr + (head // GROUP) * stride_ck + slots[:, None] * stride_cl + d[None, :]
+            keys = tl.load(k_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)  # [SLOTS, D]
+            vals = tl.load(v_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)
+            at = i * (HEADS * HEAD_DIM) + head * HEAD_DIM + d
+            q = tl.load(q_ptr + at).to(tl.float32)
+            s = tl.sum(q[None, :] * keys, axis=1) * scale  # [SLOTS]
+            s = tl.where(allowed, s, float("-inf"))
+            e = tl.exp(s - tl.max(s, axis=0))
+            p = (e / tl.sum(e, axis=0)).to(v_ptr.dtype.element_ty).to(tl.float32)
+            out = tl.sum(p[:, None] * vals, axis=0)  # [D]
+            tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty))
 
         @triton.jit
         def _gate_up_tile(w_ptr, cols, ks, H, I, EVICT: tl.constexpr, GATED: tl.constexpr):
@@ -539,6 +569,10 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"block_n": 2, "chunk": 1024, "num_warps": 2, "evict": False}
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
+    elif kernel == "depth_attention":
+        # one program per (row, KV head), or from `per_head_rows` model rows on one per (row, query head): at 48
+        # rows the grouped kernel took 5.7 us a call (results/batching/NOTES.md run 21); batch 1 keeps it
+        cfg = {"num_warps": 4, "per_head_rows": 3, "head_warps": 2}
     elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
         cfg = {"on": True, "block_v": 8, "num_warps": 4}
     elif kernel == "sample":
@@ -555,7 +589,7 @@ def plan(kernel: str, k: int) -> dict:
         cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     apply_overrides(cfg, kernel, k)
-    if kernel == "depth_head":
+    if kernel in ("depth_head", "depth_attention"):
         return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:
@@ -620,10 +654,13 @@ def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     kv_heads, slots = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(rows, t, heads * d, dtype=v_cache.dtype, device=q.device)
     q_rows = q.transpose(1, 2).contiguous()  # [R, T, heads, D]: qkv_rope's buffer as it is (no copy)
-    _depth_attention_kernel[(rows * t, kv_heads)](q_rows, k_cache, v_cache, out, start, scale, k_cache.stride(0),
-                                                  k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
-                                                  KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots, num_warps=4,
-                                                  **_launch(q.device))
+    cfg = plan("depth_attention", d)
+    per_head = rows >= cfg["per_head_rows"]
+    kernel = _depth_attention_head_kernel if per_head else _depth_attention_kernel
+    kernel[(rows * t, heads if per_head else kv_heads)](
+        q_rows, k_cache, v_cache, out, start, scale, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), T=t,
+        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots,
+        num_warps=cfg["head_warps"] if per_head else cfg["num_warps"], **_launch(q.device))
     return out
 
 
@@ -736,13 +773,29 @@ def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, c
     _check_cache(k_cache, v_cache, head_dim)
     q = torch.empty(rows, t, heads, head_dim, dtype=dtype, device=proj.device)
     norm = qk_norm.reshape(-1, head_dim).contiguous() if qk_norm is not None else proj
-    cos_rows, sin_rows = cos.expand(rows, 1, t, head_dim).contiguous(), sin.expand(rows, 1, t, head_dim).contiguous()
-    slot_rows = slots.expand(rows, t).contiguous()
+    # one table (or slot list) for every row, as the depth decoder's: read with a row stride of 0, not copied
+    # per row (at 48 rows those three copies were ~540 of a step's kernels, results/batching/NOTES.md run 21)
+    cos_rows, rope_stride = _rows_view(cos, rows, (t, head_dim))
+    sin_rows, sin_stride = _rows_view(sin, rows, (t, head_dim))
+    if sin_stride != rope_stride:  # one stride serves both tables
+        cos_rows, sin_rows = cos.expand(rows, 1, t, head_dim).contiguous(), sin.expand(rows, 1, t, head_dim).contiguous()
+        rope_stride = cos_rows.stride(0)
+    slot_rows, slot_stride = _rows_view(slots, rows, (t,))
     _qk_norm_rope_kernel[(rows * t, heads + 2 * kv_heads)](
-        proj.contiguous(), norm, cos_rows, sin_rows, slot_rows, q, k_cache, v_cache, eps, cos_rows.stride(0),
-        slot_rows.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
+        proj.contiguous(), norm, cos_rows, sin_rows, slot_rows, q, k_cache, v_cache, eps, rope_stride,
+        slot_stride, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
         KV_HEADS=kv_heads, HEAD_DIM=head_dim, HAS_NORM=qk_norm is not None, num_warps=1, **_launch(proj.device))
     return q.transpose(1, 2)
+
+
+def _rows_view(table: torch.Tensor, rows: int, inner: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+    """A per-row table [R or 1, ..., *inner] for a kernel that reads row r at r * stride: a table shared by
+    every row as it is with stride 0; else contiguous (copied only when it is not) with its row stride."""
+    if table.shape[0] == 1 and rows > 1:
+        shared = table.reshape(*inner)
+        return (shared, 0) if shared.is_contiguous() else (shared.contiguous(), 0)
+    full = table.expand(rows, *table.shape[1:]).contiguous()
+    return full, full.stride(0)
 
 
 class DownWorkspace:

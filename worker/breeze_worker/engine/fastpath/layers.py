@@ -223,9 +223,13 @@ def layer_norm_qkv(x: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor, *, ep
 
 def layer_mlp_out_addmm(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """`layer_mlp_out` as one library call: x + hidden @ down^T with the residual added in the GEMM's epilogue
-    (no separate add kernel; the projection is not rounded to x's dtype before the add)."""
+    (no separate add kernel; the projection is not rounded to x's dtype before the add), written over x: the
+    caller's tensor, read by nothing after (an out-of-place addmm first copies x: one more kernel a layer
+    step, results/batching/NOTES.md run 21). Called as it is, not compiled (compiling an input mutation
+    brings the copy back)."""
     rows, t, width = x.shape
-    out = torch.addmm(x.reshape(rows * t, width), hidden.reshape(rows * t, -1).to(down.dtype), down.t())
+    out = x.reshape(rows * t, width)
+    out.addmm_(hidden.reshape(rows * t, -1).to(down.dtype), down.t())
     return out.view(rows, t, width)
 
 
@@ -274,7 +278,7 @@ ATTENTION_UNIT = layer_attention
 # "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)
 AFTER_ATTENTION_UNITS = (layer_out_mlp_in, layer_mlp_out)
 # "gemm+attention" (the depth decoder): norm and q/k/v, fastpath/fused.py's q/k RoPE + cache write and attention
-# kernels, layer_out_mlp_in, then the down projection with the residual in its epilogue
+# kernels, layer_out_mlp_in, then the down projection with the residual in its epilogue (in place, never compiled)
 GEMM_ATTENTION_UNITS = (layer_norm_qkv, layer_mlp_out_addmm)
 
 

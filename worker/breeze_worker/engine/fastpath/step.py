@@ -216,7 +216,8 @@ class FrameStep:
         self.attention_unit = compile_fn(ATTENTION_UNIT)
         self.attend_unit = compile_fn(ATTEND_UNIT)
         self.after_attention = tuple(compile_fn(fn) for fn in AFTER_ATTENTION_UNITS)
-        self.gemm_attention_units = tuple(compile_fn(fn) for fn in GEMM_ATTENTION_UNITS)
+        norm_qkv, mlp_out_in_place = GEMM_ATTENTION_UNITS
+        self.gemm_attention_units = (compile_fn(norm_qkv), mlp_out_in_place)
         self._bind_units(compile_fn)
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
         # the "fused" forms: each depth position's logits as one kernel (fused.depth_head) where its plan says so
