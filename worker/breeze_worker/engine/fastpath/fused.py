@@ -573,6 +573,8 @@ def plan(kernel: str, k: int) -> dict:
         # one program per (row, KV head), or from `per_head_rows` model rows on one per (row, query head): at 48
         # rows the grouped kernel took 5.7 us a call (results/batching/NOTES.md run 21); batch 1 keeps it
         cfg = {"num_warps": 4, "per_head_rows": 3, "head_warps": 2}
+    elif kernel == "logits_mm":  # "on": batched steps take FP32 logits from one half-precision tensor-core GEMM
+        cfg = {"on": True}  # (step.half_logits; results/batching/NOTES.md run 23)
     elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
         cfg = {"on": True, "block_v": 8, "num_warps": 4}
     elif kernel == "sample":
@@ -589,7 +591,7 @@ def plan(kernel: str, k: int) -> dict:
         cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     apply_overrides(cfg, kernel, k)
-    if kernel in ("depth_head", "depth_attention"):
+    if kernel in ("depth_head", "depth_attention", "logits_mm"):
         return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:

@@ -64,6 +64,31 @@ def projected_codes(lm, dtype: torch.dtype) -> list[torch.Tensor]:
     return cache[dtype]
 
 
+_MM_FP32_OUT: dict[tuple, bool] = {}
+
+
+def half_logits_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `half_logits` runs here: CUDA, a half dtype, and a torch whose `mm` takes `out_dtype` (tried once)."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    key = (str(device), dtype)
+    if key not in _MM_FP32_OUT:
+        try:
+            a = torch.ones(2, 2, dtype=dtype, device=device)
+            _MM_FP32_OUT[key] = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_FP32_OUT[key] = False
+    return _MM_FP32_OUT[key]
+
+
+def half_logits(hidden: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """hidden [N, K] @ weight_t [K, V] in FP32, both in one half dtype: each product is exact in FP32 and the
+    sums are FP32, the value of `hidden.float() @ weight_t.float()` up to summation order, as one tensor-core
+    GEMM with an FP32 output instead of FP32 copies of both and a SIMT GEMM (at 48 rows a depth head took
+    21 us that way, results/batching/NOTES.md run 22)."""
+    return torch.mm(hidden, weight_t, out_dtype=torch.float32)
+
+
 def packed_layers(lm) -> tuple[list[PackedLayer], list[PackedLayer]]:
     """Pack the model's layers once per model (the packing re-points module weights at packed tensors)."""
     packed = getattr(lm, "_fastpath_packed", None)
@@ -204,8 +229,8 @@ class FrameStep:
     def _bind_units(self, wrap) -> None:
         """The frame's units between the layers, each `wrap`ped (compiled or as they are), called with `self`."""
         self.frame_units = SimpleNamespace(**{name.lstrip("_"): wrap(getattr(FrameStep, name)) for name in
-                                              ("_frame_start", "_prefill_inputs", "_depth_logits", "_next_input",
-                                               "_next_projected", "_pick")})
+                                              ("_frame_start", "_prefill_inputs", "_depth_logits", "_depth_hidden",
+                                               "_combine", "_next_input", "_next_projected", "_pick")})
 
     def use_compiled(self, compile_fn, form: str | None = None, sample_kernel: bool | None = None) -> None:
         """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py); `form`: the
@@ -223,6 +248,9 @@ class FrameStep:
         # the "fused" forms: each depth position's logits as one kernel (fused.depth_head) where its plan says so
         hidden = self.lm.config.depth.hidden_size
         self.head_kernel = self.form.startswith("fused") and fused.depth_head_wanted(self.device, hidden)
+        # the "gemm" forms: logits from the half-precision heads through `half_logits` (plan "logits_mm")
+        self.logits_mm = (self.form.startswith("gemm") and bool(fused.plan("logits_mm", 0)["on"])
+                          and half_logits_available(self.device, self.dtype))
         self.compiled = True
 
     def use_uncompiled(self, sample_kernel: bool | None = None) -> None:
@@ -237,6 +265,7 @@ class FrameStep:
         # fastpath/fused_sampling.py draws the codes (None: `sampling_kernel_wanted`)
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
         self.head_kernel = False
+        self.logits_mm = False
         self.compiled = False
 
     def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -265,10 +294,14 @@ class FrameStep:
             return small_rows_linear(x, weight)
         return linear(x, weight)
 
+    def _depth_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The depth layers' output at the last position, final-normed: [R, H]."""
+        dm = self.lm.depth_decoder.model
+        return rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps)
+
     def _depth_logits(self, x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
         """From the depth layers' output at the last position: codebook p's stream logits (`head` [H, V], CFG)."""
-        dm = self.lm.depth_decoder.model
-        hidden = rms_norm(x[:, -1], dm.norm.weight, dm.norm.eps)
+        hidden = self._depth_hidden(x)
         if self.form.startswith("fused"):  # the same FP32 product as a reduction (no FP32 copy of the head, no SGEMM)
             logits = small_rows_linear(hidden.float(), head.t())
         else:
@@ -311,6 +344,9 @@ class FrameStep:
                         dm = lm.depth_decoder.model
                         logits = fused.depth_head(x[:, -1], dm.norm.weight, dm.norm.eps, self.depth_heads[p - 1],
                                                   self.cond_row, self.uncond_row, self.cfg_scale)
+                    elif self.logits_mm and self.depth_heads[p - 1].dtype == self.dtype:
+                        hidden = units.depth_hidden(self, x)
+                        logits = units.combine(self, half_logits(hidden, self.depth_heads[p - 1]))
                     elif self.compiled:
                         logits = units.depth_logits(self, x, self.depth_heads[p - 1])
                     else:  # the model's own head method (tests patch it)
@@ -421,7 +457,10 @@ class FrameStep:
         norm = lm.backbone_model.norm
         last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
-        self.logits.copy_(lm.backbone_logits(last))
+        if self.logits_mm and lm.lm_head.weight.dtype == last.dtype:
+            self.logits.copy_(half_logits(last, lm.lm_head.weight.t()))
+        else:
+            self.logits.copy_(lm.backbone_logits(last))
         cache.advance()
 
 
