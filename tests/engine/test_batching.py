@@ -210,6 +210,29 @@ def test_a_compile_error_leaves_the_bucket_views_uncompiled(model, requests, alo
     _assert_identical(frames, alone, "ad")
 
 
+def test_a_failing_kernel_leaves_the_batched_views_on_the_library_gemms(model, requests, alone, monkeypatch):
+    """The default batched form (gemm+attention) whose Triton kernel cannot be built here (raises) falls back to
+    the compiled "gemm" form, not to the uncompiled step, and says why; the frames stay those of each stream
+    alone."""
+    from breeze_worker.engine.fastpath import compiled, fused
+
+    _compiled_env(monkeypatch, model)
+    monkeypatch.delenv(compiled.FORM_ENV, raising=False)
+    assert compiled.layer_form(6) == "gemm+attention"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no attention kernel on this device")
+
+    monkeypatch.setattr(fused, "depth_attention", broken)
+    stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(3, 6)])
+    stats = stepper.stats()
+    assert stats["compiled"] and stats["forms"] == {"3x6": "gemm"}
+    assert "no attention kernel on this device" in stats["compile_fallback"]
+    assert "library GEMMs only" in stats["compile_fallback"]
+    frames, _ = _run(stepper, {0: [("a", requests["a"]), ("d", requests["d"])]})
+    _assert_identical(frames, alone, "ad")
+
+
 def test_bucket_shapes_are_few_and_fit_half_cfg_bursts():
     from breeze_worker.bench.concurrency import sweep_shapes
     from breeze_worker.engine.batching import bucket_shapes, pick_shape

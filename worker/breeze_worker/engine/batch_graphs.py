@@ -8,8 +8,10 @@ step's static buffers, so replaying them in any order is safe.
 With compilation on (fastpath/compiled.py) every bucket view runs `torch.compile`d units (each view picks
 its layers' form by its row count), compiled by one warm-up pass before capture; Dynamo compiles once per
 distinct shape, so the buckets are few (engine/batching.py `bucket_shapes`). The fallbacks are the batch-1
-runner's (fastpath/graph.py): a compile error is logged and the uncompiled views are captured; a capture
-error of the compiled views retries them uncompiled; a second capture error leaves the views eager.
+runner's (fastpath/graph.py): a compile error in a view whose form has Triton kernels (the default above 2 rows,
+`gemm+attention`) first retries those views as plain `gemm` (the library's GEMMs only); another compile error is
+logged and the uncompiled views are captured; a capture error of the compiled views retries them uncompiled; a
+second capture error leaves the views eager.
 
 Capture runs the step on the real buffers (warm-up runs, then capture), so it happens before any stream
 joins; the caller resets the rows afterwards. On the CPU the same views run eagerly (compiled if asked).
@@ -24,7 +26,7 @@ import time
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import compile_unit
+from breeze_worker.engine.fastpath.compiled import compile_unit, layer_form
 from breeze_worker.engine.fastpath.graph import run_on_side_stream
 from breeze_worker.engine.fastpath.static_cache import buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
@@ -74,10 +76,12 @@ class ShapeGraphs:
         return view
 
     # ---- start-up ----
-    def _set_compiled(self, on: bool) -> None:
+    def _set_compiled(self, on: bool, library_only: bool = False) -> None:
+        """`library_only`: views whose form adds Triton kernels to the library GEMMs ("gemm+...") get "gemm"."""
         for view in self.views.values():
             if on:
-                view.use_compiled(compile_unit)  # the layers' form follows the view's row count
+                form = layer_form(view.rows)  # the layers' form follows the view's row count
+                view.use_compiled(compile_unit, "gemm" if library_only and form.startswith("gemm+") else form)
             else:
                 view.use_uncompiled()
 
@@ -92,14 +96,21 @@ class ShapeGraphs:
     def _compile(self) -> None:
         """Compile every bucket view's units (Dynamo compiles on first call: one warm-up pass)."""
         t0 = time.perf_counter()
-        try:
-            self._set_compiled(True)
-            run_on_side_stream(self.step.device, self._warm)
-        except Exception as exc:  # compilation is an optimization: keep the uncompiled step
-            self.compile_fallback_reason = (f"torch.compile failed ({type(exc).__name__}: {exc}); "
-                                            "running the batched step uncompiled")
-            log.warning("%s", self.compile_fallback_reason)
-            self._set_compiled(False)
+        kernel_forms = any(layer_form(view.rows).startswith("gemm+") for view in self.views.values())
+        attempts = [False, True] if kernel_forms else [False]  # library_only
+        for i, library_only in enumerate(attempts):
+            try:
+                self._set_compiled(True, library_only)
+                run_on_side_stream(self.step.device, self._warm)
+                break
+            except Exception as exc:  # compilation is an optimization: keep the uncompiled step
+                then = ("trying the library GEMMs only (form gemm)" if i + 1 < len(attempts)
+                        else "running the batched step uncompiled")
+                reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {then}"
+                self.compile_fallback_reason = (f"{self.compile_fallback_reason}; then {reason}"
+                                                if self.compile_fallback_reason else reason)
+                log.warning("%s", reason)
+                self._set_compiled(False)
         self.compile_s = time.perf_counter() - t0
         if self.compiled:
             log.info("compiled the batched step for %d batch shapes in %.1f s", len(self.shapes), self.compile_s)

@@ -8,7 +8,8 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
 - `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
-  (default): `fused+chain+all` up to FUSED_ROWS rows (one stream, with or without CFG), else `gemm`
+  (default): `fused+chain+all` up to FUSED_ROWS rows (one stream, with or without CFG), else BATCHED_FORM
+  (`gemm+attention`, below)
   (results/NOTES.md runs 21-22, bf16, CFG on: `fused+chain+all` 9.08 / 9.21, `fused+chain+mlp` 10.39 /
   9.57 ms per frame in the same runs; run 16: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused`
   11.77). Above 2 rows the fused kernels' per-row reductions lose to the library's GEMMs
@@ -16,9 +17,11 @@ before capture. Choice, per process, from the environment:
   gemm; at 4 streams 22.42 ms fused (8 rows) vs 12.56 gemm (6 rows); at 1 stream 8.48 fused vs 12.29 gemm).
   `gemm+mlp` (opt-in; 1.4-1.7x slower than `gemm`'s MLP at 16-48 rows on the H200, results/batching/NOTES.md
   run 12): `gemm` with the MLPs as fastpath/fused_rows.py's tensor-core kernels; if they cannot be built the
-  runner falls back to `gemm`. `gemm+attention` (opt-in; the 32-stream step's language model 1-2% shorter in
-  separate processes, results/batching/NOTES.md runs 19-20): `gemm` with the depth decoder's RoPE, cache write
-  and attention as fastpath/fused.py's kernels; the same fallback.
+  runner falls back to `gemm`. `gemm+attention` (the default above 2 rows since results/batching/NOTES.md
+  run 22: the 32-stream language-model step 13.28 -> 11.31 ms against `gemm` in one process): `gemm` with the
+  depth decoder's RoPE, cache write and attention as fastpath/fused.py's kernels and the down projection's
+  residual added in place in the GEMM's epilogue; the same fallback (the batched step's too,
+  engine/batch_graphs.py).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
   sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per

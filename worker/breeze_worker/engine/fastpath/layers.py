@@ -58,8 +58,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # "gemm" with every MLP as fastpath/fused_rows.py's two tensor-core kernels (batched steps; opt-in: 1.4-1.7x
 # slower than the library's MLP on the H200, results/batching/NOTES.md run 12); "gemm+attention": "gemm" with
 # the depth decoder's RoPE, cache write and attention as fastpath/fused.py's kernels (one each for any row
-# count) and the down projection's residual in the library GEMM's epilogue (opt-in). Measured alternatives
-# since removed: results/NOTES.md runs 9-13.
+# count) and the down projection's residual in the library GEMM's epilogue (the default above 2 rows,
+# compiled.BATCHED_FORM). Measured alternatives since removed: results/NOTES.md runs 9-13.
 FORMS = ("gemm", "gemm+mlp", "gemm+attention", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp",
          "fused+chain", "fused+chain+mlp", "fused+chain+all")
 
