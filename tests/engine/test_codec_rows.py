@@ -108,6 +108,36 @@ def test_growing_past_a_bucket_keeps_every_stream(codec):
     check_against_alone(codec, streams, out, layout)
 
 
+def test_joining_together_moves_the_batch_once_to_the_same_slots(codec, monkeypatch):
+    """`add_all` gives the slots one-by-one `add` gives (free slots filled lowest first), but acquires one
+    batch: the bucket that holds them all, not each bucket between."""
+    one_by_one = CodecRows(codec)
+    for key in "abc":
+        one_by_one.add(key)
+    one_by_one.remove("b")  # a hole at slot 1
+    together = CodecRows(codec)
+    together.add_all("abc")
+    together.remove("b")
+    pool = pool_for(codec)
+    acquired = []
+    real = pool.acquire
+    monkeypatch.setattr(pool, "acquire", lambda rows: acquired.append(rows) or real(rows))
+    for key in "defgh":
+        one_by_one.add(key)
+    assert acquired == [8]  # 2 streams in 4 slots, then the 6th needs 8
+    acquired.clear()
+    together.add_all("defgh")
+    assert acquired == [8]
+    assert {k: together.slot_of(k) for k in "acdefgh"} == {k: one_by_one.slot_of(k) for k in "acdefgh"}
+    acquired.clear()
+    fresh = CodecRows(codec)
+    fresh.add_all(range(5))
+    assert acquired == [8] and fresh.capacity == 8  # one by one: 1, 2, 4, 8
+    acquired.clear()
+    fresh.add_all([])
+    assert acquired == [] and len(fresh) == 5
+
+
 def test_a_freed_slot_reused_starts_from_silence(codec):
     rows = CodecRows(codec)
     first, second, late = codes_of(4, 20), codes_of(6, 21), codes_of(3, 22)

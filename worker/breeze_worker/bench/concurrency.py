@@ -143,8 +143,7 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
         if errors:
             raise RuntimeError(f"join failed: {errors}")
         if rows is not None:
-            for k in keys:
-                rows.add(k)
+            rows.add_all(keys)
         while len(done) < len(keys):
             watch()
             s0 = time.perf_counter()

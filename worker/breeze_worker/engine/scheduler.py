@@ -212,6 +212,7 @@ class Scheduler:
         except BaseException as exc:  # the join itself failed: its joiners fail, running streams go on
             log.exception("join of %d stream(s) failed", len(joiners))
             errors = {job: exc for job in joiners}
+        joined = []
         for job in joiners:
             if job in errors:
                 self._stepper.leave(job)
@@ -224,7 +225,8 @@ class Scheduler:
             with self._lock:  # its slot moves from starting to active in one step, as submit() sees it
                 self._active.append(job)
                 self._starting -= 1
-            self._codec.add(job)
+            joined.append(job)
+        self._codec.add_all(joined)  # the codec batch grows once for the pass's joiners
 
     def _drop_gone(self, now: float) -> None:
         """Cancelled or expired streams leave now: their slots are free for this pass's admission."""
