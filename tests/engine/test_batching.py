@@ -233,6 +233,34 @@ def test_a_failing_kernel_leaves_the_batched_views_on_the_library_gemms(model, r
     _assert_identical(frames, alone, "ad")
 
 
+def test_the_default_batched_form_serves_the_t4_policy(model, requests, monkeypatch):
+    """Under fp16-mixed (FP16 weights, FP32 residual stream, caches and logits: what a T4 runs) the default
+    batched form (gemm+attention) compiles without falling back and gives the uncompiled stepper's frames."""
+    import copy
+
+    from breeze_worker.engine.fastpath import compiled
+    from breeze_worker.engine.precision import apply_policy, make_policy
+
+    _compiled_env(monkeypatch, model)
+    monkeypatch.delenv(compiled.FORM_ENV, raising=False)
+    mixed = copy.copy(model)
+    mixed.lm = copy.deepcopy(model.lm)
+    apply_policy(mixed.lm, make_policy("fp16-mixed", "test"), set())
+    assert mixed.lm.depth_decoder.model.layers[0].mlp.down_proj.weight.dtype == torch.float16
+    schedule = {0: [("a", requests["a"]), ("d", requests["d"])]}
+    frames = {}
+    for name, compile in (("compiled", None), ("uncompiled", False)):
+        stepper = BatchedStepper(mixed, 2, "cpu", buckets=True, shapes=[(2, 4)], compile=compile)
+        stats = stepper.stats()
+        assert stats["compile_fallback"] is None
+        if name == "compiled":
+            assert stats["compiled"] and stats["forms"] == {"2x4": "gemm+attention"}
+        frames[name], _ = _run(stepper, schedule)
+    for key in "ad":
+        assert len(frames["compiled"][key]) == len(frames["uncompiled"][key]) > 0
+        assert all(torch.equal(x, y) for x, y in zip(frames["compiled"][key], frames["uncompiled"][key])), key
+
+
 def test_bucket_shapes_are_few_and_fit_half_cfg_bursts():
     from breeze_worker.bench.concurrency import sweep_shapes
     from breeze_worker.engine.batching import bucket_shapes, pick_shape

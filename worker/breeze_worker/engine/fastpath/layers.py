@@ -226,7 +226,10 @@ def layer_mlp_out_addmm(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tenso
     (no separate add kernel; the projection is not rounded to x's dtype before the add), written over x: the
     caller's tensor, read by nothing after (an out-of-place addmm first copies x: one more kernel a layer
     step, results/batching/NOTES.md run 21). Called as it is, not compiled (compiling an input mutation
-    brings the copy back)."""
+    brings the copy back). Under fp16-mixed (the T4 policy: FP32 residual, FP16 weights) the GEMM's output
+    is rounded to the residual's dtype and added, as `layer_mlp_out` does."""
+    if x.dtype != down.dtype:
+        return x + linear(hidden, down)
     rows, t, width = x.shape
     out = x.reshape(rows * t, width)
     out.addmm_(hidden.reshape(rows * t, -1).to(down.dtype), down.t())
