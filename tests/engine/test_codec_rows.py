@@ -136,6 +136,12 @@ def test_joining_together_moves_the_batch_once_to_the_same_slots(codec, monkeypa
     acquired.clear()
     fresh.add_all([])
     assert acquired == [] and len(fresh) == 5
+    # leaving together: one move, after all have left (one by one, 4, 3, 2, 1 would stop at 2 slots on the way)
+    fresh.remove_all([4, 3, 2, 1])
+    assert acquired == [1] and fresh.keys == [0] and fresh.slot_of(0) == 0 and fresh.capacity == 1
+    acquired.clear()
+    fresh.remove_all([0, "never added"])
+    assert acquired == [] and len(fresh) == 0 and fresh.capacity == 0
 
 
 def test_a_freed_slot_reused_starts_from_silence(codec):

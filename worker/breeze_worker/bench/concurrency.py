@@ -128,7 +128,7 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
             first_audio.setdefault(k, now)
         for k in ending:
             done[k] = now
-            rows.remove(k)
+        rows.remove_all(ending)
 
     def watch() -> None:
         if stall_dump_s:

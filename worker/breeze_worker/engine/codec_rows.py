@@ -166,7 +166,12 @@ class CodecRows:
             self.add(key)
 
     def remove(self, key) -> None:
-        if self._slots.pop(key, None) is None:
+        self.remove_all([key])
+
+    def remove_all(self, keys) -> None:
+        """Streams leaving at one boundary: the batch shrinks at most once, after all of them have left (a
+        burst whose streams end together gives its batch back without passing through smaller buckets)."""
+        if not [key for key in keys if self._slots.pop(key, None) is not None]:
             return
         if not self._slots:
             _give_back(self._pool, self._held, self.stream)
