@@ -3,9 +3,9 @@ processes differ by less than the spread between processes).
 
 One model (full-size architecture, seeded random weights, BF16, end of speech masked, 256 cache slots), one
 BatchedStepper per form (BREEZE_FASTPATH_FORM set while it is built: compiled units and CUDA graphs of its
-own), then ROUNDS rounds in which every form runs the same STREAMS-stream burst (half the streams with CFG,
-FRAMES frames each, the FP32 codec after each step as the engine runs it by default), the order rotating
-each round. Per form: the median over rounds of the burst's median language-model ms per step, step ms,
+own), one unrecorded warm-up burst per form, then ROUNDS rounds in which every form runs the same
+STREAMS-stream burst (half the streams with CFG, FRAMES frames each, the FP32 codec after each step as the
+engine runs it by default), the order rotating each round. Per form: the median over rounds of the burst's median language-model ms per step, step ms,
 aggregate and steady x real time; the share of frames equal to the first form's (BF16: different kernels
 round differently, then sampling diverges, so this is not expected to be 1).
 
@@ -100,6 +100,10 @@ def main() -> int:
         print(f"[ab] {form}: stepper built in {build_s[form]:.1f} s ({steppers[form].stats()['compile_s']:.1f} s "
               f"compiling)", flush=True)
     requests = sweep.stream_requests(model, streams, args.frames, args.seed)
+    # one unrecorded burst per variant first: a process's first burst ran at ~9x aggregate (runs 21-23; its
+    # step medians were normal), which the median over a few rounds does not always hide
+    for form in forms:
+        sweep.run_burst(steppers[form], model.codec, requests, device, overlap=False)
     per = {form: [] for form in forms}
     frames = {}
     for i in range(args.rounds):
