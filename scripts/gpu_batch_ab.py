@@ -5,9 +5,10 @@ One model (full-size architecture, seeded random weights, BF16, end of speech ma
 BatchedStepper per form (BREEZE_FASTPATH_FORM set while it is built: compiled units and CUDA graphs of its
 own), one unrecorded warm-up burst per form, then ROUNDS rounds in which every form runs the same
 STREAMS-stream burst (half the streams with CFG, FRAMES frames each, the FP32 codec after each step as the
-engine runs it by default), the order rotating each round. Per form: the median over rounds of the burst's median language-model ms per step, step ms,
-aggregate and steady x real time; the share of frames equal to the first form's (BF16: different kernels
-round differently, then sampling diverges, so this is not expected to be 1).
+engine runs it by default), the order rotating each round. Per form: the median over rounds of the burst's
+median language-model ms per step, step ms, aggregate and steady x real time; the share of frames equal to
+the first form's (BF16: different kernels round differently, then sampling diverges, so this is not expected
+to be 1).
 
     BREEZE_COMMIT=<sha> PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_batch_ab.py --json ab.json
     PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_batch_ab.py --json /tmp/ab.json --dry-run  (CPU)
@@ -127,8 +128,8 @@ def main() -> int:
         print(f"[ab] {form}: LM {med['lm_ms_p50']:.3f} ms ({med['lm_ratio_to_first']:.3f} of {base}), step "
               f"{med['step_ms_p50']:.2f} ms, {med['aggregate_x_realtime']:.1f}x aggregate, frames equal to {base} "
               f"{100 * med['frames_equal_to_first']:.1f}%", flush=True)
-    doc.update({"forms": forms, "variants": {k: list(v) for k, v in variants.items()}, "streams": streams, "frames": args.frames, "rounds": args.rounds, "build_s": build_s,
-                "runs": per, "summary": summary})
+    doc.update({"forms": forms, "variants": {k: list(v) for k, v in variants.items()}, "streams": streams,
+                "frames": args.frames, "rounds": args.rounds, "build_s": build_s, "runs": per, "summary": summary})
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)
     return 0

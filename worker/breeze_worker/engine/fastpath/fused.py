@@ -780,7 +780,8 @@ def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, c
     cos_rows, rope_stride = _rows_view(cos, rows, (t, head_dim))
     sin_rows, sin_stride = _rows_view(sin, rows, (t, head_dim))
     if sin_stride != rope_stride:  # one stride serves both tables
-        cos_rows, sin_rows = cos.expand(rows, 1, t, head_dim).contiguous(), sin.expand(rows, 1, t, head_dim).contiguous()
+        cos_rows = cos.expand(rows, 1, t, head_dim).contiguous()
+        sin_rows = sin.expand(rows, 1, t, head_dim).contiguous()
         rope_stride = cos_rows.stride(0)
     slot_rows, slot_stride = _rows_view(slots, rows, (t,))
     _qk_norm_rope_kernel[(rows * t, heads + 2 * kv_heads)](
