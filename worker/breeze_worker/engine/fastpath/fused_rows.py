@@ -7,7 +7,7 @@ add (results/batching/NOTES.md run 9), and the frame has 180 such steps. Here th
 measured 1.4-1.7x slower than those five at 16-48 rows on the H200, results/batching/NOTES.md run 12):
 
 - `norm_gate_up_rows`: RMSNorm in the prologue (each row's statistics in a first pass over its input, then
-  the normalized input rounded to the weight's dtype chunk by chunk, as `fused._normed_row` does), the gate
+  the normalized input rounded to the weight's dtype chunk by chunk, as `fused_kernels._normed_row` does), the gate
   and up products with `tl.dot` (FP32 accumulation; IEEE FP32 when the weights are FP32, never TF32), and
   SiLU(gate) * up in the epilogue, each product rounded to the residual stream's dtype first.
 - `down_residual_rows`: the down product with K split in SPLITS chunks and the residual add; the partial
@@ -38,8 +38,8 @@ if fused._triton is not None:
         import triton
         import triton.language as tl
 
-        from breeze_worker.engine.fastpath.fused import (_add_residual, _add_splits, _last_arrival, _weights,
-                                                         gdc_launch_dependents, gdc_wait)
+        from breeze_worker.engine.fastpath.fused_kernels import (_add_residual, _add_splits, _last_arrival,
+                                                                 _weights, gdc_launch_dependents, gdc_wait)
 
         @triton.jit
         def _dot(a, b, acc, IEEE: tl.constexpr):

@@ -36,7 +36,7 @@ if fused._triton is not None:
     import triton
     import triton.language as tl
 
-    from breeze_worker.engine.fastpath.fused import gdc_launch_dependents, gdc_wait
+    from breeze_worker.engine.fastpath.fused_kernels import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def _above(skey, ok, probs, cand, AXIS: tl.constexpr, MASS: tl.constexpr):
