@@ -110,6 +110,21 @@ if importlib.util.find_spec("triton") is not None:
                     tl.store(dst + HALF, a2.to(out_ty))
 
         @triton.jit
+        def _depth_slots(k_ptr, v_ptr, i, kv_head, start, stride_cr, stride_ck, stride_cl, T: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr):
+            """Row x position `i`'s keys and values [SLOTS, D] of `kv_head` in FP32, the slots not written yet
+            this frame (after start + t) zero, and which slots those are: (keys, values, allowed [SLOTS])."""
+            r = i // T
+            t = i % T
+            d = tl.arange(0, HEAD_DIM)
+            slots = tl.arange(0, SLOTS)
+            allowed = slots <= start + t
+            kv = r * stride_cr + kv_head * stride_ck + slots[:, None] * stride_cl + d[None, :]
+            keys = tl.load(k_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)
+            vals = tl.load(v_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)
+            return keys, vals, allowed
+
+        @triton.jit
         def _depth_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, start, scale, stride_cr, stride_ck, stride_cl,
                                     T: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                                     HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr, USE_PDL: tl.constexpr):
@@ -121,15 +136,10 @@ if importlib.util.find_spec("triton") is not None:
             GROUP: tl.constexpr = HEADS // KV_HEADS
             i = tl.program_id(0)  # row x position
             g = tl.program_id(1)
-            r = i // T
-            t = i % T
             d = tl.arange(0, HEAD_DIM)
-            slots = tl.arange(0, SLOTS)
             heads = g * GROUP + tl.arange(0, GROUP)
-            allowed = slots <= start + t
-            kv = r * stride_cr + g * stride_ck + slots[:, None] * stride_cl + d[None, :]
-            keys = tl.load(k_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)  # [SLOTS, D]
-            vals = tl.load(v_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)
+            keys, vals, allowed = _depth_slots(k_ptr, v_ptr, i, g, start, stride_cr, stride_ck, stride_cl, T,
+                                               HEAD_DIM, SLOTS)
             q = tl.load(q_ptr + i * (HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :]).to(tl.float32)
             s = tl.sum(q[:, None, :] * keys[None, :, :], axis=2) * scale  # [GROUP, SLOTS]
             s = tl.where(allowed[None, :], s, float("-inf"))
@@ -153,14 +163,9 @@ if importlib.util.find_spec("triton") is not None:
             GROUP: tl.constexpr = HEADS // KV_HEADS
             i = tl.program_id(0)  # row x position
             head = tl.program_id(1)
-            r = i // T
-            t = i % T
             d = tl.arange(0, HEAD_DIM)
-            slots = tl.arange(0, SLOTS)
-            allowed = slots <= start + t
-            kv = r * stride_cr + (head // GROUP) * stride_ck + slots[:, None] * stride_cl + d[None, :]
-            keys = tl.load(k_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)  # [SLOTS, D]
-            vals = tl.load(v_ptr + kv, mask=allowed[:, None], other=0.0).to(tl.float32)
+            keys, vals, allowed = _depth_slots(k_ptr, v_ptr, i, head // GROUP, start, stride_cr, stride_ck,
+                                               stride_cl, T, HEAD_DIM, SLOTS)
             at = i * (HEADS * HEAD_DIM) + head * HEAD_DIM + d
             q = tl.load(q_ptr + at).to(tl.float32)
             s = tl.sum(q[None, :] * keys, axis=1) * scale  # [SLOTS]
