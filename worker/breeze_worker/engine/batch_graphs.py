@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import compile_unit, layer_form
+from breeze_worker.engine.fastpath.compiled import compile_unit, layer_form, library_gemm_form
 from breeze_worker.engine.fastpath.graph import run_on_side_stream
 from breeze_worker.engine.fastpath.static_cache import buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
@@ -77,11 +77,11 @@ class ShapeGraphs:
 
     # ---- start-up ----
     def _set_compiled(self, on: bool, library_only: bool = False) -> None:
-        """`library_only`: views whose form adds Triton kernels to the library GEMMs ("gemm+...") get "gemm"."""
+        """`library_only`: views whose form adds Triton kernels to the library GEMMs get `library_gemm_form`."""
         for view in self.views.values():
             if on:
                 form = layer_form(view.rows)  # the layers' form follows the view's row count
-                view.use_compiled(compile_unit, "gemm" if library_only and form.startswith("gemm+") else form)
+                view.use_compiled(compile_unit, library_only and library_gemm_form(form) or form)
             else:
                 view.use_uncompiled()
 
@@ -96,7 +96,7 @@ class ShapeGraphs:
     def _compile(self) -> None:
         """Compile every bucket view's units (Dynamo compiles on first call: one warm-up pass)."""
         t0 = time.perf_counter()
-        kernel_forms = any(layer_form(view.rows).startswith("gemm+") for view in self.views.values())
+        kernel_forms = any(library_gemm_form(layer_form(view.rows)) for view in self.views.values())
         attempts = [False, True] if kernel_forms else [False]  # library_only
         for i, library_only in enumerate(attempts):
             try:

@@ -72,6 +72,12 @@ def compile_wanted(device: torch.device, requested: bool | None = None) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
+def library_gemm_form(form: str | None) -> str | None:
+    """The form to retry when `form`'s Triton kernels fail to build: "gemm" (the library's GEMMs only) for the
+    "gemm+..." forms, None for any other (the batch-1 runner and the batched step share this rule)."""
+    return "gemm" if form is not None and form.startswith("gemm+") else None
+
+
 def layer_form(rows: int) -> str:
     """The compiled decoder layers' form for a step of `rows` model rows (environment, else by rows)."""
     from breeze_worker.engine.fastpath.layers import FORMS

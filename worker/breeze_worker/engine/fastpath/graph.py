@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted, layer_form, sampling_kernel_wanted
+from breeze_worker.engine.fastpath.compiled import (compile_unit, compile_wanted, layer_form, library_gemm_form,
+                                                  sampling_kernel_wanted)
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
@@ -119,8 +120,8 @@ class FrameRunner:
             attempts.append((self.form_requested, False))
         if self.form_requested and self.form_requested.startswith("fused"):
             attempts.append(("units+attn", False))  # the fused kernels failed: the same layers without them
-        elif self.form_requested in ("gemm+mlp", "gemm+attention"):
-            attempts.append(("gemm", False))  # the Triton kernels failed: the library's GEMMs only
+        elif library_gemm_form(self.form_requested):
+            attempts.append((library_gemm_form(self.form_requested), False))  # the library's GEMMs only
         for i, (form, sample_kernel) in enumerate(attempts):
             try:
                 self.step.use_compiled(compile_unit, form, sample_kernel=sample_kernel)
