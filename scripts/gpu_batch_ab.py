@@ -112,10 +112,12 @@ def main() -> int:
             burst = sweep.run_burst(steppers[form], model.codec, requests, device, overlap=False)
             figures = sweep._burst_figures(burst, streams)
             per[form].append({k: figures[k] for k in ("lm_ms_p50", "step_ms_p50", "codec_ms_p50",
-                                                     "aggregate_x_realtime", "steady_x_realtime")})
+                                                     "aggregate_x_realtime", "steady_x_realtime", "join_ms",
+                                                     "first_step_ms")})
             frames.setdefault(form, burst["frames"])
             print(f"[ab] round {i} {form}: LM {figures['lm_ms_p50']:.2f} ms, step {figures['step_ms_p50']:.2f} ms, "
-                  f"{figures['aggregate_x_realtime']:.1f}x", flush=True)
+                  f"{figures['aggregate_x_realtime']:.1f}x, join {figures['join_ms']:.1f} ms, first step "
+                  f"{figures['first_step_ms']:.1f} ms", flush=True)
     base = forms[0]
     summary = {}
     for form in forms:
@@ -126,7 +128,8 @@ def main() -> int:
         med["lm_ratio_to_first"] = med["lm_ms_p50"] / statistics.median(r["lm_ms_p50"] for r in per[base])
         summary[form] = med
         print(f"[ab] {form}: LM {med['lm_ms_p50']:.3f} ms ({med['lm_ratio_to_first']:.3f} of {base}), step "
-              f"{med['step_ms_p50']:.2f} ms, {med['aggregate_x_realtime']:.1f}x aggregate, frames equal to {base} "
+              f"{med['step_ms_p50']:.2f} ms, {med['aggregate_x_realtime']:.1f}x aggregate, join {med['join_ms']:.1f} "
+              f"ms, first step {med['first_step_ms']:.1f} ms, frames equal to {base} "
               f"{100 * med['frames_equal_to_first']:.1f}%", flush=True)
     doc.update({"forms": forms, "variants": {k: list(v) for k, v in variants.items()}, "streams": streams,
                 "frames": args.frames, "rounds": args.rounds, "build_s": build_s, "runs": per, "summary": summary})

@@ -3,17 +3,26 @@
 # (plan "logits_mm", on by default) against the FP32 copies + SIMT GEMM (scripts/gpu_batch_ab.py), then the
 # concurrency bench at 32 streams (half CFG, 48 frames) per opt-in codec setting in CODECS (default
 # "compile tf32-compile": BREEZE_ENGINE_CODEC_COMPILE / _TF32), then issue 8's default sweep (LEVELS, default
-# 1,2,4,8,16,32, with the batch-1 comparison) unless SKIP_SWEEP=1.
+# 1,2,4,8,16,32, with the batch-1 comparison) unless SKIP_SWEEP=1. AB_VARIANTS: other A/B variants (one
+# "label=form|{json}" a line); JOIN_PROFILE=1: also scripts/gpu_join_profile.py after the A/B.
 # Usage: BREEZE_COMMIT=<sha> OUT=results/batching/runN scripts/gpu_batch_settings.sh
 source "$(dirname "$0")/device_env.sh"
 B=(python3 -m breeze_worker.cli --log-level WARNING bench --device cuda --capacity 256 --size full --precision bf16
    --frames 48 --batch-shapes sweep)
 rows() { grep -A9 '^streams' "$1" | cut -c1-170; grep -A1 '^targets' "$1" | cut -c1-250; }
+# the A/B's variants, one per line (label=form|{json}); run 23's pair unless AB_VARIANTS names others
+AB_VARIANTS=${AB_VARIANTS:-'gemm+attention=gemm+attention
+gemm+attention-fp32-heads=gemm+attention|{"logits_mm": {"on": false}}'}
+ab_args=(); while IFS= read -r v; do [ -n "$v" ] && ab_args+=(--variant "$v"); done <<< "$AB_VARIANTS"
 t0=$SECONDS
 timeout "${LIMIT_AB:-200}" python3 scripts/gpu_batch_ab.py --json "$OUT/ab.json" --rounds "${ROUNDS:-3}" \
-  --variant gemm+attention=gemm+attention \
-  --variant 'gemm+attention-fp32-heads=gemm+attention|{"logits_mm": {"on": false}}' > "$OUT/ab.log" 2>&1
-echo "=== A/B exited $? after $((SECONDS - t0)) s"; grep '^\[ab\]' "$OUT/ab.log" | tail -3
+  "${ab_args[@]}" > "$OUT/ab.log" 2>&1
+echo "=== A/B exited $? after $((SECONDS - t0)) s"; grep '^\[ab\]' "$OUT/ab.log" | tail -${#ab_args[@]}
+if [ "${JOIN_PROFILE:-0}" = 1 ]; then  # the join and the first steps after it, profiled (scripts/gpu_join_profile.py)
+  t0=$SECONDS
+  timeout "${LIMIT_JOIN:-120}" python3 scripts/gpu_join_profile.py --json "$OUT/join.json" > "$OUT/join.log" 2>&1
+  echo "=== join profile exited $? after $((SECONDS - t0)) s"; grep -v '^\[' "$OUT/join.log" | cut -c1-150 | head -120
+fi
 for codec in ${CODECS:-compile tf32-compile}; do
   tf32=0; compile=0
   case "$codec" in *tf32*) tf32=1;; esac

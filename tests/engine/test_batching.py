@@ -184,6 +184,8 @@ def test_compiled_bucket_views_give_the_frames_of_the_uncompiled_stepper(model, 
             view = stepper.graphs.views[(3, 6)]
             assert view.compiled and view is not stepper.step_buffers and not stepper.step_buffers.compiled
             assert stats["compile_s"] > 0 and stats["forms"] == {"3x6": view.form}
+            # the default batched form, its backbone layers through fused.qk_norm_rope (plan "backbone_rope")
+            assert view.form == "gemm+attention" and view.backbone_rope
         frames[name], _ = _run(stepper, schedule)
     assert set(frames["compiled"]) == set("abd")
     for key in "abd":

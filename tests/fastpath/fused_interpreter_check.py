@@ -1,6 +1,7 @@
 """Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the fused kernels
 (engine/fastpath/fused.py: the depth layer's, the down-projection kernel also as the output projection,
-and the backbone's norm + q/k/v and q/k norm + RoPE; the projections also as the loop kernels) executed by Triton's interpreter on CPU tensors,
+and the backbone's norm + q/k/v and q/k norm + RoPE, also over a join's prompt; the projections also as the
+loop kernels) executed by Triton's interpreter on CPU tensors,
 against the same stages in torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both
 step lengths, split-K).
 Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
@@ -41,6 +42,12 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
     cos_rows = torch.cat([row_angles.cos(), row_angles.cos()], -1).to(dtype)
     sin_rows = torch.cat([row_angles.sin(), row_angles.sin()], -1).to(dtype)
     row_slots = (start + 3 * torch.arange(rows)[:, None] + torch.arange(t)[None, :]) % slots
+    # a join's prefill: a prompt of 5 positions (not a power of two) per row, slots 0..4 shared by every row
+    prompt = 5
+    proj_prompt = rnd(rows, prompt, (heads + 2 * kv) * d)
+    prompt_angles = torch.randn(rows, 1, prompt, d // 2, generator=g)
+    cos_prompt = torch.cat([prompt_angles.cos(), prompt_angles.cos()], -1).to(dtype)
+    sin_prompt = torch.cat([prompt_angles.sin(), prompt_angles.sin()], -1).to(dtype)
     mask = torch.where(torch.arange(slots)[None, :] <= start + torch.arange(t)[:, None], 0.0,
                        torch.finfo(torch.float32).min)[None, None]
     results = {}
@@ -82,7 +89,10 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         shared_slots = ((start + torch.arange(t)) % slots)[None]
         qd = fused.qk_norm_rope(proj, None, 0.0, cos[None, None], sin[None, None], kd, vd, shared_slots, heads=heads,
                                 kv_heads=kv, head_dim=d)
-        results[mode] = (q, k_cache, v_cache, attn, *by_kernel, x2, h, y, proj, qb, kb, vb, qd, kd, vd)
+        kp, vp = stale.clone(), stale.clone()
+        qp = fused.qk_norm_rope(proj_prompt, qk_gain, 1e-6, cos_prompt, sin_prompt, kp, vp,
+                                torch.arange(prompt)[None], heads=heads, kv_heads=kv, head_dim=d)
+        results[mode] = (q, k_cache, v_cache, attn, *by_kernel, x2, h, y, proj, qb, kb, vb, qd, kd, vd, qp, kp, vp)
     fused._use_kernels = None
     fused._config_override = base_override
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
@@ -91,7 +101,8 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
               "o_splits": fused.plan("o_residual", heads * d)["splits"]}
     for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "attention_grouped", "attention_per_head",
                            "o_residual", "hidden", "out", "norm_linear", "backbone_q", "backbone_k_cache",
-                           "backbone_v_cache", "shared_rope_q", "shared_rope_k_cache", "shared_rope_v_cache"),
+                           "backbone_v_cache", "shared_rope_q", "shared_rope_k_cache", "shared_rope_v_cache",
+                           "prefill_q", "prefill_k_cache", "prefill_v_cache"),
                           results["torch"], results["kernel"]):
         err = ((a.float() - b.float()).abs().max() / a.float().abs().max().clamp(min=1e-6)).item()
         report[name] = err

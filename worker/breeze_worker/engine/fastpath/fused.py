@@ -188,6 +188,10 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"num_warps": 4, "per_head_rows": 3, "head_warps": 2}
     elif kernel == "logits_mm":  # "on": batched steps take FP32 logits from one half-precision tensor-core GEMM
         cfg = {"on": True}  # (step.half_logits; results/batching/NOTES.md run 23)
+    elif kernel == "prefill_rope":  # "on": a join's prefill runs each layer's q/k norm, RoPE and cache write as
+        cfg = {"on": True}  # qk_norm_rope's one kernel (step._prefill_layer)
+    elif kernel == "backbone_rope":  # "on": in "gemm+attention" the backbone's q/k norm, RoPE and per-row cache
+        cfg = {"on": True}  # write as qk_norm_rope's one kernel (FrameStep._backbone_layer_rope_kernel)
     elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
         cfg = {"on": True, "block_v": 8, "num_warps": 4}
     elif kernel == "sample":
@@ -204,7 +208,7 @@ def plan(kernel: str, k: int) -> dict:
         cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     apply_overrides(cfg, kernel, k)
-    if kernel in ("depth_head", "depth_attention", "logits_mm"):
+    if kernel in ("depth_head", "depth_attention", "logits_mm", "backbone_rope", "prefill_rope"):
         return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:

@@ -251,7 +251,7 @@ if importlib.util.find_spec("triton") is not None:
 
         @triton.jit
         def _qk_norm_rope_kernel(p_ptr, qkn_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, eps,
-                                 stride_rope, stride_slot, stride_cr, stride_ck, stride_cl, T: tl.constexpr,
+                                 stride_rope, stride_slot, stride_cr, stride_ck, stride_cl, T,
                                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                                  HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
             """One (row x position, head) per program, from the q/k/v projection p [M, (HEADS + 2 KV) * D]:

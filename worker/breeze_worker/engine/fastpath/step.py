@@ -37,8 +37,8 @@ from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
 from breeze_worker.engine.fastpath import fused, fused_rows, fused_sampling
 from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT,
-                                                  GEMM_ATTENTION_UNITS, UNITS, PackedLayer, linear, rms_norm,
-                                                  small_rows_linear)
+                                                  GEMM_ATTENTION_UNITS, UNITS, PackedLayer, attend_rows, linear,
+                                                  rms_norm, small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -108,6 +108,8 @@ class FrameStep:
         self.codebooks, self.vocab = cfg.num_codebooks, cfg.vocab_size
         dtype = lm.embed_audio_tokens.weight.dtype  # the residual stream's dtype
         self.dtype = dtype
+        # a join's prefill: q/k norm, RoPE and the cache write as one kernel a layer (plan "prefill_rope")
+        self.prefill_rope = bool(fused.plan("prefill_rope", 0)["on"])
         bb, dd = cfg.backbone, cfg.depth
         kv_dtype = _kv_dtype(lm)
         self.cache = BackboneCache.allocate(bb.num_hidden_layers, rows, bb.num_key_value_heads, bb.head_dim,
@@ -190,7 +192,12 @@ class FrameStep:
         cos, sin = self.lm.backbone_model.rotary(positions, self.cache.key.dtype)
         cos, sin = cos[:, None], sin[:, None]
         x = embeds.to(self.dtype)
+        slots = torch.arange(t, device=self.device)[None]  # every row writes slots 0..T-1
         for i, layer in enumerate(self.backbone_layers):
+            if self.prefill_rope and layer.decodable:
+                x = _prefill_layer(layer, x, cos, sin, cache.key[i, rows], cache.value[i, rows], slots, mask)
+                continue
+
             def write(k, v, i=i):
                 cache.key[i, rows, :, :t] = k
                 cache.value[i, rows, :, :t] = v
@@ -251,6 +258,7 @@ class FrameStep:
         # the "gemm" forms: logits from the half-precision heads through `half_logits` (plan "logits_mm")
         self.logits_mm = (self.form.startswith("gemm") and bool(fused.plan("logits_mm", 0)["on"])
                           and half_logits_available(self.device, self.dtype))
+        self.backbone_rope = self.form == "gemm+attention" and bool(fused.plan("backbone_rope", 0)["on"])
         self.compiled = True
 
     def use_uncompiled(self, sample_kernel: bool | None = None) -> None:
@@ -266,6 +274,7 @@ class FrameStep:
         self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
         self.head_kernel = False
         self.logits_mm = False
+        self.backbone_rope = False
         self.compiled = False
 
     def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -403,6 +412,8 @@ class FrameStep:
         if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
                                       static_slot=static_slot, mlp=mlp)
+        if self.backbone_rope:  # the backbone in "gemm+attention": q/k norm, RoPE and the cache write as one kernel
+            return self._backbone_layer_rope_kernel(layer, x, cos, sin, k_cache, v_cache, slots, mask)
         if self.compiled:  # the backbone: the units, each row's keys/values scattered in place between them
             # (inside one compiled decode_layer Inductor copied the cache slice and back: 138 vs 92 us a layer
             # at 48 rows, 100 vs 75 at 16; results/batching/NOTES.md run 10)
@@ -425,6 +436,22 @@ class FrameStep:
         out_mlp_in = self.after_attention[0]
         x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
                                intermediate=layer.intermediate, act=layer.act, proj="gemm")
+        return mlp_out(hidden, x, layer.mlp.down_proj.weight)
+
+    def _backbone_layer_rope_kernel(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots,
+                                    mask) -> torch.Tensor:
+        """A backbone layer in the "gemm+attention" form (plan "backbone_rope"): norm and q/k/v (library GEMM) as
+        a compiled unit; q/k norm, RoPE and each row's cache write at its own slot as fused.qk_norm_rope's one
+        kernel (in place of the compiled unit's norm and RoPE kernels and two scatters a layer, 4.2 us each at
+        48 rows, results/batching/NOTES.md run 22); attention, output projection, norm, gate/up and SiLU * up as
+        the compiled unit; the down projection with the residual in the library GEMM's epilogue."""
+        norm_qkv, mlp_out = self.gemm_attention_units
+        proj = norm_qkv(x, layer.w_in, layer.qkv, eps_in=layer.eps_in)
+        q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
+                               kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+        x, hidden = self.units[1](q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up,
+                                  scale=layer.scale, eps_post=layer.eps_post, intermediate=layer.intermediate,
+                                  act=layer.act, proj="gemm", reduce_attn=False)
         return mlp_out(hidden, x, layer.mlp.down_proj.weight)
 
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
@@ -511,6 +538,21 @@ class FrameStep:
             self.cache.valid[row] = False
             self.cache.write_pos[row] = 0
             self.cache.rope_pos[row] = 0
+
+
+def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`PackedLayer.forward` over a prompt x [R, T, hidden] with its q/k norm, RoPE and cache write (slots [1, T]
+    into k_cache/v_cache [R, kv, L, D]) as fused.qk_norm_rope's one kernel. The eager forward ran them as ~10
+    element-wise kernels a layer over the heads-first (strided) view of the projection, ~24 us each at 32
+    joiners (results/batching/NOTES.md run 21); on the CPU the kernel's fallback is that same arithmetic."""
+    t = x.shape[1]
+    proj = linear(rms_norm(x, layer.w_in, layer.eps_in), layer.qkv)
+    q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
+                           kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+    out = attend_rows(q, k_cache[:, :, :t], v_cache[:, :, :t], mask, layer.scale)
+    x = x + layer.attn.o_proj(out)
+    return x + layer._mlp(rms_norm(x, layer.w_post, layer.eps_post))
 
 
 def _kv_dtype(lm) -> torch.dtype:

@@ -1,0 +1,141 @@
+"""Where a 32-stream burst's time goes outside its steady steps: the join (text encode + prefill) and the first
+steps after it, under torch.profiler (results/batching/NOTES.md: the join is ~10% of a 48-frame burst and the
+first step took ~2x a steady one; neither had been profiled on its own).
+
+One model (full-size architecture, seeded random weights, BF16, end of speech masked, 256 cache slots), the
+default batched stepper (compiled), the FP32 codec after each step as the engine runs it. Two unrecorded
+bursts warm every shape; then REPEATS joins are timed (host wall, and the join's own split: text encode and
+prefill), one join and the first FIRST steps after it are profiled, each on its own: the CPU operators by
+self time and the device kernels by total time, and every step's host wall time.
+
+    BREEZE_COMMIT=<sha> PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_join_profile.py --json j.json
+    PYTHONPATH=worker:client:protos:scripts python3 scripts/gpu_join_profile.py --json /tmp/j.json --dry-run  (CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import gpu_fused  # scripts/: the JSON skeleton (GPU, date, commit, versions)
+
+from breeze_worker.bench import concurrency as sweep
+from breeze_worker.bench.measure import synchronize
+from breeze_worker.bench.models import random_model
+from breeze_worker.bench.runner import mask_end_of_speech
+from breeze_worker.engine.batching import BatchedStepper
+from breeze_worker.engine.codec_rows import CodecRows
+from breeze_worker.engine.precision import choose_policy
+from breeze_worker.engine.runtime import configure_codec_convolutions
+
+
+def top(prof, key: str, n: int) -> list[dict]:
+    """The profile's `n` largest entries by `key` ("self_cpu" or "device"), in microseconds."""
+    rows = []
+    for e in prof.key_averages():
+        device_us = getattr(e, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(e, "self_cuda_time_total", 0.0)
+        rows.append({"name": e.key[:120], "count": e.count, "self_cpu_us": e.self_cpu_time_total,
+                     "device_us": device_us})
+    rows.sort(key=lambda r: r["self_cpu_us" if key == "self_cpu" else "device_us"], reverse=True)
+    return rows[:n]
+
+
+def show(title: str, rows: list[dict]) -> None:
+    print(title, flush=True)
+    for r in rows:
+        print(f"  cpu {r['self_cpu_us'] / 1000:8.2f} ms  device {r['device_us'] / 1000:8.2f} ms  x{r['count']:<6} "
+              f"{r['name']}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--first", type=int, default=3, help="steps after the join to profile")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 2 streams, uncompiled: the logic")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    size, streams, compile = ("tiny", min(args.streams, 2), False) if args.dry_run else ("full", args.streams, None)
+    doc = {"schema": "breeze-join-profile/1", **gpu_fused.gpu_result(device.type)}
+    configure_codec_convolutions(device)
+    policy = choose_policy("fp32" if args.dry_run else "bf16", device)
+    model = random_model(size, args.seed, device, policy)
+    model.generation_defaults = replace(model.generation_defaults, max_sequence=256)
+    mask_end_of_speech(model)
+    t0 = time.perf_counter()
+    stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]), compile=compile)
+    doc["build_s"] = time.perf_counter() - t0
+    requests = sweep.stream_requests(model, streams, 48, args.seed)
+    for _ in range(2):  # every shape warm: the stepper's buckets, the codec's slot batch, the allocator
+        sweep.run_burst(stepper, model.codec, requests, device, overlap=False)
+    keys = list(range(streams))
+    rows = CodecRows(model.codec)
+
+    def join() -> dict:
+        synchronize(device)
+        t = time.perf_counter()
+        errors = stepper.join(list(zip(keys, requests)))
+        synchronize(device)
+        if errors:
+            raise RuntimeError(f"join failed: {errors}")
+        info = stepper.stream_info(keys[0])
+        return {"wall_ms": 1000 * (time.perf_counter() - t), "text_encode_ms": 1000 * info["text_encode_s"],
+                "prefill_ms": 1000 * info["prefill_s"]}
+
+    def step() -> float:
+        t = time.perf_counter()
+        outcomes = stepper.step()
+        frames = {k: out.frame for k, out in outcomes.items() if out.frame is not None}
+        rows.launch(frames).wait()
+        return 1000 * (time.perf_counter() - t)
+
+    def leave_all() -> None:
+        for k in keys:
+            stepper.leave(k)
+        rows.remove_all(keys)
+
+    joins = []
+    for _ in range(args.repeats):
+        joins.append(join())
+        rows.add_all(keys)
+        joins[-1]["steps_ms"] = [step() for _ in range(args.first + 2)]
+        leave_all()
+    doc["joins"] = joins
+    print("joins:", json.dumps(joins), flush=True)
+    print(f"join median {statistics.median(j['wall_ms'] for j in joins):.1f} ms (text encode "
+          f"{statistics.median(j['text_encode_ms'] for j in joins):.1f}, prefill "
+          f"{statistics.median(j['prefill_ms'] for j in joins):.1f})", flush=True)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        joined = join()
+    rows.add_all(keys)
+    doc["profiled_join"] = {**joined, "by_cpu": top(prof, "self_cpu", 25), "by_device": top(prof, "device", 25)}
+    show(f"join ({joined['wall_ms']:.1f} ms) by self CPU time:", doc["profiled_join"]["by_cpu"])
+    show("join by device time:", doc["profiled_join"]["by_device"])
+    doc["profiled_steps"] = []
+    for i in range(args.first):
+        with profile(activities=activities) as prof:
+            ms = step()
+        entry = {"step": i, "wall_ms": ms, "by_cpu": top(prof, "self_cpu", 12), "by_device": top(prof, "device", 12)}
+        doc["profiled_steps"].append(entry)
+        show(f"step {i} after the join ({ms:.1f} ms) by self CPU time:", entry["by_cpu"])
+        show(f"step {i} by device time:", entry["by_device"])
+    leave_all()
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
