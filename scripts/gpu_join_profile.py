@@ -1,5 +1,5 @@
 """Where a 32-stream burst's time goes outside its steady steps: the join (text encode + prefill) and the first
-steps after it, under torch.profiler (results/batching/NOTES.md: the join is ~10% of a 48-frame burst and the
+steps after it, under torch.profiler; the join's parts timed, and its host synchronizations by where they happen (results/batching/NOTES.md: the join is ~10% of a 48-frame burst and the
 first step took ~2x a steady one; neither had been profiled on its own).
 
 One model (full-size architecture, seeded random weights, BF16, end of speech masked, 256 cache slots), the
@@ -15,9 +15,12 @@ self time and the device kernels by total time, and every step's host wall time.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import time
+import traceback
+import warnings
 from dataclasses import replace
 
 import torch
@@ -29,6 +32,7 @@ from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.measure import synchronize
 from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import mask_end_of_speech
+from breeze_worker.engine import batching
 from breeze_worker.engine.batching import BatchedStepper
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.precision import choose_policy
@@ -53,6 +57,62 @@ def show(title: str, rows: list[dict]) -> None:
     for r in rows:
         print(f"  cpu {r['self_cpu_us'] / 1000:8.2f} ms  device {r['device_us'] / 1000:8.2f} ms  x{r['count']:<6} "
               f"{r['name']}", flush=True)
+
+
+def phases(stepper, model, join, device: torch.device) -> dict:
+    """One join with its parts timed (tokenizing, the text encoder, each joiner's prompt embeddings, the
+    prefill), the device synchronized after each part: the wrappers replace the functions batching.py calls
+    for this join only."""
+    spent = collections.defaultdict(float)
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            synchronize(device)
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                synchronize(device)
+                spent[name] += 1000 * (time.perf_counter() - t)
+        return run
+
+    saved = {name: getattr(batching, name) for name in ("prompt_layouts", "prompt_text_segments",
+                                                        "prepare_prompt_embeddings")}
+    for name, fn in saved.items():
+        setattr(batching, name, timed(name, fn))
+    stepper._prefill = timed("prefill", stepper._prefill)
+    encode = model.lm.encode_segments
+    model.lm.encode_segments = timed("encode_segments", encode)
+    try:
+        spent["join_wall"] = join()["wall_ms"]
+    finally:
+        for name, fn in saved.items():
+            setattr(batching, name, fn)
+        del stepper._prefill
+        model.lm.encode_segments = encode
+    return dict(spent)
+
+
+def sync_sites(fn) -> dict:
+    """Every host synchronization during `fn()` (torch.cuda.set_sync_debug_mode), counted by the innermost
+    frame of this repository's code that caused it."""
+    sites = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        ours = [f for f in traceback.extract_stack()[:-1] if "breeze_worker" in f.filename]
+        where = ours[-1] if ours else None
+        sites[f"{where.filename.split('breeze_worker/')[-1]}:{where.lineno} {where.name}" if where
+              else f"{filename}:{lineno}"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return dict(sites)
 
 
 def main() -> int:
@@ -115,6 +175,16 @@ def main() -> int:
     print(f"join median {statistics.median(j['wall_ms'] for j in joins):.1f} ms (text encode "
           f"{statistics.median(j['text_encode_ms'] for j in joins):.1f}, prefill "
           f"{statistics.median(j['prefill_ms'] for j in joins):.1f})", flush=True)
+
+    doc["phases_ms"] = phases(stepper, model, join, device)
+    print("join phases (ms, device synchronized after each):", json.dumps(doc["phases_ms"]), flush=True)
+    leave_all()
+    if device.type == "cuda":
+        doc["join_syncs"] = sync_sites(join)
+        print(f"host syncs in one join: {sum(doc['join_syncs'].values())}", flush=True)
+        for site, n in sorted(doc["join_syncs"].items(), key=lambda kv: -kv[1])[:15]:
+            print(f"  x{n:<5} {site}", flush=True)
+        leave_all()
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:

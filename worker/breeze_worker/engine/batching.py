@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from breeze_worker.engine.batch_graphs import ShapeGraphs
-from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_text_segments
+from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep
@@ -218,7 +218,9 @@ class BatchedStepper:
             stream = self._allocate(key, params)
             stream.info["text_encode_s"] = encode_s
             stream.limit = max(0, min(params.max_frames, self.capacity - 1 - prompt.length))
-            sampling = RowSampling.from_params([params.sampling], [params.seed], self.device)
+            # on the host: set_stream fills the device buffers from its values (a pageable copy of each of
+            # five new device tensors was a host sync per joiner each)
+            sampling = RowSampling.from_params([params.sampling], [params.seed], "cpu")
             self.step_buffers.set_stream(stream.slot, cond_row=stream.rows[0], uncond_row=stream.rows[-1],
                                          cfg_scale=float(params.cfg_scale), sampling=sampling,
                                          eos_masked=self.eos_masked)
@@ -248,14 +250,23 @@ class BatchedStepper:
                     errors[key] = exc
                     out.append(None)
             return out
-        segments = [prompt_text_segments(self.model, params) for _, params in joiners]
-        encoded = self.model.lm.encode_segments([s for segs in segments for s in segs])
-        start = 0
-        for (key, params), segs in zip(joiners, segments):
-            part = encoded[start:start + len(segs)]
-            start += len(segs)
+        layouts, segments = {}, {}
+        for key, params in joiners:  # tokenized once per joiner; a prompt that fails fails its joiner only
             try:
-                out.append(prepare_prompt_embeddings(self.model, params, encoded=part))
+                layouts[key] = prompt_layouts(self.model, params)
+                segments[key] = prompt_text_segments(self.model, params, layouts[key])
+            except Exception as exc:  # noqa: BLE001
+                errors[key] = exc
+        encoded = self.model.lm.encode_segments([s for segs in segments.values() for s in segs])
+        start = 0
+        for key, params in joiners:
+            if key not in segments:
+                out.append(None)
+                continue
+            part = encoded[start:start + len(segments[key])]
+            start += len(segments[key])
+            try:
+                out.append(prepare_prompt_embeddings(self.model, params, encoded=part, layouts=layouts[key]))
             except Exception as exc:  # noqa: BLE001
                 errors[key] = exc
                 out.append(None)

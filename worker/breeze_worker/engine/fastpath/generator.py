@@ -155,7 +155,7 @@ class FastFrameGenerator:
         self.fallback_reason, self.compile_fallback_reason = runner.fallback_reason, runner.compile_fallback_reason
         try:
             step = runner.step
-            sampling = RowSampling.from_params([request.sampling], [request.seed], self.device)
+            sampling = RowSampling.from_params([request.sampling], [request.seed], "cpu")  # set_stream fills them
             step.set_stream(0, cond_row=0, uncond_row=rows - 1, cfg_scale=float(request.cfg_scale),
                             sampling=sampling, eos_masked=self.eos_masked)
             slots = runner.prompt_slots(length, limit)  # the prompt's cache slots (padded to a bucket)

@@ -174,7 +174,9 @@ class FrameStep:
         self.row_stream[uncond_row] = stream
         self.cfg_scale[stream] = cfg_scale
         for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
-            getattr(self.sampling, name)[stream] = getattr(sampling, name)[0]
+            value = getattr(sampling, name)[0]
+            # a host value fills the slot as a scalar (no copy from pageable memory, which waits for the device)
+            getattr(self.sampling, name)[stream] = value.item() if value.device.type == "cpu" else value
         self.frame[stream] = 0
         self.seen[stream] = False
         self.eos_masked[stream] = eos_masked
