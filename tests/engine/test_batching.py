@@ -335,3 +335,19 @@ def test_concurrency_sweep_with_the_codec_both_overlap_modes():
     assert row["overlap"] is False and row["other_overlap"]["overlap"] is True  # the worker's default: serial
     assert row["codec_ms_p50"] > 0 and row["other_overlap"]["codec_ms_p50"] > 0
     assert "off" in concurrency.table([row]).splitlines()[1]
+
+
+def test_put_rows_writes_each_listed_row_its_value_and_leaves_the_rest():
+    """The sync-free slot writes behind set_streams and release: each listed row takes its scalar throughout
+    (a 2-D buffer's whole row), unlisted rows keep theirs, values keep the buffer's dtype."""
+    from breeze_worker.engine.fastpath.step import put_rows
+
+    ints = torch.full((4, 3), 7, dtype=torch.int64)
+    put_rows(ints, [2, 0], [5, -1])
+    assert ints.tolist() == [[-1] * 3, [7] * 3, [5] * 3, [7] * 3]
+    floats = torch.zeros(3)
+    put_rows(floats, [1], [0.9])
+    assert floats[1].item() == torch.tensor(0.9, dtype=torch.float32).item() and floats[[0, 2]].eq(0).all()
+    flags = torch.ones(2, 5, dtype=torch.bool)
+    put_rows(flags, [1], [False])
+    assert flags[0].all() and not flags[1].any()

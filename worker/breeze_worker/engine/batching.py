@@ -34,7 +34,7 @@ from breeze_worker.engine.batch_graphs import ShapeGraphs
 from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.static_cache import bucket_for
-from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep
+from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -211,20 +211,20 @@ class BatchedStepper:
         t0 = time.perf_counter()
         prompts = self._encode(joiners, errors)
         encode_s = time.perf_counter() - t0
-        streams = []
+        streams, setups = [], []
         for (key, params), prompt in zip(joiners, prompts):
             if prompt is None:
                 continue
             stream = self._allocate(key, params)
             stream.info["text_encode_s"] = encode_s
             stream.limit = max(0, min(params.max_frames, self.capacity - 1 - prompt.length))
-            # on the host: set_stream fills the device buffers from its values (a pageable copy of each of
-            # five new device tensors was a host sync per joiner each)
+            # the settings stay on the host until set_streams writes every joiner's at once
             sampling = RowSampling.from_params([params.sampling], [params.seed], "cpu")
-            self.step_buffers.set_stream(stream.slot, cond_row=stream.rows[0], uncond_row=stream.rows[-1],
-                                         cfg_scale=float(params.cfg_scale), sampling=sampling,
-                                         eos_masked=self.eos_masked)
+            setups.append(StreamSetup(stream.slot, cond_row=stream.rows[0], uncond_row=stream.rows[-1],
+                                      cfg_scale=float(params.cfg_scale), sampling=sampling,
+                                      eos_masked=self.eos_masked))
             streams.append((stream, prompt))
+        self.step_buffers.set_streams(setups)
         t1 = time.perf_counter()
         try:
             self._prefill(streams)

@@ -76,7 +76,7 @@ _INDEX_OPS = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.defa
 # or one of these functions is on the stack
 SETUP_SPANS = frozenset({"text_encode", "prefill"})
 SETUP_FUNCTIONS = frozenset({"prepare_prompt_embeddings", "prompt_text_segments", "encode_segments", "from_params",
-                             "prefill", "set_stream", "acquire_runner", "_capture"})
+                             "prefill", "set_stream", "set_streams", "acquire_runner", "_capture"})
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ frame are blocked), which keeps its shapes constant.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -169,17 +170,24 @@ class FrameStep:
     # ---- stream setup (host side, outside graphs) ----
     def set_stream(self, stream: int, cond_row: int, uncond_row: int, cfg_scale: float, sampling: RowSampling,
                    eos_masked: bool = False) -> None:
-        self.cond_row[stream], self.uncond_row[stream] = cond_row, uncond_row
-        self.row_stream[cond_row] = stream
-        self.row_stream[uncond_row] = stream
-        self.cfg_scale[stream] = cfg_scale
+        self.set_streams([StreamSetup(stream, cond_row, uncond_row, cfg_scale, sampling, eos_masked)])
+
+    def set_streams(self, setups: list["StreamSetup"]) -> None:
+        """Every joiner's slot settings in one write per buffer, with no host sync (`put_rows`): a scalar
+        assignment into a device tensor waited for the device each time, 12 a joiner, 387 in a 32-stream
+        join on an H200 (results/batching/NOTES.md run 26). `sampling`: one row, on the host or the device."""
+        if not setups:
+            return
+        slots = [u.stream for u in setups]
+        put_rows(self.cond_row, slots, [u.cond_row for u in setups])
+        put_rows(self.uncond_row, slots, [u.uncond_row for u in setups])
+        put_rows(self.row_stream, [u.cond_row for u in setups] + [u.uncond_row for u in setups], slots + slots)
+        put_rows(self.cfg_scale, slots, [float(u.cfg_scale) for u in setups])
         for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
-            value = getattr(sampling, name)[0]
-            # a host value fills the slot as a scalar (no copy from pageable memory, which waits for the device)
-            getattr(self.sampling, name)[stream] = value.item() if value.device.type == "cpu" else value
-        self.frame[stream] = 0
-        self.seen[stream] = False
-        self.eos_masked[stream] = eos_masked
+            put_rows(getattr(self.sampling, name), slots, [getattr(u.sampling, name)[0].item() for u in setups])
+        put_rows(self.frame, slots, [0] * len(setups))
+        put_rows(self.seen, slots, [False] * len(setups))
+        put_rows(self.eos_masked, slots, [bool(u.eos_masked) for u in setups])
 
     @torch.no_grad()
     def prefill(self, rows: slice, embeds: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> None:
@@ -530,16 +538,43 @@ class FrameStep:
     def release(self, stream: int | None, rows: list[int]) -> None:
         """Park a finished stream's slot and rows (or idle rows only, stream None): they stay inside graphs'
         row prefixes, so every index they hold must stay in range (rows -> stream 0, stream -> row 0) and
-        their cache position restarts at 0."""
+        their cache position restarts at 0. No host sync (`put_rows`)."""
         if stream is not None:
-            self.cond_row[stream] = 0
-            self.uncond_row[stream] = 0
-            self.cfg_scale[stream] = 1.0
-        for row in rows:
-            self.row_stream[row] = 0
-            self.cache.valid[row] = False
-            self.cache.write_pos[row] = 0
-            self.cache.rope_pos[row] = 0
+            put_rows(self.cond_row, [stream], [0])
+            put_rows(self.uncond_row, [stream], [0])
+            put_rows(self.cfg_scale, [stream], [1.0])
+        rows = list(rows)
+        if rows:
+            put_rows(self.row_stream, rows, [0] * len(rows))
+            put_rows(self.cache.valid, rows, [False] * len(rows))
+            put_rows(self.cache.write_pos, rows, [0] * len(rows))
+            put_rows(self.cache.rope_pos, rows, [0] * len(rows))
+
+
+@dataclass
+class StreamSetup:
+    """One stream's slot settings (FrameStep.set_streams)."""
+
+    stream: int
+    cond_row: int
+    uncond_row: int
+    cfg_scale: float
+    sampling: RowSampling  # one row
+    eos_masked: bool = False
+
+
+def put_rows(buffer: torch.Tensor, index: list[int], values: list) -> None:
+    """buffer[index[i]] = values[i] (a row of `buffer` takes its scalar throughout) without a host sync: on
+    CUDA the index and values travel in one asynchronous copy each from pinned host memory, then one
+    index_copy_. A repeated index must carry the same value."""
+    cuda = buffer.device.type == "cuda"
+    idx = torch.tensor(index, dtype=torch.int64)
+    val = torch.tensor(values, dtype=buffer.dtype)
+    if cuda:
+        idx = idx.pin_memory().to(buffer.device, non_blocking=True)
+        val = val.pin_memory().to(buffer.device, non_blocking=True)
+    val = val.view(-1, *([1] * (buffer.dim() - 1))).expand(len(index), *buffer.shape[1:])
+    buffer.index_copy_(0, idx, val.contiguous())
 
 
 def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
