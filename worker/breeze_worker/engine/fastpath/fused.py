@@ -485,10 +485,16 @@ def mlp_supported(layer, rows: int) -> bool:
             and layer.gate_up.shape[1] <= _MAX_WIDTH)
 
 
+def qk_norm_rope_supported(head_dim: int) -> bool:
+    """Whether `qk_norm_rope`'s kernel takes heads of `head_dim` (its two halves are Triton blocks: a power of
+    two of at least 2)."""
+    return head_dim >= 2 and _power_of_two(head_dim)
+
+
 def backbone_supported(layer, rows: int) -> bool:
     """Whether `backbone_layer` applies: `mlp_supported`, packed q/k/v, a power-of-two head size."""
     return (mlp_supported(layer, rows) and layer.qkv is not None and layer.qkv.shape[1] <= _MAX_WIDTH
-            and layer.head_dim >= 2 and _power_of_two(layer.head_dim))
+            and qk_norm_rope_supported(layer.head_dim))
 
 
 def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,

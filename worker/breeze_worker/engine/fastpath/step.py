@@ -204,7 +204,7 @@ class FrameStep:
         x = embeds.to(self.dtype)
         slots = torch.arange(t, device=self.device)[None]  # every row writes slots 0..T-1
         for i, layer in enumerate(self.backbone_layers):
-            if self.prefill_rope and layer.decodable:
+            if self.prefill_rope and layer.decodable and fused.qk_norm_rope_supported(layer.head_dim):
                 x = _prefill_layer(layer, x, cos, sin, cache.key[i, rows], cache.value[i, rows], slots, mask)
                 continue
 
@@ -422,7 +422,8 @@ class FrameStep:
         if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
             return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
                                       static_slot=static_slot, mlp=mlp)
-        if self.backbone_rope:  # the backbone in "gemm+attention": q/k norm, RoPE and the cache write as one kernel
+        # the backbone in "gemm+attention": q/k norm, RoPE and the cache write as one kernel
+        if self.backbone_rope and fused.qk_norm_rope_supported(layer.head_dim):
             return self._backbone_layer_rope_kernel(layer, x, cos, sin, k_cache, v_cache, slots, mask)
         if self.compiled:  # the backbone: the units, each row's keys/values scattered in place between them
             # (inside one compiled decode_layer Inductor copied the cache slice and back: 138 vs 92 us a layer
