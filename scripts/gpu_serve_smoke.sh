@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU smoke test of the whole product: `breeze-worker serve --device cuda` on the tiny embedded default
 # (fast path, batched stepper, CUDA graphs), then `breeze-client synth --stream` (plain and CFG), a fetch,
-# and a 4-client bench. Carries its missing wheels in .whl (see the device README). Writes logs under $OUT.
+# and a 4-client bench. Carries its missing wheels in .whl (see the device README). Writes logs under $OUT;
+# READY_S: seconds to wait for the worker to be ready (default 120).
 set -u
 OUT="${OUT:-/tmp/serve_smoke}"; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -12,7 +13,7 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}worker:client:protos" PYTHONUNBUFF
 python3 -m breeze_worker.cli serve --device "${SMOKE_DEVICE:-cuda}" --port 0 --artifact-port 0 --artifact-dir /tmp/breeze-art \
   > "$OUT/serve.log" 2>&1 &
 worker=$!
-for _ in $(seq 1 240); do grep -q "breeze-worker ready" "$OUT/serve.log" && break; sleep 0.5; done
+for _ in $(seq 1 $((2 * ${READY_S:-120}))); do grep -q "breeze-worker ready" "$OUT/serve.log" && break; sleep 0.5; done
 line=$(grep "breeze-worker ready" "$OUT/serve.log") || { echo "worker never became ready"; tail -40 "$OUT/serve.log"; exit 1; }
 echo "$line"
 target=$(sed -E 's/.*synthesis=([^ ]+).*/\1/' <<<"$line")
