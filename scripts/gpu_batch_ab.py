@@ -73,6 +73,22 @@ def parse_variants(forms: str, variants: list[str]) -> dict[str, tuple[str, str 
     return out
 
 
+def setup(args, schema: str) -> tuple:
+    """(device, streams, compile, JSON skeleton, model) of a batched-step script: CUDA, the full-size architecture
+    with seeded random weights in BF16, `args.streams` streams, compiled as the environment says; with
+    `args.dry_run` the CPU, the tiny model in FP32, at most 2 streams, uncompiled. End of speech masked (every
+    stream runs its frames), 256 cache slots."""
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    size, streams, compile = ("tiny", min(args.streams, 2), False) if args.dry_run else ("full", args.streams, None)
+    doc = {"schema": schema, **gpu_fused.gpu_result(device.type)}
+    configure_codec_convolutions(device)
+    policy = choose_policy("fp32" if args.dry_run else "bf16", device)
+    model = random_model(size, args.seed, device, policy)
+    model.generation_defaults = replace(model.generation_defaults, max_sequence=256)
+    mask_end_of_speech(model)
+    return device, streams, compile, doc, model
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
@@ -85,14 +101,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 2 streams, uncompiled: the logic")
     args = parser.parse_args()
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    size, streams, compile = ("tiny", min(args.streams, 2), False) if args.dry_run else ("full", args.streams, None)
-    doc = {"schema": "breeze-batch-ab/1", **gpu_fused.gpu_result(device.type)}
-    configure_codec_convolutions(device)
-    policy = choose_policy("fp32" if args.dry_run else "bf16", device)
-    model = random_model(size, args.seed, device, policy)
-    model.generation_defaults = replace(model.generation_defaults, max_sequence=256)
-    mask_end_of_speech(model)
+    device, streams, compile, doc, model = setup(args, "breeze-batch-ab/1")
     variants = parse_variants(args.forms, args.variant)
     forms = list(variants)
     steppers, build_s = {}, {}

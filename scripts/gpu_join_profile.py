@@ -21,22 +21,17 @@ import statistics
 import time
 import traceback
 import warnings
-from dataclasses import replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import gpu_fused  # scripts/: the JSON skeleton (GPU, date, commit, versions)
+from gpu_batch_ab import setup  # scripts/: the model and JSON skeleton the batched-step scripts share
 
 from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.measure import synchronize
-from breeze_worker.bench.models import random_model
-from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.engine import batching
 from breeze_worker.engine.batching import BatchedStepper
 from breeze_worker.engine.codec_rows import CodecRows
-from breeze_worker.engine.precision import choose_policy
-from breeze_worker.engine.runtime import configure_codec_convolutions
 
 
 def top(prof, key: str, n: int) -> list[dict]:
@@ -124,14 +119,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 2 streams, uncompiled: the logic")
     args = parser.parse_args()
-    device = torch.device("cpu" if args.dry_run else "cuda")
-    size, streams, compile = ("tiny", min(args.streams, 2), False) if args.dry_run else ("full", args.streams, None)
-    doc = {"schema": "breeze-join-profile/1", **gpu_fused.gpu_result(device.type)}
-    configure_codec_convolutions(device)
-    policy = choose_policy("fp32" if args.dry_run else "bf16", device)
-    model = random_model(size, args.seed, device, policy)
-    model.generation_defaults = replace(model.generation_defaults, max_sequence=256)
-    mask_end_of_speech(model)
+    device, streams, compile, doc, model = setup(args, "breeze-join-profile/1")
     t0 = time.perf_counter()
     stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]), compile=compile)
     doc["build_s"] = time.perf_counter() - t0
