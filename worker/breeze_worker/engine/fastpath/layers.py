@@ -280,8 +280,9 @@ ATTEND_UNIT = attend_rows
 ATTENTION_UNIT = layer_attention
 # "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)
 AFTER_ATTENTION_UNITS = (layer_out_mlp_in, layer_mlp_out)
-# "gemm+attention" (the depth decoder): norm and q/k/v, fastpath/fused.py's q/k RoPE + cache write and attention
-# kernels, layer_out_mlp_in, then the down projection with the residual in its epilogue (in place, never compiled)
+# "gemm+attention": norm and q/k/v, fastpath/fused.py's q/k RoPE + cache write kernel, then in the depth decoder
+# its attention kernel and layer_out_mlp_in, in the backbone layer_attention_mlp_in; then the down projection with
+# the residual in its epilogue (in place, never compiled)
 GEMM_ATTENTION_UNITS = (layer_norm_qkv, layer_mlp_out_addmm)
 
 
@@ -380,6 +381,12 @@ class PackedLayer:
         qk = rotate(qk, cos, sin)
         write_kv(qk[:, h:], v)
         keys, values = read_kv()
-        out = attend_rows(qk[:, :h], keys, values, mask, self.scale)
+        return self.attend_then_mlp(x, qk[:, :h], keys, values, mask)
+
+    def attend_then_mlp(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                        mask: torch.Tensor | None) -> torch.Tensor:
+        """The rest of `forward` once q [R, h, T, D] and the keys/values it attends to are there: attention,
+        output projection and residual, then the MLP and its residual."""
+        out = attend_rows(q, keys, values, mask, self.scale)
         x = x + self.attn.o_proj(out)
         return x + self._mlp(rms_norm(x, self.w_post, self.eps_post))

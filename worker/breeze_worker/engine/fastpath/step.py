@@ -38,8 +38,8 @@ from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
 from breeze_worker.engine.fastpath import fused, fused_rows, fused_sampling
 from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT,
-                                                  GEMM_ATTENTION_UNITS, UNITS, PackedLayer, attend_rows, linear,
-                                                  rms_norm, small_rows_linear)
+                                                  GEMM_ATTENTION_UNITS, UNITS, PackedLayer, linear, rms_norm,
+                                                  small_rows_linear)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -588,9 +588,7 @@ def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: 
     proj = linear(rms_norm(x, layer.w_in, layer.eps_in), layer.qkv)
     q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                            kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    out = attend_rows(q, k_cache[:, :, :t], v_cache[:, :, :t], mask, layer.scale)
-    x = x + layer.attn.o_proj(out)
-    return x + layer._mlp(rms_norm(x, layer.w_post, layer.eps_post))
+    return layer.attend_then_mlp(x, q, k_cache[:, :, :t], v_cache[:, :, :t], mask)
 
 
 def _kv_dtype(lm) -> torch.dtype:
