@@ -13,7 +13,7 @@ import sys
 import torch
 
 from breeze_worker.engine.fastpath import fused_sampling
-from breeze_worker.engine.sampling import RowSampling, exponential_noise, filter_rows, sample_rows
+from breeze_worker.engine.sampling import RowSampling, exponential_noise, filter_rows, sample_rows, uniform_open
 
 
 def _logits(g: torch.Generator, kind: str, rows: int, vocab: int) -> torch.Tensor:
@@ -39,8 +39,11 @@ def _logits(g: torch.Generator, kind: str, rows: int, vocab: int) -> torch.Tenso
     return x
 
 
-def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, early: bool | None = None) -> dict:
-    """`split`, `early`: the kernel's plan settings (None: the committed plan's). Every case also has the
+def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, early: bool | None = None,
+          extreme: bool = False) -> dict:
+    """`split`, `early`: the kernel's plan settings (None: the committed plan's). `extreme`: every token the
+    filters cut gets the smallest noise the generator can produce (the largest hash), the draw most likely
+    to escape a filter if the noise could reach 0. Every case also has the
     kernel write the next input: rows of a table to each stream's cond and uncond rows (equal for some
     streams, as without CFG), and checks them against the table at the drawn codes."""
     from breeze_worker.engine.fastpath import fused
@@ -62,6 +65,9 @@ def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, ea
         logits[5, 3] = float("inf")
     frame = torch.full((rows,), seed, dtype=torch.int64)
     noise = exponential_noise(sampling.seed, frame, 3, vocab)
+    if extreme:
+        smallest = -torch.log(uniform_open(torch.tensor(2**32 - 1)))
+        noise = torch.where(filter_rows(logits, sampling, blocked)[1], noise, smallest)
     flags = torch.zeros(rows, dtype=torch.bool)
     flags[7] = True  # a flag set earlier in the frame stays set
     keep = torch.zeros(rows, vocab, dtype=torch.int8)
@@ -93,12 +99,13 @@ def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, ea
     same_code = (code == expected_code) | ~comparable
     flags_ok = torch.equal(flags, ~finite_rows | (torch.arange(rows) == 7))
     filtered = bool((keep.sum(-1) < torch.isfinite(scaled).sum(-1)).any())
-    ok = bool(same_keep.all()) and bool(same_code.all()) and flags_ok and next_ok
+    inside = bool(expected_keep.gather(1, code.clamp(0, vocab - 1)[:, None]).all()) and not bool(blocked[code].any())
+    ok = bool(same_keep.all()) and bool(same_code.all()) and flags_ok and next_ok and (inside or not extreme)
     return {"kind": kind, "seed": seed, "vocab": vocab, "split": used["split"], "early": used["early"],
             "next_ok": next_ok, "blocks": list(fused_sampling.blocks(vocab, used["split"])), "ok": ok,
             "keep_rows_equal": int(same_keep.sum()),
             "code_rows_equal": int(same_code.sum()), "rows": rows, "flags_ok": flags_ok,
-            "nonfinite_rows": int((~finite_rows).sum()),
+            "nonfinite_rows": int((~finite_rows).sum()), "extreme": extreme, "inside_filter": inside,
             "compared_rows": int(comparable.sum()), "filtered_something": filtered,
             "kept": keep.sum(-1).tolist()}
 
@@ -147,6 +154,7 @@ def main() -> int:
             (("tail", 2052), ("ties", 2051), ("nonfinite", 3000), ("tail", 3000), ("plain", 2048)))]
     # the full 32-step search (plan "early" off) against the same references
     cases += [_case(kind, 40 + seed, 2051, True, False) for seed, kind in enumerate(("plain", "ties", "sparse"))]
+    cases += [_case("plain", 60, extreme=True), _case("peaked", 61, extreme=True)]
     cases += [_frames_case(False, None), _frames_case(True, 0.8)]
     for case in cases:
         print(json.dumps(case))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interpreter_check):
     cases = interpreter_check("sampling_interpreter_check.py")
-    assert len(cases) == 23 and all(c["ok"] for c in cases)
+    assert len(cases) == 25 and all(c["ok"] for c in cases)
+    extreme = [c for c in cases if c.get("extreme")]  # the smallest noise on every cut token: none drawn
+    assert len(extreme) == 2 and all(c["inside_filter"] for c in extreme)
     rows_cases = [c for c in cases if c["kind"] != "frames"]
     assert all(c["next_ok"] for c in rows_cases)  # the next-input rows written for each stream's rows
     assert {c["early"] for c in rows_cases} == {True, False}  # the early-stopped and the full top-k search

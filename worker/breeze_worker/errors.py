@@ -45,3 +45,8 @@ class CheckpointError(BreezeError):
 
 class NumericalError(BreezeError):
     """Non-finite values were produced and no safe fallback could recover the request (maps to INTERNAL)."""
+
+
+class CodeOutOfRange(BreezeError):
+    """A sampled code lies outside what the codec decodes; the frame was discarded, never decoded (maps to
+    INTERNAL: the sampler must make this impossible, so reaching it is a defect of the worker)."""

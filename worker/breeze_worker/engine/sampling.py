@@ -33,16 +33,31 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _noise(seed: torch.Tensor, draw: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [R, K, vocab] for rows `seed` [R] and draw counters `draw` [R, K] (frame * 16 + codebook)."""
+def noise_hash(seed: torch.Tensor, draw: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The 32-bit hashes [R, K, vocab] (int64) behind the noise of rows `seed` [R] and draw counters
+    `draw` [R, K] (frame * 16 + codebook)."""
     seed = seed.to(torch.int64)
     row = _mix32(_mix32(seed & _M32) ^ ((seed >> 32) & _M32))
     row = _mix32(row[:, None] ^ (draw & _M32))
     ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
     x = _mix32(row[:, :, None] ^ ((ids[None, None, :] * _GOLDEN) & _M32))
-    x = _mix32(x + _GOLDEN)
-    uniform = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # (0, 1), 24 bits
-    return -torch.log(uniform)
+    return _mix32(x + _GOLDEN)
+
+
+def _noise(seed: torch.Tensor, draw: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [R, K, vocab] for rows `seed` [R] and draw counters `draw` [R, K] (frame * 16 + codebook)."""
+    return -torch.log(uniform_open(noise_hash(seed, draw, vocab)))
+
+
+def uniform_open(x: torch.Tensor) -> torch.Tensor:
+    """float32 uniforms strictly inside (0, 1) from int64 hashes in [0, 2**32).
+
+    The top 23 bits k give (k + 0.5) / 2**23: both k + 0.5 (24 significant bits) and the power-of-two
+    scale are exact in float32, so the result is never rounded to 0 or 1; it lies in
+    [2**-24, 1 - 2**-24]. Hence the Exp(1) noise -log(u) lies in [~6e-8, ~16.6]: never 0 (its log would be
+    -inf, and a filtered logit minus -inf is NaN, which argmax would pick) and never infinite.
+    """
+    return ((x >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
 
 
 def exponential_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab: int) -> torch.Tensor:

@@ -25,13 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
 from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import Job
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason
-from breeze_worker.errors import BreezeError, Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
+from breeze_worker.errors import (BreezeError, Cancelled, CodeOutOfRange, DeadlineExceeded, ResourceExhausted,
+                                  Unavailable)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class Scheduler:
         self._starting = 0
         self.overlap = overlap
         self._codec = CodecRows(runtime.codec, overlap=self.overlap)
+        self._codebook_size = runtime.codec.codebook_size  # a sampled code at or above it never reaches the codec
         self._in_flight: _InFlight | None = None
         self._stepper = runtime.stepper_for(max_active)
         self._lock = threading.Condition()
@@ -256,6 +259,10 @@ class Scheduler:
                 self._drop(job, out.error)
             elif out.frame is None:
                 self._finish(job, out.end_reason or EndReason.FRAME_LIMIT)
+            elif (bad := self._out_of_range(out.frame)) is not None:  # this stream only: never to the codec
+                self._drop(job, CodeOutOfRange(
+                    f"frame {job.frames} holds code {bad}, outside the codec's range [0, {self._codebook_size}); "
+                    "the frame was discarded"))
             else:
                 job.frames += 1
                 frames[job] = out.frame
@@ -275,6 +282,11 @@ class Scheduler:
             self._active.remove(job)
         if not self.overlap or not self._active:  # no next step to overlap with
             self._deliver()
+
+    def _out_of_range(self, frame: torch.Tensor) -> int | None:
+        """The first code of a frame (int64 [16], on the CPU) the codec cannot decode, or None."""
+        bad = (frame < 0) | (frame >= self._codebook_size)
+        return int(frame[bad][0]) if bool(bad.any()) else None
 
     def _deliver(self) -> None:
         """Read the codec step in flight (if any), send each job its audio and finish the jobs it ended."""

@@ -26,6 +26,7 @@ STATUS_OF: dict[type[errors.BreezeError], grpc.StatusCode] = {
     errors.Cancelled: grpc.StatusCode.CANCELLED,
     errors.CheckpointError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.NumericalError: grpc.StatusCode.INTERNAL,
+    errors.CodeOutOfRange: grpc.StatusCode.INTERNAL,
 }
 
 
