@@ -1,6 +1,7 @@
 """Official checkpoint directory <-> `LoadedModel`.
 
 `load_checkpoint` reads config.json (decoy top-level keys ignored), generation_config.json, tokenizer.json
+(with tokenizer_config.json where present, as transformers reads them)
 and the safetensors shards named by model.safetensors.index.json. The model is built on the meta device,
 materialized uninitialized on the target device, and filled one tensor at a time. `safe_open` validates
 the shard headers (names, shapes); the data is read by offset straight into each parameter (through a 16 MB
@@ -209,7 +210,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         raise CheckpointError("config.json sets tie_codebooks_embeddings false; only tied embeddings are supported")
     gen_path = directory / "generation_config.json"
     defaults = GenerationDefaults.from_generation_config(_read_json(gen_path) if gen_path.exists() else {})
-    tokenizer = BreezeTokenizer.from_file(directory / "tokenizer.json", config)
+    tokenizer = BreezeTokenizer.from_checkpoint(directory, config)
     codec_dir = directory / "audio_tokenizer"
     if require_codec and not codec_dir.is_dir():
         raise CheckpointError(f"{codec_dir} is missing: a Breeze TTS 2 checkpoint needs its audio_tokenizer/ "

@@ -1,16 +1,22 @@
 """The Gemma-3 tokenizer with Breeze's added tokens, over `tokenizers.Tokenizer`.
 
-Loaded from the checkpoint's tokenizer.json, or built in code for the tiny default: a byte-fallback
+Loaded from the checkpoint's tokenizer.json plus its tokenizer_config.json the way transformers'
+AutoTokenizer reads them (`apply_tokenizer_config`): tokens declared in the config's
+`added_tokens_decoder`, and the named special tokens, become added tokens, so a marker declared only there
+is still read as one token, not as its bytes. Or built in code for the tiny default: a byte-fallback
 BPE with single-character pieces (any text, CJK included, round-trips through bytes), the Gemma
 normalizer (spaces -> "▁"), a "<bos> $A" post-processor, and the same special tokens as the real one:
 <pad>, <eos>, <bos>, <|AUDIO|>, <|audio_eos|>, [S0]..[S9], <ins_bos>, <ins_eos>. Every special id is
-taken from the model config and checked against the tokenizer, never assumed.
+taken from the model config and checked against the tokenizer, never assumed: each marker the prompt
+templates use must tokenize to exactly its one id, or the checkpoint is refused.
 """
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 
@@ -41,17 +47,36 @@ class BreezeTokenizer:
             if got != want:
                 raise CheckpointError(f"tokenizer.json maps {token!r} to {got}, config.json says {want}: "
                                       "the tokenizer does not belong to this checkpoint")
+            # in the vocabulary is not enough: unless it is an added token, text holding it is split into pieces
+            pieces = self.tokenizer.encode(token, add_special_tokens=False).ids
+            if pieces != [want]:
+                raise CheckpointError(
+                    f"the tokenizer reads the prompt marker {token!r} as {len(pieces)} tokens {pieces[:8]}, not as "
+                    f"its one id {want}: declare it as an added (special) token in tokenizer.json or in "
+                    "tokenizer_config.json's added_tokens_decoder")
         if self.vocab_size > config.text_encoder.vocab_size:
             raise CheckpointError(f"tokenizer.json has {self.vocab_size} tokens, more than the text encoder's "
                                   f"embedding ({config.text_encoder.vocab_size} rows)")
 
     # ---- construction ----
     @classmethod
-    def from_file(cls, path: str | Path, config: BreezeConfig) -> "BreezeTokenizer":
+    def from_checkpoint(cls, directory: str | Path, config: BreezeConfig) -> "BreezeTokenizer":
+        """tokenizer.json, completed by tokenizer_config.json where the checkpoint has one."""
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
             raise CheckpointError(f"cannot read the tokenizer {path}: {exc}") from exc
+        config_path = directory / "tokenizer_config.json"
+        if config_path.is_file():
+            try:
+                settings = json.loads(config_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(f"cannot read {config_path}: {exc}") from exc
+            if not isinstance(settings, dict):
+                raise CheckpointError(f"{config_path} must hold a JSON object")
+            apply_tokenizer_config(tokenizer, settings, config_path)
         return cls(tokenizer, config)
 
     @classmethod
@@ -76,6 +101,62 @@ class BreezeTokenizer:
     def to_str(self) -> str:
         """The tokenizer.json text."""
         return self.tokenizer.to_str()
+
+
+# tokenizer_config.json keys naming special tokens (transformers adds each as a special token)
+_NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+_EXTRA_SPECIAL = ("additional_special_tokens", "extra_special_tokens")
+
+
+def _added_token(spec: Any, where: Path, special: bool | None = None) -> AddedToken:
+    """An AddedToken from a config entry: a string, or a dict with content and its matching flags."""
+    if isinstance(spec, str):
+        return AddedToken(spec, special=True, normalized=False)
+    if not isinstance(spec, dict) or not isinstance(spec.get("content"), str):
+        raise CheckpointError(f"{where}: a token entry must be a string or an object with 'content', got {spec!r:.80}")
+    flags = {k: bool(spec[k]) for k in ("single_word", "lstrip", "rstrip", "normalized", "special") if k in spec}
+    if special is not None:
+        flags["special"] = special
+    return AddedToken(spec["content"], **flags)
+
+
+def apply_tokenizer_config(tokenizer: Tokenizer, settings: dict, where: Path) -> None:
+    """Complete `tokenizer` (from tokenizer.json) with tokenizer_config.json's tokens, as AutoTokenizer does:
+
+    - each `added_tokens_decoder` entry (id -> token with its flags), in id order, and then every named
+      special token (`bos_token`, ...) and extra special token, that is not yet an added token becomes one;
+      an entry's declared id must be the id the tokenizer then gives it;
+    - what encoding "with special tokens" adds stays tokenizer.json's post-processor: transformers keeps it
+      whatever `add_bos_token` / `add_eos_token` say (checked against AutoTokenizer in the tests).
+    """
+    declared = settings.get("added_tokens_decoder") or {}
+    if not isinstance(declared, dict):
+        raise CheckpointError(f"{where}: added_tokens_decoder must map ids to tokens")
+    try:
+        by_id = sorted((int(i), _added_token(spec, where)) for i, spec in declared.items())
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: added_tokens_decoder keys must be token ids ({exc})") from exc
+    present = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    wanted = [token for _, token in by_id]
+    for key in _NAMED_SPECIAL:
+        if settings.get(key) is not None:
+            wanted.append(_added_token(settings[key], where, special=True))
+    for key in _EXTRA_SPECIAL:
+        extra = settings.get(key) or []
+        for spec in (extra.values() if isinstance(extra, dict) else extra):
+            wanted.append(_added_token(spec, where, special=True))
+    new, seen = [], set(present)
+    for token in wanted:
+        if token.content not in seen:
+            new.append(token)
+            seen.add(token.content)
+    if new:
+        tokenizer.add_tokens(new)
+    for token_id, token in by_id:
+        got = tokenizer.token_to_id(token.content)
+        if got != token_id:
+            raise CheckpointError(f"{where} declares {token.content!r} as id {token_id}, but the tokenizer gives it "
+                                  f"{got}: tokenizer.json and tokenizer_config.json do not belong together")
 
 
 def build_tiny_tokenizer(config: BreezeConfig) -> Tokenizer:
