@@ -16,7 +16,10 @@ What it does:
      `Qwen3TTSTokenizerV2Model.from_pretrained` (the package `__init__`, which imports gradio-era extras,
      is bypassed; no missing or unexpected tensor is tolerated), decodes the codes and encodes the
      waveform (through transformers' EncodecFeatureExtractor, as the reference tokenizer does);
-  4. saves `tests/fixtures/codec_golden/{audio_tokenizer/, golden.npz}`.
+     It also records the reference's configuration defaults: every decoder_config and top-level key's
+     value when the key is absent, the attention head size when `head_dim` is absent, and whether a
+     decoder can be built without `codebook_dim`;
+  4. saves `tests/fixtures/codec_golden/{audio_tokenizer/, golden.npz, reference_defaults.json}`.
 The tests (tests/codec/test_codec_golden.py) load the folder with our loader and compare.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -83,6 +87,8 @@ def build_fixture() -> None:
             check=True,
         )
         expected = dict(np.load(expected_path))
+        subprocess.run([str(python), __file__, "--reference-defaults", str(FIXTURE / "reference_defaults.json")],
+                       check=True)
     np.savez_compressed(FIXTURE / "golden.npz", **inputs, **expected)
     total = sum(p.stat().st_size for p in FIXTURE.rglob("*") if p.is_file())
     print(f"wrote {FIXTURE} ({total / 1024:.0f} KiB); expected codes {expected['expected_codes'].shape}")
@@ -107,6 +113,33 @@ def _import_reference_tokenizer():
         module_spec.loader.exec_module(module)
         modules[name] = module
     return modules["modeling_qwen3_tts_tokenizer_v2"].Qwen3TTSTokenizerV2Model
+
+
+def reference_defaults(out_path: str) -> None:
+    """The reference's value for every configuration key that a config.json may leave out."""
+    _import_reference_tokenizer()
+    config_module = sys.modules["reference_tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2"]
+    modeling = sys.modules["reference_tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2"]
+    decoder = config_module.Qwen3TTSTokenizerV2DecoderConfig()
+    top = config_module.Qwen3TTSTokenizerV2Config()
+    generic = set(config_module.PretrainedConfig().to_dict())  # keys every transformers config carries
+    decoder_defaults = {k: v for k, v in decoder.to_dict().items() if k not in generic or k == "num_hidden_layers"}
+    top_keys = ("encoder_valid_num_quantizers", "input_sample_rate", "output_sample_rate", "decode_upsample_rate",
+                "encode_downsample_rate")
+    small = config_module.Qwen3TTSTokenizerV2DecoderConfig(hidden_size=96, num_attention_heads=4)
+    head_dim = modeling.Qwen3TTSTokenizerV2DecoderAttention(small, 0).head_dim
+    try:
+        modeling.Qwen3TTSTokenizerV2Decoder(small)
+        without_codebook_dim = "built"
+    except AttributeError as exc:
+        without_codebook_dim = f"AttributeError: {exc}"
+    result = {
+        "decoder_config": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(decoder_defaults.items())},
+        "top_level": {k: getattr(top, k) for k in top_keys},
+        "head_dim_when_absent": {"hidden_size": 96, "num_attention_heads": 4, "head_dim": head_dim},
+        "decoder_without_codebook_dim": without_codebook_dim,
+    }
+    Path(out_path).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
 
 
 def run_reference(checkpoint: str, inputs_path: str, expected_path: str) -> None:
@@ -137,9 +170,12 @@ def run_reference(checkpoint: str, inputs_path: str, expected_path: str) -> None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", nargs=3, metavar=("CHECKPOINT", "INPUTS", "EXPECTED"), help=argparse.SUPPRESS)
+    parser.add_argument("--reference-defaults", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.reference:
         run_reference(*args.reference)
+    elif args.reference_defaults:
+        reference_defaults(args.reference_defaults)
     else:
         build_fixture()
 

@@ -91,3 +91,20 @@ def test_loader_rejects_other_model_types(tmp_path, golden_codec):
         load_codec(folder)
     with pytest.raises(CheckpointError, match="codec config not found"):
         load_codec(tmp_path / "nowhere")
+
+
+def test_the_golden_is_sensitive_to_every_code(golden, golden_codec):
+    """A golden that decodes to a near-constant signal proves nothing: this one carries signal (std > 0.1),
+    and changing any single code of the first row (each of the 16 codebooks x 10 frames, one at a time)
+    moves its decoded audio by at least 1e-2 somewhere: 100x the 1e-4 the parity tests allow. The other
+    row, decoded in the same batch, does not move at all."""
+    codes = torch.from_numpy(golden["codes"])
+    base = golden_codec.decode(codes)
+    assert float(base.std()) > 0.1
+    batch = codes.repeat(16 * 10, 1, 1)  # 160 pairs (first row changed, second untouched) in one decode
+    for i, (book, frame) in enumerate((b, f) for b in range(16) for f in range(10)):
+        batch[2 * i, book, frame] = (batch[2 * i, book, frame] + 37) % golden_codec.codebook_size
+    out = golden_codec.decode(batch)
+    moved = (out[0::2] - base[0]).abs().amax(dim=-1)
+    assert float(moved.min()) >= 1e-2, moved.view(16, 10)
+    assert float((out[1::2] - base[1]).abs().max()) < 1e-5

@@ -12,7 +12,7 @@ from torch import nn
 
 from breeze_worker.engine.precision import PrecisionPolicy, apply_policy
 from breeze_worker.model.codec.codec import Codec
-from breeze_worker.model.codec.config import CodecConfig, DecoderConfig
+from breeze_worker.model.codec.config import CodecConfig, DecoderConfig, released_decoder_config
 from breeze_worker.model.codec.decoder import CodecDecoder
 from breeze_worker.model.codec.tiny import _draw
 from breeze_worker.model.lm.breeze import BreezeLM
@@ -93,9 +93,9 @@ class _NoEncoder(nn.Module):
 
 @torch.no_grad()
 def decoder_only_codec(seed: int, device: torch.device, config: DecoderConfig | None = None) -> Codec:
-    """A `Codec` whose decoder has the released sizes (`DecoderConfig()` defaults) and seeded random weights
+    """A `Codec` whose decoder has the released sizes (`released_decoder_config()`) and seeded random weights
     drawn by the tiny codec's recipe (same names, same distributions), in FP32 on `device`."""
-    decoder_config = config or DecoderConfig()
+    decoder_config = config or released_decoder_config()
     with torch.random.fork_rng(devices=[]):
         decoder = CodecDecoder(decoder_config)
     generator = torch.Generator().manual_seed(seed)

@@ -92,7 +92,7 @@ def decode_reference_audio(audio: bytes, max_seconds: float,
             f"reference audio is too short ({seconds:.2f} s, or a truncated file): "
             f"send at least {min_seconds:g} s of speech"
         )
-    mono = samples.mean(axis=1, dtype=np.float32)
+    mono = np.mean(samples.T, axis=0)  # float32, channels summed in librosa.to_mono's order
     share = active_share(mono, rate)
     if share < MIN_ACTIVE_SHARE:
         channels = [active_share(samples[:, c], rate) for c in range(samples.shape[1])]

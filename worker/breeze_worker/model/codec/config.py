@@ -20,18 +20,25 @@ ARCHITECTURE = "Qwen3TTSTokenizerV2Model"
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """Hyper-parameters of the codec decoder (codes -> waveform); field names follow the checkpoint."""
+    """Hyper-parameters of the codec decoder (codes -> waveform); field names follow the checkpoint.
 
+    A key absent from `decoder_config` gets the value the reference implementation (qwen-tts,
+    `Qwen3TTSTokenizerV2DecoderConfig`) gives it, not the released checkpoint's: the released sizes are
+    `released_decoder_config()`. Two keys have no reference default: `codebook_dim` (the reference fails
+    without it, so do we, by name) and `head_dim` (absent: hidden_size // num_attention_heads, as the
+    reference's attention derives it).
+    """
+
+    codebook_dim: int | None = None  # width after dequantization; each codebook entry is codebook_dim // 2 wide
     codebook_size: int = 2048
-    codebook_dim: int = 512  # width after dequantization; each codebook entry is codebook_dim // 2 wide
     num_quantizers: int = 16
     latent_dim: int = 1024
-    hidden_size: int = 512
+    hidden_size: int = 1024
     num_hidden_layers: int = 8
     num_attention_heads: int = 16
     num_key_value_heads: int = 16
-    head_dim: int | None = 64  # None: hidden_size // num_attention_heads
-    intermediate_size: int = 1024
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    intermediate_size: int = 3072
     hidden_act: str = "silu"
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -54,6 +61,13 @@ class DecoderConfig:
     def from_dict(cls, raw: dict[str, Any]) -> DecoderConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
+        if values.get("codebook_dim") is None:
+            raise CheckpointError("audio_tokenizer decoder_config has no 'codebook_dim' (the reference codec "
+                                  "cannot be built without it either)")
+        scaling = raw.get("rope_scaling")
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise CheckpointError(f"audio_tokenizer decoder_config asks for rope_scaling {scaling!r:.80}; this "
+                                  "worker implements the codec's default rotary embedding only")
         for name in ("upsampling_ratios", "upsample_rates"):
             if name in values:
                 values[name] = tuple(int(x) for x in values[name])
@@ -69,7 +83,9 @@ class DecoderConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.codebook_dim % 2:
+        if self.codebook_dim is None:
+            problems.append("codebook_dim is required")
+        elif self.codebook_dim % 2:
             problems.append(f"codebook_dim {self.codebook_dim} must be even")
         if self.num_attention_heads % self.num_key_value_heads:
             problems.append("num_attention_heads must be a multiple of num_key_value_heads")
@@ -84,6 +100,12 @@ class DecoderConfig:
 
 
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")
+
+
+def released_decoder_config() -> DecoderConfig:
+    """The decoder of the released Qwen3-TTS-Tokenizer-12Hz (Breeze TTS 2's `audio_tokenizer/`): the keys where
+    it differs from the reference's defaults are spelled out in its config.json, as here."""
+    return DecoderConfig(codebook_dim=512, hidden_size=512, head_dim=64, intermediate_size=1024)
 
 
 @dataclass(frozen=True)
