@@ -5,7 +5,6 @@ weights built directly on the device (no download), or a real checkpoint directo
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import torch
 from torch import nn
@@ -16,27 +15,12 @@ from breeze_worker.model.codec.config import CodecConfig, DecoderConfig, release
 from breeze_worker.model.codec.decoder import CodecDecoder
 from breeze_worker.model.codec.tiny import _draw
 from breeze_worker.model.lm.breeze import BreezeLM
-from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.loaded import GenerationDefaults, LoadedModel
+from breeze_worker.model.synthetic import config_for
 from breeze_worker.model.tokenizer import BreezeTokenizer
 
 log = logging.getLogger(__name__)
 
-SIZES = ("full", "mid", "tiny")
-
-
-def config_for(size: str) -> BreezeConfig:
-    """full: the released sizes; mid: full widths with few layers (a fast GPU correctness check); tiny."""
-    if size == "full":
-        return BreezeConfig.full_size()
-    if size == "tiny":
-        return BreezeConfig.tiny()
-    if size == "mid":
-        full = BreezeConfig.full_size()
-        te = replace(full.text_encoder, num_hidden_layers=2, layer_types=("sliding_attention", "full_attention"))
-        return replace(full, text_encoder=te, backbone=replace(full.backbone, num_hidden_layers=4),
-                       depth=replace(full.depth, num_hidden_layers=3))
-    raise ValueError(f"model size must be one of {SIZES}, not {size!r}")
 
 
 @torch.no_grad()

@@ -250,7 +250,8 @@ def _load_codec(audio_tokenizer_dir: Path, device):
 
 
 def write_checkpoint(model: LoadedModel, directory: str | Path, *, dtype: torch.dtype | None = None,
-                     config_overrides: dict | None = None, dead_tensors: bool = True) -> Path:
+                     config_overrides: dict | None = None, dead_tensors: bool = True,
+                     dead_tensor_dtype: torch.dtype = torch.float32) -> Path:
     """Write `model` in the official layout: config.json (decoys included; `config_overrides` are merged
     into its top level), generation_config.json, tokenizer.json, an index and two shards, the dead tensors
     present, the tied audio embedding stored once as depth_decoder.model.embed_tokens.weight, and the
@@ -270,7 +271,8 @@ def write_checkpoint(model: LoadedModel, directory: str | Path, *, dtype: torch.
     if dead_tensors:
         cfg = model.config
         gen_cpu = torch.Generator().manual_seed(0)
-        tensors["embed_text_tokens.weight"] = torch.randn(cfg.text_vocab_size, cfg.hidden_size, generator=gen_cpu)
+        tensors["embed_text_tokens.weight"] = torch.randn(cfg.text_vocab_size, cfg.hidden_size, generator=gen_cpu,
+                                                          dtype=dead_tensor_dtype)
         tensors["codec_model.encoder.layers.0.conv.weight"] = torch.randn(8, 1, 7, generator=gen_cpu)
         tensors["codec_model.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.embed_sum"] = (
             torch.randn(16, 8, generator=gen_cpu))

@@ -1,0 +1,111 @@
+"""Synthetic checkpoints: the official directory layout at full, mid or tiny size, with seeded random weights.
+
+`write_synthetic_checkpoint(out, size, seed)` writes what `load_checkpoint` reads from a real Breeze TTS 2
+download (config.json with its decoy keys, generation_config.json, tokenizer.json, an index and two shards with
+the dead tensors present, `audio_tokenizer/` with the codec's encoder and decoder), so the loader, the
+reference path and the whole worker run at the released sizes without downloading anything.
+
+Its audio is NOT speech: the weights are random (normal(0, 0.02) matrices, norm gains near their identity),
+and so is what the model generates. It is for measuring speed, memory and start-up, and for exercising every
+code path at the real shapes; never for listening tests or quality claims.
+
+Weights are drawn on the CPU, one tensor at a time in sorted-name order from one seeded generator, and stored
+in the target dtype (bf16 by default, as the release ships): the same seed gives the same files on any machine.
+Peak host memory is about the weights in the target dtype (~7 GB for full size in bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from breeze_worker.model.codec.config import CodecConfig, released_decoder_config
+from breeze_worker.model.codec.tiny import codec_from_config, tiny_codec
+from breeze_worker.model.lm.breeze import BreezeLM
+from breeze_worker.model.lm.config import BreezeConfig
+from breeze_worker.model.loaded import GenerationDefaults, LoadedModel
+from breeze_worker.model.loader import write_checkpoint
+from breeze_worker.model.tokenizer import BreezeTokenizer
+
+SIZES = ("full", "mid", "tiny")
+NOTICE = "SYNTHETIC.txt"
+_CHUNK = 1 << 24  # elements drawn at a time in float32 before the cast (64 MB)
+
+
+def config_for(size: str) -> BreezeConfig:
+    """full: the released sizes; mid: full widths with few layers (a fast check at real shapes); tiny."""
+    if size == "full":
+        return BreezeConfig.full_size()
+    if size == "tiny":
+        return BreezeConfig.tiny()
+    if size == "mid":
+        full = BreezeConfig.full_size()
+        te = replace(full.text_encoder, num_hidden_layers=2, layer_types=("sliding_attention", "full_attention"))
+        return replace(full, text_encoder=te, backbone=replace(full.backbone, num_hidden_layers=4),
+                       depth=replace(full.depth, num_hidden_layers=3))
+    raise ValueError(f"model size must be one of {SIZES}, not {size!r}")
+
+
+def released_encoder_config() -> dict:
+    """The Mimi encoder block of the released codec's config.json (transformers' MimiConfig defaults)."""
+    return {
+        "model_type": "mimi", "_frame_rate": 12.5, "audio_channels": 1, "sampling_rate": 24000,
+        "hidden_size": 512, "num_filters": 64, "num_residual_layers": 1, "upsampling_ratios": [8, 6, 5, 4],
+        "kernel_size": 7, "last_kernel_size": 3, "residual_kernel_size": 3, "dilation_growth_rate": 2,
+        "use_causal_conv": True, "pad_mode": "constant", "compress": 2, "trim_right_ratio": 1.0,
+        "codebook_size": 2048, "codebook_dim": 256, "num_quantizers": 32, "num_semantic_quantizers": 1,
+        "vector_quantization_hidden_dimension": 256, "upsample_groups": 512, "use_conv_shortcut": False,
+        "num_hidden_layers": 8, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 8,
+        "head_dim": 64, "hidden_act": "gelu", "max_position_embeddings": 8000, "norm_eps": 1e-5,
+        "rope_theta": 10000.0, "sliding_window": 250, "layer_scale_initial_scale": 0.01, "attention_bias": False,
+    }
+
+
+@torch.no_grad()
+def random_lm(config: BreezeConfig, seed: int, dtype: torch.dtype) -> BreezeLM:
+    """The language model in `dtype` on the CPU, every parameter drawn as the tiny default draws them:
+    normal(0, 0.02), norm gains 1 + 0.1 noise (0.1 noise for the text encoder's Gemma norms, which scale by
+    1 + w)."""
+    with torch.device("meta"):
+        lm = BreezeLM(config)
+    lm = lm.to(dtype=dtype).to_empty(device="cpu")
+    lm.reset_buffers()
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in sorted(lm.named_parameters()):
+        flat = param.view(-1)
+        gemma = name.startswith("text_encoder.")
+        for start in range(0, flat.numel(), _CHUNK):
+            piece = torch.randn(min(_CHUNK, flat.numel() - start), generator=generator)
+            if name.endswith("norm.weight"):
+                piece.mul_(0.1).add_(0.0 if gemma else 1.0)
+            else:
+                piece.mul_(0.02)
+            flat[start:start + piece.numel()].copy_(piece)
+    return lm.eval().requires_grad_(False)
+
+
+def _codec(size: str, seed: int):
+    if size == "tiny":
+        return tiny_codec(seed)
+    return codec_from_config(CodecConfig(decoder=released_decoder_config(), encoder=released_encoder_config()), seed)
+
+
+def write_synthetic_checkpoint(out: str | Path, size: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write a synthetic checkpoint directory (see the module doc); `out` must not hold files yet."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty: choose a new directory")
+    config = config_for(size)
+    model = LoadedModel(config=config, lm=random_lm(config, seed, dtype), tokenizer=BreezeTokenizer.tiny(config),
+                        generation_defaults=GenerationDefaults(), codec=_codec(size, seed),
+                        is_tiny_default=False)
+    write_checkpoint(model, out, dead_tensor_dtype=dtype)
+    (out / NOTICE).write_text(
+        f"Synthetic Breeze TTS 2 checkpoint ({size} size, seed {seed}, {str(dtype).removeprefix('torch.')}), "
+        "written by `breeze-worker make-checkpoint`.\n"
+        "The weights are RANDOM: what it generates is NOT speech. Use it to measure speed, memory and start-up "
+        "and to run every code path at real shapes; never for listening tests or quality claims.\n",
+        encoding="utf-8")
+    return out
