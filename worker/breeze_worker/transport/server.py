@@ -25,6 +25,7 @@ from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import WorkerSettings
 from breeze_worker.transport.artifact_servicer import MAX_CHUNK_BYTES, ArtifactServicer
 from breeze_worker.transport.auth import BearerTokenInterceptor
+from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
 from breeze_worker.transport.synthesis_servicer import TINY_DEFAULT_WARNING, SynthesisServicer
 
@@ -65,6 +66,12 @@ def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
     if s.tls_cert is None:
         return None
     return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
+
+
+def _interceptors(settings: WorkerSettings) -> list[grpc.aio.ServerInterceptor]:
+    """The call wrapper outermost (log fields, undecodable bodies), then the token check when there is one."""
+    token = settings.server.auth_token
+    return [CallInterceptor()] + ([BearerTokenInterceptor(token)] if token else [])
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
@@ -147,7 +154,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     settings.validate()
     s = settings.server
     store = store or getattr(engine, "artifact_store", None) or ArtifactStore(settings.artifacts)
-    interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
+    interceptors = _interceptors(settings)
     credentials = _credentials(settings)
     health_servicer = health.aio.HealthServicer()
     clock = ClockServicer()
@@ -182,5 +189,5 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     running._tasks.append(asyncio.create_task(_retention_loop(store, interval)))
     log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s",
              _address(s.host, synthesis_port), _address(s.host, artifact_port), endpoint,
-             ", TLS" if credentials else "", ", bearer token required" if interceptors else "")
+             ", TLS" if credentials else "", ", bearer token required" if s.auth_token else "")
     return running
