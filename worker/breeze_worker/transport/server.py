@@ -23,7 +23,7 @@ from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2, cl
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import WorkerSettings
-from breeze_worker.transport.artifact_servicer import MAX_CHUNK_BYTES, ArtifactServicer
+from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, ArtifactServicer
 from breeze_worker.transport.auth import BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
@@ -162,7 +162,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     synthesis_server = grpc.aio.server(interceptors=interceptors,
                                        options=_options(receive_cap(s.max_request_bytes), 64 * 1024 * 1024))
     artifact_server = grpc.aio.server(interceptors=interceptors,
-                                      options=_options(_ARTIFACT_REQUEST_BYTES, 2 * MAX_CHUNK_BYTES))
+                                      options=_options(_ARTIFACT_REQUEST_BYTES, MAX_MESSAGE_BYTES))
     synthesis_port = _bind(synthesis_server, s.host, s.port, credentials)
     artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials)
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
