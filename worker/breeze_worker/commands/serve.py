@@ -53,10 +53,14 @@ FLAGS: list[tuple[str, str, str, str]] = [
      "host:port that clients should use for artifacts (default: host:artifact-port)"),
     ("server", "auth_token", "--token", "require 'authorization: Bearer TOKEN' on every call but health "
                                         "(prefer the environment variable BREEZE_SERVER_AUTH_TOKEN)"),
+    ("server", "allow_insecure", "--allow-insecure", "serve on a non-loopback --host with neither a token nor "
+                                                     "client certificates (refused otherwise)"),
     ("server", "metrics_port", "--metrics-port", "serve Prometheus metrics on GET /metrics of this port "
                                                  "(off by default)"),
     ("server", "tls_cert", "--tls-cert", "PEM certificate chain (TLS on both ports; needs --tls-key)"),
     ("server", "tls_key", "--tls-key", "PEM private key"),
+    ("server", "tls_client_ca", "--tls-client-ca", "PEM CA certificate(s): require client certificates signed "
+                                                   "by it on both ports (mutual TLS; needs --tls-cert)"),
     ("server", "max_request_bytes", "--max-request-bytes", "largest accepted request message"),
     ("server", "grace_s", "--grace-s", "seconds in-flight calls get to finish on SIGTERM"),
     ("artifacts", "directory", "--artifact-dir", "where WAV artifacts are written"),

@@ -62,16 +62,35 @@ def _options(max_receive: int, max_send: int) -> list[tuple[str, int]]:
 
 
 def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
+    """TLS from --tls-cert/--tls-key; with --tls-client-ca, clients must present a certificate it signed."""
     s = settings.server
     if s.tls_cert is None:
         return None
-    return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
+    client_ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())],
+                                       root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
 def _interceptors(settings: WorkerSettings) -> list[grpc.aio.ServerInterceptor]:
     """The call wrapper outermost (log fields, undecodable bodies), then the token check when there is one."""
     token = settings.server.auth_token
     return [CallInterceptor()] + ([BearerTokenInterceptor(token)] if token else [])
+
+
+def warn_about_exposure(settings: WorkerSettings) -> None:
+    """Log what a non-loopback listener leaves open (validation already refused an open one without
+    --allow-insecure)."""
+    s = settings.server
+    if s.listens_on_loopback:
+        return
+    if not s.auth_token and s.tls_client_ca is None:
+        log.warning("listening on %s with NO authentication (--allow-insecure): anyone who can reach the ports "
+                    "can synthesize and read every artifact. Set BREEZE_SERVER_AUTH_TOKEN and TLS, or bind "
+                    "127.0.0.1", s.host)
+    elif s.tls_cert is None:
+        log.warning("listening on %s with a bearer token but without TLS: the token and the audio cross the "
+                    "network in clear text. Add --tls-cert/--tls-key (and --tls-client-ca for client "
+                    "certificates)", s.host)
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
@@ -187,7 +206,9 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     await artifact_server.start()
     interval = min(60.0, settings.artifacts.max_age_s / 4)
     running._tasks.append(asyncio.create_task(_retention_loop(store, interval)))
-    log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s",
+    log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s%s",
              _address(s.host, synthesis_port), _address(s.host, artifact_port), endpoint,
-             ", TLS" if credentials else "", ", bearer token required" if s.auth_token else "")
+             ", TLS" if credentials else "", ", client certificates required" if s.tls_client_ca else "",
+             ", bearer token required" if s.auth_token else "")
+    warn_about_exposure(settings)
     return running
