@@ -65,3 +65,11 @@ def test_the_systemd_unit_cannot_start_an_exposed_worker_without_its_token_file(
         assert env_files and not any(f.startswith("-") for f in env_files), \
             "the env file holding BREEZE_SERVER_AUTH_TOKEN must be required ('-' makes it optional)"
         assert "--allow-insecure" not in exec_start
+
+
+def test_the_metrics_listener_has_a_host_flag_of_its_own():
+    settings = settings_from_args(parse("--metrics-port", "0", "--metrics-host", "127.0.0.2"), {})
+    assert settings.server.metrics_host == "127.0.0.2" and settings.server.metrics_port == 0
+    assert settings_from_args(parse("--metrics-port", "0"), {}).server.metrics_host is None  # --host's value
+    with pytest.raises(ValueError, match="metrics_port must be in 0..65535"):
+        settings_from_args(parse("--metrics-port", "70000"), {})

@@ -99,6 +99,7 @@ class ServerSettings:
     max_request_bytes: int = 16 * 1024 * 1024  # largest accepted request message
     grace_s: float = 5.0  # shutdown grace for in-flight calls
     metrics_port: int | None = None  # Prometheus text on GET /metrics (+ /healthz); None: off
+    metrics_host: str | None = None  # address of the metrics listener (None: the same as host)
     advertised_artifact_address: str | None = None  # host:port clients use for artifacts (None: host:artifact_port)
 
     def validate(self) -> None:
@@ -112,6 +113,8 @@ class ServerSettings:
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca (client certificates) needs TLS: add --tls-cert and --tls-key")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, not {self.metrics_port}")
         if not self.listens_on_loopback and not self.auth_token and self.tls_client_ca is None \
                 and not self.allow_insecure:
             raise ValueError(

@@ -46,7 +46,7 @@ def receive_cap(max_request_bytes: int) -> int:
     return 2 * max_request_bytes + (1 << 20)
 
 
-def _address(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
@@ -94,7 +94,7 @@ def warn_about_exposure(settings: WorkerSettings) -> None:
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
-    address = _address(host, port)
+    address = host_port(host, port)
     try:
         bound = (server.add_secure_port(address, credentials) if credentials is not None
                  else server.add_insecure_port(address))
@@ -112,7 +112,7 @@ def advertised_artifact_endpoint(settings: WorkerSettings, artifact_port: int) -
     host = s.host
     if host in ("", "0.0.0.0", "::", "[::]"):
         host = socket.getfqdn()
-    return _address(host, artifact_port)
+    return host_port(host, artifact_port)
 
 
 @dataclass
@@ -207,7 +207,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     interval = min(60.0, settings.artifacts.max_age_s / 4)
     running._tasks.append(asyncio.create_task(_retention_loop(store, interval)))
     log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s%s",
-             _address(s.host, synthesis_port), _address(s.host, artifact_port), endpoint,
+             host_port(s.host, synthesis_port), host_port(s.host, artifact_port), endpoint,
              ", TLS" if credentials else "", ", client certificates required" if s.tls_client_ca else "",
              ", bearer token required" if s.auth_token else "")
     warn_about_exposure(settings)
