@@ -4,9 +4,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # system tools the tests use: espeak-ng + sox (real speech), iproute2 (network namespaces, tc),
-# chromium (renders the diagnosis report), openssl (TLS test certificates)
+# chromium (renders the diagnosis report), openssl (TLS test certificates), node + npm (a stock grpc-js
+# client: the tests run `npm ci` in tests/interop/node)
 missing=()
-for pair in espeak-ng:espeak-ng sox:sox ip:iproute2 tc:iproute2 chromium:chromium openssl:openssl; do
+for pair in espeak-ng:espeak-ng sox:sox ip:iproute2 tc:iproute2 chromium:chromium openssl:openssl node:nodejs \
+            npm:npm; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
 done
 if ((${#missing[@]})); then

@@ -1,4 +1,5 @@
-"""The one channel factory: TLS, bearer-token metadata, message sizes, keepalive and retry policy.
+"""The one channel factory: TLS (with an optional client certificate), bearer-token metadata, message sizes,
+keepalive and retry policy.
 
 `ConnectionOptions` is what every SDK client and every CLI subcommand takes; `open_channel` /
 `open_aio_channel` build a channel to one target from it. The synthesis and the artifact channel are
@@ -39,14 +40,20 @@ class ConnectionOptions:
     tls_ca: Path | None = None  # PEM roots to trust; setting it turns TLS on
     tls: bool = False  # TLS with the system's roots (implied by tls_ca)
     tls_server_name: str | None = None  # override the name checked in the worker's certificate
+    tls_cert: Path | None = None  # PEM client certificate chain for mutual TLS (with tls_key; turns TLS on)
+    tls_key: Path | None = None  # PEM private key of tls_cert
     token: str | None = None  # bearer token, sent as `authorization: Bearer <token>`
     timeout_s: float | None = None  # deadline per call (None: no deadline)
     max_message_bytes: int = MAX_MESSAGE_BYTES
     extra_options: tuple[tuple[str, object], ...] = field(default_factory=tuple)
 
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("a client certificate needs both --tls-cert and --tls-key")
+
     @property
     def uses_tls(self) -> bool:
-        return self.tls or self.tls_ca is not None
+        return self.tls or self.tls_ca is not None or self.tls_cert is not None
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -84,7 +91,10 @@ def channel_options(opts: ConnectionOptions) -> list[tuple[str, object]]:
 
 def _credentials(opts: ConnectionOptions) -> grpc.ChannelCredentials:
     roots = Path(opts.tls_ca).read_bytes() if opts.tls_ca is not None else None
-    return grpc.ssl_channel_credentials(root_certificates=roots)
+    if opts.tls_cert is None:
+        return grpc.ssl_channel_credentials(root_certificates=roots)
+    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=Path(opts.tls_key).read_bytes(),
+                                        certificate_chain=Path(opts.tls_cert).read_bytes())
 
 
 def open_channel(target: str, opts: ConnectionOptions) -> grpc.Channel:

@@ -1,7 +1,7 @@
 """`breeze-client`: one entry point, one module per subcommand under `breeze_client.commands`.
 
 Every subcommand gets the same connection flags (--target, --artifact-target, --tls-ca, --tls,
---tls-server-name, --token, --timeout) and --json. A subcommand module defines `add_arguments(parser)`
+--tls-server-name, --tls-cert, --tls-key, --token, --timeout) and --json. A subcommand module defines `add_arguments(parser)`
 and `run(args, options) -> int`; to add one, write the module and add a line to COMMANDS. A failed call
 prints `error: CODE: message` on stderr and exits 1; Ctrl-C prints `interrupted` and exits 130.
 """
@@ -42,6 +42,10 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-ca", type=Path, default=None, help="PEM roots to trust; turns TLS on")
     g.add_argument("--tls", action="store_true", help="TLS with the system's trusted roots")
     g.add_argument("--tls-server-name", default=None, help="name to check in the worker's certificate")
+    g.add_argument("--tls-cert", type=Path, default=None,
+                   help="PEM client certificate chain, for a worker that requires client certificates "
+                        "(with --tls-key; turns TLS on)")
+    g.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     g.add_argument("--token", default=os.environ.get("BREEZE_TOKEN"),
                    help="bearer token (prefer the environment variable BREEZE_TOKEN)")
     g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="deadline per call")
@@ -50,8 +54,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 def connection_options(args: argparse.Namespace) -> ConnectionOptions:
     return ConnectionOptions(target=args.target, artifact_target=args.artifact_target, tls_ca=args.tls_ca,
-                             tls=args.tls, tls_server_name=args.tls_server_name, token=args.token,
-                             timeout_s=args.timeout)
+                             tls=args.tls, tls_server_name=args.tls_server_name, tls_cert=args.tls_cert,
+                             tls_key=args.tls_key, token=args.token, timeout_s=args.timeout)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

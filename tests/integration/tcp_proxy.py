@@ -6,7 +6,7 @@
 Runs its own event loop in a thread. `drop_after_bytes` cuts the first `drops` connections once that
 many bytes went from the target to the client; `delay_s` holds every forwarded piece that long.
 `outage_s` makes each drop an outage: the proxy stops listening for that long (connections are
-refused), then listens on the same port again.
+refused), then listens on the same port again. `bytes_to_target` counts what the clients sent on.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class TcpProxy:
         self.outage_s = outage_s
         self.connections = 0
         self.dropped = 0
+        self.bytes_to_target = 0  # bytes forwarded from clients to the target, all connections
         self.outages = 0  # outages over (the proxy listens again)
         self.address = ""
         self._tasks: set[asyncio.Task] = set()
@@ -90,6 +91,8 @@ class TcpProxy:
                     writer.write(data)
                     await writer.drain()
                     sent += len(data)
+                    if writer is target_w:
+                        self.bytes_to_target += len(data)
             except (ConnectionError, OSError):
                 pass
             finally:

@@ -30,3 +30,46 @@ def test_invalid_values_say_what_to_change():
         settings_from_args(parse("--min-reference-seconds", "40"), {})
     with pytest.raises(ValueError, match="precision must be"):
         settings_from_args(parse("--precision", "fp8"), {})
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])
+def test_a_loopback_listener_needs_no_authentication(host):
+    assert settings_from_args(parse("--host", host), {}).server.listens_on_loopback
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "gpu-host.example"])
+def test_a_non_loopback_listener_needs_a_token_client_certificates_or_allow_insecure(host, tmp_path):
+    with pytest.raises(ValueError, match=f"refusing to listen on {host} without authentication"):
+        settings_from_args(parse("--host", host), {})
+    assert settings_from_args(parse("--host", host), {"BREEZE_SERVER_AUTH_TOKEN": "t"}).server.auth_token == "t"
+    assert settings_from_args(parse("--host", host, "--allow-insecure"), {}).server.allow_insecure
+    pem = [str(tmp_path / name) for name in ("cert.pem", "key.pem", "ca.pem")]
+    mtls = settings_from_args(parse("--host", host, "--tls-cert", pem[0], "--tls-key", pem[1],
+                                    "--tls-client-ca", pem[2]), {})
+    assert str(mtls.server.tls_client_ca) == pem[2]
+
+
+def test_client_certificates_need_tls():
+    with pytest.raises(ValueError, match="--tls-client-ca .* needs TLS"):
+        settings_from_args(parse("--tls-client-ca", "ca.pem"), {})
+
+
+def test_the_systemd_unit_cannot_start_an_exposed_worker_without_its_token_file():
+    from pathlib import Path
+
+    unit = (Path(__file__).resolve().parents[2] / "ops/systemd/breeze-worker.service").read_text()
+    exec_start = unit.split("ExecStart=", 1)[1].split("\n[", 1)[0]
+    host = exec_start.split("--host", 1)[1].split()[0] if "--host" in exec_start else "127.0.0.1"
+    env_files = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("EnvironmentFile=")]
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        assert env_files and not any(f.startswith("-") for f in env_files), \
+            "the env file holding BREEZE_SERVER_AUTH_TOKEN must be required ('-' makes it optional)"
+        assert "--allow-insecure" not in exec_start
+
+
+def test_the_metrics_listener_has_a_host_flag_of_its_own():
+    settings = settings_from_args(parse("--metrics-port", "0", "--metrics-host", "127.0.0.2"), {})
+    assert settings.server.metrics_host == "127.0.0.2" and settings.server.metrics_port == 0
+    assert settings_from_args(parse("--metrics-port", "0"), {}).server.metrics_host is None  # --host's value
+    with pytest.raises(ValueError, match="metrics_port must be in 0..65535"):
+        settings_from_args(parse("--metrics-port", "70000"), {})

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
+
+from breeze_worker import logs
 
 # subcommand -> (module under breeze_worker.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,25 +28,37 @@ def _load(name: str):
     return importlib.import_module(f"breeze_worker.commands.{COMMANDS[name][0]}")
 
 
+def add_logging_arguments(parser: argparse.ArgumentParser, top_level: bool) -> None:
+    """--log-level and --log-format, before or after the subcommand (after wins)."""
+    g = parser.add_argument_group("logging")
+    g.add_argument("--log-level", default="INFO" if top_level else argparse.SUPPRESS,
+                   help="logging level (DEBUG, INFO, WARNING, ...; default: INFO)")
+    g.add_argument("--log-format", default="text" if top_level else argparse.SUPPRESS, choices=logs.FORMATS,
+                   help="text lines, or one JSON object per line with job_id, request_id, method and peer as "
+                        "fields (default: text)")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="breeze-worker", description="Breeze TTS 2 GPU worker")
-    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING, ...)")
+    add_logging_arguments(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in argv if a in COMMANDS), None)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:  # only the chosen command's module is imported
             _load(name).add_arguments(p)
+            add_logging_arguments(p, top_level=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    try:
+        logs.configure(args.log_level, args.log_format)  # the one place logging is configured
+    except ValueError as exc:
+        parser.error(str(exc))
     return int(_load(args.command).run(args) or 0)
 
 

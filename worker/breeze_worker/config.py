@@ -8,6 +8,7 @@ engine/fastpath/compiled.py and fused.py read them when a step is built.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -73,6 +74,17 @@ class ArtifactSettings:
             raise ValueError("fault delays must be >= 0")
 
 
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1); anything else may be reachable."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     host: str = "127.0.0.1"
@@ -81,9 +93,13 @@ class ServerSettings:
     auth_token: str | None = None  # if set, every call needs `authorization: Bearer <token>`
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # if set, clients must present a certificate signed by this CA (mTLS)
+    # serve on a non-loopback host with neither a token nor client certificates (refused without it)
+    allow_insecure: bool = False
     max_request_bytes: int = 16 * 1024 * 1024  # largest accepted request message
     grace_s: float = 5.0  # shutdown grace for in-flight calls
     metrics_port: int | None = None  # Prometheus text on GET /metrics (+ /healthz); None: off
+    metrics_host: str | None = None  # address of the metrics listener (None: the same as host)
     advertised_artifact_address: str | None = None  # host:port clients use for artifacts (None: host:artifact_port)
 
     def validate(self) -> None:
@@ -95,6 +111,21 @@ class ServerSettings:
             raise ValueError("the artifact channel needs its own port: --artifact-port must differ from --port")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca (client certificates) needs TLS: add --tls-cert and --tls-key")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, not {self.metrics_port}")
+        if not self.listens_on_loopback and not self.auth_token and self.tls_client_ca is None \
+                and not self.allow_insecure:
+            raise ValueError(
+                f"refusing to listen on {self.host} without authentication: anyone who can reach it could use "
+                "the worker. Set a bearer token (BREEZE_SERVER_AUTH_TOKEN) and TLS (--tls-cert/--tls-key), or "
+                "require client certificates (--tls-client-ca); or listen on 127.0.0.1; or pass "
+                "--allow-insecure to serve an open worker on purpose")
+
+    @property
+    def listens_on_loopback(self) -> bool:
+        return is_loopback(self.host)
 
 
 @dataclass(frozen=True)

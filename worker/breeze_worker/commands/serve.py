@@ -53,10 +53,15 @@ FLAGS: list[tuple[str, str, str, str]] = [
      "host:port that clients should use for artifacts (default: host:artifact-port)"),
     ("server", "auth_token", "--token", "require 'authorization: Bearer TOKEN' on every call but health "
                                         "(prefer the environment variable BREEZE_SERVER_AUTH_TOKEN)"),
+    ("server", "allow_insecure", "--allow-insecure", "serve on a non-loopback --host with neither a token nor "
+                                                     "client certificates (refused otherwise)"),
     ("server", "metrics_port", "--metrics-port", "serve Prometheus metrics on GET /metrics of this port "
                                                  "(off by default)"),
+    ("server", "metrics_host", "--metrics-host", "address the metrics listener binds (default: the --host value)"),
     ("server", "tls_cert", "--tls-cert", "PEM certificate chain (TLS on both ports; needs --tls-key)"),
     ("server", "tls_key", "--tls-key", "PEM private key"),
+    ("server", "tls_client_ca", "--tls-client-ca", "PEM CA certificate(s): require client certificates signed "
+                                                   "by it on both ports (mutual TLS; needs --tls-cert)"),
     ("server", "max_request_bytes", "--max-request-bytes", "largest accepted request message"),
     ("server", "grace_s", "--grace-s", "seconds in-flight calls get to finish on SIGTERM"),
     ("artifacts", "directory", "--artifact-dir", "where WAV artifacts are written"),
@@ -118,7 +123,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
 async def serve(settings: WorkerSettings) -> int:
     from breeze_worker.artifacts.store import ArtifactStore
     from breeze_worker.engine.service import Engine
-    from breeze_worker.transport.server import create_server
+    from breeze_worker.transport.server import create_server, host_port
 
     if settings.engine.model_dir is None:
         log.warning("no --model given: serving the TINY EMBEDDED DEFAULT (random weights); its audio is NOT "
@@ -136,11 +141,13 @@ async def serve(settings: WorkerSettings) -> int:
         loop.add_signal_handler(sig, stop.set)
     metrics = None
     if settings.server.metrics_port is not None:
+        from breeze_worker.engine.metrics import CONTENT_TYPE
         from breeze_worker.transport.metrics_http import MetricsServer
 
-        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready)
-        port = await metrics.start(settings.server.host, settings.server.metrics_port)
-        log.info("metrics on http://%s:%d/metrics", settings.server.host, port)
+        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready, CONTENT_TYPE)
+        metrics_host = settings.server.metrics_host or settings.server.host
+        port = await metrics.start(metrics_host, settings.server.metrics_port)
+        log.info("metrics on http://%s/metrics", host_port(metrics_host, port))
     starting = asyncio.create_task(engine.start())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -13,6 +13,8 @@ be served as given is an `InvalidRequest` whose message says what to change.
   tokens), which the tokenizer would read as prompt structure rather than words.
 - Sampling overrides: bounded so every value stays finite in float32 (temperature 0 or in [1e-3, 100],
   repetition penalty <= 1000, top-k < 2**31).
+- request_id: at most 128 characters, none of them a control character (it only labels the request's log
+  lines; the worker assigns the job id).
 - Frame limit: unset means a generous multiple of the text's expected speech time (CJK characters ~4/s,
   other visible characters ~12/s, slow ends of normal speech), x3 plus 3 s, so a random-weight model or a
   runaway tail stops early; never above the model's 1500-frame cap nor the backbone sequence budget left
@@ -52,6 +54,7 @@ MIN_TEMPERATURE = 1e-3  # a positive temperature below this overflows the scaled
 MAX_CFG_SCALE = 100.0
 MAX_REPETITION_PENALTY = 1000.0  # logits x 1000 stay far inside float32
 MAX_TOP_K = 2**31 - 1
+MAX_REQUEST_ID_CHARS = 128
 
 
 def _is_cjk(ch: str) -> bool:
@@ -94,6 +97,21 @@ def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if markers:
         raise InvalidRequest(f"{name} contains the reserved marker(s) {', '.join(markers)}, which the tokenizer "
                              "reads as control tokens of the prompt, not as words: remove them")
+
+
+def check_request_id(request_id: str | None) -> None:
+    """A request id labels log lines: bounded and free of control characters (cheap; checked first)."""
+    if request_id is None:
+        return
+    if not isinstance(request_id, str):
+        raise InvalidRequest("request_id must be a string")
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(f"request_id has {len(request_id):,} characters, more than the limit of "
+                             f"{MAX_REQUEST_ID_CHARS}: use a shorter id (a UUID has 36)")
+    control = next((i for i, c in enumerate(request_id) if unicodedata.category(c) == "Cc"), None)
+    if control is not None:
+        raise InvalidRequest(f"request_id contains the control character U+{ord(request_id[control]):04X} at "
+                             f"position {control}: use printable characters only")
 
 
 def _finite(value, name: str) -> float:
@@ -204,6 +222,7 @@ def _check_fits(text: str, cap: int, defaults: GenerationDefaults) -> None:
 
 def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, reference: ResolvedReference | None, *,
                     max_text_chars: int = 2000, tokenizer=None) -> ResolvedRequest:
+    check_request_id(req.request_id)
     _check_text("text", req.text, max_text_chars, tokenizer)
     if req.instruction is not None:
         _check_text("instruction", req.instruction, max_text_chars, tokenizer)

@@ -14,6 +14,7 @@ import secrets
 import time
 from typing import AsyncIterator
 
+from breeze_worker import logs
 from breeze_worker.config import EngineSettings
 from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import EventSink, Job
@@ -95,15 +96,19 @@ class Engine:
     # ---- requests ----
     async def synthesize(self, request: SynthesisRequest, *, timeout_s: float | None = None) -> AsyncIterator:
         """Yield JobStarted, AudioChunk..., JobFinished; raise breeze_worker.errors.* on failure."""
+        from breeze_worker.engine.request import check_request_id
+
+        check_request_id(request.request_id)  # before any work: it labels this call's log lines
         if not self.ready:
             raise Unavailable("the model is still loading; wait for the health check to report SERVING")
         params = await self._resolve(request)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         job = Job(job_id=new_job_id(), params=params, sink=EventSink(asyncio.get_running_loop()),
                   deadline=deadline)
+        logs.bind(job_id=job.job_id)  # every later line of this call names the job
         self.scheduler.submit(job)
-        log.info("job %s queued (request %s, template %s, cfg %.3g, seed %d)", job.job_id,
-                 request.request_id or "-", params.template.value, params.cfg_scale, params.seed)
+        log.info("job %s queued (template %s, cfg %.3g, seed %d)", job.job_id, params.template.value,
+                 params.cfg_scale, params.seed)
         finished = False
         try:
             while True:

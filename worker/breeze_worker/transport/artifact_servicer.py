@@ -6,6 +6,11 @@ first-byte-sent times, with no file bytes. It is the response's first byte, so i
 path's latency and every file byte arrives in the transfer that follows (a whole first chunk would
 hide up to a chunk's worth of bandwidth time in "first byte transit"). Data messages follow, then a
 last message with the last-byte-sent time (worker clock; clients map them with the Clock service).
+
+Every message fits in 4 MiB, the default receive limit of stock gRPC clients (grpcio, grpc-js, grpc-go),
+so no client needs a channel option to fetch: a data message carries at most MAX_DATA_BYTES of the file
+(4 MiB - 64 KiB), compressed or not (zstd's worst case adds 1/256 plus a few bytes), and a larger
+chunk_size is sent in pieces of that size.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from breeze_worker.transport.status import mapped_errors
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 256 * 1024
-MAX_CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNK_BYTES = 4 * 1024 * 1024  # the largest accepted chunk_size
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the default receive limit of stock gRPC clients
+MAX_DATA_BYTES = MAX_MESSAGE_BYTES - 64 * 1024  # file bytes per message: room for zstd's worst case + framing
 ZSTD_LEVEL = 3
 
 
@@ -67,6 +74,7 @@ class ArtifactServicer(artifacts_pb2_grpc.ArtifactsServicer):
                 raise InvalidRequest(f"compression {request.compression} is unknown: use COMPRESSION_NONE or "
                                      "COMPRESSION_ZSTD")
             compress = request.compression == artifacts_pb2.COMPRESSION_ZSTD
+            chunk = min(chunk, MAX_DATA_BYTES)
             f, info = await asyncio.to_thread(self._store.open_for_read, request.artifact_id)
             try:
                 await self._send(context, f.fileno(), info, request, chunk, compress, received_ns)

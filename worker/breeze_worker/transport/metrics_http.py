@@ -1,6 +1,11 @@
-"""A minimal HTTP endpoint for Prometheus: `GET /metrics` (text format) and `GET /healthz` (200 when ready).
+"""A small HTTP endpoint for Prometheus: `GET /metrics` (text format) and `GET /healthz` (200 when ready).
 
-Plain asyncio streams, no web framework: two fixed routes on the same event loop as the gRPC servers.
+Plain asyncio streams on the gRPC servers' event loop, two fixed routes. prometheus-client keeps and
+renders the numbers (`engine.metrics`); its own HTTP server is not used because it holds a thread per
+connection with no time limit. This listener is reachable by anyone who can reach its port, so it
+bounds what a client can make it hold: a request head of at most MAX_HEAD_BYTES (lines over
+MAX_LINE_BYTES get 431, a request line that is not HTTP gets 400), READ_TIMEOUT_S to send it (a
+half-open or trickling connection is closed then), and MAX_CONNECTIONS at once (more are closed at once).
 """
 
 from __future__ import annotations
@@ -11,16 +16,56 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
+MAX_LINE_BYTES = 8 * 1024  # a scrape's request line and headers are ~100 bytes each
+MAX_HEAD_BYTES = 32 * 1024
+READ_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 256
+TEXT = "text/plain; charset=utf-8"
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: str, body: str) -> None:
+        super().__init__(status)
+        self.status, self.body = status, body
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """(method, path) of a request head; raises _BadRequest for one that is too long or not HTTP."""
+    total = 0
+    lines: list[bytes] = []
+    while True:
+        try:
+            line = await reader.readline()
+        except ValueError:  # the stream's limit: a line longer than MAX_LINE_BYTES
+            raise _BadRequest("431 Request Header Fields Too Large", f"lines are limited to {MAX_LINE_BYTES} "
+                                                                     "bytes\n") from None
+        total += len(line)
+        if total > MAX_HEAD_BYTES:
+            raise _BadRequest("431 Request Header Fields Too Large", f"the request head is limited to "
+                                                                     f"{MAX_HEAD_BYTES} bytes\n")
+        if not line.endswith(b"\n"):  # the client closed (or half-closed) before the head ended
+            raise ConnectionResetError("connection closed before the end of the request head")
+        if line in (b"\r\n", b"\n"):
+            break
+        lines.append(line)
+    parts = lines[0].decode("latin-1").split() if lines else []
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise _BadRequest("400 Bad Request", "expected an HTTP request such as 'GET /metrics HTTP/1.1'\n")
+    return parts[0], parts[1]
+
 
 class MetricsServer:
-    def __init__(self, render: Callable[[], str], ready: Callable[[], bool]):
+    def __init__(self, render: Callable[[], str], ready: Callable[[], bool],
+                 content_type: str = "text/plain; version=0.0.4; charset=utf-8"):
         self._render = render
         self._ready = ready
+        self._content_type = content_type
         self._server: asyncio.base_events.Server | None = None
+        self._open = 0
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._handle, host, port)
+        self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -29,28 +74,34 @@ class MetricsServer:
             self._server.close()
             await self._server.wait_closed()
 
+    def _respond_to(self, method: str, path: str) -> tuple[str, str, str]:
+        if method != "GET":
+            return "405 Method Not Allowed", TEXT, "only GET\n"
+        if path == "/metrics":
+            return "200 OK", self._content_type, self._render()
+        if path == "/healthz":
+            return ("200 OK", TEXT, "ready\n") if self._ready() else ("503 Service Unavailable", TEXT, "loading\n")
+        return "404 Not Found", TEXT, "try /metrics or /healthz\n"
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        self._open += 1
         try:
-            request_line = await asyncio.wait_for(reader.readline(), timeout=5)
-            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (b"\r\n", b"\n", b""):
-                pass  # headers are not needed
-            parts = request_line.decode("latin-1").split()
-            path = parts[1] if len(parts) >= 2 else ""
-            if parts and parts[0] != "GET":
-                status, body = "405 Method Not Allowed", "only GET\n"
-            elif path == "/metrics":
-                status, body = "200 OK", self._render()
-            elif path == "/healthz":
-                status, body = ("200 OK", "ready\n") if self._ready() else ("503 Service Unavailable", "loading\n")
-            else:
-                status, body = "404 Not Found", "try /metrics or /healthz\n"
+            try:
+                method, path = await asyncio.wait_for(_read_head(reader), timeout=READ_TIMEOUT_S)
+                status, content_type, body = self._respond_to(method, path)
+            except _BadRequest as bad:
+                status, content_type, body = bad.status, TEXT, bad.body
             data = body.encode()
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
-            )
-            await writer.drain()
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(data)}\r\n"
+                         f"Connection: close\r\n\r\n".encode() + data)
+            await asyncio.wait_for(writer.drain(), timeout=READ_TIMEOUT_S)
         except (asyncio.TimeoutError, ConnectionError) as exc:
-            log.debug("metrics request dropped: %s", exc)
+            log.debug("metrics connection dropped: %s", exc or type(exc).__name__)
+        except Exception:  # noqa: BLE001 - a bug in rendering must not end the listener
+            log.exception("metrics request failed")
         finally:
+            self._open -= 1
             writer.close()

@@ -23,8 +23,9 @@ from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2, cl
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import WorkerSettings
-from breeze_worker.transport.artifact_servicer import MAX_CHUNK_BYTES, ArtifactServicer
+from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, ArtifactServicer
 from breeze_worker.transport.auth import BearerTokenInterceptor
+from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
 from breeze_worker.transport.synthesis_servicer import TINY_DEFAULT_WARNING, SynthesisServicer
 
@@ -45,7 +46,7 @@ def receive_cap(max_request_bytes: int) -> int:
     return 2 * max_request_bytes + (1 << 20)
 
 
-def _address(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
@@ -61,14 +62,39 @@ def _options(max_receive: int, max_send: int) -> list[tuple[str, int]]:
 
 
 def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
+    """TLS from --tls-cert/--tls-key; with --tls-client-ca, clients must present a certificate it signed."""
     s = settings.server
     if s.tls_cert is None:
         return None
-    return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
+    client_ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())],
+                                       root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+
+def _interceptors(settings: WorkerSettings) -> list[grpc.aio.ServerInterceptor]:
+    """The call wrapper outermost (log fields, undecodable bodies), then the token check when there is one."""
+    token = settings.server.auth_token
+    return [CallInterceptor()] + ([BearerTokenInterceptor(token)] if token else [])
+
+
+def warn_about_exposure(settings: WorkerSettings) -> None:
+    """Log what a non-loopback listener leaves open (validation already refused an open one without
+    --allow-insecure)."""
+    s = settings.server
+    if s.listens_on_loopback:
+        return
+    if not s.auth_token and s.tls_client_ca is None:
+        log.warning("listening on %s with NO authentication (--allow-insecure): anyone who can reach the ports "
+                    "can synthesize and read every artifact. Set BREEZE_SERVER_AUTH_TOKEN and TLS, or bind "
+                    "127.0.0.1", s.host)
+    elif s.tls_cert is None:
+        log.warning("listening on %s with a bearer token but without TLS: the token and the audio cross the "
+                    "network in clear text. Add --tls-cert/--tls-key (and --tls-client-ca for client "
+                    "certificates)", s.host)
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
-    address = _address(host, port)
+    address = host_port(host, port)
     try:
         bound = (server.add_secure_port(address, credentials) if credentials is not None
                  else server.add_insecure_port(address))
@@ -86,7 +112,7 @@ def advertised_artifact_endpoint(settings: WorkerSettings, artifact_port: int) -
     host = s.host
     if host in ("", "0.0.0.0", "::", "[::]"):
         host = socket.getfqdn()
-    return _address(host, artifact_port)
+    return host_port(host, artifact_port)
 
 
 @dataclass
@@ -147,7 +173,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     settings.validate()
     s = settings.server
     store = store or getattr(engine, "artifact_store", None) or ArtifactStore(settings.artifacts)
-    interceptors = [BearerTokenInterceptor(s.auth_token)] if s.auth_token else []
+    interceptors = _interceptors(settings)
     credentials = _credentials(settings)
     health_servicer = health.aio.HealthServicer()
     clock = ClockServicer()
@@ -155,7 +181,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     synthesis_server = grpc.aio.server(interceptors=interceptors,
                                        options=_options(receive_cap(s.max_request_bytes), 64 * 1024 * 1024))
     artifact_server = grpc.aio.server(interceptors=interceptors,
-                                      options=_options(_ARTIFACT_REQUEST_BYTES, 2 * MAX_CHUNK_BYTES))
+                                      options=_options(_ARTIFACT_REQUEST_BYTES, MAX_MESSAGE_BYTES))
     synthesis_port = _bind(synthesis_server, s.host, s.port, credentials)
     artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials)
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
@@ -180,7 +206,9 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     await artifact_server.start()
     interval = min(60.0, settings.artifacts.max_age_s / 4)
     running._tasks.append(asyncio.create_task(_retention_loop(store, interval)))
-    log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s",
-             _address(s.host, synthesis_port), _address(s.host, artifact_port), endpoint,
-             ", TLS" if credentials else "", ", bearer token required" if interceptors else "")
+    log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s%s",
+             host_port(s.host, synthesis_port), host_port(s.host, artifact_port), endpoint,
+             ", TLS" if credentials else "", ", client certificates required" if s.tls_client_ca else "",
+             ", bearer token required" if s.auth_token else "")
+    warn_about_exposure(settings)
     return running

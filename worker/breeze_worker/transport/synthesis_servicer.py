@@ -16,6 +16,7 @@ from typing import Callable
 import grpc
 
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
+from breeze_worker import logs
 from breeze_worker.errors import ResourceExhausted
 from breeze_worker.transport import convert
 from breeze_worker.transport.status import mapped_errors
@@ -42,8 +43,8 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
         self._max_request_bytes = max_request_bytes
 
     async def Synthesize(self, request: synthesis_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
-        what = f"Synthesize(request {request.request_id or '-'} from {context.peer()})"
-        async with mapped_errors(context, what):
+        logs.bind(request_id=request.request_id)  # clipped and escaped: it is the client's string
+        async with mapped_errors(context, "Synthesize"):
             size = request.ByteSize()
             if self._max_request_bytes is not None and size > self._max_request_bytes:
                 raise request_too_large(size, self._max_request_bytes)
