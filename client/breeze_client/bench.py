@@ -128,19 +128,52 @@ def _one(client: BreezeClient, request: SynthesisRequest, timeout_s: float | Non
         "ttfa_ms": timing.ttfa_ms, "worker_ttfa_ms": stats.ttfa_s * 1e3, "worker_rtf": stats.rtf,
         "gaps_ms": [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])],
         "stages_s": stats.stages.to_dict(), "queue_wait_s": result.job.queue_wait_s,
+        "template": result.job.template,
     }
 
 
+@dataclass(frozen=True)
+class RequestMix:
+    """Which clients send which kind of request: client i sends an instruction with CFG when
+    i % cfg_every == cfg_every - 1 and clones the reference when i % clone_every == clone_every - 1 (0: never).
+    The default (no reference) sends every client the run's own options."""
+
+    cfg_every: int = 0
+    clone_every: int = 0
+    instruction: str = "Speak clearly and naturally."
+    cfg_scale: float = 2.0
+    reference_audio: bytes | None = None
+    reference_text: str | None = None
+
+    def kind(self, i: int) -> str:
+        cfg = bool(self.cfg_every) and i % self.cfg_every == self.cfg_every - 1
+        clone = bool(self.clone_every) and i % self.clone_every == self.clone_every - 1
+        return {(False, False): "plain", (True, False): "cfg", (False, True): "clone",
+                (True, True): "clone+cfg"}[(cfg, clone)]
+
+    def options(self, i: int) -> dict:
+        kind = self.kind(i)
+        out: dict = {}
+        if "cfg" in kind:
+            out.update(instruction=self.instruction, cfg_scale=self.cfg_scale)
+        if "clone" in kind:
+            if not self.reference_audio or not self.reference_text:
+                raise ValueError("a mix that clones needs reference audio and its transcript")
+            out.update(reference_audio=self.reference_audio, reference_text=self.reference_text)
+        return out
+
+
 def _round(clients: list[BreezeClient], pool: ThreadPoolExecutor, label: BenchLabel, frame_limit: int,
-           seed: int, options: dict, timeout_s: float | None) -> list[dict]:
+           seed: int, options: dict, timeout_s: float | None, mix: RequestMix | None = None) -> list[dict]:
     """One request per client, all released together; a failed request gives {"client", "code", "message"}."""
     gate = threading.Barrier(len(clients))
 
     def go(i: int) -> dict:
-        request = SynthesisRequest(text=label.text, seed=seed + i, max_frames=frame_limit, **options)
+        extra = {**options, **(mix.options(i) if mix else {})}
+        request = SynthesisRequest(text=label.text, seed=seed + i, max_frames=frame_limit, **extra)
         gate.wait()
         try:
-            return {"client": i, **_one(clients[i], request, timeout_s)}
+            return {"client": i, "kind": mix.kind(i) if mix else "plain", **_one(clients[i], request, timeout_s)}
         except BreezeClientError as exc:  # one failed request is a result, not the end of the benchmark
             return {"client": i, "code": exc.code, "message": exc.message}
 
@@ -198,11 +231,11 @@ def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds:
 def run_bench(make_client: Callable[[], BreezeClient], labels: list[str], *, warmup: int = 1,
               iterations: int = 3, concurrency: int = 1, seed: int = 1, frames: int | None = None,
               options: dict | None = None, timeout_s: float | None = None,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, mix: RequestMix | None = None) -> dict:
     """Run the benchmark; the JSON-able document (schema `breeze-client-bench/1`).
 
     `frames` replaces every label's frame limit (quick runs); `options` are extra SynthesisRequest fields
-    (instruction, cfg_scale, temperature, ...)."""
+    (instruction, cfg_scale, temperature, ...); `mix` gives some clients CFG or a reference to clone."""
     unknown = [name for name in labels if name not in LABELS]
     if unknown:
         raise ValueError(f"unknown label(s) {', '.join(unknown)}; known: {', '.join(LABELS)}")
@@ -220,7 +253,9 @@ def run_bench(make_client: Callable[[], BreezeClient], labels: list[str], *, war
             "worker_is_tiny_default": info.is_tiny_default, "worker_version": info.version,
             "concurrency": concurrency, "warmup": warmup, "iterations": iterations, "seed": seed,
             "frames_override": frames, "request_options": options, "frame_limit_note": FRAME_LIMIT_NOTE,
-            "speech_rate_words_per_s": SPEECH_RATE, "streaming": True, "frames_per_chunk": 1}, "labels": []}
+            "speech_rate_words_per_s": SPEECH_RATE, "streaming": True, "frames_per_chunk": 1,
+            "request_kinds": dict(Counter(mix.kind(i) if mix else "plain" for i in range(concurrency)))},
+            "labels": []}
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench-client") as pool:
             for name in labels:
                 label = LABELS[name]
@@ -228,12 +263,12 @@ def run_bench(make_client: Callable[[], BreezeClient], labels: list[str], *, war
                 for i in range(warmup):
                     if progress:
                         progress(f"{name}: warm-up {i + 1}/{warmup}")
-                    _round(clients, pool, label, limit, seed, options, timeout_s)
+                    _round(clients, pool, label, limit, seed, options, timeout_s, mix)
                 rounds = []
                 for i in range(iterations):
                     if progress:
                         progress(f"{name}: iteration {i + 1}/{iterations} x {concurrency} clients")
-                    rounds.append(_round(clients, pool, label, limit, seed + 1000 * i, options, timeout_s))
+                    rounds.append(_round(clients, pool, label, limit, seed + 1000 * i, options, timeout_s, mix))
                 requests = [r for batch in rounds for r in batch]
                 doc["labels"].append(summarize(label, limit, requests, rounds))
         return doc

@@ -121,3 +121,29 @@ def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker, capsy
         refused = {f["client"] for f in s["failures"] if f["round"] == i}
         assert done | refused == {0, 1, 2} and not done & refused
     assert s["wall_s"]["min"] > 0 and s["inter_chunk_ms"]["count"] == sum(r["frames"] - 1 for r in s["per_request"])
+
+
+def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, capsys, tmp_path):
+    """--cfg-every 2 --clone-every 4 over 4 clients: client 1 instruction + CFG, client 3 a clone with an
+    instruction (direction), clients 0 and 2 plain; the worker's reported template says so."""
+    import shutil
+    import subprocess
+
+    reference = tmp_path / "ref.wav"
+    subprocess.run([shutil.which("espeak-ng"), "-w", str(reference), "Please call Stella."], check=True, timeout=60)
+    code = client_main(["bench", "--target", two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
+                        "--warmup", "0", "--iterations", "1", "--concurrency", "4", "--cfg-every", "2",
+                        "--clone-every", "4", "--reference", str(reference), "--reference-text",
+                        "Please call Stella.", "--timeout", "120", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["meta"]["request_kinds"] == {"plain": 2, "cfg": 1, "clone+cfg": 1}
+    by_client = {r["client"]: r for r in doc["labels"][0]["per_request"]}
+    assert {i: (r["kind"], r["template"]) for i, r in by_client.items()} == {
+        0: ("plain", "plain"), 1: ("cfg", "instruction"), 2: ("plain", "plain"), 3: ("clone+cfg", "direction")}
+
+
+def test_a_clone_mix_without_a_reference_is_refused(two_stream_worker, capsys):
+    assert client_main(["bench", "--target", two_stream_worker.target, "--clone-every", "4"]) == 2
+    assert "--reference" in capsys.readouterr().err

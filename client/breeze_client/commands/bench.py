@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from breeze_client.bench import LABELS, run_bench
+from breeze_client.bench import LABELS, RequestMix, run_bench
 from breeze_client.channel import ConnectionOptions
 from breeze_client.commands._output import Progress, print_json
 from breeze_client.sdk import BreezeClient
@@ -30,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="base seed (request i of round r: seed + 1000 r + i)")
     p.add_argument("--instruction", default=None, help="speaking instruction for every request")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")
+    p.add_argument("--cfg-every", type=int, default=0, metavar="N",
+                   help="a request mix: every Nth client sends an instruction with CFG (2: half of them)")
+    p.add_argument("--clone-every", type=int, default=0, metavar="N",
+                   help="a request mix: every Nth client clones --reference (4: a quarter of them)")
+    p.add_argument("--reference", default=None, metavar="FILE", help="reference audio (WAV/FLAC/OGG) to clone")
+    p.add_argument("--reference-text", default=None, help="the reference's exact transcript")
 
 
 def _f(value, spec: str = ".2f") -> str:
@@ -68,11 +75,23 @@ def table(doc: dict) -> str:
 def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     labels = [name for name in args.labels.split(",") if name]
     extra = {k: v for k, v in (("instruction", args.instruction), ("cfg_scale", args.cfg_scale)) if v is not None}
+    mix = None
+    if args.cfg_every or args.clone_every:
+        if args.clone_every and not (args.reference and args.reference_text):
+            print("error: --clone-every needs --reference FILE and --reference-text", file=sys.stderr)
+            return 2
+        mix = RequestMix(cfg_every=args.cfg_every, clone_every=args.clone_every,
+                         reference_audio=Path(args.reference).read_bytes() if args.reference else None,
+                         reference_text=args.reference_text,
+                         **({"cfg_scale": args.cfg_scale} if args.cfg_scale is not None else {}),
+                         **({"instruction": args.instruction} if args.instruction else {}))
+        extra = {}  # the mix decides each client's instruction and scale
     progress = Progress(enabled=not args.json)
     try:
         doc = run_bench(lambda: BreezeClient(options=options), labels, warmup=args.warmup,
                         iterations=args.iterations, concurrency=args.concurrency, seed=args.seed,
-                        frames=args.frames, options=extra, timeout_s=options.timeout_s, progress=progress.update)
+                        frames=args.frames, options=extra, timeout_s=options.timeout_s, progress=progress.update,
+                        mix=mix)
     finally:
         progress.done()
     if doc["meta"]["worker_is_tiny_default"] and not args.json:
