@@ -1,0 +1,309 @@
+#!/usr/bin/env python
+"""Serve benchmark: the real worker serving a checkpoint through gRPC, measured as a user sees it.
+
+One run, on one GPU host (one device call):
+  1. start-up, cold: `breeze-worker serve --model DIR` with empty compile caches (Inductor, Triton), timed from
+     process start to the ready line (health SERVING), with the worker's own split (load, codec graphs, warm-up);
+  2. the first request after SERVING (time to first audio) against the steady TTFA of the next few requests;
+  3. `breeze-client bench` at each --concurrency (a request mix: every 2nd client an instruction with CFG, every
+     4th a clone of --reference): client-side aggregate x real time, TTFA p50/p95, per-stream RTF, inter-chunk
+     gap p99 (in frames too), and the worker's CPU seconds per audio second during the run;
+  4. start-up again with the caches warm;
+  5. (--engine-bench) `breeze-worker bench --concurrency ...` on the same device: the engine's aggregate at the
+     same concurrency without gRPC, and the ratio gRPC / engine;
+  6. (--t4-projection) the projected T4 figures from the batch-1 run: the per-frame byte floor at a T4's
+     320 GB/s plus the overhead this run measured above this device's floor.
+
+    python benchmarks/serve_bench.py --make-checkpoint full --device cuda --concurrency 1,8,32,64 \\
+        --engine-bench --out serve.json
+    python benchmarks/serve_bench.py --model /models/ckpt --device cpu --concurrency 1,2 --frames 4   # smoke
+
+Writes one JSON document (--out) with the GPU, versions, commit and date, rewritten after each phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+READY = re.compile(r"breeze-worker ready: synthesis=(\S+) artifacts=(\S+)")
+SPLIT = {  # worker log line -> start-up phase
+    "load_s": re.compile(r"model loaded in ([\d.]+) s"),
+    "codec_graphs_s": re.compile(r"codec graphs for up to \d+ streams ready in ([\d.]+) s"),
+    "warmup_s": re.compile(r"warm-up done in ([\d.]+) s"),
+    "engine_ready_s": re.compile(r"engine ready in ([\d.]+) s"),
+}
+FRAME_S = 0.08
+T4_BANDWIDTH = 320e9  # bytes/s, the T4's memory bandwidth (datasheet)
+REFERENCE_TEXT = "Please call Stella. Ask her to bring these things with her from the store."
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Worker:
+    """`breeze-worker serve` as a subprocess; its log goes to a file, the ready line is waited for."""
+
+    def __init__(self, args: argparse.Namespace, cache: Path, log_path: Path, artifacts: Path):
+        self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+                    "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1"}
+        self.cmd = [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", args.device, "--port", "0",
+                    "--artifact-port", "0", "--artifact-dir", str(artifacts),
+                    "--max-active-streams", str(max(args.concurrency)), "--max-queue", str(max(args.concurrency)),
+                    *(["--model", str(args.model)] if args.model else []), *args.worker_arg]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.target = ""
+
+    def start(self, timeout_s: float) -> dict:
+        t0 = time.perf_counter()
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=self.env)
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the worker exited before it was ready; log: {self.log_path}")
+            match = READY.search(line)
+            if match:
+                self.target = match.group(1)
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                raise RuntimeError(f"the worker was not ready in {timeout_s:.0f} s")
+        ready_s = time.perf_counter() - t0
+        self.log.flush()
+        text = self.log_path.read_text()
+        split = {k: float(m.group(1)) for k, pattern in SPLIT.items() if (m := pattern.search(text))}
+        return {"process_start_to_serving_s": ready_s, **split}
+
+    def cpu_s(self) -> float:
+        assert self.proc is not None
+        return _cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def _single_requests(target: str, count: int, frames: int) -> list[float]:
+    """TTFA (ms, client side) of `count` single plain requests one after the other."""
+    from breeze_client.sdk import BreezeClient
+    from breeze_client.types import SynthesisRequest
+
+    out = []
+    with BreezeClient(target) as client:
+        for i in range(count):
+            result = client.synthesize(SynthesisRequest(text="Hello from the serve benchmark.", seed=100 + i,
+                                                        max_frames=frames))
+            out.append(result.timing.ttfa_ms)
+    return out
+
+
+def _client_bench(target: str, concurrency: int, args: argparse.Namespace, reference: Path | None) -> dict:
+    cmd = [sys.executable, "-m", "breeze_client.cli", "bench", "--target", target, "--labels", args.label,
+           "--warmup", "1", "--iterations", str(args.iterations), "--concurrency", str(concurrency),
+           "--timeout", "600", "--json", "--cfg-every", "2"]
+    if args.frames:
+        cmd += ["--frames", str(args.frames)]
+    if reference is not None:
+        cmd += ["--clone-every", "4", "--reference", str(reference), "--reference-text", REFERENCE_TEXT]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"breeze-client bench failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def _summary(doc: dict, cpu_s: float) -> dict:
+    label = doc["labels"][0]
+    requests = label["per_request"]
+    rtfs = [r["wall_s"] / r["audio_s"] for r in requests if r["audio_s"] > 0]
+    audio = sum(r["audio_s"] for r in requests)
+    gap_p99 = label["inter_chunk_ms"]["p99"]
+    return {
+        "requests": label["requests"], "failed": label["attempted"] - label["requests"], "errors": label["errors"],
+        "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
+        "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _pct([r["ttfa_ms"] for r in requests], 95),
+        "rtf_per_stream_max": max(rtfs) if rtfs else None, "rtf_per_stream_mean": statistics.fmean(rtfs) if rtfs else None,
+        "inter_chunk_gap_ms_p99": gap_p99, "inter_chunk_gap_frames_p99": gap_p99 / (FRAME_S * 1e3) if gap_p99 else None,
+        "worker_cpu_s": cpu_s, "worker_cpu_s_per_audio_s": cpu_s / audio if audio else None,
+        "kinds": doc["meta"].get("request_kinds"),
+    }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    k = (len(values) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def _engine_bench(args: argparse.Namespace, out_dir: Path) -> dict:
+    path = out_dir / "engine_sweep.json"
+    cmd = [sys.executable, "-m", "breeze_worker.cli", "bench", "--device", args.device,
+           "--concurrency", ",".join(map(str, args.concurrency)), "--json", str(path),
+           *(["--model", str(args.model)] if args.model else ["--size", args.make_checkpoint or "full"])]
+    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL)
+    return json.loads(path.read_text())
+
+
+def _meta(args: argparse.Namespace) -> dict:
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "host": platform.node(), "argv": sys.argv[1:]}
+    try:
+        meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                        check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        meta["commit"] = os.environ.get("BREEZE_COMMIT")
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            meta["gpu"] = torch.cuda.get_device_name(0)
+            meta["cuda"] = torch.version.cuda
+        import triton  # noqa: F401
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return meta
+
+
+def _reference(folder: Path) -> Path | None:
+    """A real speech reference for the clone requests (espeak-ng), or None where it is not installed."""
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        return None
+    path = folder / "reference.wav"
+    subprocess.run([espeak, "-w", str(path), REFERENCE_TEXT], check=True, timeout=60)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=None, help="checkpoint directory")
+    p.add_argument("--make-checkpoint", choices=("full", "mid", "tiny"), default=None,
+                   help="write a synthetic checkpoint of this size first (breeze-worker make-checkpoint)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(x) for x in s.split(",") if x])
+    p.add_argument("--label", default="chunk-7.36s", help="breeze-client bench label (text and frame limit)")
+    p.add_argument("--frames", type=int, default=None, help="frame limit override (quick runs)")
+    p.add_argument("--iterations", type=int, default=2, help="timed rounds per concurrency")
+    p.add_argument("--single-requests", type=int, default=6, help="first + steady single requests after SERVING")
+    p.add_argument("--engine-bench", action="store_true", help="also run the engine sweep (no gRPC)")
+    p.add_argument("--t4-projection", action="store_true", help="print the projected T4 figures")
+    p.add_argument("--bytes-per-frame", type=float, default=12.96e9,
+                   help="weight bytes read per frame at batch 1 (12.96e9: the full model in half precision)")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="this device's measured copy bandwidth in bytes/s (default: measured here on CUDA)")
+    p.add_argument("--worker-arg", action="append", default=[], help="extra `breeze-worker serve` argument")
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--work-dir", type=Path, default=None, help="caches, logs, checkpoint (default: a temp dir)")
+    p.add_argument("--out", type=Path, default=Path("serve_bench.json"))
+    args = p.parse_args(argv)
+
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    doc: dict = {"schema": "breeze-serve-bench/1", "meta": _meta(args), "startup": {}, "load": {}}
+
+    def save() -> None:
+        args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+    if args.make_checkpoint:
+        from breeze_worker.model.synthetic import write_synthetic_checkpoint
+
+        t0 = time.perf_counter()
+        args.model = write_synthetic_checkpoint(work / f"checkpoint-{args.make_checkpoint}", args.make_checkpoint)
+        doc["meta"]["checkpoint"] = {"synthetic": args.make_checkpoint, "write_s": time.perf_counter() - t0,
+                                     "note": "random weights: the audio is not speech"}
+    reference = _reference(work)
+    cache = work / "compile-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    worker = Worker(args, cache, work / "worker-cold.log", work / "artifacts")
+    try:
+        doc["startup"]["cold"] = worker.start(args.startup_timeout)
+        save()
+        ttfa = _single_requests(worker.target, args.single_requests, frames=4)
+        steady = statistics.median(ttfa[1:]) if len(ttfa) > 1 else None
+        doc["first_request"] = {"first_ttfa_ms": ttfa[0], "steady_ttfa_ms_median": steady,
+                                "ratio": ttfa[0] / steady if steady else None, "all_ttfa_ms": ttfa}
+        save()
+        for c in args.concurrency:
+            cpu0 = worker.cpu_s()
+            bench = _client_bench(worker.target, c, args, reference)
+            doc["load"][str(c)] = _summary(bench, worker.cpu_s() - cpu0)
+            (work / f"client_bench_c{c}.json").write_text(json.dumps(bench))
+            save()
+            print(f"c={c}: {json.dumps(doc['load'][str(c)])}", flush=True)
+    finally:
+        worker.stop()
+    warm = Worker(args, cache, work / "worker-warm.log", work / "artifacts")
+    try:
+        doc["startup"]["warm_caches"] = warm.start(args.startup_timeout)
+        save()
+    finally:
+        warm.stop()
+    if args.engine_bench:
+        engine = _engine_bench(args, work)
+        doc["engine"] = engine
+        ratios = {}
+        for row in engine.get("rows", []):
+            c = str(row.get("streams"))
+            if c in doc["load"] and row.get("aggregate_x_realtime") and doc["load"][c]["aggregate_x_realtime"]:
+                ratios[c] = doc["load"][c]["aggregate_x_realtime"] / row["aggregate_x_realtime"]
+        doc["grpc_over_engine"] = ratios
+        save()
+    if args.t4_projection and "1" in doc["load"]:
+        doc["t4_projection"] = _t4(doc, args)
+        save()
+    print(json.dumps({k: doc[k] for k in ("startup", "first_request", "load") if k in doc}, indent=1))
+    if "t4_projection" in doc:
+        print(json.dumps(doc["t4_projection"], indent=1))
+    return 0
+
+
+def _t4(doc: dict, args: argparse.Namespace) -> dict:
+    """Batch-1 ms per frame on this device, its floor, the overhead above it, and a T4's floor + that overhead."""
+    one = doc["load"]["1"]
+    ms_per_frame = FRAME_S * 1e3 / one["aggregate_x_realtime"]
+    bandwidth = args.bandwidth
+    if bandwidth is None:
+        import torch
+
+        from breeze_worker.bench.measure import copy_bandwidth
+
+        bandwidth = copy_bandwidth(torch.device("cuda"))
+    floor_ms = args.bytes_per_frame / bandwidth * 1e3
+    overhead_ms = max(0.0, ms_per_frame - floor_ms)
+    t4_ms = args.bytes_per_frame / T4_BANDWIDTH * 1e3 + overhead_ms
+    return {"measured_ms_per_frame_batch1": ms_per_frame, "device_bandwidth_bytes_s": bandwidth,
+            "device_floor_ms": floor_ms, "overhead_ms": overhead_ms, "t4_floor_ms": args.bytes_per_frame / T4_BANDWIDTH
+            * 1e3, "t4_projected_ms_per_frame": t4_ms, "t4_projected_rtf": t4_ms / (FRAME_S * 1e3),
+            "note": "projected, not measured: a T4's byte floor plus the overhead measured here (a lower bound)"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""benchmarks/serve_bench.py stays a working tool: a tiny synthetic checkpoint served on the CPU, one client,
+a cold and a warm start, the JSON document's figures present and consistent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_serve_bench_on_the_cpu(tmp_path):
+    out = tmp_path / "serve.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "--make-checkpoint", "tiny",
+                           "--device", "cpu", "--concurrency", "1,4", "--frames", "2", "--iterations", "1",
+                           "--single-requests", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "breeze-serve-bench/1" and doc["meta"]["checkpoint"]["synthetic"] == "tiny"
+    for phase in ("cold", "warm_caches"):
+        startup = doc["startup"][phase]
+        assert 0 < startup["load_s"] <= startup["engine_ready_s"] <= startup["process_start_to_serving_s"]
+    first = doc["first_request"]
+    assert len(first["all_ttfa_ms"]) == 2 and first["ratio"] > 0
+    four = doc["load"]["4"]
+    assert four["requests"] == 4 and four["failed"] == 0
+    assert four["kinds"] == {"plain": 2, "cfg": 1, "clone+cfg": 1}  # half CFG, a quarter cloning
+    assert four["worker_cpu_s"] > 0 and four["rtf_per_stream_max"] >= four["rtf_per_stream_mean"] > 0
+    assert four["ttfa_ms_p95"] >= four["ttfa_ms_p50"] > 0
