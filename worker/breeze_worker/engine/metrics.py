@@ -52,9 +52,17 @@ class EngineMetrics:
         "breeze_rtf": ("histogram", "per-job real-time factor (wall / audio, lower is better)"),
         "breeze_step_seconds": ("histogram", "one engine step: a frame for every active stream, with its audio "
                                              "(above 0.08 s the streams fall behind real time)"),
+        "breeze_artifact_store_degraded": ("gauge", "1 while the artifact store cannot write (jobs stream audio "
+                                                    "without an artifact), else 0"),
+        "breeze_artifact_disk_free_bytes": ("gauge", "free bytes on the artifact disk"),
+        "breeze_artifacts_unavailable_total": ("counter", "artifacts given up while their audio streamed on, by cause "
+                                                          "(no_space, io_error, read_only, headroom, other)"),
+        "breeze_artifacts_evicted_total": ("counter", "artifacts evicted early to keep the free-space headroom"),
     }
 
-    def __init__(self):
+    def __init__(self, artifact_status=None):
+        """`artifact_status`: a callable returning the artifact store's StoreStatus (read at each render)."""
+        self._artifact_status = artifact_status
         self._lock = threading.Lock()
         self.jobs = defaultdict(int)
         self.frames = 0
@@ -107,9 +115,24 @@ class EngineMetrics:
                 "breeze_rtf": self.rtf.render("breeze_rtf"),
                 "breeze_step_seconds": self.step.render("breeze_step_seconds"),
             }
+        values.update(self._artifact_lines())
         out = []
         for name, (kind, help_text) in self.HELP.items():
+            if name not in values:
+                continue
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
             out.extend(values[name])
         return "\n".join(out) + "\n"
+
+    def _artifact_lines(self) -> dict[str, list[str]]:
+        if self._artifact_status is None:
+            return {}
+        st = self._artifact_status()
+        return {
+            "breeze_artifact_store_degraded": [f"breeze_artifact_store_degraded {int(st.degraded)}"],
+            "breeze_artifact_disk_free_bytes": [f"breeze_artifact_disk_free_bytes {st.free_bytes}"],
+            "breeze_artifacts_unavailable_total": [f'breeze_artifacts_unavailable_total{{cause="{k}"}} {v}'
+                                                   for k, v in sorted(st.unavailable.items())],
+            "breeze_artifacts_evicted_total": [f"breeze_artifacts_evicted_total {st.evicted}"],
+        }
