@@ -114,3 +114,23 @@ def test_a_restart_after_kill_9_mid_write_sweeps_the_temp_file(tmp_path):
             _assert_fetched(client, worker, again)
     finally:
         worker.stop()
+
+
+def test_eio_while_writing_costs_that_artifact_only(tmp_path):
+    """EIO through the test-only setting (no real EIO source on this machine: see the README)."""
+    worker = ServedWorker(tmp_path, "--max-active-streams", "2", "--fault-eio-after-bytes", "40000").start()
+    try:
+        with BreezeClient(worker.target, timeout_s=300) as client:
+            failing = StreamInThread(client, "Long enough to pass the fault.", max_frames=40, seed=8)
+            fitting = StreamInThread(client, "Short.", max_frames=5, seed=9)  # 19 200 bytes: under it
+            for run in (failing, fitting):
+                run.finish()
+                _assert_whole_stream(run, 2)
+            assert failing.result.artifact is None
+            assert "I/O error (EIO" in failing.result.artifact_unavailable
+            _assert_fetched(client, worker, fitting)
+            assert worker.metrics()['breeze_artifacts_unavailable_total{cause="io_error"}'] == 1
+        assert worker.logged("TEST-ONLY FAULT INJECTION IS ON (fault_eio_after_bytes=40000)")
+        assert not list(tmp_path.glob(".art-*"))
+    finally:
+        worker.stop()
