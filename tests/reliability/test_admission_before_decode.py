@@ -118,3 +118,24 @@ def test_a_reference_refused_after_its_decode_gives_the_slot_back(worker):
             client.synthesize("Silence.", reference_audio=buf.getvalue(), reference_text="Nothing.", max_frames=2)
         assert scheduler.load() == (0, 0) and scheduler.open_jobs() == 0
         assert client.synthesize("Next.", max_frames=2, seed=5).stats.frames >= 1
+
+
+def test_a_caller_who_hangs_up_while_its_reference_waits_frees_its_queue_place(worker):
+    scheduler = worker.engine.scheduler
+    _wait(lambda: scheduler.load() == (0, 0))
+    decodes = worker.engine.references.decodes
+    with BreezeClient(worker.target, timeout_s=120) as client:
+        running = StreamInThread(client, "The job that holds the only slot.", max_frames=1000, seed=6,
+                                 temperature=0.0)
+        running.wait_for(2)
+        clone = StreamInThread(client, "Abandoned while waiting.", reference_audio=_voice(), max_frames=4,
+                               reference_text="Words.", seed=7)
+        _wait(lambda: scheduler.load() == (1, 1))
+        clone.stream.cancel()
+        clone.finish()
+        _wait(lambda: scheduler.load() == (1, 0))  # its queue place is free at once
+        running.stream.cancel()
+        running.finish()
+        _wait(lambda: scheduler.load() == (0, 0) and scheduler.open_jobs() == 0)
+        assert worker.engine.references.decodes == decodes  # it was never decoded
+        assert client.synthesize("Next.", max_frames=2, seed=8).stats.frames >= 1

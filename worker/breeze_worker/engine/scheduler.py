@@ -129,12 +129,12 @@ class Scheduler:
             self._lock.notify_all()
 
     def release(self, job: Job) -> None:
-        """Give back a reserved slot whose request could not be prepared (the caller reports its error)."""
+        """Withdraw a job whose request could not be prepared (the caller reports its error, or hung up),
+        whether it still waits in the queue or holds a reserved slot."""
         with self._lock:
-            if job in self._reserved:
-                self._reserved.remove(job)
-            if job in self._prepared:
-                self._prepared.remove(job)
+            for held in (self._pending, self._reserved, self._prepared):
+                if job in held:
+                    held.remove(job)
             self._open.discard(job)
             self._lock.notify_all()
 

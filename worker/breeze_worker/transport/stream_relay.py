@@ -27,8 +27,9 @@ _detached: set[asyncio.Task] = set()  # jobs running on after their caller's str
 
 
 class _Outbox:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, writer: asyncio.Task) -> None:
         self.limit = limit
+        self.writer = writer  # the task writing to the caller; cancelled when the bound is passed
         self.items: collections.deque = collections.deque()
         self.bytes = 0
         self.changed = asyncio.Event()
@@ -66,6 +67,7 @@ async def _pull(events: AsyncIterator, box: _Outbox) -> None:
                 box.items.clear()
                 box.bytes = 0
                 box.overflow.set()
+                box.writer.cancel()  # it is blocked in a write the caller does not read
                 log.warning("job %s: the client stopped reading (over %d bytes of audio waiting); its stream ends "
                             "with RESOURCE_EXHAUSTED and the job runs on for its artifact %s", box.job_id,
                             box.limit, box.artifact_id or "-")
@@ -82,41 +84,28 @@ async def _pull(events: AsyncIterator, box: _Outbox) -> None:
                      box.job_id)
 
 
-async def _write(write: Callable[[object], Awaitable[None]], event, box: _Outbox) -> None:
-    """Write one event, unless the bound is passed first (the write is then abandoned)."""
-    writing = asyncio.ensure_future(write(event))
-    overflow = asyncio.ensure_future(box.overflow.wait())
-    try:
-        await asyncio.wait({writing, overflow}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        overflow.cancel()
-        if not writing.done():
-            writing.cancel()
-            await asyncio.gather(writing, return_exceptions=True)  # the abandoned write is settled first
-    if writing.cancelled():
-        raise box.too_slow()
-    writing.result()
-
-
 async def relay(events: AsyncIterator, write: Callable[[object], Awaitable[None]], max_buffered_bytes: int) -> None:
     """Write `events` through `write` in order; raise ResourceExhausted once a slow reader lets more than
     `max_buffered_bytes` of audio wait (the job then runs on); re-raise the engine's error if it fails."""
-    box = _Outbox(max_buffered_bytes)
+    box = _Outbox(max_buffered_bytes, asyncio.current_task())
     pull = asyncio.create_task(_pull(events, box))
     try:
         while True:
-            while box.items and not box.overflow.is_set():
+            while box.items:
                 event = box.items.popleft()
                 box.bytes -= _size(event)
-                await _write(write, event, box)
-            if box.overflow.is_set():
-                raise box.too_slow()
+                await write(event)
             if box.ended:
                 if box.error is not None:
                     raise box.error
                 return
             box.changed.clear()
             await box.changed.wait()
+    except asyncio.CancelledError:
+        if box.overflow.is_set():  # the puller cancelled the blocked write: end the call with a status
+            asyncio.current_task().uncancel()
+            raise box.too_slow() from None
+        raise
     finally:
         if box.overflow.is_set() and not pull.done():
             _detached.add(pull)
