@@ -49,7 +49,7 @@ def job_from_pb(m: synthesis_pb2.JobStarted, clock: ClockMapping) -> JobInfo:
         max_frames=p.max_frames, encoding=ENCODING_NAMES.get(m.encoding, "s16le"),
         frames_per_chunk=p.frames_per_chunk, sample_rate=m.sample_rate, queue_wait_s=m.queue_wait_s,
         reference_id=m.reference_id, reference_seconds=p.reference_seconds,
-        server_started_ns=clock.to_client(m.started_unix_ns))
+        server_started_ns=clock.to_client(m.started_unix_ns), artifact_id=m.artifact_id)
 
 
 def stats_from_pb(s: synthesis_pb2.JobStats) -> JobStats:
@@ -67,4 +67,6 @@ def artifact_from_pb(a: common_pb2.ArtifactInfo, clock: ClockMapping) -> Artifac
 def worker_info_from_pb(m: synthesis_pb2.WorkerInfo) -> WorkerInfo:
     return WorkerInfo(model_description=m.model_description, is_tiny_default=m.is_tiny_default, warning=m.warning,
                       sample_rate=m.sample_rate, artifact_endpoint=m.artifact_endpoint, ready=m.ready,
-                      max_text_chars=m.max_text_chars, max_request_bytes=m.max_request_bytes, version=m.version)
+                      max_text_chars=m.max_text_chars, max_request_bytes=m.max_request_bytes, version=m.version,
+                      artifact_store_degraded=m.artifact_store_degraded,
+                      artifact_disk_free_bytes=m.artifact_disk_free_bytes)

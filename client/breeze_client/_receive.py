@@ -77,7 +77,7 @@ class SynthesisReceiver:
             clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns)
         return SynthesisResult(job=self.job, stats=_convert.stats_from_pb(f.stats), artifact=artifact,
                                timing=timing, chunks=self._chunks, audio=bytes(self._audio),
-                               audio_bytes=self._audio_bytes)
+                               audio_bytes=self._audio_bytes, artifact_unavailable=f.artifact_unavailable)
 
 
 class StreamHandle:

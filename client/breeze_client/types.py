@@ -67,6 +67,7 @@ class JobInfo(_Dict):
     reference_id: str  # "" without a reference; send it as reference_id next time
     reference_seconds: float
     server_started_ns: int | None  # worker's job start, mapped to the client clock
+    artifact_id: str = ""  # the id the job's artifact gets once committed (fetchable after the job ends)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class SynthesisResult(_Dict):
     chunks: int
     audio: bytes = field(default=b"", repr=False)  # the streamed PCM (empty if not collected)
     audio_bytes: int = 0  # PCM bytes streamed, whether or not `audio` collected them
+    artifact_unavailable: str = ""  # why `artifact` is None although the audio streamed to the end
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -238,3 +240,5 @@ class WorkerInfo(_Dict):
     max_text_chars: int
     max_request_bytes: int
     version: str
+    artifact_store_degraded: str = ""  # why the worker's artifact store cannot write ("" while it can)
+    artifact_disk_free_bytes: int = 0

@@ -63,15 +63,23 @@ class ArtifactSettings:
     directory: Path = Path("artifacts")
     max_age_s: float = 24 * 3600.0  # artifacts older than this are deleted
     max_total_bytes: int = 10 * 1024**3  # oldest artifacts are deleted beyond this total
-    # test-only fault injection (used by the diagnosis tests): delays in seconds, 0 = off
+    # free space kept on the artifact disk: below it the oldest artifacts (past min_keep_s) are evicted, and a
+    # job that still cannot have it streams its audio without an artifact (the store reports itself degraded)
+    min_free_bytes: int = 256 * 1024**2
+    min_keep_s: float = 300.0  # eviction for free space never takes an artifact younger than this
+    # test-only fault injection (diagnosis and storage-fault tests): delays in seconds, 0 = off; an artifact
+    # write that would take its file past fault_eio_after_bytes fails with EIO (0 = off)
     fault_commit_delay_s: float = 0.0
     fault_first_byte_delay_s: float = 0.0
+    fault_eio_after_bytes: int = 0
 
     def validate(self) -> None:
         if self.max_age_s <= 0 or self.max_total_bytes <= 0:
             raise ValueError("artifact retention limits must be positive")
-        if self.fault_commit_delay_s < 0 or self.fault_first_byte_delay_s < 0:
-            raise ValueError("fault delays must be >= 0")
+        if self.min_free_bytes < 0 or self.min_keep_s < 0:
+            raise ValueError("min_free_bytes and min_keep_s must be >= 0 (0 turns the free-space headroom off)")
+        if self.fault_commit_delay_s < 0 or self.fault_first_byte_delay_s < 0 or self.fault_eio_after_bytes < 0:
+            raise ValueError("fault settings must be >= 0")
 
 
 def is_loopback(host: str) -> bool:
@@ -97,7 +105,11 @@ class ServerSettings:
     # serve on a non-loopback host with neither a token nor client certificates (refused without it)
     allow_insecure: bool = False
     max_request_bytes: int = 16 * 1024 * 1024  # largest accepted request message
-    grace_s: float = 5.0  # shutdown grace for in-flight calls
+    grace_s: float = 5.0  # on SIGTERM, running jobs get this long to finish
+    artifact_grace_s: float = 10.0  # then the artifact port serves this long more, so finished jobs can be fetched
+    # audio of one stream waiting for a client that reads slower than it is generated; past it the stream ends
+    # with RESOURCE_EXHAUSTED and the job runs on to commit its artifact
+    max_stream_buffer_bytes: int = 16 * 1024 * 1024
     metrics_port: int | None = None  # Prometheus text on GET /metrics (+ /healthz); None: off
     metrics_host: str | None = None  # address of the metrics listener (None: the same as host)
     advertised_artifact_address: str | None = None  # host:port clients use for artifacts (None: host:artifact_port)
@@ -122,6 +134,11 @@ class ServerSettings:
                 "the worker. Set a bearer token (BREEZE_SERVER_AUTH_TOKEN) and TLS (--tls-cert/--tls-key), or "
                 "require client certificates (--tls-client-ca); or listen on 127.0.0.1; or pass "
                 "--allow-insecure to serve an open worker on purpose")
+        if self.grace_s < 0 or self.artifact_grace_s < 0:
+            raise ValueError("--grace-s and --artifact-grace-s must be >= 0")
+        if self.max_stream_buffer_bytes < 64 * 1024:
+            raise ValueError(f"--max-stream-buffer-bytes must be at least 65536 (a few frames of audio), "
+                             f"not {self.max_stream_buffer_bytes}")
 
     @property
     def listens_on_loopback(self) -> bool:

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         ("RTF", f"{s.rtf:.3f}  ({s.wall_seconds:.2f} s for {s.audio_seconds:.2f} s of audio, {s.frames} frames, "
                 f"{s.end_reason})"),
         ("artifact", f"{a.artifact_id}  {a.size_bytes} bytes  sha256 {a.sha256[:16]}...  at {a.endpoint}"
-         if a else "none"),
+         if a else f"none: {result.artifact_unavailable or 'not written'}"),
     ]
     if job.reference_id:
         rows.append(("reference", f"{job.reference_id}  (reuse with --ref-id)"))

@@ -114,7 +114,7 @@ class ResolvedParams(_message.Message):
     def __init__(self, instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., template: _Optional[_Union[Template, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., reference_seconds: _Optional[float] = ...) -> None: ...
 
 class JobStarted(_message.Message):
-    __slots__ = ("job_id", "params", "sample_rate", "encoding", "template", "queue_wait_s", "reference_id", "started_unix_ns")
+    __slots__ = ("job_id", "params", "sample_rate", "encoding", "template", "queue_wait_s", "reference_id", "started_unix_ns", "artifact_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class JobStarted(_message.Message):
     QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_ID_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     params: ResolvedParams
     sample_rate: int
@@ -131,7 +132,8 @@ class JobStarted(_message.Message):
     queue_wait_s: float
     reference_id: str
     started_unix_ns: int
-    def __init__(self, job_id: _Optional[str] = ..., params: _Optional[_Union[ResolvedParams, _Mapping]] = ..., sample_rate: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., template: _Optional[_Union[Template, str]] = ..., queue_wait_s: _Optional[float] = ..., reference_id: _Optional[str] = ..., started_unix_ns: _Optional[int] = ...) -> None: ...
+    artifact_id: str
+    def __init__(self, job_id: _Optional[str] = ..., params: _Optional[_Union[ResolvedParams, _Mapping]] = ..., sample_rate: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., template: _Optional[_Union[Template, str]] = ..., queue_wait_s: _Optional[float] = ..., reference_id: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., artifact_id: _Optional[str] = ...) -> None: ...
 
 class AudioChunk(_message.Message):
     __slots__ = ("sequence", "sample_offset", "pcm", "num_samples", "emitted_unix_ns")
@@ -180,16 +182,18 @@ class JobStats(_message.Message):
     def __init__(self, frames: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., rtf: _Optional[float] = ..., ttfa_s: _Optional[float] = ..., stages: _Optional[_Union[StageTimes, _Mapping]] = ..., end_reason: _Optional[_Union[EndReason, str]] = ..., nonfinite_events: _Optional[int] = ...) -> None: ...
 
 class JobFinished(_message.Message):
-    __slots__ = ("job_id", "done_unix_ns", "stats", "artifact")
+    __slots__ = ("job_id", "done_unix_ns", "stats", "artifact", "artifact_unavailable")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DONE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     done_unix_ns: int
     stats: JobStats
     artifact: _common_pb2.ArtifactInfo
-    def __init__(self, job_id: _Optional[str] = ..., done_unix_ns: _Optional[int] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ..., artifact: _Optional[_Union[_common_pb2.ArtifactInfo, _Mapping]] = ...) -> None: ...
+    artifact_unavailable: str
+    def __init__(self, job_id: _Optional[str] = ..., done_unix_ns: _Optional[int] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ..., artifact: _Optional[_Union[_common_pb2.ArtifactInfo, _Mapping]] = ..., artifact_unavailable: _Optional[str] = ...) -> None: ...
 
 class SynthesizeResponse(_message.Message):
     __slots__ = ("started", "chunk", "finished")
@@ -206,7 +210,7 @@ class GetWorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_description", "is_tiny_default", "warning", "sample_rate", "artifact_endpoint", "ready", "max_text_chars", "max_request_bytes", "version")
+    __slots__ = ("model_description", "is_tiny_default", "warning", "sample_rate", "artifact_endpoint", "ready", "max_text_chars", "max_request_bytes", "version", "artifact_store_degraded", "artifact_disk_free_bytes")
     MODEL_DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     IS_TINY_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     WARNING_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +220,8 @@ class WorkerInfo(_message.Message):
     MAX_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_STORE_DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     model_description: str
     is_tiny_default: bool
     warning: str
@@ -225,4 +231,6 @@ class WorkerInfo(_message.Message):
     max_text_chars: int
     max_request_bytes: int
     version: str
-    def __init__(self, model_description: _Optional[str] = ..., is_tiny_default: _Optional[bool] = ..., warning: _Optional[str] = ..., sample_rate: _Optional[int] = ..., artifact_endpoint: _Optional[str] = ..., ready: _Optional[bool] = ..., max_text_chars: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    artifact_store_degraded: str
+    artifact_disk_free_bytes: int
+    def __init__(self, model_description: _Optional[str] = ..., is_tiny_default: _Optional[bool] = ..., warning: _Optional[str] = ..., sample_rate: _Optional[int] = ..., artifact_endpoint: _Optional[str] = ..., ready: _Optional[bool] = ..., max_text_chars: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., version: _Optional[str] = ..., artifact_store_degraded: _Optional[str] = ..., artifact_disk_free_bytes: _Optional[int] = ...) -> None: ...

@@ -8,10 +8,15 @@ Layout of the store directory:
 An artifact exists for readers once its sidecar exists; the sidecar is written (temp file, fsync,
 rename) only after the WAV itself was fsynced and renamed into place. Ids are unguessable
 ("art-" + 128 random bits) and every id is checked against the pattern before any file-system access.
+
+A storage fault (ENOSPC, EIO, a read-only disk) fails one artifact, never its job: the writer removes its
+temp file, stops writing and reports why (`unavailable_reason`), and the job streams on without an artifact.
+Opening the store sweeps the temp files a crashed run left; `space.py` keeps the free-space headroom.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -23,6 +28,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from breeze_worker.artifacts.space import SpaceKeeper, StoreStatus
 from breeze_worker.artifacts.wav import header_size, wav_header
 from breeze_worker.config import ArtifactSettings
 from breeze_worker.engine.types import ArtifactInfo, PcmEncoding
@@ -58,36 +64,58 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class ArtifactWriter:
-    """Writes one job's WAV while it streams; `commit` makes it visible, `abort` discards it."""
+    """Writes one job's WAV while it streams; `commit` makes it visible, `abort` discards it.
+
+    An OSError while writing or committing gives the artifact up (temp file removed, `unavailable_reason`
+    set) instead of raising: the job's audio stream must not end because its copy on disk could not be kept.
+    A writer created unavailable (`unavailable=` reason) writes nothing at all.
+    """
 
     def __init__(self, store: "ArtifactStore", artifact_id: str, job_id: str, sample_rate: int,
-                 encoding: PcmEncoding) -> None:
+                 encoding: PcmEncoding, *, unavailable: str | None = None) -> None:
         self.artifact_id = artifact_id
         self.job_id = job_id
         self.sample_rate = sample_rate
         self.encoding = PcmEncoding(encoding)
         self._store = store
         self._temp_path = store.directory / f".{artifact_id}.partial"
-        self._file: BinaryIO | None = open(self._temp_path, "x+b")
-        self._file.write(b"\0" * header_size(self.encoding))  # reserved; filled in at commit
+        self._file: BinaryIO | None = None
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
+        self.unavailable_reason: str | None = unavailable
+        if unavailable is not None:
+            return
+        try:
+            self._file = open(self._temp_path, "x+b")
+            self._file.write(b"\0" * header_size(self.encoding))  # reserved; filled in at commit
+        except OSError as exc:
+            self._give_up(exc)
 
     @property
     def data_bytes(self) -> int:
         return self._data_bytes
 
     def append(self, pcm: bytes) -> None:
-        """Append PCM exactly as it was streamed to the client."""
+        """Append PCM exactly as it was streamed to the client (nothing once the artifact was given up)."""
+        if self.unavailable_reason is not None:
+            return
         if self._file is None:
             raise RuntimeError(f"artifact {self.artifact_id} is already committed or aborted")
-        self._file.write(pcm)
+        try:
+            self._fault_check(len(pcm))
+            self._file.write(pcm)
+        except OSError as exc:
+            self._give_up(exc)
+            return
         self._data_bytes += len(pcm)
 
-    def commit(self) -> ArtifactInfo:
-        """Fix the header, fsync, rename into place, record the sha256; returns the committed info."""
+    def commit(self) -> ArtifactInfo | None:
+        """Fix the header, fsync, rename into place, record the sha256; returns the committed info, or None
+        when the artifact was given up (`unavailable_reason` says why)."""
         if self._info is not None:
             return self._info
+        if self.unavailable_reason is not None:
+            return None
         if self._file is None:
             raise RuntimeError(f"artifact {self.artifact_id} was aborted")
         delay = self._store.settings.fault_commit_delay_s
@@ -102,11 +130,14 @@ class ArtifactWriter:
             f.seek(0)
             digest = hashlib.file_digest(f, "sha256").hexdigest()
             size = f.seek(0, os.SEEK_END)
+            self._file = None
+            f.close()
+        except OSError as exc:
+            self._give_up(exc)
+            return None
         except BaseException:
             self.abort()
             raise
-        f.close()
-        self._file = None
         store = self._store
         try:
             os.replace(self._temp_path, store.wav_path(self.artifact_id))
@@ -114,23 +145,46 @@ class ArtifactWriter:
                                 committed_at_ns=0)
             info = store._write_sidecar(info, job_id=self.job_id, sample_rate=self.sample_rate,
                                         encoding=self.encoding)
-        except BaseException:
+        except BaseException as exc:
+            store._remove_quietly(store.sidecar_path(self.artifact_id))  # readers lose sight of it first
             store._remove_quietly(store.wav_path(self.artifact_id))
             self._remove_temp()
+            if isinstance(exc, OSError):
+                self._give_up(exc)
+                return None
             raise
         self._info = info
+        store.space.write_succeeded()
         log.info("artifact %s committed for job %s: %d bytes, sha256 %s", info.artifact_id, self.job_id,
                  size, digest)
         return info
 
     def abort(self) -> None:
-        """Discard the temporary file; a committed artifact is left alone."""
+        """Discard the temporary file; a committed artifact is left alone. Removes it even when closing fails
+        (a full disk fails the close's flush too)."""
         if self._info is not None:
             return
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        self._remove_temp()
+        f, self._file = self._file, None
+        try:
+            if f is not None:
+                f.close()
+        except OSError as exc:
+            log.debug("artifact %s: closing its temp file failed (%s); removing it anyway", self.artifact_id, exc)
+        finally:
+            self._remove_temp()
+
+    def _give_up(self, exc: OSError) -> None:
+        """The disk failed this artifact: remove what was written and remember why; the job goes on."""
+        self.abort()
+        words = self._store.space.artifact_given_up(exc)
+        self.unavailable_reason = f"{words} while writing it; the streamed audio was complete, no artifact was kept"
+        log.warning("job %s: artifact %s given up after %d bytes: %s", self.job_id, self.artifact_id,
+                    self._data_bytes, words)
+
+    def _fault_check(self, n: int) -> None:
+        limit = self._store.settings.fault_eio_after_bytes
+        if limit and self._data_bytes + n > limit:  # test-only fault injection (storage-fault tests)
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(self._temp_path))
 
     def _remove_temp(self) -> None:
         self._store._remove_quietly(self._temp_path)
@@ -152,6 +206,8 @@ class ArtifactStore:
         self.directory = Path(settings.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self.space = SpaceKeeper(self)
+        self._sweep_leftovers()
 
     # ---- paths (only ever built from checked ids) ----
     def wav_path(self, artifact_id: str) -> Path:
@@ -162,7 +218,12 @@ class ArtifactStore:
 
     # ---- writing ----
     def begin(self, job_id: str, sample_rate: int, encoding: PcmEncoding) -> ArtifactWriter:
-        return ArtifactWriter(self, new_artifact_id(), job_id, sample_rate, encoding)
+        """A writer for a new artifact; an unavailable one (no file) when the disk lacks its headroom."""
+        return ArtifactWriter(self, new_artifact_id(), job_id, sample_rate, encoding,
+                              unavailable=self.space.room_for_new_artifact())
+
+    def status(self) -> StoreStatus:
+        return self.space.status()
 
     def _write_sidecar(self, info: ArtifactInfo, **extra) -> ArtifactInfo:
         committed = ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns())
@@ -173,12 +234,15 @@ class ArtifactStore:
         }
         final = self.sidecar_path(info.artifact_id)
         temp = self.directory / f".{info.artifact_id}.json.partial"
-        with open(temp, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, final)
-        _fsync_dir(self.directory)
+        try:
+            with open(temp, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, final)
+            _fsync_dir(self.directory)
+        finally:
+            self._remove_quietly(temp)
         return committed
 
     # ---- reading ----
@@ -215,6 +279,19 @@ class ArtifactStore:
         return sorted(p.stem for p in self.directory.glob("art-*.json")
                       if ARTIFACT_ID_PATTERN.fullmatch(p.stem))
 
+    def committed_records(self) -> list[dict]:
+        """Every committed artifact's sidecar record, oldest commit first (unreadable ones skipped)."""
+        records = []
+        for artifact_id in self.list_ids():
+            try:
+                record = self.describe(artifact_id)
+                int(record["committed_at_ns"]), int(record["size_bytes"])
+            except (NotFound, ValueError, KeyError, TypeError, OSError):
+                continue
+            records.append(record)
+        records.sort(key=lambda r: int(r["committed_at_ns"]))
+        return records
+
     # ---- deleting ----
     def delete(self, artifact_id: str) -> None:
         sidecar = self.sidecar_path(artifact_id)
@@ -225,17 +302,19 @@ class ArtifactStore:
             self._remove_quietly(self.wav_path(artifact_id))
         log.info("artifact %s deleted", artifact_id)
 
+    def discard(self, artifact_id: str) -> bool:
+        """Delete an artifact if it is still there; True when this call deleted it."""
+        try:
+            self.delete(artifact_id)
+            return True
+        except NotFound:
+            return False
+
     def enforce_retention(self) -> list[str]:
         """Delete artifacts older than max_age_s, then the oldest beyond max_total_bytes; returns their ids."""
         now = time.time_ns()
         max_age_ns = int(self.settings.max_age_s * 1e9)
-        records = []
-        for artifact_id in self.list_ids():
-            try:
-                records.append(self.describe(artifact_id))
-            except (NotFound, ValueError, KeyError):
-                continue
-        records.sort(key=lambda r: int(r["committed_at_ns"]))
+        records = self.committed_records()
         doomed = [r for r in records if now - int(r["committed_at_ns"]) > max_age_ns]
         kept = [r for r in records if r not in doomed]
         total = sum(int(r["size_bytes"]) for r in kept)
@@ -269,9 +348,26 @@ class ArtifactStore:
                   and not (self.directory / f"{name[:-4]}.json").exists() and age_s > _ORPHAN_GRACE_S):
                 self._remove_quietly(path)
 
+    def _sweep_leftovers(self) -> None:
+        """At start-up no artifact is being written: every temp file and every WAV without a sidecar is what a
+        crashed or killed run left behind (one worker per artifact directory)."""
+        removed = 0
+        for path in self.directory.iterdir():
+            name = path.name
+            stem = name[:-4] if name.endswith(".wav") else ""
+            if ((name.startswith(".art-") and name.endswith(".partial"))
+                    or (ARTIFACT_ID_PATTERN.fullmatch(stem) and not (self.directory / f"{stem}.json").exists())):
+                self._remove_quietly(path)
+                removed += 1
+        if removed:
+            log.warning("removed %d unfinished artifact file(s) left in %s by a previous run that stopped "
+                        "mid-write", removed, self.directory)
+
     @staticmethod
     def _remove_quietly(path: Path) -> None:
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:  # a failing disk: the start-up sweep or retention retries later
+            log.warning("could not remove %s: %s", path, exc)

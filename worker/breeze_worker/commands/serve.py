@@ -4,8 +4,13 @@ Flags are generated from the typed settings in `breeze_worker.config` (defaults 
 environment variables BREEZE_<SECTION>_<FIELD> are read first and flags override them). When both
 servers listen and the model is warm, one line goes to stdout:
     breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...
-The test-only fault delays (--fault-*, BREEZE_ARTIFACTS_FAULT_*) are hidden from --help; when one is
+The test-only faults (--fault-*, BREEZE_ARTIFACTS_FAULT_*) are hidden from --help; when one is
 non-zero the worker logs a WARNING at startup and the ready line ends with `TEST FAULTS ON: ...`.
+
+SIGTERM (or SIGINT) drains in order: health reports NOT_SERVING and new synthesis is refused with
+UNAVAILABLE (queued requests too), running jobs get --grace-s to finish, then the synthesis port closes
+and the artifact port serves --artifact-grace-s longer so finished jobs can still be fetched. A second
+signal ends the artifact grace early.
 """
 
 from __future__ import annotations
@@ -63,12 +68,23 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("server", "tls_client_ca", "--tls-client-ca", "PEM CA certificate(s): require client certificates signed "
                                                    "by it on both ports (mutual TLS; needs --tls-cert)"),
     ("server", "max_request_bytes", "--max-request-bytes", "largest accepted request message"),
-    ("server", "grace_s", "--grace-s", "seconds in-flight calls get to finish on SIGTERM"),
+    ("server", "grace_s", "--grace-s", "seconds running jobs get to finish on SIGTERM"),
+    ("server", "artifact_grace_s", "--artifact-grace-s", "seconds the artifact port serves on after the running "
+                                                         "jobs ended on SIGTERM (so their artifacts can be fetched)"),
+    ("server", "max_stream_buffer_bytes", "--max-stream-buffer-bytes",
+     "audio bytes one stream may hold for a client that reads slower than real time; past it the stream ends "
+     "(RESOURCE_EXHAUSTED) and the job runs on for its artifact"),
     ("artifacts", "directory", "--artifact-dir", "where WAV artifacts are written"),
     ("artifacts", "max_age_s", "--artifact-max-age-s", "artifacts older than this are deleted"),
     ("artifacts", "max_total_bytes", "--artifact-max-bytes", "oldest artifacts are deleted beyond this total"),
+    ("artifacts", "min_free_bytes", "--artifact-min-free-bytes",
+     "free space kept on the artifact disk: the oldest artifacts are evicted to keep it, and a job that cannot "
+     "have it streams without an artifact (0 = off)"),
+    ("artifacts", "min_keep_s", "--artifact-min-keep-s", "eviction for free space never takes an artifact younger "
+                                                         "than this"),
     ("artifacts", "fault_commit_delay_s", "--fault-commit-delay-s", argparse.SUPPRESS),  # test-only
     ("artifacts", "fault_first_byte_delay_s", "--fault-first-byte-delay-s", argparse.SUPPRESS),  # test-only
+    ("artifacts", "fault_eio_after_bytes", "--fault-eio-after-bytes", argparse.SUPPRESS),  # test-only
 ]
 
 
@@ -102,9 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def active_faults(settings: WorkerSettings) -> str:
-    """The non-zero test-only fault delays, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
+    """The non-zero test-only faults, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
     a = settings.artifacts
-    return " ".join(f"{name}={getattr(a, name):g}" for name in ("fault_commit_delay_s", "fault_first_byte_delay_s")
+    return " ".join(f"{name}={getattr(a, name):g}" for name in ("fault_commit_delay_s", "fault_first_byte_delay_s",
+                                                                 "fault_eio_after_bytes")
                     if getattr(a, name) > 0)
 
 
@@ -130,15 +147,19 @@ async def serve(settings: WorkerSettings) -> int:
                     "speech. Pass --model DIR with a Breeze TTS 2 checkpoint for real synthesis.")
     faults = active_faults(settings)
     if faults:
-        log.warning("TEST-ONLY FAULT INJECTION IS ON (%s): every artifact commit or fetch is delayed on purpose. "
-                    "Unset --fault-* / BREEZE_ARTIFACTS_FAULT_* outside the diagnosis tests.", faults)
+        log.warning("TEST-ONLY FAULT INJECTION IS ON (%s): artifact commits or fetches are delayed, or artifact "
+                    "writes fail, on purpose. Unset --fault-* / BREEZE_ARTIFACTS_FAULT_* outside the tests.", faults)
     store = ArtifactStore(settings.artifacts)
     engine = Engine(settings.engine, store)
     servers = await create_server(settings, engine, store)
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:  # the first signal drains; a second one ends the artifact grace early
+        (hurry if stop.is_set() else stop).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     metrics = None
     if settings.server.metrics_port is not None:
         from breeze_worker.engine.metrics import CONTENT_TYPE
@@ -167,9 +188,8 @@ async def serve(settings: WorkerSettings) -> int:
         else:
             log.error("the engine failed to start", exc_info=exc)
         code = 1
-    log.info("stopping: in-flight calls get %.1f s", settings.server.grace_s)
     stopping.cancel()
-    await servers.stop(settings.server.grace_s)
+    await _drain(settings, engine, servers, served=code == 0 and starting.done(), hurry=hurry)
     if metrics is not None:
         await metrics.stop()
     if not starting.done():
@@ -177,6 +197,28 @@ async def serve(settings: WorkerSettings) -> int:
     await engine.stop()
     log.info("stopped")
     return code
+
+
+async def _drain(settings: WorkerSettings, engine, servers, *, served: bool, hurry: asyncio.Event) -> None:
+    """The shutdown order: NOT_SERVING and new synthesis refused; running jobs finish within --grace-s; the
+    synthesis port closes; the artifact port serves --artifact-grace-s more; then it closes too."""
+    s = settings.server
+    await servers.begin_drain()
+    if served:
+        log.info("stopping: NOT_SERVING, new synthesis refused; running jobs get %.1f s to finish", s.grace_s)
+        left = await engine.drain(s.grace_s)
+        if left:
+            log.warning("%d job(s) still running after --grace-s %.1f s end now with UNAVAILABLE", left, s.grace_s)
+    await engine.stop()  # ends whatever is still running; the calls below then send their last messages
+    await servers.stop_synthesis(1.0)
+    if served and s.artifact_grace_s > 0 and not hurry.is_set():
+        log.info("synthesis closed; the artifact port serves %.1f s more so finished jobs can be fetched "
+                 "(signal again to stop now)", s.artifact_grace_s)
+        try:
+            await asyncio.wait_for(hurry.wait(), s.artifact_grace_s)
+        except asyncio.TimeoutError:
+            pass
+    await servers.stop_artifacts(1.0)
 
 
 def run(args: argparse.Namespace) -> int:

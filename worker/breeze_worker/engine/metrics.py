@@ -8,6 +8,7 @@ benchmarks) never share numbers. Names follow Prometheus conventions (`breeze_*_
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -16,9 +17,12 @@ _STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1.0, 5.0, 10.0)  # 0.
 
 
 class EngineMetrics:
-    def __init__(self) -> None:
+    def __init__(self, artifact_status=None) -> None:
+        """`artifact_status`: a callable returning the artifact store's StoreStatus (read at each scrape)."""
         self.registry = CollectorRegistry()
         r = self.registry
+        if artifact_status is not None:
+            r.register(_ArtifactCollector(artifact_status))
         self._jobs = Counter("breeze_jobs_total", "jobs finished, by end reason (end_of_speech, frame_limit, "
                              "cancelled, error)", ["end_reason"], registry=r)
         self._frames = Counter("breeze_frames_total", "audio frames (80 ms each) generated", registry=r)
@@ -64,3 +68,25 @@ class EngineMetrics:
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry).decode()
+
+
+class _ArtifactCollector:
+    """The artifact store's state, read from the store at each scrape (it changes off the engine thread)."""
+
+    def __init__(self, status):
+        self._status = status
+
+    def collect(self):
+        st = self._status()
+        yield GaugeMetricFamily("breeze_artifact_store_degraded", "1 while the artifact store cannot write (jobs "
+                                "stream audio without an artifact), else 0", value=int(st.degraded))
+        yield GaugeMetricFamily("breeze_artifact_disk_free_bytes", "free bytes on the artifact disk",
+                                value=st.free_bytes)
+        unavailable = CounterMetricFamily("breeze_artifacts_unavailable", "artifacts given up while their audio "
+                                          "streamed on, by cause (no_space, io_error, read_only, headroom, other)",
+                                          labels=["cause"])
+        for cause, count in sorted(st.unavailable.items()):
+            unavailable.add_metric([cause], count)
+        yield unavailable
+        yield CounterMetricFamily("breeze_artifacts_evicted", "artifacts evicted early to keep the free-space "
+                                  "headroom", value=st.evicted)

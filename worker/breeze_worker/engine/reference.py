@@ -1,8 +1,13 @@
 """Reference audio intake for voice cloning: decode, check, convert to 24 kHz mono, encode, cache.
 
-`decode_reference_audio(bytes, max_seconds, min_seconds)` accepts WAV, FLAC or OGG (Vorbis/Opus) at any
-sample rate, with any number of channels (averaged to mono), as 8-32 bit integers or floats, and returns
-24 kHz float32 samples. Every refusal is an `InvalidRequest` whose message says what to change.
+`decode_reference_audio(bytes, max_seconds, min_seconds)` accepts WAV, FLAC or OGG (Vorbis/Opus) at 8-192 kHz,
+mono or stereo (averaged to mono), as 8-32 bit integers or floats, and returns 24 kHz float32 samples. Every
+refusal is an `InvalidRequest` whose message says what to change.
+
+Decoding is bounded before it starts: `read_reference_header` checks the container's header (format,
+channels, sample rate, duration) without decoding, and the decode reads at most the frames that duration
+limit allows, whatever the header claimed. The engine runs the header check before a request queues for a
+slot, and the decode only once the request holds one.
 
 Silence is judged on 20 ms frames with each frame's mean removed (so a DC offset is not sound): a clip
 counts as speech only when at least `MIN_ACTIVE_SHARE` of its frames are above -60 dBFS RMS, so one click
@@ -38,6 +43,8 @@ ACTIVE_RMS = 10 ** (-60 / 20)  # a 20 ms frame (its mean removed) above -60 dBFS
 ACTIVE_FRAME_SECONDS = 0.02
 MIN_ACTIVE_SHARE = 0.1  # a reference needs at least this share of its 20 ms frames to hold sound
 MIN_REFERENCE_SECONDS = 1.0
+MAX_REFERENCE_CHANNELS = 2
+MIN_REFERENCE_RATE, MAX_REFERENCE_RATE = 8000, 192000
 _OBJECT_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>:?\s*")
 REFERENCE_ID = re.compile(r"^ref-[0-9a-f]{32}$")
 
@@ -51,9 +58,9 @@ def reference_id(audio: bytes, transcript: str) -> str:
     return "ref-" + digest.hexdigest()[:32]
 
 
-def decode_reference_audio(audio: bytes, max_seconds: float,
-                           min_seconds: float = MIN_REFERENCE_SECONDS) -> tuple[np.ndarray, float]:
-    """Audio file bytes -> (float32 mono samples at 24 kHz, duration in seconds of the original)."""
+def read_reference_header(audio: bytes, max_seconds: float):
+    """The container header of reference audio (soundfile's info), refused unless decoding it is bounded:
+    a supported format, mono or stereo, 8-192 kHz, a known length within `max_seconds`. Decodes nothing."""
     import soundfile  # here, not at module import: the engine imports on hosts without libsndfile
 
     if not audio:
@@ -71,11 +78,27 @@ def decode_reference_audio(audio: bytes, max_seconds: float,
         )
     if info.frames <= 0 or info.samplerate <= 0:
         raise InvalidRequest("reference audio has no samples: send a recording with a few seconds of speech")
+    if not 1 <= info.channels <= MAX_REFERENCE_CHANNELS:
+        raise InvalidRequest(f"reference audio has {info.channels} channels; at most {MAX_REFERENCE_CHANNELS} are "
+                             "accepted: mix it down to mono")
+    if not MIN_REFERENCE_RATE <= info.samplerate <= MAX_REFERENCE_RATE:
+        raise InvalidRequest(f"reference audio's sample rate is {info.samplerate} Hz; {MIN_REFERENCE_RATE}-"
+                             f"{MAX_REFERENCE_RATE} Hz is accepted: resample it (24000 Hz is what the model uses)")
     seconds = info.frames / info.samplerate
     if seconds > max_seconds:
         raise _too_long(seconds, max_seconds)
+    return info
+
+
+def decode_reference_audio(audio: bytes, max_seconds: float,
+                           min_seconds: float = MIN_REFERENCE_SECONDS) -> tuple[np.ndarray, float]:
+    """Audio file bytes -> (float32 mono samples at 24 kHz, duration in seconds of the original)."""
+    import soundfile
+
+    info = read_reference_header(audio, max_seconds)
+    most = int(max_seconds * info.samplerate) + 1  # one frame past the limit tells "too long" apart
     try:
-        samples, rate = soundfile.read(io.BytesIO(audio), dtype="float32", always_2d=True)
+        samples, rate = soundfile.read(io.BytesIO(audio), frames=most, dtype="float32", always_2d=True)
     except Exception as exc:
         raise InvalidRequest(
             f"reference audio could not be decoded ({_reason(exc)}): re-export it as 16-bit PCM WAV or FLAC"
@@ -150,6 +173,7 @@ class ReferenceStore:
         self._lock = threading.Lock()
         self._encode_lock = threading.Lock()  # one encode at a time on the codec
         self.encodes = 0  # how many references were actually encoded (cache misses)
+        self.decodes = 0  # how many decodes started (each one after its header was checked)
 
     def __len__(self) -> int:
         with self._lock:
@@ -190,6 +214,15 @@ class ReferenceStore:
         pending.set_result(reference)
         return reference
 
+    def cached(self, audio: bytes, transcript: str) -> ResolvedReference | None:
+        """The reference already held for exactly this (audio, transcript), or None (nothing is decoded)."""
+        key = reference_id(bytes(audio), transcript)
+        with self._lock:
+            reference = self._entries.get(key)
+            if reference is not None:
+                self._entries.move_to_end(key)
+            return reference
+
     def get(self, reference_id: str) -> ResolvedReference:
         """The reference held under `reference_id` (as returned by an earlier intake)."""
         if not isinstance(reference_id, str) or not REFERENCE_ID.match(reference_id):
@@ -208,6 +241,7 @@ class ReferenceStore:
         )
 
     def _encode(self, key: str, audio: bytes, transcript: str) -> ResolvedReference:
+        self.decodes += 1
         samples, seconds = decode_reference_audio(audio, self.max_seconds, self.min_seconds)
         with self._encode_lock:
             codes = self.codec.encode(samples)

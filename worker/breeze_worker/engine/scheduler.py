@@ -7,6 +7,14 @@ runtime's *stepper* (engine/stepper.py: one batched frame step on the fast path,
 then decodes all the step's frames in ONE batched codec call. A job that ends hands its artifact commit
 (fsync + rename) to a small I/O pool so the other streams never wait on the disk.
 
+Slots before work: a job whose request still needs preparing (reference audio to decode and encode) has no
+parameters yet. When a slot frees, the engine thread *reserves* it for that job and tells its caller
+(`SLOT_GRANTED`); the caller prepares the request off this thread and hands it back (`prepared`), or gives
+the slot back (`release`). So a full worker refuses or queues such a request before spending anything on it.
+
+Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
+callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
+
 Overlap (engine/codec_rows.py; the `codec_overlap` setting, off by default): the codec call of step t is
 launched, not waited for; its audio is read and sent while step t+1's language model runs (the stepper
 calls back once that step's device work is queued), so on CUDA the two run side by side. Whatever
@@ -29,7 +37,7 @@ import torch
 
 from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
 from breeze_worker.engine.metrics import EngineMetrics
-from breeze_worker.engine.session import Job
+from breeze_worker.engine.session import SLOT_GRANTED, Job
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason
 from breeze_worker.errors import (BreezeError, Cancelled, CodeOutOfRange, DeadlineExceeded, ResourceExhausted,
@@ -68,6 +76,11 @@ class Scheduler:
         # jobs taken off the queue whose join (text encode + prefill) is running: they hold slots although
         # they are neither pending nor active yet (lock held to read or write)
         self._starting = 0
+        # jobs holding a slot while their caller prepares the request; those handed back wait in _prepared
+        self._reserved: list[Job] = []
+        self._prepared: collections.deque[Job] = collections.deque()
+        self._open: set[Job] = set()  # submitted and not ended yet (no final event or error sent)
+        self._draining = False
         self.overlap = overlap
         self._codec = CodecRows(runtime.codec, overlap=self.overlap)
         self._codebook_size = runtime.codec.codebook_size  # a sampled code at or above it never reaches the codec
@@ -96,17 +109,55 @@ class Scheduler:
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            if self._stopping:
+            if self._stopping or self._draining:
                 raise Unavailable("the worker is shutting down; retry on another worker")
             # jobs the engine thread has not picked up yet may still take free slots: they are not queued
-            free_slots = max(0, self.max_active - len(self._active) - self._starting)
+            held = self._slots_held()
+            free_slots = max(0, self.max_active - held)
             if len(self._pending) >= self.max_queue + free_slots:
                 raise ResourceExhausted(
-                    f"the request queue is full ({self.max_queue} waiting, {len(self._active) + self._starting} "
+                    f"the request queue is full ({self.max_queue} waiting, {held} "
                     f"active streams of max {self.max_active}); retry later or raise --max-queue"
                 )
             self._pending.append(job)
+            self._open.add(job)
             self._lock.notify_all()
+
+    def prepared(self, job: Job) -> None:
+        """The caller of a job holding a reserved slot has set `job.params`: it joins at the next pass."""
+        with self._lock:
+            if job not in self._reserved or job.cancelled:
+                raise Unavailable("the job lost its stream slot (cancelled or shutting down); retry")
+            self._prepared.append(job)
+            self._lock.notify_all()
+
+    def release(self, job: Job) -> None:
+        """Withdraw a job whose request could not be prepared (the caller reports its error, or hung up),
+        whether it still waits in the queue or holds a reserved slot."""
+        with self._lock:
+            for held in (self._pending, self._reserved, self._prepared):
+                if job in held:
+                    held.remove(job)
+            self._open.discard(job)
+            self._lock.notify_all()
+
+    def begin_drain(self) -> None:
+        """Refuse new jobs and end the queued ones (UNAVAILABLE); jobs holding slots run on."""
+        with self._lock:
+            self._draining = True
+            queued, self._pending = list(self._pending), collections.deque()
+            self._lock.notify_all()
+        for job in queued:
+            self._fail(job, Unavailable("the worker is shutting down and this request had not started; retry on "
+                                        "another worker"))
+
+    def open_jobs(self) -> int:
+        """Jobs submitted and not ended yet (queued, preparing, running or committing their artifact)."""
+        with self._lock:
+            return len(self._open)
+
+    def _slots_held(self) -> int:
+        return len(self._active) + self._starting + len(self._reserved)
 
     def wake(self) -> None:
         """Called after a cancellation so the loop notices it even while idle."""
@@ -115,13 +166,14 @@ class Scheduler:
 
     def load(self) -> tuple[int, int]:
         with self._lock:
-            return len(self._active) + self._starting, len(self._pending)
+            return self._slots_held(), len(self._pending)
 
     # ---- engine thread ----
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and not self._active and not self._pending:
+                self.metrics.set_load(len(self._active), len(self._pending))  # an idle worker shows 0
+                while not self._stopping and not self._active and not self._pending and not self._prepared:
                     self._lock.wait()
                 if self._stopping:
                     break
@@ -151,10 +203,13 @@ class Scheduler:
         self._deliver()  # audio already decoded goes out; jobs whose last frame it held finish
         for job in list(self._active):
             self._drop(job, Unavailable("the worker shut down before this job finished; retry"))
-        for job in list(self._pending):
+        for job in list(self._pending) + list(self._reserved):
             self._fail(job, Unavailable("the worker shut down before this job finished; retry"))
         self._active.clear()
         self._pending.clear()
+        self._reserved.clear()
+        self._prepared.clear()
+        self.metrics.set_load(0, 0)
 
     def _step_timed(self, streams: int, seconds: float) -> None:
         """Metrics for every step; a warning for a slow one, at most one per SLOW_STEP_LOG_EVERY_S (a CPU
@@ -174,13 +229,22 @@ class Scheduler:
         self._slow_unlogged, self._slow_logged_at = 0, now
 
     def _take_admissible(self) -> list[Job]:
-        """Pop jobs that may start now; fail those that waited too long or went away (lock held)."""
+        """Pop jobs that may start now (prepared ones first: they hold their slots); reserve slots for jobs
+        still to be prepared; fail those that waited too long or went away (lock held)."""
         now = time.monotonic()
         taken = []
+        while self._prepared:
+            job = self._prepared.popleft()
+            self._reserved.remove(job)
+            taken.append(job)
+        for job in [j for j in self._reserved if j.cancelled]:  # its caller hung up while preparing
+            self._reserved.remove(job)
+            self._open.discard(job)
         kept = collections.deque()
         while self._pending:
             job = self._pending.popleft()
             if job.cancelled:
+                self._open.discard(job)
                 job.sink.close()
             elif job.expired(now):
                 self._fail(job, DeadlineExceeded("the deadline passed while the request waited for a slot"))
@@ -188,8 +252,12 @@ class Scheduler:
                 self._fail(job, ResourceExhausted(
                     f"waited {now - job.submitted_at:.1f} s for a free stream slot (max_queue_wait_s="
                     f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
-            elif len(self._active) + len(taken) < self.max_active:
-                taken.append(job)
+            elif len(self._active) + len(taken) + len(self._reserved) < self.max_active:
+                if job.params is None:  # its caller prepares it now, holding the slot
+                    self._reserved.append(job)
+                    job.sink.put(SLOT_GRANTED)
+                else:
+                    taken.append(job)
             else:
                 kept.append(job)
         self._pending = kept
@@ -345,14 +413,22 @@ class Scheduler:
         self._io.submit(self._commit, job, stats, done_at_ns)
 
     def _commit(self, job: Job, stats, done_at_ns: int) -> None:
+        """Commit the artifact (a storage fault gives it up, the job still finishes); then the final event."""
         try:
             info = job.artifact.commit()
-        except BaseException as exc:
+        except BaseException as exc:  # a bug, not a storage fault (the writer contains those)
             log.exception("job %s: artifact commit failed", job.job_id)
             self._fail(job, exc)
             return
-        job.sink.put(job.finished_event(stats, done_at_ns, info))
+        job.sink.put(job.finished_event(stats, done_at_ns, info, job.artifact.unavailable_reason))
         job.sink.close()
+        self._ended(job)
+
+    def _ended(self, job: Job) -> None:
+        with self._lock:
+            self._open.discard(job)
+            if not self._open:
+                self._lock.notify_all()
 
     def _drop(self, job: Job, exc: BaseException) -> None:
         if job in self._active:
@@ -373,3 +449,4 @@ class Scheduler:
             log.error("job %s failed", job.job_id, exc_info=exc)
         job.sink.put(exc)
         job.sink.close()
+        self._ended(job)

@@ -1,24 +1,33 @@
 """The engine as the transport sees it: `start`, `synthesize` (an async stream of events), `stop`.
 
-Request lifecycle: validate and resolve the request (reference intake runs in a thread: it decodes and
-encodes audio), admit it into the scheduler's queue, then relay the engine thread's events. Closing the
-stream early (the caller hung up, or its task was cancelled) cancels the job; the engine thread frees
-its slot at the next frame boundary and discards its unfinished artifact.
+Request lifecycle: validate and resolve the request, admit it into the scheduler's queue, then relay the
+engine thread's events. Closing the stream early (the caller hung up, or its task was cancelled) cancels
+the job; the engine thread frees its slot at the next frame boundary and discards its unfinished artifact.
+
+New reference audio is work, so it waits for a slot: its container header and the rest of the request are
+checked first (cheap; a stand-in of the header's length takes the reference's place in the prompt), the
+job queues (or is refused) like any other, and only once the scheduler reserves it a slot is the audio
+decoded and encoded, in a thread. A reference already held (same audio and transcript) needs no decode.
+
+`drain` (SIGTERM) refuses new requests with UNAVAILABLE, ends the queued ones, and waits for the running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from typing import AsyncIterator
 
+import numpy as np
+
 from breeze_worker import logs
 from breeze_worker.config import EngineSettings
 from breeze_worker.engine.metrics import EngineMetrics
-from breeze_worker.engine.session import EventSink, Job
-from breeze_worker.engine.types import SynthesisRequest
+from breeze_worker.engine.session import SLOT_GRANTED, EventSink, Job
+from breeze_worker.engine.types import ResolvedReference, SynthesisRequest
 from breeze_worker.errors import InvalidRequest, Unavailable
 
 log = logging.getLogger(__name__)
@@ -37,8 +46,9 @@ class Engine:
         self.references = None
         self.scheduler = None
         self.ready = False
+        self.draining = False
         self.load_s = 0.0
-        self.metrics = EngineMetrics()
+        self.metrics = EngineMetrics(artifact_status=getattr(artifact_store, "status", None))
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -75,6 +85,18 @@ class Engine:
             overlap=self.settings.codec_overlap,
         )
 
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new requests (UNAVAILABLE), end the queued ones, and wait up to `grace_s` for the running
+        ones to finish (their artifacts committed); returns how many had not ended by then."""
+        self.draining = True
+        if self.scheduler is None:
+            return 0
+        self.scheduler.begin_drain()
+        deadline = time.monotonic() + grace_s
+        while self.scheduler.open_jobs() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.scheduler.open_jobs()
+
     async def stop(self) -> None:
         self.ready = False
         if self.scheduler is not None:
@@ -101,16 +123,27 @@ class Engine:
         check_request_id(request.request_id)  # before any work: it labels this call's log lines
         if not self.ready:
             raise Unavailable("the model is still loading; wait for the health check to report SERVING")
-        params = await self._resolve(request)
+        if self.draining:
+            raise Unavailable("the worker is shutting down; retry on another worker")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        params = await self._resolve(request)  # None: reference audio to decode once a slot is held
         job = Job(job_id=new_job_id(), params=params, sink=EventSink(asyncio.get_running_loop()),
                   deadline=deadline)
         logs.bind(job_id=job.job_id)  # every later line of this call names the job
         self.scheduler.submit(job)
-        log.info("job %s queued (template %s, cfg %.3g, seed %d)", job.job_id, params.template.value,
-                 params.cfg_scale, params.seed)
+        if params is None:
+            log.info("job %s queued (reference audio to decode once it holds a slot)", job.job_id)
+        else:
+            log.info("job %s queued (template %s, cfg %.3g, seed %d)", job.job_id, params.template.value,
+                     params.cfg_scale, params.seed)
         finished = False
         try:
+            if params is None:
+                try:
+                    await self._prepare(job, request)
+                except BaseException:
+                    finished = True  # the slot went back in _prepare; nothing to cancel
+                    raise
             while True:
                 item = await job.sink.get()
                 if item is None:
@@ -127,7 +160,9 @@ class Engine:
                 log.info("job %s cancelled by the caller", job.job_id)
 
     async def _resolve(self, request: SynthesisRequest):
-        from breeze_worker.engine.request import resolve_request
+        """The resolved request, or None when it carries new reference audio: then everything but the audio
+        has been checked (its header included) and `_prepare` finishes the job once it holds a slot."""
+        from breeze_worker.engine.reference import read_reference_header
 
         reference = None
         ref = request.reference
@@ -140,6 +175,39 @@ class Engine:
             if ref.audio:
                 raise InvalidRequest("send either reference audio or a reference id, not both")
         elif ref is not None and ref.audio and ref.transcript:
-            reference = await asyncio.to_thread(self.references.intake, ref.audio, ref.transcript)
+            reference = await asyncio.to_thread(self.references.cached, ref.audio, ref.transcript)
+            if reference is None:
+                header = await asyncio.to_thread(read_reference_header, ref.audio,
+                                                 self.settings.max_reference_seconds)
+                self._resolve_with(request, self._stand_in(ref.transcript, header.frames / header.samplerate))
+                return None
+        return self._resolve_with(request, reference)
+
+    def _resolve_with(self, request: SynthesisRequest, reference):
+        from breeze_worker.engine.request import resolve_request
+
         return resolve_request(request, self.runtime.model.generation_defaults, reference,
                                max_text_chars=self.settings.max_text_chars, tokenizer=self.runtime.model.tokenizer)
+
+    def _stand_in(self, transcript: str, seconds: float) -> ResolvedReference:
+        """A reference of the header's length (zero codes) for checking the request before the decode."""
+        frames = max(1, math.ceil(seconds * self.runtime.model.generation_defaults.frame_rate))
+        return ResolvedReference(reference_id="ref-" + "0" * 32, transcript=transcript,
+                                 codes=np.zeros((frames, 16), dtype=np.int64), seconds=seconds)
+
+    async def _prepare(self, job: Job, request: SynthesisRequest) -> None:
+        """Wait for the slot the scheduler reserves, then decode and encode the reference and resolve the
+        request; on any failure the slot goes back and the error reaches the caller."""
+        try:
+            granted = await job.sink.get()
+            if isinstance(granted, BaseException):  # waited too long, deadline, or shutting down
+                raise granted
+            if granted != SLOT_GRANTED:
+                raise RuntimeError(f"expected a slot grant before the job's events, got {granted!r}")
+            ref = request.reference
+            reference = await asyncio.to_thread(self.references.intake, ref.audio, ref.transcript)
+            job.params = self._resolve_with(request, reference)
+        except BaseException:
+            self.scheduler.release(job)
+            raise
+        self.scheduler.prepared(job)

@@ -27,6 +27,8 @@ from breeze_worker.engine.types import (
 
 log = logging.getLogger(__name__)
 
+SLOT_GRANTED = "slot-granted"  # the event a job gets when a slot is reserved for it while its request is prepared
+
 
 def encode_pcm(samples: np.ndarray, encoding: PcmEncoding) -> bytes:
     """Float samples in [-1, 1] -> little-endian PCM bytes (s16 rounds and clips; f32 is bit-exact)."""
@@ -77,7 +79,7 @@ class Job:
     """A request in the engine: queued, then active, then finished (or cancelled / failed)."""
 
     job_id: str
-    params: ResolvedRequest
+    params: ResolvedRequest | None  # None until a request with reference audio to decode is prepared
     sink: EventSink
     deadline: float | None  # time.monotonic() seconds, or None
     submitted_at: float = field(default_factory=time.monotonic)
@@ -115,6 +117,7 @@ class Job:
             sample_rate=sample_rate,
             queue_wait_s=self.started_at - self.submitted_at,
             started_at_ns=self.started_at_ns,
+            artifact_id=getattr(self.artifact, "artifact_id", ""),
         )
 
     def add_audio(self, samples: np.ndarray, *, flush: bool) -> AudioChunk | None:
@@ -159,5 +162,7 @@ class Job:
             nonfinite_events=self.nonfinite_events,
         )
 
-    def finished_event(self, stats: JobStats, done_at_ns: int, artifact_info) -> JobFinished:
-        return JobFinished(job_id=self.job_id, done_at_ns=done_at_ns, stats=stats, artifact=artifact_info)
+    def finished_event(self, stats: JobStats, done_at_ns: int, artifact_info,
+                       artifact_unavailable: str | None = None) -> JobFinished:
+        return JobFinished(job_id=self.job_id, done_at_ns=done_at_ns, stats=stats, artifact=artifact_info,
+                           artifact_unavailable=artifact_unavailable)

@@ -125,6 +125,7 @@ class JobStarted:
     sample_rate: int
     queue_wait_s: float
     started_at_ns: int  # server wall clock (time.time_ns)
+    artifact_id: str = ""  # the id its artifact gets once committed ("" without an artifact writer)
 
 
 @dataclass(frozen=True)
@@ -172,3 +173,4 @@ class JobFinished:
     done_at_ns: int  # server wall clock when generation finished (before the artifact commit)
     stats: JobStats
     artifact: ArtifactInfo | None
+    artifact_unavailable: str | None = None  # why `artifact` is None although the audio streamed to the end

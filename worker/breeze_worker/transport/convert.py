@@ -105,7 +105,7 @@ def event_to_pb(event, artifact_endpoint: str) -> synthesis_pb2.SynthesizeRespon
             encoding=_ENCODING_TO_PB[et.PcmEncoding(p.encoding)], template=_TEMPLATE_TO_PB[et.Template(p.template)],
             queue_wait_s=event.queue_wait_s,
             reference_id=p.reference.reference_id if p.reference is not None else "",
-            started_unix_ns=event.started_at_ns))
+            started_unix_ns=event.started_at_ns, artifact_id=event.artifact_id))
     if isinstance(event, et.JobFinished):
         s = event.stats
         finished = synthesis_pb2.JobFinished(
@@ -119,5 +119,7 @@ def event_to_pb(event, artifact_endpoint: str) -> synthesis_pb2.SynthesizeRespon
                 nonfinite_events=s.nonfinite_events))
         if event.artifact is not None:
             finished.artifact.CopyFrom(artifact_to_pb(event.artifact, artifact_endpoint))
+        else:
+            finished.artifact_unavailable = event.artifact_unavailable or "no artifact was written for this job"
         return synthesis_pb2.SynthesizeResponse(finished=finished)
     raise TypeError(f"unknown engine event {type(event).__name__}")

@@ -4,6 +4,10 @@ Both ports carry grpc.health.v1 (the overall "" status and breeze.tts.v1.Synthes
 until the engine is loaded and warmed; breeze.tts.v1.Artifacts serves as soon as the store is open)
 and server reflection. `create_server` binds, starts and returns the running servers with the ports
 actually bound (port 0 picks a free one); `serve` owns the signal handling and the engine lifecycle.
+
+Shutting down takes three steps (commands/serve.py drives them): `begin_drain` reports NOT_SERVING for
+synthesis while both ports stay open, `stop_synthesis` closes the synthesis port once the running jobs
+have ended, and `stop_artifacts` closes the artifact port after the artifact grace.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ SYNTHESIS_SERVICE = synthesis_pb2.DESCRIPTOR.services_by_name["Synthesis"].full_
 ARTIFACTS_SERVICE = artifacts_pb2.DESCRIPTOR.services_by_name["Artifacts"].full_name
 CLOCK_SERVICE = clock_pb2.DESCRIPTOR.services_by_name["Clock"].full_name
 _ARTIFACT_REQUEST_BYTES = 64 * 1024  # Stat / Fetch / Delete requests are tiny
+SPACE_CHECK_S = 5.0  # how often the artifact disk's free space (and, while degraded, a test write) is checked
 
 
 def receive_cap(max_request_bytes: int) -> int:
@@ -140,12 +145,28 @@ class RunningServers:
         await self.health.enter_graceful_shutdown()
         await asyncio.gather(self.synthesis.stop(grace), self.artifacts.stop(grace))
 
+    async def begin_drain(self) -> None:
+        """Synthesis reports NOT_SERVING (load balancers stop sending); the artifact service still serves."""
+        await self.set_serving(False)
+
+    async def stop_synthesis(self, grace: float) -> None:
+        """Close the synthesis port; calls still writing their last messages get `grace` seconds."""
+        await self.synthesis.stop(grace)
+
+    async def stop_artifacts(self, grace: float) -> None:
+        """Close the artifact port (the end of the artifact grace); fetches in flight get `grace` seconds."""
+        for task in self._tasks:
+            task.cancel()
+        await self.health.enter_graceful_shutdown()
+        await self.artifacts.stop(grace)
+
     async def wait_for_termination(self) -> None:
         await asyncio.gather(self.synthesis.wait_for_termination(), self.artifacts.wait_for_termination())
 
 
-def _worker_info(settings: WorkerSettings, engine, endpoint: str) -> synthesis_pb2.WorkerInfo:
+def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: ArtifactStore) -> synthesis_pb2.WorkerInfo:
     tiny = bool(getattr(engine, "is_tiny_default", False))
+    disk = store.status()
     return synthesis_pb2.WorkerInfo(
         model_description=str(getattr(engine, "model_description", "")),
         is_tiny_default=tiny,
@@ -156,16 +177,24 @@ def _worker_info(settings: WorkerSettings, engine, endpoint: str) -> synthesis_p
         max_text_chars=settings.engine.max_text_chars,
         max_request_bytes=settings.server.max_request_bytes,
         version=breeze_worker.__version__,
+        artifact_store_degraded=disk.reason,
+        artifact_disk_free_bytes=disk.free_bytes,
     )
 
 
-async def _retention_loop(store: ArtifactStore, interval_s: float) -> None:
+async def _store_upkeep_loop(store: ArtifactStore, retention_interval_s: float) -> None:
+    """Retention every `retention_interval_s`; the free-space headroom and the degraded state every SPACE_CHECK_S."""
+    next_retention = 0.0
+    loop = asyncio.get_running_loop()
     while True:
         try:
-            await asyncio.to_thread(store.enforce_retention)
-        except Exception:  # noqa: BLE001 - retention must never stop the worker
-            log.exception("artifact retention failed; retrying in %.0f s", interval_s)
-        await asyncio.sleep(interval_s)
+            if loop.time() >= next_retention:
+                await asyncio.to_thread(store.enforce_retention)
+                next_retention = loop.time() + retention_interval_s
+            await asyncio.to_thread(store.space.refresh)
+        except Exception:  # noqa: BLE001 - upkeep must never stop the worker
+            log.exception("artifact store upkeep failed; retrying in %.0f s", SPACE_CHECK_S)
+        await asyncio.sleep(SPACE_CHECK_S)
 
 
 async def create_server(settings: WorkerSettings, engine, store: ArtifactStore | None = None) -> RunningServers:
@@ -187,8 +216,9 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
 
     synthesis_pb2_grpc.add_SynthesisServicer_to_server(
-        SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint),
-                          max_request_bytes=s.max_request_bytes), synthesis_server)
+        SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint, store),
+                          max_request_bytes=s.max_request_bytes,
+                          max_stream_buffer_bytes=s.max_stream_buffer_bytes), synthesis_server)
     artifacts_pb2_grpc.add_ArtifactsServicer_to_server(ArtifactServicer(store, endpoint), artifact_server)
     for server, services in ((synthesis_server, (SYNTHESIS_SERVICE, CLOCK_SERVICE)),
                              (artifact_server, (ARTIFACTS_SERVICE, CLOCK_SERVICE))):
@@ -205,7 +235,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     await synthesis_server.start()
     await artifact_server.start()
     interval = min(60.0, settings.artifacts.max_age_s / 4)
-    running._tasks.append(asyncio.create_task(_retention_loop(store, interval)))
+    running._tasks.append(asyncio.create_task(_store_upkeep_loop(store, interval)))
     log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s%s",
              host_port(s.host, synthesis_port), host_port(s.host, artifact_port), endpoint,
              ", TLS" if credentials else "", ", client certificates required" if s.tls_client_ca else "",

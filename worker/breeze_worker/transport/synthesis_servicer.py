@@ -2,7 +2,8 @@
 
 The handler writes with `context.write`, so every await of a call runs in the handler's own task:
 when the caller hangs up, the CancelledError lands here and closing the engine's stream cancels the
-job (its slot is freed at the next frame boundary).
+job (its slot is freed at the next frame boundary). The events go through `stream_relay.relay`, which
+bounds the audio waiting for a caller who reads more slowly than the job generates.
 
 A request larger than `max_request_bytes` is refused here, before any conversion, with a message that
 names the limit and what to change (gRPC's own receive limit sits well above it; see server.receive_cap).
@@ -20,6 +21,7 @@ from breeze_worker import logs
 from breeze_worker.errors import ResourceExhausted
 from breeze_worker.transport import convert
 from breeze_worker.transport.status import mapped_errors
+from breeze_worker.transport.stream_relay import relay
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,12 @@ def request_too_large(size: int, limit: int) -> ResourceExhausted:
 
 class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
     def __init__(self, engine, artifact_endpoint: str, info: Callable[[], synthesis_pb2.WorkerInfo], *,
-                 max_request_bytes: int | None = None) -> None:
+                 max_request_bytes: int | None = None, max_stream_buffer_bytes: int = 16 * 1024 * 1024) -> None:
         self._engine = engine
         self._artifact_endpoint = artifact_endpoint
         self._info = info
         self._max_request_bytes = max_request_bytes
+        self._max_stream_buffer_bytes = max_stream_buffer_bytes
 
     async def Synthesize(self, request: synthesis_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
         logs.bind(request_id=request.request_id)  # clipped and escaped: it is the client's string
@@ -50,11 +53,11 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
                 raise request_too_large(size, self._max_request_bytes)
             engine_request = convert.synthesis_request_from_pb(request)
             events = self._engine.synthesize(engine_request, timeout_s=context.time_remaining())
-            try:
-                async for event in events:
-                    await context.write(convert.event_to_pb(event, self._artifact_endpoint))
-            finally:
-                await events.aclose()  # cancels the job if it did not finish
+
+            async def write(event) -> None:
+                await context.write(convert.event_to_pb(event, self._artifact_endpoint))
+
+            await relay(events, write, self._max_stream_buffer_bytes)
 
     async def GetWorkerInfo(self, request, context: grpc.aio.ServicerContext) -> synthesis_pb2.WorkerInfo:
         return self._info()

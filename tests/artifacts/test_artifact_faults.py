@@ -1,0 +1,147 @@
+"""Storage faults fail one artifact, never the writer's caller: a real full tmpfs (mounted here, root),
+the test-only EIO setting, temp files removed even when close() fails, the start-up sweep, headroom
+eviction and the degraded state."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from breeze_worker.artifacts.store import ArtifactStore
+from breeze_worker.config import ArtifactSettings
+from breeze_worker.engine.types import PcmEncoding
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
+from disk import fill, small_tmpfs  # noqa: E402
+
+pytestmark = pytest.mark.root
+MIB = 1024 * 1024
+
+
+def _store(directory: Path, **kw) -> ArtifactStore:
+    kw.setdefault("min_free_bytes", 0)
+    return ArtifactStore(ArtifactSettings(directory=directory, **kw))
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_a_full_disk_fails_that_artifact_only_and_removes_its_temp_file(tmp_path):
+    with small_tmpfs(tmp_path / "disk", 2 * MIB) as disk:
+        store = _store(disk)
+        small = store.begin("job-small", 24000, PcmEncoding.S16LE)
+        big = store.begin("job-big", 24000, PcmEncoding.F32LE)
+        small.append(b"\1\0" * 4000)
+        for _ in range(40):  # 40 x 64 KiB: more than the disk holds
+            big.append(b"\0" * 65536)
+            small.append(b"\2\0" * 100)  # the other writer keeps writing between the big one's writes
+        assert big.unavailable_reason and "disk is full" in big.unavailable_reason
+        assert "ENOSPC" in big.unavailable_reason
+        assert big.commit() is None
+        assert not (disk / f".{big.artifact_id}.partial").exists()  # removed at once, freeing its space
+        info = small.commit()  # the other artifact is whole
+        raw = store.wav_path(info.artifact_id).read_bytes()
+        assert raw[44:] == b"\1\0" * 4000 + b"\2\0" * 4000 and hashlib.sha256(raw).hexdigest() == info.sha256
+        assert _files(disk) == sorted([f"{info.artifact_id}.json", f"{info.artifact_id}.wav"])
+        status = store.status()
+        assert status.unavailable == {"no_space": 1}
+        assert not status.degraded  # the commit after the failure showed the disk writable again
+
+
+def test_abort_removes_the_temp_file_even_when_close_fails(tmp_path, caplog):
+    with small_tmpfs(tmp_path / "disk", 1 * MIB) as disk:
+        store = _store(disk)
+        writer = store.begin("job-1", 24000, PcmEncoding.S16LE)
+        writer.append(b"\0" * 4000)  # still in the writer's buffer
+        fill(disk)  # the disk fills up behind it: closing (flushing) the file now fails with ENOSPC
+        with caplog.at_level("DEBUG", logger="breeze_worker.artifacts.store"):
+            writer.abort()
+        assert "closing its temp file failed" in caplog.text and "No space left" in caplog.text
+        assert not list(disk.glob(".art-*.partial"))
+
+
+def test_a_commit_that_cannot_be_written_gives_the_artifact_up_cleanly(tmp_path):
+    with small_tmpfs(tmp_path / "disk", 1 * MIB) as disk:
+        store = _store(disk)
+        writer = store.begin("job-1", 24000, PcmEncoding.S16LE)
+        writer.append(b"\0" * 6000)  # buffered: the commit's flush is the first write to reach the disk
+        hog = fill(disk)
+        assert writer.commit() is None and "disk is full" in writer.unavailable_reason
+        assert _files(disk) == [hog.name]  # no temp file, no WAV, no sidecar (or its temp) left
+        assert store.status().degraded
+
+
+def test_eio_while_writing_fails_that_artifact_only(tmp_path):
+    """The test-only EIO setting (no real EIO source here: no device mapper; a loop device on a full backing
+    file reports ENOSPC, not EIO)."""
+    store = _store(tmp_path, fault_eio_after_bytes=10_000)
+    failing = store.begin("job-1", 24000, PcmEncoding.S16LE)
+    other = store.begin("job-2", 24000, PcmEncoding.S16LE)
+    for _ in range(5):
+        failing.append(b"\0" * 4000)
+    other.append(b"\0" * 8000)
+    assert "I/O error" in failing.unavailable_reason and "EIO" in failing.unavailable_reason
+    assert failing.commit() is None and failing.data_bytes == 8000
+    assert other.commit() is not None
+    assert store.status().unavailable == {"io_error": 1}
+    assert not list(tmp_path.glob(".art-*"))
+
+
+def test_opening_the_store_sweeps_what_a_crashed_run_left(tmp_path):
+    store = _store(tmp_path)
+    kept = store.begin("job-kept", 24000, PcmEncoding.S16LE)
+    kept.append(b"\0\0" * 10)
+    info = kept.commit()
+    writing = store.begin("job-crashed", 24000, PcmEncoding.S16LE)
+    writing.append(b"\0\0" * 10)
+    (tmp_path / f".{'art-' + 'b' * 32}.json.partial").write_text("{")
+    orphan = tmp_path / f"{'art-' + 'c' * 32}.wav"  # renamed, but the sidecar never written
+    orphan.write_bytes(b"RIFF")
+    _store(tmp_path)  # a restart: nothing is being written now
+    assert _files(tmp_path) == sorted([f"{info.artifact_id}.json", f"{info.artifact_id}.wav"])
+
+
+def _committed(store: ArtifactStore, job: str, size: int, age_s: float) -> str:
+    writer = store.begin(job, 24000, PcmEncoding.S16LE)
+    writer.append(b"\0" * size)
+    info = writer.commit()
+    path = store.sidecar_path(info.artifact_id)
+    record = json.loads(path.read_text())
+    record["committed_at_ns"] = time.time_ns() - int(age_s * 1e9)
+    path.write_text(json.dumps(record))
+    return info.artifact_id
+
+
+def test_headroom_evicts_the_oldest_artifacts_past_min_keep_then_degrades(tmp_path):
+    with small_tmpfs(tmp_path / "disk", 4 * MIB) as disk:
+        store = _store(disk, min_keep_s=60)
+        oldest = _committed(store, "job-a", 600_000, age_s=600)
+        older = _committed(store, "job-b", 600_000, age_s=300)
+        young = _committed(store, "job-c", 600_000, age_s=5)
+        fill(disk, leave_bytes=700_000)  # something else takes the disk
+        store.settings = ArtifactSettings(directory=disk, min_free_bytes=1 * MIB, min_keep_s=60)
+        writer = store.begin("job-d", 24000, PcmEncoding.S16LE)
+        assert writer.unavailable_reason is None  # one eviction made room
+        assert store.list_ids() == sorted([older, young]) and oldest not in store.list_ids()
+        writer.abort()
+        fill(disk, leave_bytes=100_000)
+        refused = store.begin("job-e", 24000, PcmEncoding.S16LE)  # `older` goes too, `young` is protected
+        assert refused.unavailable_reason and "headroom" in refused.unavailable_reason
+        assert store.list_ids() == [young]
+        refused.append(b"\0" * 1000)  # an unavailable writer writes nothing
+        assert refused.commit() is None and not list(disk.glob(".art-*"))
+        status = store.status()
+        assert status.degraded and "headroom" in status.reason and status.evicted == 2
+        assert status.unavailable == {"headroom": 1}
+        (disk / "hog.bin").unlink()
+        store.space.refresh()  # the upkeep's probe write succeeds: no longer degraded
+        assert not store.status().degraded
+        assert store.begin("job-f", 24000, PcmEncoding.S16LE).commit() is not None
+        assert os.path.exists(store.wav_path(young))

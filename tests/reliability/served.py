@@ -1,0 +1,108 @@
+"""`breeze-worker serve` as a real subprocess (tiny default model, CPU) for the reliability tests: its ready
+line, its log, /metrics over HTTP, SIGTERM and kill -9 from outside."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / d) for d in ("worker", "client", "protos")),
+           PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+READY = re.compile(r"breeze-worker ready: synthesis=(\S+):(\d+) artifacts=(\S+):(\d+) model=(.*)")
+METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServedWorker:
+    """One worker process. Fixed ports (picked free once) so a restart comes back on the same address."""
+
+    def __init__(self, artifact_dir: Path, *args: str, port: int | None = None, artifact_port: int | None = None):
+        self.artifact_dir = artifact_dir
+        self.args = list(args)
+        self.port = port or free_port()
+        self.artifact_port = artifact_port or free_port()
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log: list[str] = []
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def artifact_target(self) -> str:
+        return f"127.0.0.1:{self.artifact_port}"
+
+    def start(self, timeout_s: float = 180) -> "ServedWorker":
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--port", str(self.port),
+             "--artifact-port", str(self.artifact_port), "--artifact-dir", str(self.artifact_dir),
+             "--metrics-port", str(self.metrics_port), *self.args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        log = self.log
+        threading.Thread(target=lambda p=self.proc: log.extend(p.stderr), daemon=True).start()
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda p=self.proc: ready.append(p.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        line = ready[0] if ready else ""
+        assert READY.match(line.strip()), f"no ready line, got {line!r}; log: {''.join(self.log)[-3000:]}"
+        threading.Thread(target=lambda p=self.proc: [None for _ in p.stdout], daemon=True).start()
+        return self
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        values = {}
+        for line in text.splitlines():
+            match = METRIC.match(line)
+            if match and not line.startswith("#"):
+                values[match.group(1)] = float(match.group(2))
+        return values
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def wait(self, timeout_s: float = 60) -> int:
+        return self.proc.wait(timeout_s)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)  # the second one ends the artifact grace at once
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.log)
+
+    def wait_logged(self, text: str, timeout_s: float = 30) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.logged(text):
+                return True
+            time.sleep(0.05)
+        return False
