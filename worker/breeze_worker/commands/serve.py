@@ -64,6 +64,7 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("artifacts", "max_total_bytes", "--artifact-max-bytes", "oldest artifacts are deleted beyond this total"),
     ("artifacts", "fault_commit_delay_s", "--fault-commit-delay-s", argparse.SUPPRESS),  # test-only
     ("artifacts", "fault_first_byte_delay_s", "--fault-first-byte-delay-s", argparse.SUPPRESS),  # test-only
+    ("artifacts", "fault_storage_bytes_per_s", "--fault-storage-bytes-per-s", argparse.SUPPRESS),  # test-only
 ]
 
 
@@ -97,10 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def active_faults(settings: WorkerSettings) -> str:
-    """The non-zero test-only fault delays, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
+    """The non-zero test-only fault settings, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
     a = settings.artifacts
-    return " ".join(f"{name}={getattr(a, name):g}" for name in ("fault_commit_delay_s", "fault_first_byte_delay_s")
-                    if getattr(a, name) > 0)
+    names = ("fault_commit_delay_s", "fault_first_byte_delay_s", "fault_storage_bytes_per_s")
+    return " ".join(f"{name}={getattr(a, name):g}" for name in names if getattr(a, name) > 0)
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> WorkerSettings:
