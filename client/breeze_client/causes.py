@@ -96,8 +96,9 @@ def _commit(t: Timeline, pt: PhaseTime) -> Finding:
     ev = [f"the commit took {_s(d)}: " + ", ".join(parts)]
     if storage >= STORAGE_SHARE * d:
         synced_in = fsync or storage
-        ev.append(f"{nbytes / 1e6:.2f} MB made durable in {_s(synced_in)} = {_rate(nbytes / (synced_in / 1e9), bits=False)}: "
-                  "the artifact volume writes slowly")
+        rate = _rate(nbytes / (synced_in / 1e9), bits=False)
+        ev.append(f"{nbytes / 1e6:.2f} MB made durable in {_s(synced_in)} = {rate}: the commit's time went to "
+                  "the volume")
         return Finding("storage_write", ev)
     ev.append("most of the commit went by outside the storage calls: the worker was busy or stalled around them")
     return Finding("worker_busy", ev)
@@ -110,7 +111,8 @@ def _notify(t: Timeline, pt: PhaseTime) -> Finding:
     if starved:
         return Finding("client_cpu", ev + [starved])
     worker_span, client_span = _ev(t, "worker_audio_span_ns"), _ev(t, "client_audio_span_ns")
-    if worker_span and client_span is not None and worker_span >= 50e6 and client_span <= HELD_BURST_SHARE * worker_span:
+    if worker_span and client_span is not None and worker_span >= 50e6 \
+            and client_span <= HELD_BURST_SHARE * worker_span:
         ev.append(f"the audio the worker streamed over {_s(worker_span)} reached the client within {_s(client_span)}: "
                   "something between them held the stream and let it go at once")
         return Finding("buffering_intermediary", ev)
@@ -210,7 +212,8 @@ def _transfer(t: Timeline, pt: PhaseTime) -> Finding:
         return Finding("client_cpu", ev + [starved])
     read, send_wait = _ev(t, "worker_read_ns"), _ev(t, "worker_send_wait_ns")
     if read is not None:
-        ev.append(f"the worker spent {_s(read)} reading the file" + (f" ({_rate(size / (read / 1e9), bits=False)})" if read else "")
+        ev.append(f"the worker spent {_s(read)} reading the file"
+                  + (f" ({_rate(size / (read / 1e9), bits=False)})" if read else "")
                   + (f" and {_s(send_wait)} waiting for the connection to take it" if send_wait is not None else ""))
         if read >= STORAGE_SHARE * d:
             ev.append("the reads took most of the transfer: the artifact volume reads slower than the path carries")
@@ -219,8 +222,8 @@ def _transfer(t: Timeline, pt: PhaseTime) -> Finding:
         ev.append(f"the wire carried {wire / size:.2f}x the file's bytes")
         return Finding("payload_encoding", ev)
     cause = _rate_cause(t, rate, ev, d)
-    if cause == "bandwidth" and t.chunks >= 8 and size / t.chunks < SMALL_CHUNK:
-        return Finding("per_message_overhead", ev)
+    if cause == "bandwidth" and not _queued(t) and t.chunks >= 8 and size / t.chunks < SMALL_CHUNK:
+        return Finding("per_message_overhead", ev)  # small chunks, and no sign the link held them back
     finding = Finding(cause, ev)
     if cause == "window_limited" and t.evidence.get("stream_window_bytes") is None:
         finding.needs_runs = ("with BDP probing on, the window may still have been growing: fetch in parallel "
@@ -237,8 +240,7 @@ def _rate_cause(t: Timeline, rate: float | None, ev: list[str], duration_ns: int
     if not rate or rtt is None:
         return "bandwidth"
     queue, wait = _ev(t, "path_queue_ns"), _ev(t, "worker_send_wait_ns")
-    queued_limit = max(2 * rtt * 1e9, QUEUE_MIN_NS)
-    if queue is not None and queue >= queued_limit:
+    if _queued(t):
         ev.append(f"chunks waited up to {_s(queue)} longer on the way than the fastest one (round trip "
                   f"{format_seconds(rtt)}): bytes queued on the path, so the link is the bottleneck")
         return "bandwidth"
@@ -258,6 +260,12 @@ def _rate_cause(t: Timeline, rate: float | None, ev: list[str], duration_ns: int
     return "bandwidth"
 
 
+def _queued(t: Timeline) -> bool:
+    """Whether chunks queued on the path (the slowest took two round trips, and 20 ms, longer than the fastest)."""
+    queue = _ev(t, "path_queue_ns")
+    return queue is not None and bool(t.rtt_ns) and queue >= max(2 * t.rtt_ns, QUEUE_MIN_NS)
+
+
 def _in_flight(t: Timeline, rate: float, rtt: float, ev: list[str]) -> tuple[float, float]:
     """(bytes in flight per round trip, the effective stream window), with the evidence line."""
     fixed = t.evidence.get("stream_window_bytes")
@@ -274,7 +282,8 @@ def _in_flight(t: Timeline, rate: float, rtt: float, ev: list[str]) -> tuple[flo
 
 def _client_write(t: Timeline, pt: PhaseTime) -> Finding:
     rate = write_rate(t)
-    ev = [f"writing and fsyncing the file took {_s(pt.duration_ns)}" + (f" ({_rate(rate, bits=False)})" if rate else "")]
+    ev = [f"writing and fsyncing the file took {_s(pt.duration_ns)}"
+          + (f" ({_rate(rate, bits=False)})" if rate else "")]
     starved = _fetch_starved(t)
     if starved:
         return Finding("client_cpu", ev + [starved])

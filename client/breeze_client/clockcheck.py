@@ -174,7 +174,7 @@ def check(exchanges: Iterable[Exchange], groups: Iterable[Group]) -> ClockCheck:
     else:
         status = "stepped"
     for m in moved:
-        kind = ("drift" if m.ppm <= MAX_DRIFT_PPM else
+        kind = ("drift" if m.ppm <= MAX_DRIFT_PPM else "a step" if m.ppm > 100_000 else
                 f"a step, or a clock running {m.ppm / 1e4:.2g}% off: no disciplined clock drifts faster "
                 f"than {MAX_DRIFT_PPM:.0f} ppm")
         evidence.append(f"the worker's clock moved {_fmt(m.delta_ns)} against this client's in {m.seconds:.2f} s "

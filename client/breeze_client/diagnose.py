@@ -70,6 +70,7 @@ class DiagnoseSettings:
     configs: tuple[FetchConfig, ...] = (FetchConfig(),)  # the first one is the diagnosed run
     out_dir: Path | None = None  # where fetched files go (None: a temporary directory, removed after)
     parallel: bool = False  # run the jobs at once (or fetch the artifact ids all at once, per configuration)
+    encoding: str = "s16le"  # the jobs' PCM encoding (f32le: twice the bytes per second of audio)
 
 
 class TimedFile:
@@ -148,7 +149,8 @@ def timeline_from_results(label: str, fetch: FetchResult, *, synthesis: Synthesi
     if not exchanges and clock is not None and clock.samples:
         ft = fetch.timing
         exchanges = [exchange_from(clock, "of the synthesis channel"),
-                     Exchange(ft.request_sent_ns, ft.clock_offset_ns, ft.clock_uncertainty_ns, "of the artifact channel")]
+                     Exchange(ft.request_sent_ns, ft.clock_offset_ns, ft.clock_uncertainty_ns,
+                              "of the artifact channel")]
     return build_timeline(label, fetch, synthesis=synthesis, artifact=artifact, exchanges=exchanges,
                           stat_received_ns=stat_received_ns, parallel=parallel, **extra)
 
@@ -250,7 +252,8 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
 
             def job_then_fetch(i: int, before: list[Exchange]):
                 result = client.synthesize(settings.text, seed=None if settings.seed is None else settings.seed + i,
-                                           max_frames=settings.max_frames, collect_audio=False)
+                                           max_frames=settings.max_frames, encoding=settings.encoding,
+                                           collect_audio=False)
                 if result.artifact is None:
                     raise RuntimeError(f"job {result.job.job_id} ended without an artifact ({result.stats.end_reason})")
                 fetched, timed = fetch_timed(client, result.artifact, out_dir / f"{result.artifact.artifact_id}.wav",
@@ -329,14 +332,22 @@ def format_text(run: DiagnoseRun) -> str:
         lines.append(f"{'generation done -> disk':<31}{format_seconds(t.p50_s):>11}{format_seconds(t.p95_s):>11}"
                      f"{format_seconds(t.max_s):>11}{pm}")
     else:
+        broken = any("generation_done" in tl.events for tl in run.timelines)
+        if broken:
+            lines.append(f"{'generation done -> disk':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}  (it crosses "
+                         "the broken clock mapping)")
         f = summarize("fetch", [None if (v := fetch_ns(tl)) is None else v / 1e9 for tl in run.timelines])
         lines.append(f"{'request -> disk':<31}{format_seconds(f.p50_s):>11}{format_seconds(f.p95_s):>11}"
-                     f"{format_seconds(f.max_s):>11}  (generation done is unknown for existing artifacts)")
+                     f"{format_seconds(f.max_s):>11}"
+                     + ("" if broken else "  (generation done is unknown for existing artifacts)"))
     w = d.summaries["waited"]
+    meaning = "  (how long the file sat committed before it was asked for)"
     if w.count:
         pm = f"  ±{format_seconds(w.uncertainty_s)}" if w.uncertainty_s else ""
         lines.append(f"{'committed -> requested':<31}{format_seconds(w.p50_s):>11}{format_seconds(w.p95_s):>11}"
-                     f"{format_seconds(w.max_s):>11}{pm}  (how long the file sat committed before it was asked for)")
+                     f"{format_seconds(w.max_s):>11}{pm}{meaning}")
+    elif any("artifact_committed" in tl.events for tl in run.timelines):
+        lines.append(f"{'committed -> requested':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}{meaning}")
     rates = [r for tl in run.timelines if (r := transfer_rate(tl))]
     if rates:
         delivered = [r for tl in run.timelines if (r := delivery_rate(tl))]

@@ -120,6 +120,8 @@ def build_timeline(label: str, fetch: FetchResult, *, synthesis: SynthesisResult
         ev["commit_started"] = w_commit_started - (g.offset_ns if g.ok else _nearest(mapping, g.name, groups))
     unmeasured = {phase: f"clock mapping broken: {g.source}" for g in mapping.groups.values() if not g.ok
                   for phase in _CROSSING[g.name]}
+    unmeasured.update({f"event:{name}": "placed with an unchecked mapping (clock mapping broken)"
+                       for name, (group, w) in worker.items() if w and not mapping.groups[group].ok})
 
     ev.update(_fetch_evidence(fetch, w_rr, w_opened, w_first_data, w_lbs))
     ok_unc = [g.uncertainty_ns for g in mapping.groups.values() if g.ok]

@@ -142,7 +142,9 @@ class Timeline:
     parallel: int = 1  # fetches that shared the artifact channel at the same time (this one included)
     extra: Mapping[str, object] = field(default_factory=dict)  # free-form facts (e.g. run index, config)
     event_uncertainty_ns: Mapping[str, int] = field(default_factory=dict)  # worker event -> its mapping's ±
-    unmeasured: Mapping[str, str] = field(default_factory=dict)  # phase (or "total", "waited") -> why not
+    # phase (or "total", "waited") -> why it is not measured; "event:<name>" -> why an event's place on the
+    # client clock is unknown (its duration-only phases still stand)
+    unmeasured: Mapping[str, str] = field(default_factory=dict)
     evidence: Mapping[str, int] = field(default_factory=dict)  # see EVIDENCE
     clock: Mapping[str, object] = field(default_factory=dict)  # the clock check (clockcheck.ClockCheck.to_dict)
 
@@ -158,6 +160,10 @@ class Timeline:
     @property
     def clock_status(self) -> str:
         return str(self.clock.get("status", "ok"))
+
+    def placed(self, event: str) -> bool:
+        """Whether the event's place on the client clock is known (not merely its distance to its neighbours)."""
+        return event in self.events and f"event:{event}" not in self.unmeasured
 
     def run_span_ns(self, phase: str | None = None) -> int | None:
         """How long the client saw the run that holds `phase` take: the fetch (request -> on disk) for the

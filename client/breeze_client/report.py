@@ -4,10 +4,12 @@ The page needs no network: CSS, SVG and a few lines of JavaScript are inline. Ea
 bar per phase (`rect.phase-bar`, `data-phase=<name>`), placed from the run's earliest measured instant; a
 phase within the clock mapping's uncertainty is drawn hatched and labelled `<±U`, in the waterfall and the
 table alike. A phase the clock check could not measure is drawn as an empty outline at the axis start,
-labelled with the reason, and the axis only spans the events of measured phases, so a mis-mapped worker
-time never stretches it. The verdict box is coloured by severity: green when healthy, amber when the clock
-mapping is broken, red for a fault. The script only checks the page (bars per run, errors) and records the
-result on `<html data-render=... data-bars=...>`.
+labelled with the reason; one whose length is known but whose place is not (a worker-side phase of a
+group the clock check could not map) keeps its length, dashed, at the axis start. The axis only spans
+the events of measured, placed phases, so a mis-mapped worker time never stretches it. The verdict box is
+coloured by severity: green when healthy, amber when the clock mapping is broken, red for a fault. The
+script only checks the page (bars per run, errors) and records the result on `<html data-render=...
+data-bars=...>`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ COLORS = {
     "server_first_byte": "#c0392b", "first_byte_transit": "#27ae60", "transfer": "#2c3e50",
     "client_write": "#d35400",
 }
+SEVERITY_COLORS = {"ok": "#1e8449", "unknown": "#d68910", "fault": "#b03a2e"}  # the verdict box's border
 ROW_H, LABEL_W, PLOT_W, PAD = 18, 170, 640, 8
 
 _CSS = """
@@ -34,12 +37,13 @@ body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:24px 0 8px}
 table{border-collapse:collapse} td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child{text-align:left}
-.verdict{border-left:5px solid #c0392b;background:#fbeeee;padding:8px 14px;max-width:900px}
-.verdict.ok{border-left-color:#27ae60;background:#eef8f0} .verdict.unknown{border-left-color:#e67e22;background:#fdf3e7}
+.verdict{border-left:5px solid;padding:8px 14px;max-width:900px}
+.verdict.fault{border-left-color:%(fault)s;background:#fbeeee} .verdict.ok{border-left-color:%(ok)s;background:#eef8f0}
+.verdict.unknown{border-left-color:%(unknown)s;background:#fdf3e7}
 .verdict ul{margin:4px 0} .muted{color:#777} .swatch{display:inline-block;width:10px;height:10px;margin-right:6px}
 .run{margin:10px 0 18px} .run h3{font-size:14px;margin:0 0 4px;font-weight:600}
 svg text{font:11px system-ui,sans-serif}
-"""
+""" % SEVERITY_COLORS
 
 _JS = """
 (function(){
@@ -64,9 +68,13 @@ def _esc(x) -> str:
     return html.escape(str(x), quote=True)
 
 
+def _placed(timeline: Timeline, pt) -> bool:
+    return pt.known and timeline.placed(pt.phase.start) and timeline.placed(pt.phase.end)
+
+
 def _axis_range(timeline: Timeline, times) -> tuple[int, int]:
-    """The axis: from the earliest to the latest event of the measured phases (0..1 ns if none)."""
-    ends = [timeline.events[e] for pt in times if pt.known for e in (pt.phase.start, pt.phase.end)]
+    """The axis: from the earliest to the latest event of the measured, placed phases (0..1 ns if none)."""
+    ends = [timeline.events[e] for pt in times if _placed(timeline, pt) for e in (pt.phase.start, pt.phase.end)]
     if not ends:
         return 0, 1
     return min(ends), max(max(ends), min(ends) + 1)
@@ -95,7 +103,9 @@ def _waterfall(timeline: Timeline, index: int) -> str:
             x, w, text = LABEL_W, 2.0 if state == "unknown" else 12.0, pt.why or "unknown"
         else:
             x = LABEL_W + PLOT_W * (start - t0) / span
-            w = max(PLOT_W * max(pt.span_ns, 0) / span, 2.0)
+            w = min(max(PLOT_W * max(pt.span_ns, 0) / span, 2.0), PLOT_W)
+            if not _placed(timeline, pt):  # its length is known, its place on the client clock is not
+                state, x = "unplaced", LABEL_W
             text = format_phase_value(pt.seconds, pt.uncertainty_ns / 1e9)
             if pt.uncertainty_ns and not pt.below_uncertainty:
                 text += f" ±{format_seconds(pt.uncertainty_ns / 1e9)}"
@@ -103,10 +113,12 @@ def _waterfall(timeline: Timeline, index: int) -> str:
                 text += f" · {rate / 1e6:.2f} MB/s"
             if pt.span_ns != pt.duration_ns:
                 text += f" (span {format_seconds(pt.span_ns / 1e9)})"
+            if state == "unplaced":
+                text += " (placement unknown: clock mapping broken)"
         x = min(max(x, LABEL_W), LABEL_W + PLOT_W - w)
         color = COLORS[pt.phase.name]
         fill = "none" if state == "unmeasured" else f"url(#{hatch})" if pt.below_uncertainty else color
-        dash = ' stroke-dasharray="3,2"' if state == "unmeasured" else ""
+        dash = ' stroke-dasharray="3,2"' if state in ("unmeasured", "unplaced") else ""
         tip = f"{pt.phase.title}: {text} — {pt.phase.meaning}"
         parts.append(f'<rect class="phase-bar" data-phase="{pt.phase.name}" data-state="{state}" '
                      f'data-uncertain="{str(pt.below_uncertainty).lower()}" x="{x:.1f}" y="{y + 2}" '

@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", default=DEFAULT_TEXT, help="text of each job")
     p.add_argument("--max-frames", type=int, default=None, help="frame limit per job (12.5 frames per second)")
     p.add_argument("--seed", type=int, default=1, help="seed of the first job (the next ones add 1)")
+    p.add_argument("--encoding", choices=("s16le", "f32le"), default="s16le",
+                   help="the jobs' PCM encoding (f32le moves twice the bytes; default %(default)s)")
     p.add_argument("--chunk-sizes", type=_sizes, default=[0], metavar="LIST",
                    help="fetch chunk sizes to sweep, e.g. 64k,256k,1m (0 = the worker's default); the first "
                         "is the one diagnosed")
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     settings = DiagnoseSettings(jobs=args.jobs, text=args.text, artifact_ids=tuple(args.artifact_ids),
                                 max_frames=args.max_frames, seed=args.seed,
                                 configs=sweep_configs(args.chunk_sizes, compressions), out_dir=args.out_dir,
-                                parallel=args.parallel)
+                                parallel=args.parallel, encoding=args.encoding)
     with BreezeClient(options=options) as client:
         result = run_diagnosis(client, settings)
     if args.report is not None:
