@@ -5,12 +5,12 @@ the fix. The faults:
 - throttled storage: an ext4 volume in a loop device whose bandwidth a cgroup I/O limit caps (v1 blkio
   throttle or v2 io.max, `netpath.cgroups`), under the worker's artifacts (slow writes: the minutes-scale
   case, diagnosed in one run; slow reads: an existing artifact whose pages were dropped) or under the
-  client's files. Where no cgroup can limit a loop device, the worker's test-only fault_storage_bytes_per_s
-  and a client file whose writes sleep stand in; `STORAGE_FAULT` says which ran (it is recorded as a
+  client's files. Where no cgroup can limit a loop device, the worker's test-only
+  fault_storage_{read,write}_bytes_per_s and a client file whose writes sleep stand in; `STORAGE_FAULT` says which ran (it is recorded as a
   test property, and printed with -s);
 - a buffering gRPC proxy (its own process) behind a tbf-limited veth pair;
 - a client whose HTTP/2 stream window is fixed small, over a delaying proxy;
-- a client process starved of CPU by a cgroup CPU quota (without one: sharing one CPU at nice 19 with a
+- a client process starved of CPU by a cgroup CPU quota (without one: sharing one CPU at nice 10 with a
   busy loop);
 - a worker process whose wall clock steps, or runs 5% fast (`netpath.fakeclock`);
 - one delaying-proxy path diagnosed with one run and with three: the same cause.
@@ -45,9 +45,13 @@ from test_retrieval_diagnosis import CALL_TIMEOUT_S, RAM_DIR, diagnose_jobs, wor
 from test_retrieval_report import VERDICT_COLORS, check_report_renders
 
 STORAGE_FAULT = io_limit_support() or "test-only fault settings (no cgroup I/O limit here)"
-CPU_FAULT = cpu_limit_support() or "a busy loop on the same CPU at nice 19 (no cgroup CPU limit here)"
-WRITE_BPS = 64 * 1024  # the minutes-scale volume: tens of KB/s
-MINUTES_FRAMES = 200  # up to 16 s of f32le audio: a WAV of 1-1.5 MB, 15-24 s to make durable at WRITE_BPS
+CPU_FAULT = cpu_limit_support() or "a busy loop on the same CPU at nice 10 (no cgroup CPU limit here)"
+# The minutes-scale volume: tens of KB/s. The file is kept under a megabyte (8 s of f32le audio: 768,058
+# bytes, 16 s to make durable) so that the job is generated well within the kernel's 30 s dirty-page expiry:
+# with cgroup v1, pages the flusher writes back on its own are not throttled, and would leave the fsync less
+# to do than the file's size says.
+WRITE_BPS = 48 * 1024
+MINUTES_FRAMES = 100
 READ_BPS = 256 * 1024
 CLIENT_BPS = 128 * 1024
 
@@ -60,36 +64,55 @@ def phases(t) -> dict:
 def throttled_volume(read_bps: int = 0, write_bps: int = 0):
     """A loop-mounted volume whose bandwidth this test process is held to (only that device is limited)."""
     with LoopVolume(64) as volume, Cgroup("io") as group:
-        group.limit_io(volume.device, read_bps, write_bps)
-        group.add(os.getpid())
-        try:
+        with held_to(group, volume, read_bps, write_bps):
             yield volume
-        finally:
-            group.restore(os.getpid())
 
 
 @contextmanager
-def worker_on_slow_storage(read_bps: int = 0, write_bps: int = 0):
-    """An in-process worker whose artifact volume reads / writes at these rates (real or test-only)."""
-    if io_limit_support():
-        with throttled_volume(read_bps, write_bps) as volume, InProcessWorker(volume.mountpoint / "art") as w:
-            yield w, volume
-    else:
-        with tempfile.TemporaryDirectory(prefix="breeze-artifacts-", dir=RAM_DIR) as d, \
-                InProcessWorker(d, fault_storage_bytes_per_s=read_bps or write_bps) as w:
-            yield w, None
+def held_to(group: Cgroup, volume: LoopVolume, read_bps: int, write_bps: int):
+    group.limit_io(volume.device, read_bps, write_bps)
+    group.add(os.getpid())
+    try:
+        yield
+    finally:
+        group.restore(os.getpid())
 
 
-def test_a_volume_writing_tens_of_kb_per_s_is_named_in_one_run(record_property):
+@pytest.fixture(scope="module")
+def slow_storage_worker():
+    """An in-process worker whose artifacts live on a loop volume (None when no cgroup can throttle one:
+    then in memory, slowed by the test-only fault_storage_*_bytes_per_s). Yields a function that holds this
+    process to a read / write rate for the length of a `with` block."""
+    if not io_limit_support():
+        with tempfile.TemporaryDirectory(prefix="breeze-artifacts-", dir=RAM_DIR) as d, InProcessWorker(d) as w:
+            @contextmanager
+            def slow(read_bps=0, write_bps=0):
+                w.set_faults(storage_read_bytes_per_s=read_bps, storage_write_bytes_per_s=write_bps)
+                try:
+                    yield None
+                finally:
+                    w.set_faults()
+            yield w, slow
+        return
+    with LoopVolume(64) as volume, Cgroup("io") as group, InProcessWorker(volume.mountpoint / "art") as w:
+        @contextmanager
+        def slow(read_bps=0, write_bps=0):
+            with held_to(group, volume, read_bps, write_bps):
+                yield volume
+        yield w, slow
+
+
+def test_a_volume_writing_tens_of_kb_per_s_is_named_in_one_run(slow_storage_worker, record_property):
     """The user's case: a volume that needs minutes to commit. One run must say storage, not teardown."""
     record_property("storage_fault", STORAGE_FAULT)
     print(f"storage fault: {STORAGE_FAULT}")
-    with worker_on_slow_storage(write_bps=WRITE_BPS) as (w, _):
+    w, slow = slow_storage_worker
+    with slow(write_bps=WRITE_BPS):
         run = diagnose_jobs(w, jobs=1, frames=MINUTES_FRAMES, encoding="f32le")
     (t,) = run.timelines
     verdict = run.diagnosis.verdict
     assert verdict.phase == "commit" and verdict.cause == "storage_write", verdict.evidence
-    assert t.file_bytes >= 1_000_000 and t.extra["verified"]  # the tiny model may end its speech before the limit
+    assert t.file_bytes == 768_058 and t.extra["verified"]
     expected = t.file_bytes / WRITE_BPS
     commit = phases(t)["commit"].seconds
     assert 0.8 * expected <= commit <= 1.3 * expected + 0.5, (commit, expected)
@@ -99,14 +122,15 @@ def test_a_volume_writing_tens_of_kb_per_s_is_named_in_one_run(record_property):
     assert "--artifact-dir" in verdict.fix and "teardown" not in " ".join(verdict.evidence)
 
 
-def test_a_volume_reading_slowly_is_named_for_an_existing_artifact(record_property):
+def test_a_volume_reading_slowly_is_named_for_an_existing_artifact(slow_storage_worker, record_property):
     record_property("storage_fault", STORAGE_FAULT)
     sat_s = 1.0
-    with worker_on_slow_storage(read_bps=READ_BPS) as (w, volume):
-        with BreezeClient(w.target, artifact_target=w.artifact_target, timeout_s=CALL_TIMEOUT_S) as client:
-            job = client.synthesize("An old result, read back cold.", max_frames=60, encoding="f32le",
-                                    collect_audio=False)
-        artifact_id = job.artifact.artifact_id
+    w, slow = slow_storage_worker
+    with BreezeClient(w.target, artifact_target=w.artifact_target, timeout_s=CALL_TIMEOUT_S) as client:
+        job = client.synthesize("An old result, read back cold.", max_frames=60, encoding="f32le",
+                                collect_audio=False)
+    artifact_id = job.artifact.artifact_id
+    with slow(read_bps=READ_BPS) as volume:
         if volume is not None:  # as if the worker had since read other files: its pages are gone
             volume.drop_cache(w.store.wav_path(artifact_id))
             volume.drop_cache(w.store.sidecar_path(artifact_id))

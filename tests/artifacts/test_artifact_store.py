@@ -153,7 +153,7 @@ def test_the_commit_times_its_steps_and_the_sidecar_keeps_them(store):
 
 
 def test_the_storage_fault_slows_the_fsync_and_is_timed_there(tmp_path):
-    store = ArtifactStore(ArtifactSettings(directory=tmp_path, fault_storage_bytes_per_s=200_000))
+    store = ArtifactStore(ArtifactSettings(directory=tmp_path, fault_storage_write_bytes_per_s=200_000))
     writer = store.begin("job-1", 24000, PcmEncoding.S16LE)
     writer.append(b"\0" * 40_000)  # + the 44-byte header: >= 0.2 s at 200 kB/s
     c = writer.commit().commit

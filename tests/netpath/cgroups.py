@@ -202,7 +202,7 @@ class LoopVolume:
 
 class CpuContention:
     """CPU starvation without a cgroup: the process's threads and a busy-looping child share one CPU, the
-    process at nice 19 (about 1.5% of that CPU against the child's 100%). Restores affinity and nice."""
+    process at nice 10 (about 10% of that CPU against the child's 90%). Restores affinity and nice."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -221,7 +221,7 @@ class CpuContention:
         for tid in self._threads():
             self._saved[tid] = (os.sched_getaffinity(tid), os.getpriority(os.PRIO_PROCESS, tid))
             os.sched_setaffinity(tid, {cpu})
-            os.setpriority(os.PRIO_PROCESS, tid, 19)
+            os.setpriority(os.PRIO_PROCESS, tid, 10)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -54,10 +54,13 @@ class InProcessWorker:
         await self.engine.start()
         await self.servers.set_serving(True)
 
-    def set_faults(self, *, commit_delay_s: float = 0.0, first_byte_delay_s: float = 0.0) -> None:
-        """Change the store's test-only fault delays (0 = off) for the following jobs and fetches."""
-        self.store.settings = dataclasses.replace(self.store.settings, fault_commit_delay_s=commit_delay_s,
-                                                  fault_first_byte_delay_s=first_byte_delay_s)
+    def set_faults(self, *, commit_delay_s: float = 0.0, first_byte_delay_s: float = 0.0,
+                   storage_read_bytes_per_s: float = 0.0, storage_write_bytes_per_s: float = 0.0) -> None:
+        """Change the store's test-only fault settings (0 = off) for the following jobs and fetches."""
+        self.store.settings = dataclasses.replace(
+            self.store.settings, fault_commit_delay_s=commit_delay_s, fault_first_byte_delay_s=first_byte_delay_s,
+            fault_storage_read_bytes_per_s=storage_read_bytes_per_s,
+            fault_storage_write_bytes_per_s=storage_write_bytes_per_s)
 
     def __enter__(self) -> "InProcessWorker":
         self._thread.start()

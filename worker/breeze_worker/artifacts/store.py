@@ -104,7 +104,7 @@ class ArtifactWriter:
             f.seek(0)
             f.write(wav_header(self.encoding, self.sample_rate, self._data_bytes))
             f.flush()
-            self._store.storage_fault(header_size(self.encoding) + self._data_bytes)
+            self._store.storage_fault(header_size(self.encoding) + self._data_bytes, write=True)
             os.fsync(f.fileno())
             t1 = clock()
             f.seek(0)
@@ -175,9 +175,11 @@ class ArtifactStore:
     def begin(self, job_id: str, sample_rate: int, encoding: PcmEncoding) -> ArtifactWriter:
         return ArtifactWriter(self, new_artifact_id(), job_id, sample_rate, encoding)
 
-    def storage_fault(self, nbytes: int) -> None:
-        """Test-only fault injection: take as long as a volume moving `fault_storage_bytes_per_s` would."""
-        rate = self.settings.fault_storage_bytes_per_s
+    def storage_fault(self, nbytes: int, *, write: bool) -> None:
+        """Test-only fault injection: take as long as a volume writing (or reading) `nbytes` at
+        fault_storage_write_bytes_per_s (fault_storage_read_bytes_per_s) would."""
+        s = self.settings
+        rate = s.fault_storage_write_bytes_per_s if write else s.fault_storage_read_bytes_per_s
         if rate > 0 and nbytes > 0:
             time.sleep(nbytes / rate)
 

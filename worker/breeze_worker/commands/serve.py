@@ -64,7 +64,8 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("artifacts", "max_total_bytes", "--artifact-max-bytes", "oldest artifacts are deleted beyond this total"),
     ("artifacts", "fault_commit_delay_s", "--fault-commit-delay-s", argparse.SUPPRESS),  # test-only
     ("artifacts", "fault_first_byte_delay_s", "--fault-first-byte-delay-s", argparse.SUPPRESS),  # test-only
-    ("artifacts", "fault_storage_bytes_per_s", "--fault-storage-bytes-per-s", argparse.SUPPRESS),  # test-only
+    ("artifacts", "fault_storage_write_bytes_per_s", "--fault-storage-write-bytes-per-s", argparse.SUPPRESS),
+    ("artifacts", "fault_storage_read_bytes_per_s", "--fault-storage-read-bytes-per-s", argparse.SUPPRESS),
 ]
 
 
@@ -100,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def active_faults(settings: WorkerSettings) -> str:
     """The non-zero test-only fault settings, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
     a = settings.artifacts
-    names = ("fault_commit_delay_s", "fault_first_byte_delay_s", "fault_storage_bytes_per_s")
+    names = ("fault_commit_delay_s", "fault_first_byte_delay_s", "fault_storage_write_bytes_per_s",
+             "fault_storage_read_bytes_per_s")
     return " ".join(f"{name}={getattr(a, name):g}" for name in names if getattr(a, name) > 0)
 
 

@@ -36,7 +36,7 @@ ZSTD_LEVEL = 3
 def _read_chunk(store: ArtifactStore, fd: int, size: int, offset: int, compress: bool) -> tuple[bytes, int, int]:
     """(data to send, uncompressed length, ns spent reading and compressing) of `size` bytes at `offset`."""
     t0 = time.perf_counter_ns()
-    store.storage_fault(size)  # test-only: a slow volume where no cgroup limit can throttle a real one
+    store.storage_fault(size, write=False)  # test-only: a slow volume where no cgroup limit can throttle one
     raw = os.pread(fd, size, offset)
     data = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw) if compress else raw
     return data, len(raw), time.perf_counter_ns() - t0
