@@ -351,9 +351,12 @@ def format_text(run: DiagnoseRun) -> str:
     rates = [r for tl in run.timelines if (r := transfer_rate(tl))]
     if rates:
         delivered = [r for tl in run.timelines if (r := delivery_rate(tl))]
-        lines.append(f"transfer rate p50: {summarize('rate', rates).p50_s / 1e6:.2f} MB/s"
-                     + (f" (delivered, first byte sent -> last byte received: "
-                        f"{summarize('rate', delivered).p50_s / 1e6:.2f} MB/s)" if delivered else ""))
+        rate, through = summarize("rate", rates).p50_s, summarize("rate", delivered).p50_s if delivered else None
+        burst = through is not None and through < rate / 3  # the bytes came in a burst after being held
+        lines.append(f"transfer rate p50: {rate / 1e6:.2f} MB/s"
+                     + ("" if through is None else
+                        f" ({'a burst: ' if burst else ''}the path delivered {through / 1e6:.2f} MB/s from first "
+                        "byte sent to last byte received)"))
     v = d.verdict
     lines += ["", f"dominant phase: {v.title} ({v.share:.0%} of the total)", f"cause ({v.cause}): {v.explanation}"]
     lines += [f"  - {e}" for e in v.evidence]
