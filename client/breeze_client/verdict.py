@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from breeze_client.causes import DEFAULT_HTTP2_WINDOW, SMALL_CHUNK, Finding, classify  # noqa: F401 (re-exported)
+from breeze_client.causes import classify
 from breeze_client.phases import (
     PHASES_BY_NAME, PHASE_NAMES, Summary, Timeline, fetch_ns, format_seconds, phase_times, summarize,
     summarize_phases,
