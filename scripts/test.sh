@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # system tools the tests use: espeak-ng + sox (real speech), iproute2 (network namespaces, tc),
 # chromium (renders the diagnosis report), openssl (TLS test certificates), node + npm (a stock grpc-js
-# client: the tests run `npm ci` in tests/interop/node)
+# client: the tests run `npm ci` in tests/interop/node), mount + e2fsprogs (a loop-mounted ext4 volume that a
+# cgroup I/O limit throttles, in the retrieval-fault tests)
 missing=()
 for pair in espeak-ng:espeak-ng sox:sox ip:iproute2 tc:iproute2 chromium:chromium openssl:openssl node:nodejs \
-            npm:npm; do
+            npm:npm losetup:mount mkfs.ext4:e2fsprogs; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
 done
 if ((${#missing[@]})); then

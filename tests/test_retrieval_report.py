@@ -1,6 +1,9 @@
-"""The diagnosis report renders in headless Chromium: no errors, one bar per phase, the timeline visible."""
+"""The diagnosis report renders in headless Chromium: no errors, one bar per phase, the timeline visible;
+the verdict coloured by severity; bars, axis and hatching valid when the clock mapping is not."""
 
+import dataclasses
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -11,7 +14,7 @@ from pathlib import Path
 from test_retrieval_phases import make_timeline
 
 from breeze_client.phases import PHASES
-from breeze_client.report import COLORS, write_report
+from breeze_client.report import COLORS, LABEL_W, PLOT_W, SEVERITY_COLORS as VERDICT_COLORS, render_report, write_report
 from breeze_client.verdict import diagnose
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -78,9 +81,13 @@ def longest_run(rows: list[bytes], color: bytes) -> int:
     return best
 
 
-def check_report_renders(html_path: Path, runs: int, tmp: Path, wide_phase: str) -> None:
+
+
+def check_report_renders(html_path: Path, runs: int, tmp: Path, wide_phase: str | None,
+                         verdict_color: str | None = None) -> None:
     """Shared with the integration tests: DOM check, then a screenshot whose pixels show the waterfall bars
-    (every phase's colour, and the dominant phase `wide_phase` as a bar far wider than a table swatch)."""
+    (every phase's colour, the dominant phase `wide_phase` as a bar far wider than a table swatch, and the
+    verdict box's border in `verdict_color`)."""
     url = html_path.resolve().as_uri()
     dom = run_chromium(url, "--virtual-time-budget=2000", "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -98,7 +105,11 @@ def check_report_renders(html_path: Path, runs: int, tmp: Path, wide_phase: str)
         pixels.update(row[i:i + 3] for i in range(0, len(row), 3))
     visible = [name for name, color in COLORS.items() if bytes.fromhex(color[1:]) in pixels]
     assert set(visible) == set(COLORS), f"bars not visible in the screenshot: {set(COLORS) - set(visible)}"
-    assert longest_run(rows, bytes.fromhex(COLORS[wide_phase][1:])) >= 60, f"no {wide_phase} bar on screen"
+    if wide_phase is not None:
+        assert longest_run(rows, bytes.fromhex(COLORS[wide_phase][1:])) >= 60, f"no {wide_phase} bar on screen"
+    if verdict_color is not None:  # the 5 px border runs down the verdict box's whole height
+        column = [row[i:i + 3] for row in rows for i in range(0, len(row), 3)]
+        assert bytes.fromhex(verdict_color[1:]) in set(column), f"no verdict border in {verdict_color}"
 
 
 def test_report_renders_in_headless_chromium(tmp_path):
@@ -109,3 +120,61 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert "http://" not in offline and "https://" not in offline and "<link" not in offline
     assert text.count('class="phase-bar"') == 3 * len(PHASES)
     check_report_renders(report, 3, tmp_path, "transfer")
+
+
+def _rects(html: str) -> list[dict]:
+    return [dict(re.findall(r'([\w-]+)="([^"]*)"', m)) for m in re.findall(r"<rect class=\"phase-bar\"([^>]*)>", html)]
+
+
+def test_a_healthy_verdict_is_green_and_a_fault_red(tmp_path):
+    healthy = [make_timeline(f"art-{i}") for i in range(2)]
+    d = diagnose(healthy)
+    assert d.verdict.cause == "none" and d.verdict.severity == "ok"
+    report = write_report(tmp_path / "healthy.html", d, healthy)
+    assert "data-severity='ok'" in report.read_text()
+    shot = tmp_path / "healthy.png"
+    assert run_chromium(report.resolve().as_uri(), "--window-size=1100,700", f"--screenshot={shot}").returncode == 0
+    _, _, rows = read_png_rgb(shot)
+    pixels = {row[i:i + 3] for row in rows for i in range(0, len(row), 3)}
+    assert bytes.fromhex(VERDICT_COLORS["ok"][1:]) in pixels
+    assert bytes.fromhex(VERDICT_COLORS["fault"][1:]) not in pixels
+    slow = [make_timeline(f"art-{i}", slow="transfer", extra_ms=400) for i in range(2)]
+    assert "data-severity='fault'" in render_report(diagnose(slow), slow)
+
+
+def test_bars_and_axis_stay_valid_when_the_clock_mapping_is_broken():
+    t = make_timeline("art-0", slow="client_write", extra_ms=20)
+    worker_events = ("generation_done", "artifact_committed", "request_received", "first_byte_sent")
+    shifted = {k: v - 2_000_000_000 if k in worker_events else v for k, v in t.events.items()}  # mis-mapped by 2 s
+    why = "clock mapping broken: no exchange agrees with the order of events"
+    broken = dataclasses.replace(t, events=shifted, clock={"status": "broken", "evidence": ["stepped -2.00 s"]},
+                                 unmeasured={**{p: why for p in ("notify", "total", "waited", "request",
+                                                                  "first_byte_transit")},
+                                             **{f"event:{e}": why for e in worker_events}})
+    html = render_report(diagnose([broken]), [broken])
+    rects = {r["data-phase"]: r for r in _rects(html)}
+    assert {rects[p]["data-state"] for p in ("notify", "request", "first_byte_transit")} == {"unmeasured"}
+    assert rects["commit"]["data-state"] == "unplaced" and rects["server_first_byte"]["data-state"] == "unplaced"
+    assert rects["transfer"]["data-state"] == "measured"
+    for r in rects.values():  # every bar inside the plot, none negative
+        x, w = float(r["x"]), float(r["width"])
+        assert LABEL_W <= x and w > 0 and x + w <= LABEL_W + PLOT_W + 0.1, r
+    ticks = re.findall(r'<text class="muted" x="[\d.]+" y="\d+" text-anchor="\w+">([^<]+)</text>', html)
+    assert ticks[0] == "0" and all(not tick.startswith("-") for tick in ticks)
+    # the axis spans the client's events (a few ms), not the 2 s the mis-mapped worker times would add
+    assert ticks[-1].endswith("ms") and float(ticks[-1].split()[0]) < 100, ticks
+    assert "data-severity='unknown'" in html and "stepped -2.00 s" in html
+
+
+def test_uncertain_phases_are_hatched_in_the_waterfall_and_marked_in_the_table():
+    runs = [make_timeline(f"art-{i}", uncertainty_ms=0.45) for i in range(2)]  # request and first byte < ±0.45 ms
+    html = render_report(diagnose(runs), runs)
+    for i in range(2):
+        assert f'<pattern id="hatch-{i}"' in html  # one pattern per run's SVG, no duplicate ids
+    hatched = {(r["data-phase"], r["fill"]) for r in _rects(html) if r["data-uncertain"] == "true"}
+    assert {p for p, _ in hatched} == {"request", "first_byte_transit"}
+    assert all(fill.startswith("url(#hatch-") for _, fill in hatched)
+    table = html[html.index("<table class='phases'>"):]
+    for title in ("request transit", "first byte transit"):
+        row = table[:table.index(title)].rsplit("<tr", 1)[1]
+        assert "class='uncertain'" in row and "&lt;±450 us" in table[table.index(title):].split("</tr>")[0]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from breeze_tts_proto.v1 import artifacts_pb2, common_pb2, synthesis_pb2
 from breeze_client.clock import ClockMapping
-from breeze_client.types import (ArtifactRef, JobInfo, JobStats, SamplingParams, StageTimes, SynthesisRequest,
+from breeze_client.types import (ArtifactRef, CommitTiming, JobInfo, JobStats, SamplingParams, StageTimes,
+                                 SynthesisRequest,
                                  WorkerInfo)
 
 ENCODINGS = {"s16le": common_pb2.PCM_ENCODING_S16LE, "f32le": common_pb2.PCM_ENCODING_F32LE}
@@ -60,8 +61,15 @@ def stats_from_pb(s: synthesis_pb2.JobStats) -> JobStats:
 
 
 def artifact_from_pb(a: common_pb2.ArtifactInfo, clock: ClockMapping) -> ArtifactRef:
+    commit = None
+    if a.HasField("commit"):
+        c = a.commit
+        commit = CommitTiming(server_started_ns=clock.to_client(c.started_unix_ns), bytes_synced=c.bytes_synced,
+                              wav_fsync_ns=c.wav_fsync_ns, hash_ns=c.hash_ns, rename_ns=c.rename_ns,
+                              sidecar_fsync_ns=c.sidecar_fsync_ns, dir_fsync_ns=c.dir_fsync_ns)
     return ArtifactRef(artifact_id=a.artifact_id, size_bytes=a.size_bytes, sha256=a.sha256, endpoint=a.endpoint,
-                       server_committed_ns=clock.to_client(a.committed_unix_ns))
+                       server_committed_ns=clock.to_client(a.committed_unix_ns), commit=commit,
+                       clock_offset_ns=clock.offset_ns)
 
 
 def worker_info_from_pb(m: synthesis_pb2.WorkerInfo) -> WorkerInfo:

@@ -17,10 +17,10 @@ from typing import BinaryIO
 import zstandard
 
 from breeze_tts_proto.v1 import artifacts_pb2, synthesis_pb2
-from breeze_client import _convert
+from breeze_client import _convert, hostcpu
 from breeze_client.clock import ClockMapping
 from breeze_client.errors import IntegrityError, ProtocolError
-from breeze_client.types import (AudioChunk, FetchResult, FetchTiming, JobInfo, SynthesisResult,
+from breeze_client.types import (AudioChunk, ChunkTiming, FetchResult, FetchTiming, JobInfo, SynthesisResult,
                                  SynthesisTiming)
 
 
@@ -35,6 +35,8 @@ class SynthesisReceiver:
         self._chunks = 0
         self._started_ns = self._first_ns = self._final_ns = self._server_first = None
         self._finished: synthesis_pb2.JobFinished | None = None
+        self._cpu = hostcpu.sample()  # the thread that reads the stream: its CPU wait is evidence
+        self._cpu_ns: tuple[int | None, int | None] = (None, None)
 
     def on_message(self, msg: synthesis_pb2.SynthesizeResponse, received_ns: int) -> JobInfo | AudioChunk | None:
         kind = msg.WhichOneof("event")
@@ -56,6 +58,7 @@ class SynthesisReceiver:
         if kind == "finished":
             self._final_ns = received_ns
             self._finished = msg.finished
+            self._cpu_ns = hostcpu.since(self._cpu)
         return None
 
     @property
@@ -74,7 +77,8 @@ class SynthesisReceiver:
             server_started_ns=self.job.server_started_ns, server_first_chunk_ns=self._server_first,
             server_done_ns=c.to_client(f.done_unix_ns),
             server_committed_ns=artifact.server_committed_ns if artifact else None,
-            clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns)
+            clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns,
+            cpu_run_ns=self._cpu_ns[0], cpu_wait_ns=self._cpu_ns[1])
         return SynthesisResult(job=self.job, stats=_convert.stats_from_pb(f.stats), artifact=artifact,
                                timing=timing, chunks=self._chunks, audio=bytes(self._audio),
                                audio_bytes=self._audio_bytes, artifact_unavailable=f.artifact_unavailable)
@@ -111,7 +115,8 @@ class FetchReceiver:
     """Writes one artifact's bytes to `dest` (a path, a binary file, or None for memory)."""
 
     def __init__(self, artifact_id: str, dest: str | Path | BinaryIO | None, offset: int, limit: int,
-                 chunk_size: int, compression: str, clock: ClockMapping, endpoint: str) -> None:
+                 chunk_size: int, compression: str, clock: ClockMapping, endpoint: str,
+                 stream_window_bytes: int | None = None) -> None:
         if compression not in _convert.COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(_convert.COMPRESSIONS)}, not {compression!r}")
         self.artifact_id, self.offset, self.limit = artifact_id, offset, limit
@@ -128,8 +133,14 @@ class FetchReceiver:
         self._last_write_ns = 0  # the latest write's duration (inside the transfer once another chunk arrives)
         self.first_message_bytes = 0  # file bytes carried by the stream's first message (its header)
         self.info = None
+        self.stream_window_bytes = stream_window_bytes
         self._t: dict[str, int | None] = {k: None for k in (
-            "request_sent", "received", "opened", "first_sent", "first_recv", "last_sent", "last_recv", "fsynced")}
+            "request_sent", "received", "opened", "first_sent", "first_recv", "last_sent", "last_recv", "fsynced",
+            "first_data_recv", "first_data_sent", "last_msg_recv")}
+        self._chunk_times: list[ChunkTiming] = []
+        self._read_ns = self._send_wait_ns = 0
+        self._prev_sent: int | None = None  # worker send time (raw) of the attempt's previous data message
+        self._cpu: hostcpu.CpuSample | None = None
         self._decompressor = zstandard.ZstdDecompressor()
 
     def _open(self) -> None:
@@ -163,6 +174,7 @@ class FetchReceiver:
     def next_request(self) -> artifacts_pb2.FetchArtifactRequest:
         """The request for the next attempt: continue from the bytes already received."""
         if self._t["request_sent"] is None:
+            self._cpu = hostcpu.sample()
             self._t["request_sent"] = time.time_ns()
         limit = 0 if self.limit == 0 else self.limit - (self.position - self.offset)
         return artifacts_pb2.FetchArtifactRequest(artifact_id=self.artifact_id, offset=self.position, limit=limit,
@@ -184,6 +196,9 @@ class FetchReceiver:
                 self.first_message_bytes = msg.uncompressed_size
         if msg.last:
             self._t["last_sent"] = self.clock.to_client(msg.last_byte_sent_unix_ns)
+            self._t["last_msg_recv"] = received_ns
+            if self._prev_sent and msg.last_byte_sent_unix_ns:  # the last data message's wait to be taken
+                self._send_wait_ns += max(0, msg.last_byte_sent_unix_ns - self._prev_sent)
             if self._t["last_recv"] is None:
                 self._t["last_recv"] = received_ns
             return 0
@@ -198,6 +213,10 @@ class FetchReceiver:
             raise IntegrityError(f"chunk at offset {msg.offset} has {len(data)} bytes, not {msg.uncompressed_size}")
         if self._t["first_recv"] is None:
             self._t["first_recv"] = received_ns
+        if self._t["first_data_recv"] is None:
+            self._t["first_data_recv"] = received_ns
+            self._t["first_data_sent"] = self.clock.to_client(msg.sent_unix_ns)
+        self._worker_chunk(msg, received_ns, len(data))
         self.write_in_transfer_ns += self._last_write_ns  # this chunk arrived after the previous write ended
         t0 = time.perf_counter_ns()
         self._file.write(data)
@@ -212,9 +231,20 @@ class FetchReceiver:
         self._t["last_recv"] = received_ns
         return len(data)
 
+    def _worker_chunk(self, msg: artifacts_pb2.FetchArtifactResponse, received_ns: int, nbytes: int) -> None:
+        """Record the chunk's timing; the gap between two sends, less the read between them, is time the
+        worker's previous write waited for the connection to take it."""
+        self._read_ns += msg.read_ns
+        if self._prev_sent and msg.sent_unix_ns:
+            self._send_wait_ns += max(0, msg.sent_unix_ns - self._prev_sent - msg.read_ns)
+        self._prev_sent = msg.sent_unix_ns or None
+        self._chunk_times.append(ChunkTiming(received_ns, nbytes, self.clock.to_client(msg.sent_unix_ns),
+                                             msg.read_ns))
+
     def resumed(self) -> None:
         self.resumes += 1
         self._t["last_sent"] = None
+        self._prev_sent = None
 
     def finish(self, verify: bool = True) -> FetchResult:
         if self.info is None:
@@ -235,6 +265,7 @@ class FetchReceiver:
                                      f"match the worker's {self.info.sha256}; fetch it again from offset 0")
             verified = True
         self._t["fsynced"] = time.time_ns()
+        cpu_run, cpu_wait = hostcpu.since(self._cpu)
         data = self._file.getvalue() if isinstance(self._file, io.BytesIO) else None
         self._close()
         c, t = self.clock, self._t
@@ -244,12 +275,17 @@ class FetchReceiver:
             first_byte_received_ns=t["first_recv"], server_last_byte_sent_ns=t["last_sent"],
             last_byte_received_ns=t["last_recv"], file_fsynced_ns=t["fsynced"], write_ns=self.write_ns,
             write_during_transfer_ns=self.write_in_transfer_ns,
-            clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns)
+            clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns,
+            first_data_received_ns=t["first_data_recv"], server_first_data_sent_ns=t["first_data_sent"],
+            last_message_received_ns=t["last_msg_recv"], server_read_ns=self._read_ns,
+            server_send_wait_ns=self._send_wait_ns, cpu_run_ns=cpu_run, cpu_wait_ns=cpu_wait,
+            chunk_times=tuple(self._chunk_times))
         return FetchResult(
             artifact_id=self.artifact_id, path=self.path, offset=self.offset, bytes_received=self.received,
             wire_bytes=self.wire, size_bytes=self.info.size_bytes, sha256=self.info.sha256, verified=verified,
             chunks=self.chunks, chunk_size=self.chunk_size, compression=self.compression, resumes=self.resumes,
-            endpoint=self.endpoint, timing=timing, data=data, first_message_bytes=self.first_message_bytes)
+            endpoint=self.endpoint, timing=timing, data=data, first_message_bytes=self.first_message_bytes,
+            stream_window_bytes=self.stream_window_bytes)
 
     def _close(self) -> None:
         if self._owns_file and self._file is not None:

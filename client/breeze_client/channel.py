@@ -68,6 +68,22 @@ class ConnectionOptions:
         return replace(self, target=target)
 
 
+DEFAULT_STREAM_WINDOW = 64 * 1024  # gRPC core's initial HTTP/2 stream window (grpc.http2.lookahead_bytes)
+
+
+def fixed_stream_window(opts: ConnectionOptions) -> int | None:
+    """The HTTP/2 stream window the options hold fixed, or None when BDP probing grows it (gRPC's default).
+
+    With `grpc.http2.bdp_probe` off the window stays at `grpc.http2.lookahead_bytes` (64 KiB unless set);
+    gRPC still lets one whole message in when a read waits for it, so a transfer keeps about
+    max(window, chunk size) in flight per round trip.
+    """
+    extra = dict(opts.extra_options)
+    if int(extra.get("grpc.http2.bdp_probe", 1)):
+        return None
+    return int(extra.get("grpc.http2.lookahead_bytes", DEFAULT_STREAM_WINDOW))
+
+
 def channel_options(opts: ConnectionOptions) -> list[tuple[str, object]]:
     options: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", opts.max_message_bytes),

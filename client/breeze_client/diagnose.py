@@ -11,6 +11,10 @@ message arrives (existing artifacts are all fetched at once). Further configurat
 compression) re-fetch the same artifacts and are compared on the fetch phases only. The SDK records the
 write time inside the transfer, which is attributed to the client write phase (see phases.py); files go
 through `TimedFile`, which keeps each write call's interval for callers that want them.
+
+The clock mapping is checked on every run: a clock exchange on both channels before each job (or
+before the Stat of an existing artifact) and after each fetch, `EXCHANGE_SAMPLES` round trips each,
+outside the timed phases; `evidence.build_timeline` weighs them against the order of the run's events.
 """
 
 from __future__ import annotations
@@ -25,16 +29,19 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from breeze_client.phases import (
-    LAST_BYTE_RECEIVED, PHASES, REQUEST_SENT, SERVER_EVENTS, Timeline, fetch_ns, format_phase_value,
-    format_seconds, phases_dict, summarize, transfer_rate,
+    LAST_BYTE_RECEIVED, PHASES, REQUEST_SENT, Timeline, delivery_rate, fetch_ns, format_phase_value,
+    format_seconds, phase_times, phases_dict, summarize, transfer_rate,
 )
 from breeze_client.clock import ClockMapping
+from breeze_client.clockcheck import Exchange
+from breeze_client.evidence import build_timeline, exchange_from
 from breeze_client.types import ArtifactRef, FetchResult, SynthesisResult
 from breeze_client.verdict import Diagnosis, diagnose
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog, then rests in the shade by the river."
+EXCHANGE_SAMPLES = 3  # round trips per clock exchange around each run (the fastest is kept)
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class DiagnoseSettings:
     configs: tuple[FetchConfig, ...] = (FetchConfig(),)  # the first one is the diagnosed run
     out_dir: Path | None = None  # where fetched files go (None: a temporary directory, removed after)
     parallel: bool = False  # run the jobs at once (or fetch the artifact ids all at once, per configuration)
+    encoding: str = "s16le"  # the jobs' PCM encoding (f32le: twice the bytes per second of audio)
 
 
 class TimedFile:
@@ -128,38 +136,23 @@ class DiagnoseRun:
 
 def timeline_from_results(label: str, fetch: FetchResult, *, synthesis: SynthesisResult | None = None,
                           artifact: ArtifactRef | None = None, timed_file: TimedFile | None = None,
-                          clock: ClockMapping | None = None, parallel: int = 1, **extra) -> Timeline:
-    """One retrieval's Timeline from the SDK's records: `fetch.timeline()` plus the job's events.
+                          clock: ClockMapping | None = None, parallel: int = 1,
+                          exchanges: Sequence[Exchange] = (), stat_received_ns: int | None = None,
+                          **extra) -> Timeline:
+    """One retrieval's Timeline from the SDK's records (`evidence.build_timeline`).
 
-    The SDK maps worker times with the mapping of the channel they came on. Both ports report the same
-    worker clock, so every worker time is re-mapped with the most certain of the mappings at hand (the
-    synthesis channel's, the artifact channel's, or `clock`), which keeps a slow or asymmetric artifact
-    path from blurring the phases around it. The bytes, chunks and write time come from the fetch itself,
-    so the rates here are the ones `FetchResult.mb_per_s` reports (`timed_file` is accepted and unused).
+    `exchanges` are the clock exchanges made around the run; without them, the channels' own mappings
+    (and `clock`, if given) stand in. The bytes, chunks and write time come from the fetch itself, so the
+    rates here are the ones `FetchResult.mb_per_s` reports (`timed_file` is accepted and unused).
     """
-    base = fetch.timeline(label)
-    ft = fetch.timing
-    mappings = [(ft.clock_offset_ns, ft.clock_uncertainty_ns)]
-    if synthesis is not None:
-        mappings.append((synthesis.timing.clock_offset_ns, synthesis.timing.clock_uncertainty_ns))
-    if clock is not None and clock.samples:
-        mappings.append((clock.offset_ns, clock.uncertainty_ns))
-    best_offset, uncertainty = min(mappings, key=lambda m: m[1])
-
-    def remap(ns: int | None, own_offset: int) -> int | None:
-        return None if not ns else ns + own_offset - best_offset
-
-    events = {k: (remap(v, ft.clock_offset_ns) if k in SERVER_EVENTS else v) for k, v in base.events.items()}
-    if synthesis is not None:
-        st = synthesis.timing
-        events.update(generation_done=remap(st.server_done_ns, st.clock_offset_ns),
-                      artifact_committed=remap(st.server_committed_ns, st.clock_offset_ns),
-                      final_received=st.final_received_ns)
-    elif artifact is not None:  # Stat came on the artifact channel
-        events["artifact_committed"] = remap(artifact.server_committed_ns, ft.clock_offset_ns)
-    events = {k: int(v) for k, v in events.items() if v}
-    return dataclasses.replace(base, events=events, clock_uncertainty_ns=uncertainty, parallel=max(1, parallel),
-                               extra=dict(extra, verified=fetch.verified))
+    exchanges = list(exchanges)
+    if not exchanges and clock is not None and clock.samples:
+        ft = fetch.timing
+        exchanges = [exchange_from(clock, "of the synthesis channel"),
+                     Exchange(ft.request_sent_ns, ft.clock_offset_ns, ft.clock_uncertainty_ns,
+                              "of the artifact channel")]
+    return build_timeline(label, fetch, synthesis=synthesis, artifact=artifact, exchanges=exchanges,
+                          stat_received_ns=stat_received_ns, parallel=parallel, **extra)
 
 
 def with_concurrency(timelines: Sequence[Timeline]) -> list[Timeline]:
@@ -209,6 +202,20 @@ def fetch_many(client, refs: Sequence[ArtifactRef | str], out_dir: Path, config:
         return list(pool.map(one, refs))
 
 
+class _Exchanges:
+    """Clock exchanges on both channels, as `clockcheck.Exchange` records."""
+
+    def __init__(self, client, artifact_target: str) -> None:
+        self.client, self.artifact_target = client, artifact_target
+
+    def now(self, label: str) -> list[Exchange]:
+        out = []
+        for target, channel in ((None, "synthesis"), (self.artifact_target, "artifact")):
+            mapping = self.client.sync_clock(target, samples=EXCHANGE_SAMPLES)
+            out.append(exchange_from(mapping, f"{label} ({channel} channel)"))
+        return out
+
+
 def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFactory | None = None) -> DiagnoseRun:
     """Run the jobs (or take the artifacts), fetch them per configuration, and diagnose the first one."""
     if not settings.configs:
@@ -220,37 +227,53 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
         out_dir = Path(tmp.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        synthesis_clock = client.clock()  # warm both channels and their clock mappings before anything is timed
+        client.clock()  # warm both channels and their clock mappings before anything is timed
         artifact_target = client.artifact_target()
         client.clock(artifact_target)
+        clocks = _Exchanges(client, artifact_target)
         primary, *others = settings.configs
         timelines: list[Timeline] = []
         refs: list[ArtifactRef | str] = []
         if settings.artifact_ids:
-            refs = [client.stat(a) for a in settings.artifact_ids]
-            for ref, (fetched, timed) in zip(refs, fetch_many(client, refs, out_dir, primary,
-                                                             parallel=settings.parallel, dest_factory=dest_factory)):
-                timelines.append(timeline_from_results(ref.artifact_id, fetched, artifact=ref, timed_file=timed,
-                                                       clock=synthesis_clock, config=primary.label))
+            before = clocks.now("before the Stat")
+            stats = []
+            for artifact_id in settings.artifact_ids:
+                ref = client.stat(artifact_id)
+                stats.append((ref, time.time_ns()))
+            refs = [ref for ref, _ in stats]
+            fetched = fetch_many(client, refs, out_dir, primary, parallel=settings.parallel, dest_factory=dest_factory)
+            after = clocks.now("after the fetch")
+            for (ref, stat_received), (result, timed) in zip(stats, fetched):
+                timelines.append(timeline_from_results(ref.artifact_id, result, artifact=ref, timed_file=timed,
+                                                       exchanges=before + after, stat_received_ns=stat_received,
+                                                       config=primary.label))
         else:
-            def job_then_fetch(i: int):
+            first_before = clocks.now("before job 1")
+
+            def job_then_fetch(i: int, before: list[Exchange]):
                 result = client.synthesize(settings.text, seed=None if settings.seed is None else settings.seed + i,
-                                           max_frames=settings.max_frames, collect_audio=False)
+                                           max_frames=settings.max_frames, encoding=settings.encoding,
+                                           collect_audio=False)
                 if result.artifact is None:
                     raise RuntimeError(f"job {result.job.job_id} ended without an artifact ({result.stats.end_reason})")
                 fetched, timed = fetch_timed(client, result.artifact, out_dir / f"{result.artifact.artifact_id}.wav",
                                              primary, dest_factory)
-                return result, fetched, timed
+                return result, fetched, timed, before + clocks.now(f"after fetch {i + 1}")
 
             if settings.parallel and settings.jobs > 1:
                 with ThreadPoolExecutor(max_workers=settings.jobs, thread_name_prefix="job") as pool:
-                    done = list(pool.map(job_then_fetch, range(settings.jobs)))
+                    done = list(pool.map(lambda i: job_then_fetch(i, first_before if i == 0 else
+                                                                  clocks.now(f"before job {i + 1}")),
+                                         range(settings.jobs)))
             else:
-                done = [job_then_fetch(i) for i in range(settings.jobs)]
-            for result, fetched, timed in done:
+                done, before = [], first_before
+                for i in range(settings.jobs):
+                    done.append(job_then_fetch(i, before))
+                    before = done[-1][3][-2:]  # the exchanges after one fetch open the next run
+            for result, fetched, timed, exchanges in done:
                 refs.append(result.artifact)
                 timelines.append(timeline_from_results(result.artifact.artifact_id, fetched, synthesis=result,
-                                                       timed_file=timed, clock=synthesis_clock, config=primary.label,
+                                                       timed_file=timed, exchanges=exchanges, config=primary.label,
                                                        job=result.job.job_id,
                                                        audio_seconds=result.stats.audio_seconds,
                                                        job_wall_s=result.stats.wall_seconds))
@@ -261,10 +284,12 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
             "primary_config": primary.label, "parallel": settings.parallel, "date_unix_s": int(time.time()),
         })
         for config in others:
+            before = clocks.now("before the sweep fetch")
+            fetched = fetch_many(client, refs, out_dir, config, parallel=settings.parallel, dest_factory=dest_factory)
+            exchanges = before + clocks.now("after the sweep fetch")
             sweep_timelines = [timeline_from_results(f"{fr.artifact_id} ({config.label})", fr, timed_file=tf,
-                                                     clock=synthesis_clock, config=config.label)
-                               for fr, tf in fetch_many(client, refs, out_dir, config,
-                                                        parallel=settings.parallel, dest_factory=dest_factory)]
+                                                     exchanges=exchanges, config=config.label)
+                               for fr, tf in fetched]
             if settings.parallel:
                 sweep_timelines = with_concurrency(sweep_timelines)
             run.sweep.append(SweepResult(config, diagnose(sweep_timelines), sweep_timelines))
@@ -277,33 +302,66 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
             tmp.cleanup()
 
 
+def _clock_line(run: "DiagnoseRun") -> str:
+    statuses = [t.clock_status for t in run.timelines]
+    unc = max((t.clock_uncertainty_ns for t in run.timelines), default=0) / 1e9
+    if all(st == "ok" for st in statuses):
+        return f"clock mapping ±{format_seconds(unc)}, checked on every run"
+    return f"clock mapping ±{format_seconds(unc)}, checked on every run: " + ", ".join(
+        f"run {i + 1} {st}" + (" (re-mapped)" if st in ("stepped", "drift") else "")
+        for i, st in enumerate(statuses) if st != "ok")
+
+
 def format_text(run: DiagnoseRun) -> str:
     """The human summary: phase table, the verdict with evidence and fix, the sweep."""
     d = run.diagnosis
-    unc = max((t.clock_uncertainty_ns for t in run.timelines), default=0) / 1e9
-    lines = [f"retrieval diagnosis: {d.runs} run(s), {run.meta.get('primary_config', '')}, "
-             f"clock mapping ±{format_seconds(unc)}",
+    lines = [f"retrieval diagnosis: {d.runs} run(s), {run.meta.get('primary_config', '')}, {_clock_line(run)}",
              f"{'phase':<22}{'where':<9}{'p50':>11}{'p95':>11}{'max':>11}"]
+    unmeasured = {pt.phase.name for tl in run.timelines for pt in phase_times(tl) if pt.why}
     for phase in PHASES:
         s = d.summaries[phase.name]
         u = s.uncertainty_s
-        lines.append(f"{phase.title:<22}{phase.where:<9}{format_phase_value(s.p50_s, u):>11}"
-                     f"{format_phase_value(s.p95_s, u):>11}{format_phase_value(s.max_s, u):>11}")
+        row = [format_phase_value(v, u) for v in (s.p50_s, s.p95_s, s.max_s)]
+        if phase.name in unmeasured:  # never printed as a measurement: the clock check could not map it
+            row = [r if s.count else "clock?" for r in row]
+        note = f"  ({len(run.timelines) - s.count} run(s) not measured: clock)" if phase.name in unmeasured else ""
+        lines.append(f"{phase.title:<22}{phase.where:<9}{row[0]:>11}{row[1]:>11}{row[2]:>11}{note}")
     t = d.summaries["total"]
     if t.count:
         pm = f"  ±{format_seconds(t.uncertainty_s)}" if t.uncertainty_s else ""
         lines.append(f"{'generation done -> disk':<31}{format_seconds(t.p50_s):>11}{format_seconds(t.p95_s):>11}"
                      f"{format_seconds(t.max_s):>11}{pm}")
     else:
+        broken = any("generation_done" in tl.events for tl in run.timelines)
+        if broken:
+            lines.append(f"{'generation done -> disk':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}  (it crosses "
+                         "the broken clock mapping)")
         f = summarize("fetch", [None if (v := fetch_ns(tl)) is None else v / 1e9 for tl in run.timelines])
         lines.append(f"{'request -> disk':<31}{format_seconds(f.p50_s):>11}{format_seconds(f.p95_s):>11}"
-                     f"{format_seconds(f.max_s):>11}  (generation done is unknown for existing artifacts)")
+                     f"{format_seconds(f.max_s):>11}"
+                     + ("" if broken else "  (generation done is unknown for existing artifacts)"))
+    w = d.summaries["waited"]
+    meaning = "  (how long the file sat committed before it was asked for)"
+    if w.count:
+        pm = f"  ±{format_seconds(w.uncertainty_s)}" if w.uncertainty_s else ""
+        lines.append(f"{'committed -> requested':<31}{format_seconds(w.p50_s):>11}{format_seconds(w.p95_s):>11}"
+                     f"{format_seconds(w.max_s):>11}{pm}{meaning}")
+    elif any("artifact_committed" in tl.events for tl in run.timelines):
+        lines.append(f"{'committed -> requested':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}{meaning}")
     rates = [r for tl in run.timelines if (r := transfer_rate(tl))]
     if rates:
-        lines.append(f"transfer rate p50: {summarize('rate', rates).p50_s / 1e6:.2f} MB/s")
+        delivered = [r for tl in run.timelines if (r := delivery_rate(tl))]
+        rate, through = summarize("rate", rates).p50_s, summarize("rate", delivered).p50_s if delivered else None
+        burst = through is not None and through < rate / 3  # the bytes came in a burst after being held
+        lines.append(f"transfer rate p50: {rate / 1e6:.2f} MB/s"
+                     + ("" if through is None else
+                        f" ({'a burst: ' if burst else ''}the path delivered {through / 1e6:.2f} MB/s from first "
+                        "byte sent to last byte received)"))
     v = d.verdict
-    lines += ["", f"dominant phase: {v.title} ({v.share:.0%} of the total)", f"cause: {v.explanation}"]
+    lines += ["", f"dominant phase: {v.title} ({v.share:.0%} of the total)", f"cause ({v.cause}): {v.explanation}"]
     lines += [f"  - {e}" for e in v.evidence]
+    if v.needs_runs:
+        lines.append(f"  - to tell apart: {v.needs_runs}")
     lines.append(f"fix: {v.fix}")
     if run.sweep:
         lines += ["", f"{'sweep':<26}{'request->disk p50':>18}{'transfer p50':>14}{'MB/s':>8}{'wire MB':>9}"]

@@ -11,9 +11,14 @@ events are what a slow retrieval is split into:
     first_byte_received --transfer--> last_byte_received --client_write--> file_fsynced
 
 A phase whose two ends are on the same machine does not depend on the clock mapping; a phase that
-crosses between the machines is uncertain by the mapping's uncertainty, and one shorter than that is
-labelled as such (it may even come out negative). So is the total (generation done -> file on disk),
-which starts on the worker and ends on the client.
+crosses between the machines is uncertain by the mapping's uncertainty for its worker event
+(`Timeline.event_uncertainty_ns`, else `clock_uncertainty_ns`), and one shorter than that is labelled
+as such. So is the total (generation done -> file on disk), which starts on the worker and ends on the
+client, and the wait between the commit and the request (`waited_ns`: how long the file sat committed
+before anyone asked for it, the delay a user of existing artifacts sees). A phase is never reported as
+a measurement when it cannot be one: when the clock check could not map its worker event
+(`Timeline.unmeasured`), or when it comes out negative beyond its uncertainty, or longer than the whole
+run as the client saw it (a worker clock that stepped); its duration is then None with the reason.
 
 "First byte" is the Fetch response's first byte: the worker's first message is a small header (artifact
 info and times, no file bytes), so first-byte transit is the path's one-way latency and every file byte
@@ -25,7 +30,10 @@ A client that writes each chunk as it arrives spends part of the transfer span i
 time (`Timeline.write_during_transfer_ns`) is attributed to the client write phase, not to the transfer:
 a phase's `duration_ns` is its event span with that correction, `span_ns` the raw span.
 
-Everything here is a pure function of `Timeline` records: no I/O, no gRPC.
+`Timeline.evidence` holds what each phase carries besides its span (the worker's fsync, read and send
+times, the client's CPU wait, the chunks' arrival span...; keys are listed at `EVIDENCE`), which the
+verdict compares before it names a cause. Everything here is a pure function of `Timeline` records: no
+I/O, no gRPC.
 """
 
 from __future__ import annotations
@@ -50,6 +58,29 @@ EVENTS: tuple[str, ...] = (
     FIRST_BYTE_SENT, FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, FILE_FSYNCED,
 )
 SERVER_EVENTS: frozenset[str] = frozenset({GENERATION_DONE, ARTIFACT_COMMITTED, REQUEST_RECEIVED, FIRST_BYTE_SENT})
+
+# Timeline.evidence keys (ns unless named otherwise; times on the client clock, durations on the clock they
+# were measured on). Absent = unknown.
+EVIDENCE: dict[str, str] = {
+    "job_request_sent": "client: the Synthesize call was made (the run starts here)",
+    "commit_started": "worker (mapped): the artifact writer took the job up",
+    "commit_storage_ns": "worker: time inside the commit's storage calls (fsyncs, hash read-back, renames)",
+    "commit_fsync_ns": "worker: time inside the commit's fsyncs (WAV, sidecar, directory)",
+    "commit_bytes": "worker: bytes the commit made durable (the WAV and its sidecar)",
+    "worker_open_ns": "worker: request received -> file opened and checked",
+    "worker_read_ns": "worker: time reading (and compressing) the chunks",
+    "worker_send_wait_ns": "worker: time its writes waited for the connection to take the chunks",
+    "worker_send_span_ns": "worker: first data message sent -> last byte sent",
+    "data_receive_span_ns": "client: first data message received -> last byte received",
+    "path_queue_ns": "the slowest chunk's send -> arrival less the fastest one's: how long bytes queued on the path",
+    "client_cpu_wait_ns": "client: the fetching thread's wait for a CPU, request -> file on disk",
+    "client_cpu_run_ns": "client: its time on a CPU over the same span",
+    "synthesis_cpu_wait_ns": "client: the streaming thread's wait for a CPU during the Synthesize call",
+    "worker_audio_span_ns": "worker: first audio chunk emitted -> generation done",
+    "client_audio_span_ns": "client: first audio chunk received -> final message received",
+    "stream_window_bytes": "client: the channel's fixed HTTP/2 stream window (absent: BDP probing grows it)",
+    "synthesis_rtt_ns": "the synthesis channel's round trip (its clock exchange)",
+}
 
 
 @dataclass(frozen=True)
@@ -87,6 +118,7 @@ PHASES: tuple[Phase, ...] = (
           "last chunk received -> file written, fsynced and verified"),
 )
 PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
+FETCH_PHASES: frozenset[str] = frozenset(PHASE_NAMES[PHASE_NAMES.index("request"):])  # request -> on disk
 PHASES_BY_NAME: dict[str, Phase] = {p.name: p for p in PHASES}
 
 
@@ -109,9 +141,36 @@ class Timeline:
     # that come with it arrive before the transfer phase starts)
     parallel: int = 1  # fetches that shared the artifact channel at the same time (this one included)
     extra: Mapping[str, object] = field(default_factory=dict)  # free-form facts (e.g. run index, config)
+    event_uncertainty_ns: Mapping[str, int] = field(default_factory=dict)  # worker event -> its mapping's ±
+    # phase (or "total", "waited") -> why it is not measured; "event:<name>" -> why an event's place on the
+    # client clock is unknown (its duration-only phases still stand)
+    unmeasured: Mapping[str, str] = field(default_factory=dict)
+    evidence: Mapping[str, int] = field(default_factory=dict)  # see EVIDENCE
+    clock: Mapping[str, object] = field(default_factory=dict)  # the clock check (clockcheck.ClockCheck.to_dict)
 
     def event(self, name: str) -> int | None:
         return self.events.get(name)
+
+    def uncertainty_of(self, event: str) -> int:
+        """The clock mapping's ± on a worker event (0 for client events)."""
+        if event not in SERVER_EVENTS:
+            return 0
+        return int(self.event_uncertainty_ns.get(event, self.clock_uncertainty_ns))
+
+    @property
+    def clock_status(self) -> str:
+        return str(self.clock.get("status", "ok"))
+
+    def placed(self, event: str) -> bool:
+        """Whether the event's place on the client clock is known (not merely its distance to its neighbours)."""
+        return event in self.events and f"event:{event}" not in self.unmeasured
+
+    def run_span_ns(self, phase: str | None = None) -> int | None:
+        """How long the client saw the run that holds `phase` take: the fetch (request -> on disk) for the
+        fetch's phases, the whole job (Synthesize call -> on disk) for the others; None if unknown."""
+        end = self.events.get(FILE_FSYNCED)
+        start = self.events.get(REQUEST_SENT) if phase in FETCH_PHASES else self.evidence.get("job_request_sent")
+        return None if start is None or end is None else int(end) - int(start)
 
     def to_dict(self) -> dict:
         return {
@@ -121,7 +180,8 @@ class Timeline:
             "compression": self.compression, "rtt_ns": self.rtt_ns, "resumes": self.resumes,
             "write_during_transfer_ns": self.write_during_transfer_ns, "first_chunk_bytes": self.first_chunk_bytes,
             "parallel": self.parallel,
-            "extra": dict(self.extra),
+            "extra": dict(self.extra), "event_uncertainty_ns": dict(self.event_uncertainty_ns),
+            "unmeasured": dict(self.unmeasured), "evidence": dict(self.evidence), "clock": dict(self.clock),
         }
 
 
@@ -144,9 +204,10 @@ class PhaseTime:
     """One phase of one retrieval."""
 
     phase: Phase
-    duration_ns: int | None  # attributed time; None when an end event is unknown
+    duration_ns: int | None  # attributed time; None when unknown or not measurable (`why` says which)
     uncertainty_ns: int  # 0 for same-machine phases, the clock mapping's for crossing ones
     span_ns: int | None = None  # end event - start event (differs from duration_ns for transfer / client write)
+    why: str | None = None  # why a phase with both events is not measured (a clock problem)
 
     @property
     def known(self) -> bool:
@@ -162,6 +223,24 @@ class PhaseTime:
         return None if self.duration_ns is None else self.duration_ns / 1e9
 
 
+def _span_uncertainty(timeline: Timeline, start: str, end: str) -> int:
+    if (start in SERVER_EVENTS) == (end in SERVER_EVENTS):
+        return 0
+    return timeline.uncertainty_of(start) + timeline.uncertainty_of(end)
+
+
+def impossible(timeline: Timeline, value_ns: int, uncertainty_ns: int, phase: str | None) -> str | None:
+    """Why a span cannot be a measurement (None if it can): negative beyond its uncertainty, or longer than
+    the run that holds it as the client saw it (`Timeline.run_span_ns`; phase None: no such bound)."""
+    if value_ns < -uncertainty_ns:
+        return f"impossible: it came out {format_seconds(value_ns / 1e9)} (a worker clock step or drift)"
+    run = None if phase is None else timeline.run_span_ns(phase)
+    if run is not None and value_ns > run + uncertainty_ns:
+        return (f"impossible: it came out {format_seconds(value_ns / 1e9)}, longer than the whole run "
+                f"({format_seconds(run / 1e9)}; a worker clock step or drift)")
+    return None
+
+
 def phase_times(timeline: Timeline) -> list[PhaseTime]:
     """The eight phases of one retrieval, in order."""
     out = []
@@ -172,7 +251,13 @@ def phase_times(timeline: Timeline) -> list[PhaseTime]:
         if span is not None and phase.name in ("transfer", "client_write"):
             moved = _write_overlap(timeline)
             duration = span - moved if phase.name == "transfer" else span + moved
-        out.append(PhaseTime(phase, duration, timeline.clock_uncertainty_ns if phase.crosses_clocks else 0, span))
+        unc = _span_uncertainty(timeline, phase.start, phase.end)
+        why = None
+        if span is not None:
+            why = timeline.unmeasured.get(phase.name) or impossible(timeline, span, unc, phase.name)
+        if why is not None:
+            duration = span = None
+        out.append(PhaseTime(phase, duration, unc, span, why))
     return out
 
 
@@ -192,19 +277,45 @@ def phases_dict(timeline: Timeline) -> dict:
             "duration_s": pt.seconds, "span_s": None if pt.span_ns is None else pt.span_ns / 1e9,
             "uncertainty_s": pt.uncertainty_ns / 1e9, "below_uncertainty": pt.below_uncertainty,
         }
-    total = total_ns(timeline)
-    unc = timeline.clock_uncertainty_ns / 1e9
-    out["total"] = {"duration_s": None if total is None else total / 1e9, "uncertainty_s": unc,
-                    "below_uncertainty": total is not None and unc > 0 and abs(total) / 1e9 <= unc}
+    for name, value in (("total", total_ns(timeline)), ("waited", waited_ns(timeline))):
+        unc = _span_uncertainty(timeline, GENERATION_DONE if name == "total" else ARTIFACT_COMMITTED,
+                                FILE_FSYNCED) / 1e9
+        out[name] = {"duration_s": None if value is None else value / 1e9, "uncertainty_s": unc,
+                     "below_uncertainty": value is not None and unc > 0 and abs(value) / 1e9 <= unc,
+                     "why": _cross_span(timeline, name)[1]}
     if (rate := transfer_rate(timeline)) is not None:
         out["transfer"]["mb_per_s"] = rate / 1e6
+    if (rate := delivery_rate(timeline)) is not None:
+        out["transfer"]["delivered_mb_per_s"] = rate / 1e6
+    for pt in phase_times(timeline):
+        if pt.why:
+            out[pt.phase.name]["why"] = pt.why
     return out
 
 
+_CROSS_SPANS = {"total": (GENERATION_DONE, FILE_FSYNCED), "waited": (ARTIFACT_COMMITTED, REQUEST_SENT)}
+
+
+def _cross_span(timeline: Timeline, name: str) -> tuple[int | None, str | None]:
+    start, end = _CROSS_SPANS[name]
+    a, b = timeline.event(start), timeline.event(end)
+    if a is None or b is None:
+        return None, None
+    why = timeline.unmeasured.get(name) or impossible(timeline, b - a, _span_uncertainty(timeline, start, end),
+                                                      "total" if name == "total" else None)
+    return (None, why) if why else (b - a, None)
+
+
 def total_ns(timeline: Timeline) -> int | None:
-    """Generation done -> file on disk (None if either end is unknown); uncertain by the clock mapping's ±."""
-    a, b = timeline.event(GENERATION_DONE), timeline.event(FILE_FSYNCED)
-    return None if a is None or b is None else b - a
+    """Generation done -> file on disk (None if either end is unknown or the span cannot be a measurement);
+    uncertain by the clock mapping's ± on generation done."""
+    return _cross_span(timeline, "total")[0]
+
+
+def waited_ns(timeline: Timeline) -> int | None:
+    """Artifact committed -> artifact requested: how long the file sat committed before anyone asked for it
+    (for existing artifacts, the delay the user sees; for jobs, final message + client gap)."""
+    return _cross_span(timeline, "waited")[0]
 
 
 def fetch_ns(timeline: Timeline) -> int | None:
@@ -228,6 +339,15 @@ def transfer_bytes(timeline: Timeline) -> int:
 def transfer_rate(timeline: Timeline) -> float | None:
     """File bytes per second over the transfer phase, client write time excluded (None if unknown)."""
     return _rate(timeline, PHASE_NAMES.index("transfer"), transfer_bytes(timeline))
+
+
+def delivery_rate(timeline: Timeline) -> float | None:
+    """File bytes per second from the worker's first byte sent to the client's last byte received: what the
+    path delivered, through any buffer on it (crosses the clocks; None if unknown or not measurable)."""
+    a, b = timeline.event(FIRST_BYTE_SENT), timeline.event(LAST_BYTE_RECEIVED)
+    if a is None or b is None or b <= a or timeline.unmeasured.get("first_byte_transit"):
+        return None
+    return timeline.file_bytes / ((b - a) / 1e9) if timeline.file_bytes else None
 
 
 def write_rate(timeline: Timeline) -> float | None:
@@ -273,17 +393,20 @@ def summarize(name: str, seconds: Iterable[float | None], uncertainty_s: float =
 
 
 def summarize_phases(timelines: Sequence[Timeline]) -> dict[str, Summary]:
-    """Per-phase p50/p95/max over the runs, plus "total" (generation done -> file on disk, which crosses the
-    clocks and so carries the runs' largest mapping uncertainty)."""
+    """Per-phase p50/p95/max over the runs (measured values only), plus "total" (generation done -> file on
+    disk) and "waited" (commit -> request), which cross the clocks and carry the runs' largest uncertainty."""
     per_run = [phase_times(t) for t in timelines]
     out: dict[str, Summary] = {}
     for i, phase in enumerate(PHASES):
         times = [run[i] for run in per_run]
-        unc = max((pt.uncertainty_ns for pt in times), default=0) / 1e9
+        unc = max((pt.uncertainty_ns for pt in times if pt.known), default=0) / 1e9
         out[phase.name] = summarize(phase.name, (pt.seconds for pt in times), unc)
-    totals = [total_ns(t) for t in timelines]
-    unc = max((t.clock_uncertainty_ns for t, v in zip(timelines, totals) if v is not None), default=0) / 1e9
-    out["total"] = summarize("total", (None if v is None else v / 1e9 for v in totals), unc)
+    for name, fn in (("total", total_ns), ("waited", waited_ns)):
+        values = [fn(t) for t in timelines]
+        start, end = _CROSS_SPANS[name]
+        unc = max((_span_uncertainty(t, start, end) for t, v in zip(timelines, values) if v is not None),
+                  default=0) / 1e9
+        out[name] = summarize(name, (None if v is None else v / 1e9 for v in values), unc)
     return out
 
 

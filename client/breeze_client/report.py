@@ -1,9 +1,15 @@
 """A self-contained HTML report of retrieval diagnostics: the verdict, the phase table, a waterfall per run.
 
 The page needs no network: CSS, SVG and a few lines of JavaScript are inline. Each run's waterfall has one
-bar per phase (`rect.phase-bar`, `data-phase=<name>`), placed from the run's generation-done instant; a
-phase within the clock mapping's uncertainty is drawn hatched and labelled `<±U`. The script only checks
-the page (bars per run, errors) and records the result on `<html data-render=... data-bars=...>`.
+bar per phase (`rect.phase-bar`, `data-phase=<name>`), placed from the run's earliest measured instant; a
+phase within the clock mapping's uncertainty is drawn hatched and labelled `<±U`, in the waterfall and the
+table alike. A phase the clock check could not measure is drawn as an empty outline at the axis start,
+labelled with the reason; one whose length is known but whose place is not (a worker-side phase of a
+group the clock check could not map) keeps its length, dashed, at the axis start. The axis only spans
+the events of measured, placed phases, so a mis-mapped worker time never stretches it. The verdict box is
+coloured by severity: green when healthy, amber when the clock mapping is broken, red for a fault. The
+script only checks the page (bars per run, errors) and records the result on `<html data-render=...
+data-bars=...>`.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from breeze_client.phases import (
-    EVENTS, PHASES, Timeline, format_phase_value, format_seconds, phase_times, transfer_rate,
+    PHASES, Timeline, delivery_rate, format_phase_value, format_seconds, phase_times, transfer_rate, waited_ns,
 )
 from breeze_client.verdict import Diagnosis
 
@@ -23,6 +29,7 @@ COLORS = {
     "server_first_byte": "#c0392b", "first_byte_transit": "#27ae60", "transfer": "#2c3e50",
     "client_write": "#d35400",
 }
+SEVERITY_COLORS = {"ok": "#1e8449", "unknown": "#d68910", "fault": "#b03a2e"}  # the verdict box's border
 ROW_H, LABEL_W, PLOT_W, PAD = 18, 170, 640, 8
 
 _CSS = """
@@ -30,11 +37,13 @@ body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:24px 0 8px}
 table{border-collapse:collapse} td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child{text-align:left}
-.verdict{border-left:5px solid #c0392b;background:#fbeeee;padding:8px 14px;max-width:900px}
+.verdict{border-left:5px solid;padding:8px 14px;max-width:900px}
+.verdict.fault{border-left-color:%(fault)s;background:#fbeeee} .verdict.ok{border-left-color:%(ok)s;background:#eef8f0}
+.verdict.unknown{border-left-color:%(unknown)s;background:#fdf3e7}
 .verdict ul{margin:4px 0} .muted{color:#777} .swatch{display:inline-block;width:10px;height:10px;margin-right:6px}
 .run{margin:10px 0 18px} .run h3{font-size:14px;margin:0 0 4px;font-weight:600}
 svg text{font:11px system-ui,sans-serif}
-"""
+""" % SEVERITY_COLORS
 
 _JS = """
 (function(){
@@ -59,17 +68,28 @@ def _esc(x) -> str:
     return html.escape(str(x), quote=True)
 
 
+def _placed(timeline: Timeline, pt) -> bool:
+    return pt.known and timeline.placed(pt.phase.start) and timeline.placed(pt.phase.end)
+
+
+def _axis_range(timeline: Timeline, times) -> tuple[int, int]:
+    """The axis: from the earliest to the latest event of the measured, placed phases (0..1 ns if none)."""
+    ends = [timeline.events[e] for pt in times if _placed(timeline, pt) for e in (pt.phase.start, pt.phase.end)]
+    if not ends:
+        return 0, 1
+    return min(ends), max(max(ends), min(ends) + 1)
+
+
 def _waterfall(timeline: Timeline, index: int) -> str:
     times = phase_times(timeline)
-    known = [timeline.events[e] for e in EVENTS if e in timeline.events]
-    t0 = timeline.events.get("generation_done", min(known) if known else 0)
-    t_end = max(known) if known else t0
-    span = max(t_end - t0, 1)
+    t0, t_end = _axis_range(timeline, times)
+    span = t_end - t0
     height = len(PHASES) * ROW_H + 2 * PAD + 16
     width = LABEL_W + PLOT_W + 230
+    hatch = f"hatch-{index}"
     parts = [f'<svg class="waterfall" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" role="img" aria-label="waterfall of run {index + 1}">',
-             '<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" '
+             f'<defs><pattern id="{hatch}" width="4" height="4" patternUnits="userSpaceOnUse" '
              'patternTransform="rotate(45)"><rect width="2" height="4" fill="#999"/></pattern></defs>']
     for row, pt in enumerate(times):
         y = PAD + row * ROW_H
@@ -77,21 +97,32 @@ def _waterfall(timeline: Timeline, index: int) -> str:
         parts.append(f'<line x1="{LABEL_W}" x2="{LABEL_W + PLOT_W}" y1="{y + ROW_H - 1}" y2="{y + ROW_H - 1}" '
                      'stroke="#eee"/>')
         start = timeline.events.get(pt.phase.start)
-        if start is None or pt.span_ns is None:
-            x, w, text = LABEL_W, 2.0, "unknown"
+        state = "measured"
+        if not pt.known:
+            state = "unmeasured" if pt.why else "unknown"
+            x, w, text = LABEL_W, 2.0 if state == "unknown" else 12.0, pt.why or "unknown"
         else:
             x = LABEL_W + PLOT_W * (start - t0) / span
-            w = max(PLOT_W * max(pt.span_ns, 0) / span, 2.0)
+            w = min(max(PLOT_W * max(pt.span_ns, 0) / span, 2.0), PLOT_W)
+            if not _placed(timeline, pt):  # its length is known, its place on the client clock is not
+                state, x = "unplaced", LABEL_W
             text = format_phase_value(pt.seconds, pt.uncertainty_ns / 1e9)
+            if pt.uncertainty_ns and not pt.below_uncertainty:
+                text += f" ±{format_seconds(pt.uncertainty_ns / 1e9)}"
             if pt.phase.name == "transfer" and (rate := transfer_rate(timeline)):
                 text += f" · {rate / 1e6:.2f} MB/s"
             if pt.span_ns != pt.duration_ns:
                 text += f" (span {format_seconds(pt.span_ns / 1e9)})"
+            if state == "unplaced":
+                text += " (placement unknown: clock mapping broken)"
         x = min(max(x, LABEL_W), LABEL_W + PLOT_W - w)
-        fill = "url(#hatch)" if pt.below_uncertainty else COLORS[pt.phase.name]
+        color = COLORS[pt.phase.name]
+        fill = "none" if state == "unmeasured" else f"url(#{hatch})" if pt.below_uncertainty else color
+        dash = ' stroke-dasharray="3,2"' if state in ("unmeasured", "unplaced") else ""
         tip = f"{pt.phase.title}: {text} — {pt.phase.meaning}"
-        parts.append(f'<rect class="phase-bar" data-phase="{pt.phase.name}" x="{x:.1f}" y="{y + 2}" '
-                     f'width="{w:.1f}" height="{ROW_H - 5}" fill="{fill}" stroke="{COLORS[pt.phase.name]}">'
+        parts.append(f'<rect class="phase-bar" data-phase="{pt.phase.name}" data-state="{state}" '
+                     f'data-uncertain="{str(pt.below_uncertainty).lower()}" x="{x:.1f}" y="{y + 2}" '
+                     f'width="{w:.1f}" height="{ROW_H - 5}" fill="{fill}" stroke="{color}"{dash}>'
                      f'<title>{_esc(tip)}</title></rect>')
         if pt.phase.name == "transfer" and pt.span_ns and pt.duration_ns is not None and pt.span_ns > pt.duration_ns:
             ow = w * (pt.span_ns - pt.duration_ns) / pt.span_ns  # client write time inside the transfer span
@@ -102,9 +133,13 @@ def _waterfall(timeline: Timeline, index: int) -> str:
                          '</title></rect>')
         parts.append(f'<text x="{min(x + w + 4, LABEL_W + PLOT_W + 4):.1f}" y="{y + 12}">{_esc(text)}</text>')
     axis_y = PAD + len(PHASES) * ROW_H + 12
-    parts.append(f'<text x="{LABEL_W}" y="{axis_y}" class="muted">0</text>')
-    parts.append(f'<text x="{LABEL_W + PLOT_W}" y="{axis_y}" text-anchor="end">{_esc(format_seconds(span / 1e9))}'
-                 '</text></svg>')
+    for k in range(5):  # ticks at 0, 1/4 ... of the measured span
+        tx = LABEL_W + PLOT_W * k / 4
+        anchor = "start" if k == 0 else "end" if k == 4 else "middle"
+        parts.append(f'<line class="tick" x1="{tx:.1f}" x2="{tx:.1f}" y1="{axis_y - 10}" y2="{axis_y - 6}" '
+                     f'stroke="#999"/><text class="muted" x="{tx:.1f}" y="{axis_y}" text-anchor="{anchor}">'
+                     f'{_esc(format_seconds(span * k / 4 / 1e9) if k else "0")}</text>')
+    parts.append("</svg>")
     return "".join(parts)
 
 
@@ -114,25 +149,46 @@ def _phase_table(diagnosis: Diagnosis) -> str:
     for phase in PHASES:
         s = diagnosis.summaries[phase.name]
         u = s.uncertainty_s
-        rows.append(f"<tr><td><span class='swatch' style='background:{COLORS[phase.name]}'></span>"
+        cells = [format_phase_value(v, u) for v in (s.p50_s, s.p95_s, s.max_s)]
+        uncertain = " class='uncertain'" if s.below_uncertainty else ""
+        rows.append(f"<tr{uncertain}><td><span class='swatch' style='background:{COLORS[phase.name]}'></span>"
                     f"{_esc(phase.title)}</td><td>{phase.where}</td>"
-                    f"<td>{_esc(format_phase_value(s.p50_s, u))}</td><td>{_esc(format_phase_value(s.p95_s, u))}</td>"
-                    f"<td>{_esc(format_phase_value(s.max_s, u))}</td><td>{_esc(format_seconds(u) if u else '0')}"
-                    "</td></tr>")
-    t = diagnosis.summaries["total"]
-    rows.append(f"<tr><th>generation done → on disk</th><th></th><th>{_esc(format_seconds(t.p50_s))}</th>"
-                f"<th>{_esc(format_seconds(t.p95_s))}</th><th>{_esc(format_seconds(t.max_s))}</th>"
-                f"<th>{_esc(format_seconds(t.uncertainty_s) if t.uncertainty_s else '0')}</th></tr>")
-    rows.append("</table>")
+                    + "".join(f"<td>{_esc(c)}</td>" for c in cells)
+                    + f"<td>{_esc(format_seconds(u) if u else '0')}</td></tr>")
+    for key, title in (("total", "generation done → on disk"), ("waited", "committed → requested")):
+        t = diagnosis.summaries[key]
+        if not t.count and key == "waited":
+            continue
+        cells = [format_phase_value(v, t.uncertainty_s) for v in (t.p50_s, t.p95_s, t.max_s)]
+        rows.append(f"<tr data-row='{key}'><th>{_esc(title)}</th><th></th>"
+                    + "".join(f"<th>{_esc(c)}</th>" for c in cells)
+                    + f"<th>{_esc(format_seconds(t.uncertainty_s) if t.uncertainty_s else '0')}</th></tr>")
+    rows.append("</table><p class='muted'>A value shown as &lt;±U (hatched in the waterfall) is within the clock "
+                "mapping's uncertainty U: too short to tell from zero. committed → requested is how long the file "
+                "sat committed before it was asked for.</p>")
     return "".join(rows)
 
 
 def _verdict(diagnosis: Diagnosis) -> str:
     v = diagnosis.verdict
     items = "".join(f"<li>{_esc(e)}</li>" for e in v.evidence)
-    return (f"<div class='verdict'><b>Dominant phase: {_esc(v.title)}</b> ({_esc(v.phase)}, "
-            f"{v.share:.0%} of the p50 total)<br>Cause: {_esc(v.explanation)}<ul>{items}</ul>"
-            f"<b>Fix:</b> {_esc(v.fix)}</div>")
+    if v.needs_runs:
+        items += f"<li>to tell apart: {_esc(v.needs_runs)}</li>"
+    return (f"<div class='verdict {v.severity}' data-severity='{v.severity}' data-cause='{_esc(v.cause)}'>"
+            f"<b>Dominant phase: {_esc(v.title)}</b> ({_esc(v.phase)}, {v.share:.0%} of the p50 total)<br>"
+            f"Cause ({_esc(v.cause)}): {_esc(v.explanation)}<ul>{items}</ul><b>Fix:</b> {_esc(v.fix)}</div>")
+
+
+def _run_header(t: Timeline, i: int) -> str:
+    facts = [f"{t.file_bytes / 1e6:.2f} MB", f"chunk {t.chunk_size or 'default'}", t.compression,
+             f"clock ±{format_seconds(t.clock_uncertainty_ns / 1e9)} ({t.clock_status})"]
+    if (w := waited_ns(t)) is not None:
+        facts.append(f"committed → requested {format_seconds(w / 1e9)}")
+    if (r := delivery_rate(t)) is not None:
+        facts.append(f"delivered {r / 1e6:.2f} MB/s")
+    clock = "".join(f"<li>{_esc(e)}</li>" for e in t.clock.get("evidence") or [])
+    return (f"<h3>run {i + 1}: {_esc(t.label)} <span class='muted'>({_esc(', '.join(facts))})</span></h3>"
+            + (f"<ul class='clock'>{clock}</ul>" if clock else ""))
 
 
 def render_report(diagnosis: Diagnosis, timelines: Sequence[Timeline], *, title: str = "Retrieval diagnosis",
@@ -155,10 +211,8 @@ def render_report(diagnosis: Diagnosis, timelines: Sequence[Timeline], *, title:
         body.append("</table>")
     body.append("<h2>Waterfall per run</h2>")
     for i, t in enumerate(timelines):
-        body.append(f"<div class='run' data-run='{i}'><h3>run {i + 1}: {_esc(t.label)} "
-                    f"<span class='muted'>({t.file_bytes / 1e6:.2f} MB, chunk {t.chunk_size or 'default'}, "
-                    f"{_esc(t.compression)}, clock ±{_esc(format_seconds(t.clock_uncertainty_ns / 1e9))})</span>"
-                    f"</h3>{_waterfall(t, i)}</div>")
+        body.append(f"<div class='run' data-run='{i}' data-clock='{_esc(t.clock_status)}'>{_run_header(t, i)}"
+                    f"{_waterfall(t, i)}</div>")
     data = json.dumps({"diagnosis": diagnosis.to_dict(), "runs": [t.to_dict() for t in timelines]})
     data = data.replace("</", "<\\/")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

@@ -25,7 +25,7 @@ from breeze_tts_proto.v1 import synthesis_pb2_grpc
 from breeze_client import _convert, clock as clock_exchange
 from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
-from breeze_client.channel import ConnectionOptions, open_channel
+from breeze_client.channel import ConnectionOptions, fixed_stream_window, open_channel
 from breeze_client.clock import ClockMapping
 from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
 from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisRequest, SynthesisResult, WorkerInfo
@@ -210,7 +210,8 @@ class BreezeClient:
             artifact = artifact.artifact_id
         target, stub = self._artifacts(endpoint)
         mapping = self.clock(target)
-        receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target)
+        receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target,
+                                 fixed_stream_window(self.options))
         policy = ResumePolicy(artifact, target, max_resumes, resume_timeout_s)
         try:
             while True:

@@ -101,12 +101,32 @@ class JobStats(_Dict):
 
 
 @dataclass(frozen=True)
+class CommitTiming(_Dict):
+    """How the worker committed an artifact: its timed steps (ns) and when it began (mapped)."""
+
+    server_started_ns: int | None  # the artifact writer took the job up (generation was done)
+    bytes_synced: int  # the WAV and its sidecar
+    wav_fsync_ns: int  # header write + fsync of the WAV
+    hash_ns: int  # reading the WAV back for its SHA-256
+    rename_ns: int
+    sidecar_fsync_ns: int  # sidecar write + fsync + rename (0 from Stat)
+    dir_fsync_ns: int  # directory fsync (0 from Stat)
+
+    @property
+    def storage_ns(self) -> int:
+        """Time inside the commit's storage calls."""
+        return self.wav_fsync_ns + self.hash_ns + self.rename_ns + self.sidecar_fsync_ns + self.dir_fsync_ns
+
+
+@dataclass(frozen=True)
 class ArtifactRef(_Dict):
     artifact_id: str
     size_bytes: int
     sha256: str
     endpoint: str  # host:port of the Artifacts endpoint holding it
     server_committed_ns: int | None  # mapped to the client clock
+    commit: CommitTiming | None = None  # the commit's timed steps (None: the worker did not report them)
+    clock_offset_ns: int = 0  # the mapping the server_* times were mapped with (worker - client)
 
 
 @dataclass(frozen=True)
@@ -125,6 +145,8 @@ class SynthesisTiming(_Dict):
     clock_uncertainty_ns: int  # +- on every server_* value
     clock_rtt_ns: int
     audio_written_ns: int | None = None  # the caller's own output file was complete (CLI -o)
+    cpu_wait_ns: int | None = None  # the receiving thread's wait for a CPU during the call (hostcpu)
+    cpu_run_ns: int | None = None  # its time on a CPU during the call
 
     @property
     def ttfa_ms(self) -> float | None:
@@ -155,6 +177,16 @@ class SynthesisResult(_Dict):
 
 
 @dataclass(frozen=True)
+class ChunkTiming(_Dict):
+    """One data message of a Fetch: when it arrived, what it carried, when the worker read and sent it."""
+
+    received_ns: int  # client clock
+    file_bytes: int
+    server_sent_ns: int | None  # handed to gRPC on the worker (mapped)
+    server_read_ns: int  # the worker's read (and compression) time for it
+
+
+@dataclass(frozen=True)
 class FetchTiming(_Dict):
     """One Fetch (all attempts, if it resumed). Client events measured here; server_* mapped."""
 
@@ -171,6 +203,14 @@ class FetchTiming(_Dict):
     clock_uncertainty_ns: int
     clock_rtt_ns: int
     write_during_transfer_ns: int = 0  # the part of write_ns spent between first and last byte received
+    first_data_received_ns: int | None = None  # the first message with file bytes arrived
+    server_first_data_sent_ns: int | None = None  # ... was handed to gRPC on the worker (mapped)
+    last_message_received_ns: int | None = None  # the stream's `last` message arrived
+    server_read_ns: int = 0  # worker time reading (and compressing) the chunks, all attempts
+    server_send_wait_ns: int = 0  # worker time waiting on the connection to take the chunks
+    cpu_wait_ns: int | None = None  # the receiving thread's wait for a CPU during the fetch (hostcpu)
+    cpu_run_ns: int | None = None  # its time on a CPU during the fetch
+    chunk_times: tuple[ChunkTiming, ...] = ()  # one per data message received
 
     @property
     def transfer_ms(self) -> float | None:
@@ -196,6 +236,7 @@ class FetchResult(_Dict):
     timing: FetchTiming
     data: bytes | None = field(default=None, repr=False)
     first_message_bytes: int = 0  # file bytes in the stream's first message (0: a header without data)
+    stream_window_bytes: int | None = None  # the channel's fixed HTTP/2 stream window (None: BDP probing)
 
     def timeline(self, label: str | None = None):
         """This fetch as a `phases.Timeline` (the fetch's own events; worker times on this channel's mapping)."""

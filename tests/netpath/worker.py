@@ -54,10 +54,13 @@ class InProcessWorker:
         await self.engine.start()
         await self.servers.set_serving(True)
 
-    def set_faults(self, *, commit_delay_s: float = 0.0, first_byte_delay_s: float = 0.0) -> None:
-        """Change the store's test-only fault delays (0 = off) for the following jobs and fetches."""
-        self.store.settings = dataclasses.replace(self.store.settings, fault_commit_delay_s=commit_delay_s,
-                                                  fault_first_byte_delay_s=first_byte_delay_s)
+    def set_faults(self, *, commit_delay_s: float = 0.0, first_byte_delay_s: float = 0.0,
+                   storage_read_bytes_per_s: float = 0.0, storage_write_bytes_per_s: float = 0.0) -> None:
+        """Change the store's test-only fault settings (0 = off) for the following jobs and fetches."""
+        self.store.settings = dataclasses.replace(
+            self.store.settings, fault_commit_delay_s=commit_delay_s, fault_first_byte_delay_s=first_byte_delay_s,
+            fault_storage_read_bytes_per_s=storage_read_bytes_per_s,
+            fault_storage_write_bytes_per_s=storage_write_bytes_per_s)
 
     def __enter__(self) -> "InProcessWorker":
         self._thread.start()
@@ -84,11 +87,17 @@ class InProcessWorker:
 
 
 class WorkerProcess:
-    """`breeze-worker serve` as a subprocess on loopback with ports 0 (tiny embedded default, CPU)."""
+    """`breeze-worker serve` as a subprocess on loopback with ports 0 (tiny embedded default, CPU).
+
+    `env` adds environment variables, `python_path` directories before the repository's on its
+    PYTHONPATH (e.g. a test-only sitecustomize), `args` more `serve` flags.
+    """
 
     def __init__(self, artifact_dir: str | Path | None = None, *, host: str = "127.0.0.1",
-                 startup_timeout_s: float = 300.0) -> None:
+                 startup_timeout_s: float = 300.0, env: dict[str, str] | None = None,
+                 python_path: list[str | Path] = (), args: list[str] = ()) -> None:
         self.host = host
+        self.env, self.python_path, self.args = dict(env or {}), [str(p) for p in python_path], list(args)
         self._tmp = None if artifact_dir else tempfile.TemporaryDirectory(prefix="breeze-artifacts-")
         self.artifact_dir = Path(artifact_dir or self._tmp.name)
         self.startup_timeout_s = startup_timeout_s
@@ -101,10 +110,11 @@ class WorkerProcess:
         import sys
 
         root = Path(__file__).resolve().parents[2]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(root / d) for d in ("worker", "client", "protos")))
+        path = self.python_path + [str(root / d) for d in ("worker", "client", "protos")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "breeze_worker.cli", "serve", "--host", self.host, "--port", "0",
-             "--artifact-port", "0", "--artifact-dir", str(self.artifact_dir), "--device", "cpu"],
+             "--artifact-port", "0", "--artifact-dir", str(self.artifact_dir), "--device", "cpu", *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         timer = threading.Timer(self.startup_timeout_s, self.proc.kill)
         timer.start()

@@ -72,13 +72,18 @@ class ArtifactSettings:
     fault_commit_delay_s: float = 0.0
     fault_first_byte_delay_s: float = 0.0
     fault_eio_after_bytes: int = 0
+    # test-only: the commit's fsync (write) and each Fetch read take as long as a volume moving this many
+    # bytes/s would (0 = off); the diagnosis tests use them where no cgroup I/O limit can throttle a real volume
+    fault_storage_write_bytes_per_s: float = 0.0
+    fault_storage_read_bytes_per_s: float = 0.0
 
     def validate(self) -> None:
         if self.max_age_s <= 0 or self.max_total_bytes <= 0:
             raise ValueError("artifact retention limits must be positive")
         if self.min_free_bytes < 0 or self.min_keep_s < 0:
             raise ValueError("min_free_bytes and min_keep_s must be >= 0 (0 turns the free-space headroom off)")
-        if self.fault_commit_delay_s < 0 or self.fault_first_byte_delay_s < 0 or self.fault_eio_after_bytes < 0:
+        if min(self.fault_commit_delay_s, self.fault_first_byte_delay_s, self.fault_eio_after_bytes,
+               self.fault_storage_write_bytes_per_s, self.fault_storage_read_bytes_per_s) < 0:
             raise ValueError("fault settings must be >= 0")
 
 

@@ -1,9 +1,10 @@
 """`breeze-client diagnose`: name the phase that holds a slow retrieval, with its evidence and the fix.
 
 Runs N synthesis jobs (or takes existing artifact ids), fetches each artifact as soon as its job ends, and
-prints per-phase p50/p95/max, the dominant phase, its evidence and the fix. `--chunk-sizes` and
-`--compressions` sweep fetch configurations over the same artifacts. `--json` prints one object;
-`--report FILE.html` writes a self-contained page with a waterfall per run and the phase table.
+prints per-phase p50/p95/max, the commit -> request wait, the dominant phase, the cause its evidence names
+and the fix. The clock mapping is checked around every run. `--chunk-sizes` and `--compressions` sweep
+fetch configurations over the same artifacts. `--json` prints one object; `--report FILE.html` writes a
+self-contained page with a waterfall per run and the phase table.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", default=DEFAULT_TEXT, help="text of each job")
     p.add_argument("--max-frames", type=int, default=None, help="frame limit per job (12.5 frames per second)")
     p.add_argument("--seed", type=int, default=1, help="seed of the first job (the next ones add 1)")
+    p.add_argument("--encoding", choices=("s16le", "f32le"), default="s16le",
+                   help="the jobs' PCM encoding (f32le moves twice the bytes; default %(default)s)")
     p.add_argument("--chunk-sizes", type=_sizes, default=[0], metavar="LIST",
                    help="fetch chunk sizes to sweep, e.g. 64k,256k,1m (0 = the worker's default); the first "
                         "is the one diagnosed")
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     settings = DiagnoseSettings(jobs=args.jobs, text=args.text, artifact_ids=tuple(args.artifact_ids),
                                 max_frames=args.max_frames, seed=args.seed,
                                 configs=sweep_configs(args.chunk_sizes, compressions), out_dir=args.out_dir,
-                                parallel=args.parallel)
+                                parallel=args.parallel, encoding=args.encoding)
     with BreezeClient(options=options) as client:
         result = run_diagnosis(client, settings)
     if args.report is not None:

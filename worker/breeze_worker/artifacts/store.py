@@ -12,10 +12,13 @@ rename) only after the WAV itself was fsynced and renamed into place. Ids are un
 A storage fault (ENOSPC, EIO, a read-only disk) fails one artifact, never its job: the writer removes its
 temp file, stops writing and reports why (`unavailable_reason`), and the job streams on without an artifact.
 Opening the store sweeps the temp files a crashed run left; `space.py` keeps the free-space headroom.
+Every commit step is timed (`ArtifactInfo.commit`, also kept in the sidecar): the evidence that tells a
+slow volume from a worker that was slow around its storage calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -31,7 +34,7 @@ from typing import BinaryIO
 from breeze_worker.artifacts.space import SpaceKeeper, StoreStatus
 from breeze_worker.artifacts.wav import header_size, wav_header
 from breeze_worker.config import ArtifactSettings
-from breeze_worker.engine.types import ArtifactInfo, PcmEncoding
+from breeze_worker.engine.types import ArtifactInfo, CommitTiming, PcmEncoding
 from breeze_worker.errors import InvalidRequest, NotFound
 
 log = logging.getLogger(__name__)
@@ -110,26 +113,32 @@ class ArtifactWriter:
         self._data_bytes += len(pcm)
 
     def commit(self) -> ArtifactInfo | None:
-        """Fix the header, fsync, rename into place, record the sha256; returns the committed info, or None
-        when the artifact was given up (`unavailable_reason` says why)."""
+        """Fix the header, fsync, rename into place, record the sha256; returns the committed info, whose
+        commit time is after the last fsync (WAV, sidecar, directory) and whose `commit` times each step, or
+        None when the artifact was given up (`unavailable_reason` says why)."""
         if self._info is not None:
             return self._info
         if self.unavailable_reason is not None:
             return None
         if self._file is None:
             raise RuntimeError(f"artifact {self.artifact_id} was aborted")
+        started_ns, clock = time.time_ns(), time.perf_counter_ns
         delay = self._store.settings.fault_commit_delay_s
-        if delay > 0:  # test-only fault injection (diagnosis tests)
+        if delay > 0:  # test-only fault injection (diagnosis tests): a stall outside the storage calls
             time.sleep(delay)
         f = self._file
         try:
+            t0 = clock()
             f.seek(0)
             f.write(wav_header(self.encoding, self.sample_rate, self._data_bytes))
             f.flush()
+            self._store.storage_fault(header_size(self.encoding) + self._data_bytes, write=True)
             os.fsync(f.fileno())
+            t1 = clock()
             f.seek(0)
             digest = hashlib.file_digest(f, "sha256").hexdigest()
             size = f.seek(0, os.SEEK_END)
+            t2 = clock()
             self._file = None
             f.close()
         except OSError as exc:
@@ -141,8 +150,10 @@ class ArtifactWriter:
         store = self._store
         try:
             os.replace(self._temp_path, store.wav_path(self.artifact_id))
+            timing = CommitTiming(started_at_ns=started_ns, bytes_synced=size, wav_fsync_ns=t1 - t0,
+                                  hash_ns=t2 - t1, rename_ns=clock() - t2)
             info = ArtifactInfo(artifact_id=self.artifact_id, size_bytes=size, sha256=digest,
-                                committed_at_ns=0)
+                                committed_at_ns=0, commit=timing)
             info = store._write_sidecar(info, job_id=self.job_id, sample_rate=self.sample_rate,
                                         encoding=self.encoding)
         except BaseException as exc:
@@ -225,25 +236,43 @@ class ArtifactStore:
     def status(self) -> StoreStatus:
         return self.space.status()
 
+    def storage_fault(self, nbytes: int, *, write: bool) -> None:
+        """Test-only fault injection: take as long as a volume writing (or reading) `nbytes` at
+        fault_storage_write_bytes_per_s (fault_storage_read_bytes_per_s) would."""
+        s = self.settings
+        rate = s.fault_storage_write_bytes_per_s if write else s.fault_storage_read_bytes_per_s
+        if rate > 0 and nbytes > 0:
+            time.sleep(nbytes / rate)
+
     def _write_sidecar(self, info: ArtifactInfo, **extra) -> ArtifactInfo:
-        committed = ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns())
+        """Write the sidecar (temp file, fsync, rename, directory fsync); the returned info's commit time
+        is after all of it. The sidecar records the time just before it is written, and the steps before."""
         record = {
-            "artifact_id": committed.artifact_id, "size_bytes": committed.size_bytes,
-            "sha256": committed.sha256, "committed_at_ns": committed.committed_at_ns,
+            "artifact_id": info.artifact_id, "size_bytes": info.size_bytes,
+            "sha256": info.sha256, "committed_at_ns": time.time_ns(),
             **{k: (v.value if isinstance(v, PcmEncoding) else v) for k, v in extra.items()},
         }
+        if info.commit is not None:
+            record["commit"] = dataclasses.asdict(info.commit)
         final = self.sidecar_path(info.artifact_id)
         temp = self.directory / f".{info.artifact_id}.json.partial"
+        t0 = time.perf_counter_ns()
         try:
             with open(temp, "w", encoding="utf-8") as f:
                 json.dump(record, f)
                 f.flush()
+                sidecar_bytes = f.tell()
                 os.fsync(f.fileno())
             os.replace(temp, final)
+            t1 = time.perf_counter_ns()
             _fsync_dir(self.directory)
+            t2 = time.perf_counter_ns()
         finally:
             self._remove_quietly(temp)
-        return committed
+        commit = None if info.commit is None else dataclasses.replace(
+            info.commit, bytes_synced=info.commit.bytes_synced + sidecar_bytes, sidecar_fsync_ns=t1 - t0,
+            dir_fsync_ns=t2 - t1)
+        return ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns(), commit)
 
     # ---- reading ----
     def _read_sidecar(self, artifact_id: str) -> dict:
@@ -257,8 +286,10 @@ class ArtifactStore:
 
     def stat(self, artifact_id: str) -> ArtifactInfo:
         record = self._read_sidecar(artifact_id)
+        commit = record.get("commit")
         return ArtifactInfo(record["artifact_id"], int(record["size_bytes"]), record["sha256"],
-                            int(record["committed_at_ns"]))
+                            int(record["committed_at_ns"]),
+                            CommitTiming(**commit) if isinstance(commit, dict) else None)
 
     def describe(self, artifact_id: str) -> dict:
         """The whole sidecar record (job id, sample rate, encoding besides the ArtifactInfo fields)."""

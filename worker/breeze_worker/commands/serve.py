@@ -85,6 +85,8 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("artifacts", "fault_commit_delay_s", "--fault-commit-delay-s", argparse.SUPPRESS),  # test-only
     ("artifacts", "fault_first_byte_delay_s", "--fault-first-byte-delay-s", argparse.SUPPRESS),  # test-only
     ("artifacts", "fault_eio_after_bytes", "--fault-eio-after-bytes", argparse.SUPPRESS),  # test-only
+    ("artifacts", "fault_storage_write_bytes_per_s", "--fault-storage-write-bytes-per-s", argparse.SUPPRESS),
+    ("artifacts", "fault_storage_read_bytes_per_s", "--fault-storage-read-bytes-per-s", argparse.SUPPRESS),
 ]
 
 
@@ -118,11 +120,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def active_faults(settings: WorkerSettings) -> str:
-    """The non-zero test-only faults, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
+    """The non-zero test-only fault settings, e.g. 'fault_commit_delay_s=0.4' ('' when none is set)."""
     a = settings.artifacts
-    return " ".join(f"{name}={getattr(a, name):g}" for name in ("fault_commit_delay_s", "fault_first_byte_delay_s",
-                                                                 "fault_eio_after_bytes")
-                    if getattr(a, name) > 0)
+    names = ("fault_commit_delay_s", "fault_first_byte_delay_s", "fault_eio_after_bytes",
+             "fault_storage_write_bytes_per_s", "fault_storage_read_bytes_per_s")
+    return " ".join(f"{name}={getattr(a, name):g}" for name in names if getattr(a, name) > 0)
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> WorkerSettings:

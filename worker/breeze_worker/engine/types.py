@@ -160,11 +160,25 @@ class JobStats:
 
 
 @dataclass(frozen=True)
+class CommitTiming:
+    """The timed steps of one artifact commit (durations in ns; `started_at_ns` on the wall clock)."""
+
+    started_at_ns: int  # the artifact writer took the job up (generation was done)
+    bytes_synced: int  # the WAV and its sidecar
+    wav_fsync_ns: int  # header write + fsync of the WAV
+    hash_ns: int  # reading the WAV back for its SHA-256
+    rename_ns: int
+    sidecar_fsync_ns: int = 0  # sidecar write + fsync + rename (unknown to Stat: 0)
+    dir_fsync_ns: int = 0  # directory fsync (unknown to Stat: 0)
+
+
+@dataclass(frozen=True)
 class ArtifactInfo:
     artifact_id: str
     size_bytes: int
     sha256: str
     committed_at_ns: int
+    commit: CommitTiming | None = None  # how the commit went (None: not recorded)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ File reads and compression run in a worker thread; the event loop only moves mes
 Fetch message is a small header: the artifact's info and the request-received, file-opened and
 first-byte-sent times, with no file bytes. It is the response's first byte, so its transit measures the
 path's latency and every file byte arrives in the transfer that follows (a whole first chunk would
-hide up to a chunk's worth of bandwidth time in "first byte transit"). Data messages follow, then a
-last message with the last-byte-sent time (worker clock; clients map them with the Clock service).
+hide up to a chunk's worth of bandwidth time in "first byte transit"). Data messages follow, each with
+the time its read took and the time it was handed to gRPC, then a last message with the last-byte-sent
+time (worker clock; clients map them with the Clock service). The read times tell a slow volume from a
+slow path; the send times show where the worker waited on the connection.
 
 Every message fits in 4 MiB, the default receive limit of stock gRPC clients (grpcio, grpc-js, grpc-go),
 so no client needs a channel option to fetch: a data message carries at most MAX_DATA_BYTES of the file
@@ -38,12 +40,13 @@ MAX_DATA_BYTES = MAX_MESSAGE_BYTES - 64 * 1024  # file bytes per message: room f
 ZSTD_LEVEL = 3
 
 
-def _read_chunk(fd: int, size: int, offset: int, compress: bool) -> tuple[bytes, int]:
-    """(data to send, uncompressed length) of `size` bytes at `offset`."""
+def _read_chunk(store: ArtifactStore, fd: int, size: int, offset: int, compress: bool) -> tuple[bytes, int, int]:
+    """(data to send, uncompressed length, ns spent reading and compressing) of `size` bytes at `offset`."""
+    t0 = time.perf_counter_ns()
+    store.storage_fault(size, write=False)  # test-only: a slow volume where no cgroup limit can throttle one
     raw = os.pread(fd, size, offset)
-    if compress:
-        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw), len(raw)
-    return raw, len(raw)
+    data = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw) if compress else raw
+    return data, len(raw), time.perf_counter_ns() - t0
 
 
 class ArtifactServicer(artifacts_pb2_grpc.ArtifactsServicer):
@@ -100,11 +103,12 @@ class ArtifactServicer(artifacts_pb2_grpc.ArtifactsServicer):
         position = request.offset
         while position < end:
             n = min(chunk, end - position)
-            data, raw_len = await asyncio.to_thread(_read_chunk, fd, n, position, compress)
+            data, raw_len, read_ns = await asyncio.to_thread(_read_chunk, self._store, fd, n, position, compress)
             if raw_len != n:
                 raise NotFound(f"artifact {info.artifact_id} changed while it was being sent: fetch it again")
             await context.write(artifacts_pb2.FetchArtifactResponse(data=data, offset=position,
-                                                                    uncompressed_size=raw_len))
+                                                                    uncompressed_size=raw_len, read_ns=read_ns,
+                                                                    sent_unix_ns=time.time_ns()))
             position += raw_len
         await context.write(artifacts_pb2.FetchArtifactResponse(
             offset=position, last=True, last_byte_sent_unix_ns=time.time_ns()))

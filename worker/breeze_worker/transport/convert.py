@@ -72,8 +72,15 @@ def synthesis_request_from_pb(msg: synthesis_pb2.SynthesizeRequest) -> et.Synthe
 
 
 def artifact_to_pb(info: et.ArtifactInfo, endpoint: str) -> common_pb2.ArtifactInfo:
-    return common_pb2.ArtifactInfo(artifact_id=info.artifact_id, size_bytes=info.size_bytes, sha256=info.sha256,
-                                   committed_unix_ns=info.committed_at_ns, endpoint=endpoint)
+    msg = common_pb2.ArtifactInfo(artifact_id=info.artifact_id, size_bytes=info.size_bytes, sha256=info.sha256,
+                                  committed_unix_ns=info.committed_at_ns, endpoint=endpoint)
+    c = info.commit
+    if c is not None:
+        msg.commit.CopyFrom(common_pb2.CommitTiming(
+            started_unix_ns=c.started_at_ns, bytes_synced=c.bytes_synced, wav_fsync_ns=c.wav_fsync_ns,
+            hash_ns=c.hash_ns, rename_ns=c.rename_ns, sidecar_fsync_ns=c.sidecar_fsync_ns,
+            dir_fsync_ns=c.dir_fsync_ns))
+    return msg
 
 
 def _params_to_pb(p: et.ResolvedRequest) -> synthesis_pb2.ResolvedParams:

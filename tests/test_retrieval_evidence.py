@@ -1,0 +1,141 @@
+"""The clock check and the evidence rules: pure functions over synthetic exchanges and timelines.
+
+The real faults behind each rule are in test_retrieval_faults.py; here each rule is pinned down on its
+edges: the same phase length gets a different cause when the evidence inside it differs.
+"""
+
+import dataclasses
+
+import pytest
+
+from breeze_client.clockcheck import MAX_DRIFT_PPM, Exchange, Group, check
+from breeze_client.phases import phase_times, summarize_phases, total_ns
+from breeze_client.verdict import diagnose
+from test_retrieval_phases import MS, SIZE, make_timeline
+
+S = 1_000_000_000
+T0 = 1_700_000_000 * S
+
+
+def exchange(at_s: float, offset_ms: float, unc_ms: float = 0.2, label: str = "") -> Exchange:
+    return Exchange(T0 + int(at_s * S), int(offset_ms * MS), int(unc_ms * MS), label)
+
+
+def fetch_group(at_s: float, true_offset_ms: float, latency_ms: float = 0.5) -> Group:
+    """A fetch at `at_s` on a worker clock `true_offset_ms` ahead: request and first message each take
+    `latency_ms` one way."""
+    sent = T0 + int(at_s * S)
+    off = int(true_offset_ms * MS)
+    g = Group("fetch", sent)
+    g.after(sent + int(latency_ms * MS) + off, sent, "request")  # received after it was sent
+    g.before(sent + int(latency_ms * MS) + off, sent + int(2 * latency_ms * MS), "first message")
+    return g
+
+
+def test_agreeing_exchanges_and_causality_narrow_the_mapping():
+    ex = [exchange(0.0, 5.0, 0.3), exchange(1.0, 5.1, 0.3)]
+    result = check(ex, [fetch_group(0.5, 5.0)])
+    g = result.groups["fetch"]
+    assert result.status == "ok" and g.ok and not result.evidence
+    assert abs(g.offset_ns - 5.0 * MS) <= g.uncertainty_ns <= 0.3 * MS  # within both exchanges' bound
+
+
+def test_a_step_between_exchanges_is_re_mapped_from_the_exchange_that_agrees():
+    ex = [exchange(0.0, 300_000.0, label="before"), exchange(1.0, 298_000.0, label="after")]
+    job = Group("job", T0 + int(0.8 * S))  # before the step: the commit preceded the final message
+    job.before(T0 + int(0.79 * S) + 300_000 * MS, T0 + int(0.8 * S), "commit before final message")
+    job.after(T0 + int(0.01 * S) + 300_000 * MS, T0, "job started after its request")
+    result = check(ex, [job, fetch_group(0.9, 298_000.0)])
+    assert result.status == "stepped"
+    assert result.groups["job"].offset_ns == pytest.approx(300_000 * MS, abs=0.3 * MS)
+    assert result.groups["fetch"].offset_ns == pytest.approx(298_000 * MS, abs=0.3 * MS)
+    assert "before" in result.groups["job"].source and "after" in result.groups["fetch"].source
+    assert any("-2.00 s" in e and "a step" in e for e in result.evidence)
+
+
+def test_plausible_drift_widens_the_uncertainty_and_a_runaway_clock_is_broken():
+    ppm = MAX_DRIFT_PPM / 2  # 250 ppm over 60 s: 15 ms, far beyond the exchanges' 0.2 ms
+    ex = [exchange(0.0, 0.0), exchange(60.0, 60 * ppm / 1e3)]
+    result = check(ex, [Group("stat", T0 + 30 * S)])  # no causal bound: the exchanges alone
+    assert result.status == "drift" and result.groups["stat"].uncertainty_ns >= 7 * MS
+    # 5%: each exchange is ms away from the fetch's own causal window
+    runaway = check([exchange(0.0, 0.0), exchange(1.0, 50.0)], [fetch_group(0.9, 45.0)])
+    assert runaway.status == "broken" and not runaway.groups["fetch"].ok
+    assert any("no clock exchange agrees" in e for e in runaway.evidence)
+
+
+def test_a_group_whose_own_worker_times_contradict_causality_is_broken():
+    g = Group("job", T0)
+    g.before(T0 + 10 * MS, T0, "commit before final message")  # offset >= 10 ms
+    g.after(T0 + 2 * MS, T0, "started after request")  # offset <= 2 ms
+    result = check([exchange(0.0, 5.0)], [g])
+    assert result.status == "broken" and "contradict" in result.groups["job"].source
+
+
+def test_a_phase_that_cannot_be_a_measurement_is_never_one():
+    t = make_timeline()
+    negative = dataclasses.replace(t, events={**t.events, "request_received": t.events["request_sent"] - 2 * S})
+    times = {pt.phase.name: pt for pt in phase_times(negative)}
+    assert times["request"].duration_ns is None and "came out -2.00 s" in times["request"].why
+    longer = dataclasses.replace(t, evidence={"job_request_sent": t.events["final_received"] - 50 * MS},
+                                 events={**t.events, "generation_done": t.events["generation_done"] - 5 * S})
+    times = {pt.phase.name: pt for pt in phase_times(longer)}
+    assert times["commit"].duration_ns is None and "longer than the whole run" in times["commit"].why
+    assert total_ns(longer) is None
+    why = "clock mapping broken: x"
+    broken = dataclasses.replace(t, unmeasured={"notify": why, "total": why})
+    assert summarize_phases([broken])["notify"].count == 0 and total_ns(broken) is None
+
+
+def with_evidence(t, **ev):
+    return dataclasses.replace(t, evidence={**t.evidence, **ev})
+
+
+def test_a_long_commit_is_storage_only_when_the_fsyncs_took_it():
+    slow = make_timeline(slow="commit", extra_ms=20_000)  # 20 s
+    on_disk = diagnose([with_evidence(slow, commit_storage_ns=19_900 * MS, commit_fsync_ns=19_800 * MS,
+                                      commit_bytes=1_300_000)])
+    assert on_disk.verdict.cause == "storage_write"
+    assert any("65.7 kB/s" in e for e in on_disk.verdict.evidence), on_disk.verdict.evidence
+    stalled = diagnose([with_evidence(slow, commit_storage_ns=40 * MS, commit_fsync_ns=30 * MS,
+                                      commit_bytes=1_300_000)])
+    assert stalled.verdict.cause == "worker_busy"
+
+
+def test_a_slow_transfer_is_a_slow_disk_read_a_window_or_the_link_by_its_evidence():
+    base = make_timeline(transfer_ms=2000, rtt_ms=40, chunks=SIZE // 16384)
+    read = diagnose([with_evidence(base, worker_read_ns=1900 * MS, worker_send_wait_ns=50 * MS, path_queue_ns=5 * MS)])
+    assert read.verdict.cause == "storage_read"
+    flow = {"worker_read_ns": 5 * MS, "worker_send_wait_ns": 1950 * MS}  # the worker waited on the connection
+    window = diagnose([with_evidence(base, **flow, path_queue_ns=45 * MS)])  # ... while nothing queued
+    assert window.verdict.cause == "window_limited"
+    link = diagnose([with_evidence(base, **flow, path_queue_ns=1500 * MS)])  # ... while bytes queued on the path
+    assert link.verdict.cause == "bandwidth"
+    starved = diagnose([with_evidence(base, client_cpu_wait_ns=900 * MS, client_cpu_run_ns=30 * MS)])
+    assert starved.verdict.cause == "client_cpu" and "CPU" in starved.verdict.fix
+
+
+def test_a_held_first_byte_is_a_buffer_and_a_slow_one_on_a_slow_path_is_latency():
+    held = make_timeline(slow="first_byte_transit", extra_ms=900, transfer_ms=3, rtt_ms=2)
+    buffered = diagnose([with_evidence(held, data_receive_span_ns=3 * MS)])
+    assert buffered.verdict.cause == "buffering_intermediary"
+    assert any("delivered" in e for e in buffered.verdict.evidence)
+    far = dataclasses.replace(held, rtt_ns=1900 * MS)  # a path whose round trip is that long
+    assert diagnose([with_evidence(far, data_receive_span_ns=3 * MS)]).verdict.cause == "network_latency"
+
+
+@pytest.mark.parametrize("slow,ev", [
+    ("commit", {"commit_storage_ns": 400 * MS, "commit_fsync_ns": 390 * MS, "commit_bytes": SIZE}),
+    ("first_byte_transit", {}),
+    ("client_gap", {}),
+])
+def test_the_cause_does_not_depend_on_the_number_of_runs(slow, ev):
+    runs = [with_evidence(make_timeline(f"r{i}", slow=slow, extra_ms=400 + 5 * i, rtt_ms=900), **ev) for i in range(3)]
+    one, three = diagnose(runs[:1]).verdict, diagnose(runs).verdict
+    assert one.cause == three.cause and one.fix == three.fix
+    assert dict(three.runs_by_cause) == {three.cause: 3}
+
+
+def test_a_cause_only_several_runs_can_tell_apart_says_so():
+    gap = diagnose([make_timeline(slow="client_gap", extra_ms=500)]).verdict
+    assert gap.cause == "cold_start" and "-n 3" in gap.needs_runs
