@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 
 READY = re.compile(r"breeze-worker ready: synthesis=(\S+) artifacts=(\S+)")
+METRICS_AT = re.compile(r"metrics on (http://\S+/metrics)")
+SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) ([-+\d.eE]+|NaN|\+Inf)$")
 SPLIT = {  # worker log line -> start-up phase
     "load_s": re.compile(r"model loaded in ([\d.]+) s"),
     "codec_graphs_s": re.compile(r"codec graphs for up to \d+ streams ready in ([\d.]+) s"),
@@ -65,10 +67,12 @@ class Worker:
         self.cmd = [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", args.device, "--port", "0",
                     "--artifact-port", "0", "--artifact-dir", str(artifacts),
                     "--max-active-streams", str(max(args.concurrency)), "--max-queue", str(max(args.concurrency)),
+                    "--metrics-port", "0",
                     *(["--model", str(args.model)] if args.model else []), *args.worker_arg]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.target = ""
+        self.metrics_url = ""
 
     def start(self, timeout_s: float) -> dict:
         t0 = time.perf_counter()
@@ -88,8 +92,20 @@ class Worker:
         ready_s = time.perf_counter() - t0
         self.log.flush()
         text = self.log_path.read_text()
+        found = METRICS_AT.search(text)
+        self.metrics_url = found.group(1) if found else ""
         split = {k: float(m.group(1)) for k, pattern in SPLIT.items() if (m := pattern.search(text))}
         return {"process_start_to_serving_s": ready_s, **split}
+
+    def metrics(self) -> dict[str, float]:
+        """The worker's /metrics samples by name (with labels), {} when it has no metrics port."""
+        if not self.metrics_url:
+            return {}
+        import urllib.request
+
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        return {m.group(1): float(m.group(2)) for line in lines if (m := SAMPLE.match(line))}
 
     def cpu_s(self) -> float:
         assert self.proc is not None
@@ -149,6 +165,27 @@ def _summary(doc: dict, cpu_s: float) -> dict:
         "worker_cpu_s": cpu_s, "worker_cpu_s_per_audio_s": cpu_s / audio if audio else None,
         "kinds": doc["meta"].get("request_kinds"),
     }
+
+
+def _process_cost(before: dict[str, float], after: dict[str, float]) -> dict:
+    """What the worker process itself cost during a phase, from its own metrics: the event loop's timer lag
+    (p99 from the histogram's buckets), the engine thread's idle share, CPU seconds per message written."""
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    if not after:
+        return {}
+    buckets = sorted((float(k.split('le="')[1].rstrip('"}')), delta(k)) for k in after
+                     if k.startswith("breeze_event_loop_lag_seconds_bucket") and "+Inf" not in k)
+    count = delta("breeze_event_loop_lag_seconds_count")
+    lag_p99 = next((bound for bound, n in buckets if count and n >= 0.99 * count), None)
+    busy, idle = delta("breeze_engine_busy_seconds_total"), delta("breeze_engine_idle_seconds_total")
+    messages = delta("breeze_stream_messages_total")
+    return {"event_loop_lag_s_p99_at_most": lag_p99, "event_loop_lag_s_mean":
+            delta("breeze_event_loop_lag_seconds_sum") / count if count else None,
+            "engine_idle_fraction": idle / (busy + idle) if busy + idle > 0 else None,
+            "messages": messages, "cpu_s_per_message": delta("process_cpu_seconds_total") / messages
+            if messages else None}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -252,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "ratio": ttfa[0] / steady if steady else None, "all_ttfa_ms": ttfa}
         save()
         for c in args.concurrency:
-            cpu0 = worker.cpu_s()
+            cpu0, m0 = worker.cpu_s(), worker.metrics()
             bench = _client_bench(worker.target, c, args, reference)
             doc["load"][str(c)] = _summary(bench, worker.cpu_s() - cpu0)
+            doc["load"][str(c)]["worker_process"] = _process_cost(m0, worker.metrics())
             (work / f"client_bench_c{c}.json").write_text(json.dumps(bench))
             save()
             print(f"c={c}: {json.dumps(doc['load'][str(c)])}", flush=True)

@@ -31,3 +31,6 @@ def test_serve_bench_on_the_cpu(tmp_path):
     assert four["kinds"] == {"plain": 2, "cfg": 1, "clone+cfg": 1}  # half CFG, a quarter cloning
     assert four["worker_cpu_s"] > 0 and four["rtf_per_stream_max"] >= four["rtf_per_stream_mean"] > 0
     assert four["ttfa_ms_p95"] >= four["ttfa_ms_p50"] > 0
+    cost = four["worker_process"]  # the worker's own account of what its process cost
+    assert cost["messages"] >= 4 * 2 and cost["cpu_s_per_message"] > 0
+    assert 0 <= cost["engine_idle_fraction"] < 1 and cost["event_loop_lag_s_p99_at_most"] is not None

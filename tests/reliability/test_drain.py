@@ -101,3 +101,23 @@ def test_active_streams_returns_to_zero_when_the_worker_is_idle(tmp_path):
         assert metrics['breeze_jobs_total{end_reason="cancelled"}'] == 1
     finally:
         worker.stop()
+
+
+def test_the_worker_reports_what_its_own_process_costs(tmp_path):
+    """The figures that say whether the Python/gRPC side ever limits a stream, read over HTTP: the event
+    loop's timer lag, the engine thread's busy and idle time, the messages written and the process's CPU."""
+    worker = ServedWorker(tmp_path).start()
+    try:
+        before = worker.metrics()
+        with BreezeClient(worker.target, timeout_s=120) as client:
+            result = client.synthesize("Counting messages.", max_frames=5, seed=2)
+        time.sleep(0.3)  # a few lag samples and an idle stretch after the job
+        after = worker.metrics()
+    finally:
+        worker.stop()
+    sent = after["breeze_stream_messages_total"] - before.get("breeze_stream_messages_total", 0.0)
+    assert sent == result.stats.frames + 2  # JobStarted, one chunk per frame, JobFinished
+    assert after["breeze_event_loop_lag_seconds_count"] > before.get("breeze_event_loop_lag_seconds_count", 0)
+    assert after["breeze_engine_busy_seconds_total"] > before.get("breeze_engine_busy_seconds_total", 0.0)
+    assert after["breeze_engine_idle_seconds_total"] > before.get("breeze_engine_idle_seconds_total", 0.0)
+    assert after["process_cpu_seconds_total"] >= before["process_cpu_seconds_total"] > 0

@@ -7,13 +7,15 @@ benchmarks) never share numbers. Names follow Prometheus conventions (`breeze_*_
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 _STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1.0, 5.0, 10.0)  # 0.08: one frame of audio
+_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1.0)
 
 
 class EngineMetrics:
@@ -42,6 +44,28 @@ class EngineMetrics:
         self._step = Histogram("breeze_step_seconds", "one engine step: a frame for every active stream, with "
                                "its audio (above 0.08 s the streams fall behind real time)", buckets=_STEP_BUCKETS,
                                registry=r)
+        # what the worker process itself costs (is the host side ever what limits a stream?)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open files
+        self._engine_idle = Counter("breeze_engine_idle_seconds", "time the engine thread waited with no stream "
+                                    "to step and no request to admit", registry=r)
+        self._engine_busy = Counter("breeze_engine_busy_seconds", "time the engine thread spent admitting and "
+                                    "stepping streams (device waits included)", registry=r)
+        self._loop_lag = Histogram("breeze_event_loop_lag_seconds", "how late the gRPC event loop ran a timer "
+                                   "(a loop busy with Python work delays every stream's messages)",
+                                   buckets=_LAG_BUCKETS, registry=r)
+        self._messages = Counter("breeze_stream_messages", "Synthesize messages written to clients", registry=r)
+
+    def engine_time(self, busy_s: float, idle_s: float) -> None:
+        if busy_s > 0:
+            self._engine_busy.inc(busy_s)
+        if idle_s > 0:
+            self._engine_idle.inc(idle_s)
+
+    def loop_lag(self, seconds: float) -> None:
+        self._loop_lag.observe(max(0.0, seconds))
+
+    def message_sent(self) -> None:
+        self._messages.inc()
 
     def job_started(self, queue_wait_s: float) -> None:
         self._queue_wait.observe(queue_wait_s)

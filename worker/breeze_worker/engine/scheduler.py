@@ -173,10 +173,13 @@ class Scheduler:
         while True:
             with self._lock:
                 self.metrics.set_load(len(self._active), len(self._pending))  # an idle worker shows 0
+                waited = time.perf_counter()
                 while not self._stopping and not self._active and not self._pending and not self._prepared:
                     self._lock.wait()
                 if self._stopping:
                     break
+            busy_from = time.perf_counter()
+            self.metrics.engine_time(0.0, busy_from - waited)
             self._drop_gone(time.monotonic())  # frees slots before admission
             with self._lock:
                 admitted = self._take_admissible()
@@ -198,8 +201,12 @@ class Scheduler:
                         self._drop(job, exc)
                 self._step_timed(streams, time.perf_counter() - t0)
             elif not admitted:
+                idle_from = time.perf_counter()
                 with self._lock:  # only expired or cancelled jobs are waiting: sleep briefly
                     self._lock.wait(0.01)
+                self.metrics.engine_time(idle_from - busy_from, time.perf_counter() - idle_from)
+                continue
+            self.metrics.engine_time(time.perf_counter() - busy_from, 0.0)
         self._deliver()  # audio already decoded goes out; jobs whose last frame it held finish
         for job in list(self._active):
             self._drop(job, Unavailable("the worker shut down before this job finished; retry"))

@@ -182,6 +182,16 @@ def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: Artifac
     )
 
 
+async def _watch_loop_lag(metrics, period_s: float = 0.05) -> None:
+    """How late this event loop runs a timer, observed every `period_s`: if Python work (message
+    conversion, auth, logging) ever held the loop, every stream's messages waited that long."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + period_s
+        await asyncio.sleep(period_s)
+        metrics.loop_lag(loop.time() - due)
+
+
 async def _store_upkeep_loop(store: ArtifactStore, retention_interval_s: float) -> None:
     """Retention every `retention_interval_s`; the free-space headroom and the degraded state every SPACE_CHECK_S."""
     next_retention = 0.0
@@ -236,6 +246,8 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     await artifact_server.start()
     interval = min(60.0, settings.artifacts.max_age_s / 4)
     running._tasks.append(asyncio.create_task(_store_upkeep_loop(store, interval)))
+    if getattr(engine, "metrics", None) is not None:
+        running._tasks.append(asyncio.create_task(_watch_loop_lag(engine.metrics)))
     log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s%s",
              host_port(s.host, synthesis_port), host_port(s.host, artifact_port), endpoint,
              ", TLS" if credentials else "", ", client certificates required" if s.tls_client_ca else "",

@@ -56,6 +56,7 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
 
             async def write(event) -> None:
                 await context.write(convert.event_to_pb(event, self._artifact_endpoint))
+                self._engine.metrics.message_sent()
 
             await relay(events, write, self._max_stream_buffer_bytes)
 
