@@ -173,10 +173,10 @@ def test_mid_transfer_drop_resumes_and_verifies(worker, ram_path):
     assert json.loads(json.dumps(run.to_dict()))["runs"][0]["resumes"] == 1
 
 
-def diagnose_through_tbf(worker, rate_mbit: float, **kw):
+def diagnose_through_tbf(worker, rate_mbit: float, queue_latency_ms: float = 50.0, **kw):
     """Run diagnose_jobs with the artifact channel crossing a veth pair shaped by tbf: (run, qdisc, bytes down)."""
     host, port = worker.artifact_target.rsplit(":", 1)
-    with VethLink(rate_mbit=rate_mbit) as link:
+    with VethLink(rate_mbit=rate_mbit, queue_latency_ms=queue_latency_ms) as link:
         made = {link.client_ns, link.server_ns}
         assert made <= set(namespaces())
         # worker (loopback) <- relay listening in the server namespace <- veth + tbf <- proxy connecting from
@@ -215,7 +215,9 @@ def test_tbf_bandwidth_limit_with_the_default_chunk_is_named(worker):
     """The user's files are smaller than one default chunk: their bytes must still land in the transfer
     phase (and be called bandwidth), not in first-byte transit (once called per-file overhead)."""
     rate_mbit, frames = 4.0, 40  # 153,644 bytes: one default (256 KiB) chunk
-    run, qdisc, _ = diagnose_through_tbf(worker, rate_mbit, frames=frames)
+    # a queue that holds the whole file (400 ms at 4 Mbit/s = 200 KB): with the default 25 KB one, TCP's
+    # first window overflows it and a retransmission timeout (>= 200 ms) lands inside this one-file transfer
+    run, qdisc, _ = diagnose_through_tbf(worker, rate_mbit, queue_latency_ms=400.0, frames=frames)
     verdict = run.diagnosis.verdict
     assert verdict.phase == "transfer" and verdict.cause == "bandwidth", verdict.evidence
     assert any("Mbit/s" in e for e in verdict.evidence)

@@ -45,7 +45,9 @@ class InProcessWorker:
 
         settings = WorkerSettings(
             engine=EngineSettings(device="cpu"),
-            artifacts=ArtifactSettings(directory=self.artifact_dir, **self._artifact_settings),
+            # the free-space headroom scaled to the tests' small volumes (a 64 MB loop device)
+            artifacts=ArtifactSettings(directory=self.artifact_dir, **{"min_free_bytes": 1 << 20,
+                                                                      **self._artifact_settings}),
             server=ServerSettings(host=self.host, port=0, artifact_port=0, grace_s=0.5),
         ).validate()
         self.store = ArtifactStore(settings.artifacts)
