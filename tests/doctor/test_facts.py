@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from breeze_worker.doctor.facts import (APP_FIELDS, BUSY_MEMORY_BYTES, SMI_FIELDS, cpu_facts, judge_busy,
-                                        parse_csv_row, sample_smi)
+from breeze_worker.doctor.facts import (APP_FIELDS, BUSY_MEMORY_BYTES, SMI_FIELDS, SmiSample, cpu_facts,
+                                        device_uuid, judge_busy, match_smi, parse_csv_row, sample_smi)
 
 # `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` on an idle T4 (fields in SMI_FIELDS order)
 T4_ROW = "GPU-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f, Tesla T4, 535.104.05, P8, 300, 405, 1590, 5001, 0, 0, 15360, 9.85, 70.00, 31"
@@ -43,9 +43,38 @@ def test_sample_smi_reads_every_gpu_and_process(tmp_path, monkeypatch):
     _fake_smi(tmp_path, monkeypatch, f"{T4_ROW}\n{A100_ROW}", APPS)
     sample = sample_smi()
     assert sample.error is None
-    assert set(sample.gpus) == {"GPU-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f", "GPU-11111111-2222-3333-4444-555555555555"}
-    assert sample.gpus["GPU-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f"]["clocks.max.sm"] == 1590.0
+    assert set(sample.gpus) == {"gpu-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f", "gpu-11111111-2222-3333-4444-555555555555"}
+    assert sample.gpus["gpu-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f"]["clocks.max.sm"] == 1590.0
     assert sample.apps == [{"pid": 4242.0, "used_memory": 40310.0, "gpu_uuid": "GPU-11111111-2222-3333-4444-555555555555"}]
+
+
+class _Uuid:  # torch 2.11's device-properties UUID: prints the bare UUID
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+class _Props:
+    def __init__(self, uuid):
+        self.uuid = uuid
+
+
+def test_the_device_is_matched_to_its_nvidia_smi_row_by_uuid():
+    sample = SmiSample(gpus={k.lower(): parse_csv_row(v, SMI_FIELDS) for k, v in (
+        ("GPU-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f", T4_ROW), ("GPU-11111111-2222-3333-4444-555555555555", A100_ROW))},
+        apps=[parse_csv_row(APPS, APP_FIELDS)])
+    a100 = device_uuid(_Props(_Uuid("11111111-2222-3333-4444-555555555555".upper())))
+    assert a100 == "gpu-11111111-2222-3333-4444-555555555555"
+    row, apps, error = match_smi(a100, sample)
+    assert row["name"] == "NVIDIA A100-SXM4-80GB" and [a["pid"] for a in apps] == [4242.0] and error is None
+    row, apps, error = match_smi(device_uuid(_Props("GPU-5C1E0D2A-7B1F-4E2C-9D4E-0A1B2C3D4E5F")), sample)
+    assert row["name"] == "Tesla T4" and apps == [] and error is None
+    assert match_smi("gpu-0", sample)[2].startswith("nvidia-smi lists no GPU with this device's UUID")
+    assert match_smi(a100, SmiSample(error="FileNotFoundError: nvidia-smi is not on PATH"))[2].endswith("PATH")
+    assert match_smi(a100, None) == (None, None, "nvidia-smi was not read")
+    assert device_uuid(_Props(None)) is None
 
 
 def test_sample_smi_failures_become_a_reason(tmp_path, monkeypatch):

@@ -69,7 +69,7 @@ def sample_smi() -> SmiSample:
     lists is someone else (in a container nvidia-smi may show host process ids, which cannot be compared)."""
     try:
         text = _smi([f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"])
-        gpus = {str(row["uuid"]): row for row in (parse_csv_row(line, SMI_FIELDS) for line in text.splitlines()
+        gpus = {str(row["uuid"]).lower(): row for row in (parse_csv_row(line, SMI_FIELDS) for line in text.splitlines()
                                                   if line.strip())}
         text = _smi([f"--query-compute-apps={','.join(APP_FIELDS)}", "--format=csv,noheader,nounits"])
         apps = [parse_csv_row(line, APP_FIELDS) for line in text.splitlines() if line.strip()]
@@ -153,12 +153,22 @@ def cpu_facts() -> DeviceFacts:
     return DeviceFacts(type="cpu", name=name, cpu_count=os.cpu_count(), versions=versions())
 
 
-def _uuid(props) -> str | None:
+def match_smi(uuid: str | None, smi: SmiSample | None) -> tuple[dict | None, list[dict] | None, str | None]:
+    """(this GPU's nvidia-smi row, the processes on it, why there are none) for the device with `uuid`."""
+    if smi is None or smi.error:
+        return None, None, "nvidia-smi was not read" if smi is None else smi.error
+    if uuid is None or uuid not in smi.gpus:
+        return None, None, "nvidia-smi lists no GPU with this device's UUID (a MIG slice, or another container)"
+    return smi.gpus[uuid], [a for a in smi.apps if str(a.get("gpu_uuid")).lower() == uuid], None
+
+
+def device_uuid(props) -> str | None:
+    """The device's UUID as nvidia-smi writes it, lower-cased ("gpu-..."), from torch's device properties."""
     raw = getattr(props, "uuid", None)
     if raw is None:
         return None
-    text = str(raw)
-    return text if text.startswith("GPU-") else f"GPU-{text}"
+    text = str(raw).lower()  # torch 2.11 prints the bare UUID; nvidia-smi prefixes "GPU-"
+    return text if text.startswith(("gpu-", "mig-")) else f"gpu-{text}"
 
 
 def cuda_facts(device: torch.device, smi: SmiSample | None = None) -> DeviceFacts:
@@ -168,16 +178,9 @@ def cuda_facts(device: torch.device, smi: SmiSample | None = None) -> DeviceFact
     props = torch.cuda.get_device_properties(index)
     facts = DeviceFacts(type="cuda", name=props.name, index=index, capability=(props.major, props.minor),
                         memory_total_bytes=int(props.total_memory), multiprocessors=props.multi_processor_count,
-                        uuid=_uuid(props), cpu_count=os.cpu_count(), versions=versions())
-    apps = None
-    if smi is None or smi.error:
-        facts.smi_error = "nvidia-smi was not read" if smi is None else smi.error
-    elif facts.uuid is None or facts.uuid not in smi.gpus:
-        facts.smi_error = "nvidia-smi lists no GPU with this device's UUID"
-    else:
-        facts.smi = smi.gpus[facts.uuid]
-        apps = [a for a in smi.apps if str(a.get("gpu_uuid")) == facts.uuid]
-        facts.processes = apps
+                        uuid=device_uuid(props), cpu_count=os.cpu_count(), versions=versions())
+    facts.smi, apps, facts.smi_error = match_smi(facts.uuid, smi)
+    facts.processes = apps or []
     free, total = torch.cuda.mem_get_info(index)  # creates this process's CUDA context
     facts.memory_free_bytes, facts.memory_total_bytes = int(free), int(total)
     held_here = torch.cuda.memory_reserved(index)

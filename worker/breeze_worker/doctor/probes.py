@@ -1,13 +1,14 @@
 """The doctor's measurements. Each probe returns a JSON-able dict or raises `NotMeasured` with the reason,
 which reaches the report verbatim; `measure` runs them in order on one device within a time budget.
 
-Order and why: copy bandwidth; the serving model is loaded as the worker loads it (for fp16-mixed: FP32
-first, the overflow probe, then the conversion) and its byte floor computed; start-up builds the worker's own
-engine for one stream (`Runtime.stepper_for` + `warm_up`: compile, graph capture, codec graphs) while the
-compilers' caches are still cold; memory measures one stream slot's caches against that engine; the
+Order and why: copy bandwidth; the precision check, first because its FP32 reference is the largest thing
+the doctor puts on the device (it runs profiling/precision.py's teacher-forced comparison on a few frames,
+eager code that caches nothing); then the serving model is loaded as the worker loads it (for fp16-mixed:
+FP32 first, the overflow probe, then the conversion) and its byte floor computed; start-up builds the worker's
+own engine for one stream (`Runtime.stepper_for` + `warm_up`: compile, graph capture, codec graphs) while the
+compilers' caches are still cold; memory measures one stream slot's caches against that engine; last, the
 fast-path probe times batch-1 requests with CFG on and off through the bench's runner (the figures the
-recorded runs are comparable with); the precision check loads the model again in FP32 and runs
-profiling/precision.py's teacher-forced comparison on a few frames. The device never holds two models.
+recorded runs are comparable with). The device never holds two models.
 """
 
 from __future__ import annotations
@@ -105,6 +106,17 @@ def _allocated(device: torch.device) -> int:
 
 def _reserved(device: torch.device) -> int:
     return int(torch.cuda.memory_reserved(device)) if device.type == "cuda" else 0
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _free(device: torch.device) -> int | None:
@@ -301,11 +313,16 @@ def probe_precision(spec: ModelSpec, device: torch.device, policies: list[str], 
     from breeze_worker.profiling.setup import DEFAULT_TEXT, make_request
 
     config = spec.config()
-    need = footprint.weight_bytes(config, "fp32") + footprint.codec_bytes() + LOAD_MARGIN_BYTES
+    fp32 = footprint.weight_bytes(config, "fp32")
+    need = fp32 + footprint.codec_bytes() + LOAD_MARGIN_BYTES
     free = _free(device)
     if free is not None and free < need:
         raise NotMeasured(f"too small for the FP32 reference: about {need / 2**30:.1f} GiB needed, "
                           f"{free / 2**30:.1f} GiB free")
+    host, host_need = host_available_bytes(), 2 * fp32 + LOAD_MARGIN_BYTES  # the reference + one policy's copy
+    if device.type == "cuda" and host is not None and host < host_need:
+        raise NotMeasured(f"too little host memory: the check keeps the FP32 reference on the host and copies it "
+                          f"per policy (about {host_need / 2**30:.1f} GiB), {host / 2**30:.1f} GiB is available")
     model, _ = load_model(spec, device, "fp32", with_codec=False)
     try:
         request = make_request(model, DEFAULT_TEXT, True, frames, spec.seed)
@@ -374,6 +391,9 @@ def measure(device: torch.device, spec: ModelSpec, policy: str, *, busy_reasons:
                              "source": "from the configuration (the model was not loaded)"}
         missing.update({name: small for name in ("startup", "memory", "fast_path", "precision")})
         return measured, missing
+    # first, while no other model is on the device: the FP32 reference needs the most memory, and the eager
+    # code it runs leaves nothing cached behind (the fast path's per-model graphs would keep a model alive)
+    run("precision", probe_precision, spec, device, precision_policies(policy), options.check_frames)
     alloc0 = _allocated(device)
     try:
         model, load_info = load_model(spec, device, policy)
@@ -381,7 +401,7 @@ def measure(device: torch.device, spec: ModelSpec, policy: str, *, busy_reasons:
         log.exception("doctor: loading the model failed")
         release(device)
         failed = f"the model did not load ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-        missing.update({name: failed for name in ("floor", "startup", "memory", "fast_path", "precision")})
+        missing.update({name: failed for name in ("floor", "startup", "memory", "fast_path")})
         return measured, missing
     model_bytes = _allocated(device) - alloc0
     measured["load"] = {**load_info, "policy": policy, "model": spec.label, "model_bytes": model_bytes}
@@ -399,5 +419,4 @@ def measure(device: torch.device, spec: ModelSpec, policy: str, *, busy_reasons:
     run("fast_path", probe_fast_path, model, device, floor, options.frames, options.repeats, spec.seed)
     del model
     release(device)
-    run("precision", probe_precision, spec, device, precision_policies(policy), options.check_frames)
     return measured, missing
