@@ -101,7 +101,8 @@ def test_checkpoint_config_is_read_without_loading(quiet_host, tmp_path):
     (["--price-per-hour", "V100=1"], "unknown GPU class 'V100'"),
     (["--gpu-class", "V100"], "known: T4, L4, A10"),
     (["--budget-s", "0"], "--budget-s must be positive"),
-    (["--frames", "1"], "--frames must be at least 2"),
+    (["--frames", "1"], "--frames must be 2 to 128"),
+    (["--frames", "500"], "--frames must be 2 to 128"),
     (["--device", "cuda:99"], "--device cuda:99"),
 ])
 def test_bad_input_exits_2_with_one_line(quiet_host, capsys, argv, message):

@@ -47,6 +47,7 @@ def test_floor_startup_fast_path_and_precision_figures(tiny_run):
     assert start["total_s"] == pytest.approx(start["load_s"] + start["engine_build_s"] + start["warm_up_s"])
     assert start["compiled"] is False  # the CPU serves uncompiled
     fast = measured["fast_path"]
+    assert fast["capacity"] == 256  # the recorded bench runs' cache; the model's own is restored after
     for key in ("cfg", "nocfg"):
         row = fast[key]
         assert row["frames"] == 4 and row["ms_per_frame"] > 0 and row["ttfa_ms"] > 0

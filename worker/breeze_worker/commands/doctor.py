@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=float, default=170.0,
                         help="seconds the GPU probes may take; a probe with too little left is reported as not "
                              "measured (default: 170)")
-    parser.add_argument("--frames", type=int, default=48, help="frames per fast-path probe request (default: 48)")
+    parser.add_argument("--frames", type=int, default=48,
+                        help="frames per fast-path probe request, 2 to 128 (default: 48)")
     parser.add_argument("--allow-busy", action="store_true",
                         help="measure even when other processes use the GPU (their work skews every figure)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the random weights and of sampling")
@@ -78,8 +79,9 @@ def _validate(args: argparse.Namespace):
 
     if args.budget_s <= 0:
         raise ValueError(f"--budget-s must be positive, not {args.budget_s}")
-    if args.frames < 2:
-        raise ValueError(f"--frames must be at least 2 (the first frame carries the prompt), not {args.frames}")
+    if not 2 <= args.frames <= 128:
+        raise ValueError(f"--frames must be 2 to 128 (the first frame carries the prompt; the probe's cache holds "
+                         f"256 positions), not {args.frames}")
     host_price, prices = parse_prices(args.price_per_hour)
     subject_class = gpu_class(args.gpu_class)
     spec = ModelSpec(model_dir=args.model, size=args.size, seed=args.seed)

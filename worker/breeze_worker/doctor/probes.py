@@ -13,6 +13,7 @@ recorded runs are comparable with). The device never holds two models.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -277,13 +278,19 @@ def probe_memory(model, device: torch.device, policy: str, engine_reserved: int,
 # ---------------------------------------------------------------- the fast path
 
 
-def probe_fast_path(model, device: torch.device, floor: float | None, frames: int, repeats: int, seed: int) -> dict:
+def probe_fast_path(model, device: torch.device, floor: float | None, frames: int, repeats: int, seed: int,
+                    capacity: int = 256) -> dict:
     """Batch-1 requests through the bench's runner (bench/runner.py `time_variant`: one warm-up, `repeats`
-    timed), CFG on and off, end of speech masked so every request runs `frames` frames."""
+    timed), CFG on and off, end of speech masked so every request runs `frames` frames. The runner's cache holds
+    `capacity` positions, as in the recorded bench runs: a frame attends over its own attention bucket whatever
+    the capacity, and each larger bucket would add a compile and graph captures to the probe."""
     from breeze_worker.bench.runner import mask_end_of_speech, time_variant
 
     mask_end_of_speech(model)
-    out = {"frames": frames, "repeats": repeats, "path": "fast (bench/runner.py, batch 1)"}
+    defaults = model.generation_defaults
+    model.generation_defaults = dataclasses.replace(defaults, max_sequence=min(capacity, defaults.max_sequence))
+    out = {"frames": frames, "repeats": repeats, "capacity": model.generation_defaults.max_sequence,
+           "path": "fast (bench/runner.py, batch 1)"}
     for cfg in (True, False):
         name = "cfg" if cfg else "nocfg"
         v = time_variant(f"fast/{name}", "fast", cfg, model, device, frames=frames, repeats=repeats, seed=seed)
@@ -291,6 +298,7 @@ def probe_fast_path(model, device: torch.device, floor: float | None, frames: in
         ms = row["ms_per_frame"]
         row["floor_ratio"] = (ms / floor) if ms and floor else None
         out[name] = row
+    model.generation_defaults = defaults
     release(device)
     return out
 

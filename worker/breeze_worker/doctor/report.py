@@ -214,7 +214,7 @@ def _measured_lines(doc: dict) -> list[str]:
                 continue
             lines.append(f"  {row['policy']:<11} KL mean {_f(s.get('kl_mean'), '.2e')}, top-1 "
                          f"{_f(s.get('top1_agreement'), '.3f')}, top-k {_f(s.get('topk_overlap'), '.3f')}, "
-                         f"non-finite {s.get('nonfinite')}" + (f" ({row['note']})" if row["note"] else ""))
+                         f"non-finite {s.get('nonfinite')}" + (f" [{row['note']}]" if row["note"] else ""))
     return lines
 
 
