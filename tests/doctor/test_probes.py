@@ -144,3 +144,14 @@ def test_report_of_a_cuda_run_from_recorded_shapes(tiny_run):
     assert "memory: model 6.52 GiB, one stream slot 0.88 GiB (2048 positions)" in report
     assert "precision vs FP32 (2 teacher-forced frames, CFG on):" in report
     assert H200_REFERENCE.device in fig.source and "T4 datasheet" in fig.source
+
+
+def test_the_cache_only_stepper_builds_without_graphs_or_compilation():
+    """The memory probe's instrument: a stepper holding only caches (on the CPU nothing is counted as device
+    memory, but it is built exactly as on a GPU)."""
+    from breeze_worker.doctor.probes import _cache_only_stepper_bytes
+    from breeze_worker.model.tiny import tiny_model
+
+    torch.set_num_threads(1)
+    model = tiny_model(seed=0, with_codec=False)
+    assert _cache_only_stepper_bytes(model, CPU, 3) == 0

@@ -7,7 +7,7 @@ reports what it can tell (device, versions, the precision `auto` picks and why, 
 project's recorded figures) and what it could not measure. It never changes the host or the model.
 
     breeze-worker doctor --device cuda --json doctor.json --price-per-hour 0.526
-    breeze-worker doctor --price-per-hour T4=0.526,L4=0.80,A10=1.01     # the cost table with your prices
+    breeze-worker doctor --price-per-hour T4=0.526        # the cost table: add CLASS=PRICE for each class you rent
 
 Exit status: 0 the report is complete for this device (on the CPU: the report above); 2 bad flags or model;
 3 a GPU probe was not measured (busy, too small, time budget, or failed: the report says which and why).
@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import sys
 import time
 
 import torch
-
-log = logging.getLogger("breeze_worker.doctor")
 
 EXIT_OK, EXIT_USAGE, EXIT_INCOMPLETE = 0, 2, 3
 

@@ -8,7 +8,9 @@
   classes (`Figures`, `GpuClass`);
 - `verdict`: pure functions from figures to the verdict lines (projected RTF, streams, stop condition, what
   to do next, cost per audio hour);
-- `report`: the JSON document (schema `breeze-doctor/1`) and the text report.
+- `footprint`: what a model occupies and streams, from its configuration alone;
+- `report`: the JSON document (schema `breeze-doctor/1`) and the text report;
+- `sandbox`: the compilers' on-disk caches in a temporary directory for the run.
 
 The doctor never changes the host or the model: it sets no clocks or power limits, writes nothing but its
 `--json` file, and keeps the compilers' caches in a temporary directory it removes.
