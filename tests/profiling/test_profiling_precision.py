@@ -117,3 +117,32 @@ def test_move_to_host_leaves_a_cpu_model_where_it_is(tiny_lm):
 
     weight = tiny_lm.lm.lm_head.weight
     assert move_to_host(tiny_lm) == torch.device("cpu") and tiny_lm.lm.lm_head.weight is weight
+
+
+def test_cli_massive_activation_shows_where_plain_fp16_overflows(tmp_path, monkeypatch, capsys):
+    """--massive-activation: plain FP16 turns every logit non-finite, fp16-mixed keeps the layer the FP32
+    reference flags (its input ~1.8e5, past FP16's 65504) in FP32 and stays finite; both are recorded."""
+    from breeze_worker.model.tiny import tiny_model
+
+    model = tiny_model(seed=0, with_codec=False)  # changed in place by the stress: not the shared fixture
+    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: model)
+    out = tmp_path / "stress.json"
+    assert worker_main(["precision-check", "--device", "cpu", "--frames", "2", "--policies", "fp16-mixed,fp16",
+                        "--massive-activation", "1000", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["massive_activation"] == {"scale": 1000.0, "scaled": [
+        "backbone_model.layers.0.mlp.gate_proj.weight", "backbone_model.layers.0.mlp.up_proj.weight"]}
+    peaks = doc["activation_peaks"]
+    assert list(peaks) == ["backbone_model.layers.0.mlp.down_proj"] and peaks[list(peaks)[0]] > 65504
+    mixed, plain = doc["policies"]
+    assert mixed["kept_fp32"] == ["backbone_model.layers.0.mlp.down_proj"] and mixed["summary"]["nonfinite"] == 0
+    assert mixed["summary"]["kl_max"] < 1e-4
+    assert plain["summary"]["steps_with_nonfinite"] == 2 * 16 and plain["summary"]["kl_mean"] is None
+    printed = capsys.readouterr().out
+    assert printed.startswith("stress test: backbone_model.layers.0.mlp.gate_proj.weight")
+    assert "within 4x of the FP16 limit (65504): backbone_model.layers.0.mlp.down_proj (1.8" in printed
+
+
+def test_cli_massive_activation_must_be_positive(capsys):
+    assert worker_main(["precision-check", "--device", "cpu", "--massive-activation", "0"]) == 2
+    assert "--massive-activation must be positive" in capsys.readouterr().err

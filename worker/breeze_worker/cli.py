@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit-syncs": ("audit_syncs", "count device-to-host synchronizations per frame; fail over a budget"),
     "precision-check": ("precision_check", "compare precision policies against FP32, teacher-forced"),
     "trace": ("trace", "trace one streaming request as a Chrome / Perfetto trace (--trace FILE.json)"),
+    "doctor": ("doctor", "what this host can do: measure the GPU, the verdict and what to do next (never "
+                         "changes the host)"),
     "make-checkpoint": ("make_checkpoint", "write a synthetic checkpoint (official layout, random weights; "
                                            "its audio is NOT speech)"),
 }

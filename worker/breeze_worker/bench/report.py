@@ -31,7 +31,7 @@ TARGET_TTFA_MS = 40.0
 def _bytes(module: nn.Module) -> int:
     seen, total = set(), 0
     for t in module.parameters():
-        key = t.data_ptr()
+        key = id(t) if t.is_meta else t.data_ptr()  # meta tensors have no storage (the doctor's estimates)
         if key not in seen:
             seen.add(key)
             total += t.numel() * t.element_size()

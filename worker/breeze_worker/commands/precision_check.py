@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policies to compare with FP32 (fp32 checks the reference against itself)")
     parser.add_argument("--top-k", type=int, default=50, help="k of the top-k agreement (the sampler's default)")
     parser.add_argument("--per-step", action="store_true", help="also print every step of every policy")
+    parser.add_argument("--massive-activation", type=float, default=None, metavar="SCALE",
+                        help="stress test: multiply the first backbone MLP's gate and up projections by SCALE "
+                             "(inner activations grow ~SCALE^2, like a trained model's massive activations) to see "
+                             "where plain FP16 overflows and what fp16-mixed keeps in FP32")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON (- for stdout)")
 
 
@@ -40,15 +44,23 @@ def check(args: argparse.Namespace) -> dict:
         raise ValueError(f"--frames must be at least 1, not {args.frames}")
     if args.top_k < 1:
         raise ValueError(f"--top-k must be at least 1, not {args.top_k}")
+    if args.massive_activation is not None and not args.massive_activation > 0:
+        raise ValueError(f"--massive-activation must be positive, not {args.massive_activation}")
     device = pick_device(args.device)
     configure_codec_convolutions(device)  # as the worker serves
     model = load_model(args, device, precision="fp32")
+    injected = None
+    if args.massive_activation is not None:
+        from breeze_worker.profiling.precision import inject_massive_activation
+
+        injected = inject_massive_activation(model, args.massive_activation)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
     result = precision_check(model, request, policies, top_k=args.top_k)
     meta = {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "model": args.model or f"random-{args.size}", "reference": "fp32", "cfg": bool(args.cfg),
             "cfg_scale": request.cfg_scale, "seed": args.seed, "text": args.text,
-            "teacher": "the FP32 model's own frames (eager path, end of speech masked)"}
+            "teacher": "the FP32 model's own frames (eager path, end of speech masked)",
+            "massive_activation": injected}
     return {"schema": SCHEMA, "meta": meta, **result}
 
 
@@ -61,6 +73,9 @@ def table(doc: dict, per_step: bool = False) -> str:
     head = f"{'policy':<12}{'KL mean':>11}{'KL max':>11}{'top-1':>8}{top_k:>8}{'non-finite':>12}  note"
     lines = [f"{doc['frames']} teacher-forced frames x 16 codebooks on {doc['meta']['device']}, vs fp32", head,
              "-" * len(head)]
+    injected = doc["meta"].get("massive_activation")
+    if injected:
+        lines.insert(0, f"stress test: {', '.join(injected['scaled'])} x {injected['scale']:g}")
     for p in doc["policies"]:
         if not p["applied"]:
             lines.append(f"{p['policy']:<12}  not applied: {p['error']}")
@@ -76,6 +91,10 @@ def table(doc: dict, per_step: bool = False) -> str:
                 lines.append(f"{'  frame ' + str(step['frame']):<12}{_f(step['kl_mean'], '.3e'):>11}"
                              f"{_f(step['kl_max'], '.3e'):>11}{step['top1_agreement']:>8.3f}"
                              f"{step['topk_overlap']:>8.3f}{step['nonfinite']:>12}")
+    peaks = doc.get("activation_peaks") or {}
+    if peaks:
+        lines.append(f"FP32 reference: {len(peaks)} linear layers read or write values within 4x of the FP16 limit "
+                     f"({doc['fp16_limit']:.0f}): " + ", ".join(f"{n} ({v:.3g})" for n, v in peaks.items()))
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ import logging
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator, prepare_prompt_embeddings
-from breeze_worker.engine.precision import (UnsupportedPrecision, apply_policy, choose_policy,
+from breeze_worker.engine.precision import (FP16_MAX, UnsupportedPrecision, apply_policy, choose_policy,
                                             find_overflowing_layers, make_policy)
 from breeze_worker.model.lm.layers import additive_mask
 from breeze_worker.model.loaded import LoadedModel
@@ -123,6 +123,30 @@ def compare(ref: torch.Tensor, test: torch.Tensor, blocked: torch.Tensor, top_k:
         k, dim=-1).indices, True)
     return {"kl": kl, "top1": (ref.argmax(-1) == test.nan_to_num(float("-inf")).argmax(-1)),
             "topk": (top_ref & top_test).sum(-1).float() / k, "nonfinite": nonfinite}
+
+
+MASSIVE_LAYER = "backbone_model.layers.0.mlp"
+
+
+@torch.no_grad()
+def inject_massive_activation(model: LoadedModel, scale: float) -> dict:
+    """Multiply the first backbone layer's MLP gate and up projections by `scale`, in place: the MLP's inner
+    activation (act(gate) * up) grows by about scale^2, and so does what its down projection adds to the
+    residual stream. Trained checkpoints carry such massive activations; random weights do not, so this is how
+    the check shows where plain FP16 overflows and what fp16-mixed does about it. A stress test, never a
+    serving option. Returns what was changed (for the report)."""
+    if scale <= 0:
+        raise ValueError(f"--massive-activation must be positive, not {scale}")
+    mlp = model.lm.backbone_model.layers[0].mlp
+    mlp.gate_proj.weight.mul_(scale)
+    mlp.up_proj.weight.mul_(scale)
+    return {"scale": scale, "scaled": [f"{MASSIVE_LAYER}.gate_proj.weight", f"{MASSIVE_LAYER}.up_proj.weight"]}
+
+
+def activation_peaks(model: LoadedModel, request, codes: torch.Tensor) -> dict[str, float]:
+    """The largest magnitude each linear layer of the FP32 model reads or writes under teacher forcing, for the
+    layers that come within the overflow finder's margin of the FP16 limit (engine/precision.py)."""
+    return find_overflowing_layers(model.lm, lambda: teacher_forced_logits(model, request, codes))
 
 
 def _copy(fp32: LoadedModel) -> LoadedModel:
@@ -254,10 +278,11 @@ def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int 
     config = fp32.config
     keep = {}
     if "fp16-mixed" in policies:
-        keep = find_overflowing_layers(fp32.lm, lambda: teacher_forced_logits(fp32, request, codes))
+        keep = activation_peaks(fp32, request, codes)
     device = move_to_host(fp32)  # from here on the device holds one policy's model at a time
     blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
     blocked[list(config.reserved_code_ids)] = True
     results = [check_policy(fp32, request, codes, reference, name, keep, blocked, blocked[:config.vocab_size],
                             top_k, device) for name in policies]
-    return {"frames": int(codes.shape[0]), "top_k": top_k, "policies": results}
+    return {"frames": int(codes.shape[0]), "top_k": top_k, "fp16_limit": FP16_MAX,
+            "activation_peaks": {name: peak for name, peak in sorted(keep.items())}, "policies": results}
