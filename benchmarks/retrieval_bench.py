@@ -14,32 +14,29 @@ so every byte of all three files moves after the GPU finished. Two paths:
             and a delaying proxy adding 25 ms each way (50 ms RTT)             target <= 1.5 x floor,
             floor = total bytes / rate + one round trip
 The wan path needs root and iproute2 (it is skipped with a note otherwise) and runs in its own process
-(netpath.pathd), as does the worker (`breeze-worker serve`), so neither takes CPU from the measured client.
-Both numbers span the worker's and the client's clocks, so each is printed with the clock mapping's
-uncertainty (±U, the largest over the iterations). Prints both numbers and writes JSON under results/
-(host, date, commit, every iteration's per-file phases, `tc -s qdisc` of the wan path after its runs).
+(tests/netpath/pathd.py), as does the worker (`breeze-worker serve`), so neither takes CPU from the measured
+client. Both numbers span the worker's and the client's clocks, so each is printed with the clock mapping's
+uncertainty (±U, the largest over the iterations). Prints both numbers; `--json FILE` writes them with the
+host, date and commit, every iteration's per-file phases and `tc -s qdisc` of the wan path after its runs.
 
-    python scripts/bench_retrieval.py [--iterations 3] [--chunk-size 0] [--skip-wan] [--in-process]
+    python benchmarks/retrieval_bench.py [--iterations 3] [--chunk-size 0] [--skip-wan] [--in-process] \
+        [--json retrieval.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import platform
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for sub in ("worker", "client", "protos", "tests"):
-    sys.path.insert(0, str(ROOT / sub))
+import bench_env
+
+bench_env.use_source_tree()
+sys.path.insert(0, str(bench_env.ROOT / "tests"))  # netpath: the namespaces, the shaped link, the proxy
 
 from breeze_client.diagnose import FetchConfig, fetch_many, timeline_from_results  # noqa: E402
 from breeze_client.phases import phases_dict  # noqa: E402
@@ -114,15 +111,9 @@ def run_wan(worker, iterations: int, config: FetchConfig, rate_mbit: float, rtt_
     return result
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        return ""
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="benchmarks/retrieval_bench.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--chunk-size", type=int, default=0, help="fetch chunk size (0 = the worker's default)")
     p.add_argument("--compression", choices=("none", "zstd"), default="none")
@@ -131,15 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-wan", action="store_true")
     p.add_argument("--in-process", action="store_true",
                    help="run the worker in this process (default: `breeze-worker serve` as a subprocess)")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default results/bench_retrieval_<date>.json)")
+    p.add_argument("--commit", default=None, help="commit to record (default: $BREEZE_COMMIT, else git)")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from netpath.worker import InProcessWorker, WorkerProcess
 
     config = FetchConfig(args.chunk_size, args.compression)
-    report = {"benchmark": "retrieval", "host": socket.gethostname(), "platform": platform.platform(),
-              "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": _git("rev-parse", "HEAD"),
-              "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+    report = {"benchmark": "retrieval", "meta": bench_env.describe(args.commit), "cpus": os.cpu_count(),
               "files": [{"audio": a, "frames": f} for a, f in FILES], "fetch_config": config.label}
     report["worker"] = "in-process" if args.in_process else "subprocess"
     with (InProcessWorker() if args.in_process else WorkerProcess()) as worker:
@@ -162,10 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{wan['ratio_to_floor']:.2f} ±{wan['ratio_uncertainty']:.3f} (target <= "
                   f"{WAN_RATIO_TARGET}): {'PASS' if wan['passed'] else 'MISS'}; dominant phase "
                   f"{wan['verdict']['title']} (cause: {wan['verdict']['cause']})")
-    out = args.out or ROOT / "results" / f"bench_retrieval_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {out}")
+    if args.json:
+        bench_env.write_json(args.json, report)
+        print(f"wrote {args.json}")
     return 0
 
 
