@@ -11,7 +11,8 @@ Parts (`--parts`, default all), at batch 1 with CFG (2 model rows) unless named:
             (`--slots`), output projection + residual, norm + gate/up + SiLU, down projection + residual
   head      a depth position's final norm, the codebook's head in FP32 and CFG (`depth_head`)
   sampling  one sampling position, the kernel against the torch sampler it replaces (compiled: the pairwise
-            filter up to 8 streams, the sort above), at 1, 8 and 32 streams, top-p 1 and 0.9
+            filter at one stream, where the fused layer forms run; the sort above), at 1, 8 and 32 streams,
+            top-p 1 and 0.9
 Time: the calls over every layer (or codebook position) captured in one CUDA graph, replayed `--iters`
 times, median, divided by the calls (us a call). Floor: the bytes the call must read (its weights; the caches
 for the attention) at the device's measured copy bandwidth. Difference: max |kernel - stages| / max |stages|
@@ -257,7 +258,7 @@ def sampling_part(model, part: Part, compile_torch: bool) -> None:
             if fused_sampling.available(device):
                 part.add("sample (kernel)", [(fused_sampling.sample, (logits, rows, blocked, log_noise, flags), {})],
                          _nbytes(logits, log_noise), note=label, compare=False)
-            pairwise = streams <= 8
+            pairwise = streams == 1  # FrameStep: pairwise in the fused forms (up to 2 rows), sorted above
             part.add(f"sample (torch, {'pairwise' if pairwise else 'sorted'})",
                      [(picker, (logits, rows, blocked, noise, flags, pairwise), {})], _nbytes(logits, noise),
                      note=label + ("" if compile_torch else ", not compiled"), compare=False)
