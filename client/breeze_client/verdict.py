@@ -22,8 +22,8 @@ from breeze_client.phases import (
 
 DEFAULT_HTTP2_WINDOW = 64 * 1024  # gRPC's initial HTTP/2 stream window before BDP probing grows it
 SMALL_CHUNK = 32 * 1024  # below this, per-message overhead dominates in Python gRPC
-# a retrieval (one file, generation done -> on disk) within this is healthy: the loopback target
-# for all three of the user's files
+# a retrieval (one file, generation done -> on disk) within this is healthy: the loopback target for all
+# three files of a user's batch
 HEALTHY_BUDGET_S = 0.150
 
 # cause key -> (what it is, the fix)
