@@ -4,7 +4,8 @@
     python benchmarks/device_run.py --steps gpu-tests,engine-bench,sweep --out DIR [--commit SHA]
 
 Each step runs in a process of its own under its own time limit (`--limit STEP=SECONDS`); a step that fails
-or runs out of time is recorded and the next one runs. DIR receives `<step>.json` for each step (the command,
+or runs out of time is recorded and the next one runs. Each step's file is written as soon as the step ends,
+so a call cut short by its host keeps the steps it finished. DIR receives `<step>.json` for each step (the command,
 exit status, seconds, whether it timed out, the tool's own JSON under "result", and the end of its output) and
 `summary.json` (the GPU, driver, torch and Triton versions, Python, date and commit, each step's outcome).
 Exits 1 if any step failed.
@@ -88,7 +89,7 @@ class Step:
 
 
 STEPS = {step.name: step for step in (
-    Step("gpu-tests", 420), Step("engine-bench", 240), Step("engine-bench-fp16", 150), Step("sweep", 300),
+    Step("gpu-tests", 480), Step("engine-bench", 200), Step("engine-bench-fp16", 150), Step("sweep", 240),
     Step("sweep-throughput", 300), Step("kernel-check", 150), Step("serve-smoke", 240), Step("retrieval", 240))}
 
 
