@@ -24,8 +24,8 @@ from breeze_client.phases import (
     summarize_phases,
 )
 
-# a retrieval (one file, generation done -> on disk) within this is healthy: the loopback target
-# for all three of the user's files
+# a retrieval (one file, generation done -> on disk) within this is healthy: the loopback target for all
+# three files of a user's batch
 HEALTHY_BUDGET_S = 0.150
 
 # cause key -> (what it is, the fix: the setting or component to change)

@@ -5,8 +5,8 @@ code for the tiny codec took 64-103 s per bucket to build on a cold cache (5-11 
 machine, too long for a unit test. What is checked is what the backend does not change: the pure step
 and its copy-back, one cache per bucket, guards that other buckets' convolution forms leave alone, and
 the fallback when compiling fails. BREEZE_TEST_CODEC_COMPILE_BACKEND=inductor runs the same tests through
-Inductor's C++ code (the tolerances below hold for it); on a GPU, scripts/gpu_codec_variants.py's
-`*-compiled` variants give the SNR against FP32.
+Inductor's C++ code (the tolerances below hold for it); on a GPU, tests/gpu/test_gpu_codec.py checks the
+compiled step's audio against the uncompiled step's.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def test_bench_json_schema(tmp_path, capsys):
 
 
 def test_bench_times_every_variant_before_it_instruments_any(tmp_path, monkeypatch):
-    """torch.profiler leaves CUPTI attached, and frames timed after it ran 7% slower (results/NOTES.md run 43):
+    """torch.profiler leaves CUPTI attached, which slows every later frame (~7% on an H200, docs/performance.md):
     the bench times every variant of every precision first, then counts syncs and profiles, reloading an
     earlier precision's model for that."""
     from breeze_worker.commands import bench

@@ -130,8 +130,8 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     assert model.generation_defaults.max_sequence != depth_slots
     assert scattered and depth_slots not in scattered  # no depth-cache scatter at all
     assert len(scattered) % model.lm.config.backbone.num_hidden_layers == 0
-    # compiled, the backbone runs as the units with the scatter between them (one compiled decode_layer
-    # copied the cache slice and back: results/batching/NOTES.md run 10)
+    # compiled, the backbone runs as the units with the scatter between them (inside one compiled
+    # decode_layer the scatter became a copy of the cache slice and a copy back)
     assert (len(whole_layers) == 0) == compile
 
 

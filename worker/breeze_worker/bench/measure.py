@@ -182,6 +182,29 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 
 
+def software_versions(device: torch.device) -> dict:
+    """What a result ran with: torch, Triton, CUDA's runtime and the driver (nvidia-smi; None off CUDA or
+    without it)."""
+    import importlib.util
+    import subprocess
+
+    triton = None
+    if importlib.util.find_spec("triton") is not None:
+        import triton as triton_module
+
+        triton = triton_module.__version__
+    driver = None
+    if device.type == "cuda":
+        try:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            done = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=driver_version",
+                                   "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            driver = (done.stdout.strip() or None) if done.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            driver = None
+    return {"torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda, "driver": driver}
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -65,7 +65,8 @@ def t4_projection(fast_ms: float | None, floor_here_ms: float | None, t4_bytes: 
 
 
 def targets(variants: list[dict]) -> dict:
-    """The issue's targets for batch 1 with CFG on: fast ms/frame, speed-up over eager, TTFA."""
+    """The batch-1 targets with CFG on (TARGET_MS_PER_FRAME, TARGET_SPEEDUP over eager, TARGET_TTFA_MS) per
+    precision and fast path."""
     by = {(v["path"], v["cfg"], v.get("precision")): v for v in variants}
     out = {}
     for (path, cfg, precision), fast in by.items():

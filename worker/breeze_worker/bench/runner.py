@@ -187,7 +187,7 @@ def time_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: to
     warm = run_once(path, model, request, device)  # first use: graph capture for the fast path
     warmup_s = time.perf_counter() - warm_t0
     reset_peak_memory(device)
-    from breeze_worker.profiling.memory import PeakMemory  # issue 7: reserved GPU memory, host peak RSS
+    from breeze_worker.profiling.memory import PeakMemory  # reserved GPU memory and host peak RSS too
 
     runs = []
     with PeakMemory(device) as peaks:
@@ -239,7 +239,7 @@ def instrument_variant(name: str, path: str, cfg: bool, model: LoadedModel, devi
     """The instrumented requests of a variant, each of min(profile_frames, frames) frames: host syncs per frame
     (CUDA's sync debug mode and the explicit waits), then the GPU-busy fraction and kernels under
     torch.profiler. Call it after every timed request of the process: once torch.profiler has run, CUPTI stays
-    attached and the fast path's frames ran 7% slower for the rest of the process (results/NOTES.md run 43).
+    attached and slows every later frame of the process (the fast path's by ~7% on an H200).
     With `tracer`, the sync-count request is traced with a gpu_sync mark at every sync it counts. `warm_up`: the
     model was loaded again for this pass, so one uncounted request first (its runner's first use)."""
     short = make_request(model, cfg, min(profile_frames, frames), seed)

@@ -18,7 +18,7 @@ import platform
 import torch
 
 from breeze_worker.bench import report
-from breeze_worker.bench.measure import copy_bandwidth, device_name
+from breeze_worker.bench.measure import copy_bandwidth, device_name, software_versions
 from breeze_worker.bench.runner import (frames_equal, instrument_variant, make_request, mask_end_of_speech,
                                         time_variant)
 
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
     parser.add_argument("--trace", default=None, metavar="FILE.json",
                         help="Chrome / Perfetto trace of every variant's first timed request and its sync count run")
-    from breeze_worker.commands import bench_concurrency  # issue 8: --concurrency sweep
+    from breeze_worker.commands import bench_concurrency  # the --concurrency sweep's options
 
     bench_concurrency.add_arguments(parser)
 
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         "schema": report.SCHEMA,
         "meta": {"device": device_name(device), "device_type": device.type, "codec_tf32": codec_tf32,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "commit": args.commit, "torch": torch.__version__, "python": platform.python_version(),
+                 "commit": args.commit, **software_versions(device), "python": platform.python_version(),
                  "model": args.model or f"random-{args.size}", "frames": args.frames, "seed": args.seed,
                  "capacity": args.capacity, "eager_frames": args.eager_frames, "repeats": args.repeats},
         "copy_bandwidth_bytes_per_s": bandwidth, "variants": [], "floor": {}, "checks": {}, "agreement": [],
@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
             torch.cuda.empty_cache()
 
     # pass 1: every timed request of every variant; pass 2: the instrumented requests (host syncs, the
-    # profiler). torch.profiler leaves CUPTI attached, and frames timed after it ran 7% slower for the rest of
-    # the process (results/NOTES.md run 43), so nothing is timed after the first profile.
+    # profiler). torch.profiler leaves CUPTI attached, which slows every frame after it for the rest of the
+    # process (by ~7% on an H200), so nothing is timed after the first profile.
     measured = []  # (policy, frames asked for, variant dict: its path and cfg)
     model = None
     for i, policy in enumerate(policies):

@@ -1,4 +1,4 @@
-"""`breeze-worker bench --concurrency 1,2,4,8,16,32`: the batched engine's concurrency sweep (issue 8).
+"""`breeze-worker bench --concurrency 1,2,4,8,16,32`: the batched engine's concurrency sweep.
 
 Full-size Breeze architecture with seeded random weights (or `--model DIR`), end of speech masked, half of
 the streams with CFG; per concurrency: aggregate real-time factor, per-stream RTF and TTFA p50 / p95, step
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from breeze_worker.bench import concurrency as sweep
-from breeze_worker.bench.measure import device_name
+from breeze_worker.bench.measure import device_name, software_versions
 from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.config import WorkerSettings
 
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         "schema": "breeze-bench-concurrency/2",
         "meta": {"device": device_name(device), "device_type": device.type,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "commit": args.commit, "torch": torch.__version__, "python": platform.python_version(),
+                 "commit": args.commit, **software_versions(device), "python": platform.python_version(),
                  "model": args.model or f"random-{args.size}", "precision": policy.name, "frames": args.frames,
                  "seed": args.seed, "capacity": model.generation_defaults.max_sequence,
                  "max_streams": stepper.max_streams, "graphs": stats["graphs"],
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)
     doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
     save()
-    if args.batch1:  # before the agreement: the 1-stream comparison is one of the issue's targets
+    if args.batch1:  # before the agreement: the targets compare the 1-stream row with it
         doc["batch1"] = _batch1(model, device, args.frames, args.seed)
         batch1_ms, source = doc["batch1"]["ms_per_frame"], "measured in this run"
         doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)

@@ -1,0 +1,85 @@
+"""What every benchmark result records about where it ran: the GPU and its driver, the torch and Triton
+versions, Python, the host, the date and the commit. Also puts the repository's packages on the import
+path, so each tool runs from a checkout as `python benchmarks/NAME.py` without an install (the GPU hosts
+run them that way).
+
+The commit is `--commit` or $BREEZE_COMMIT when given (a copied working tree may carry no .git, or a stale
+one), else `git rev-parse HEAD` of this checkout with a `dirty` flag, else "unknown".
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIRS = ("worker", "client", "protos")
+
+
+def use_source_tree() -> None:
+    """The checkout's packages first on sys.path (and for child processes, on PYTHONPATH)."""
+    paths = [str(ROOT / d) for d in SOURCE_DIRS]
+    for path in reversed(paths):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    existing = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def gpus() -> list[dict]:
+    """The GPUs nvidia-smi lists (name, driver, memory); empty where there is none."""
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    rows = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            rows.append({"name": parts[0], "driver": parts[1], "memory": parts[2]})
+    return rows
+
+
+def commit(explicit: str | None = None) -> dict:
+    if explicit or os.environ.get("BREEZE_COMMIT"):
+        return {"commit": explicit or os.environ["BREEZE_COMMIT"], "source": "given"}
+    head = _run(["git", "rev-parse", "HEAD"])
+    if not head:
+        return {"commit": "unknown", "source": "no git checkout here"}
+    dirty = bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))
+    return {"commit": head, "source": "git", "dirty": dirty}
+
+
+def describe(explicit_commit: str | None = None) -> dict:
+    """The environment record every tool's JSON carries under "meta"."""
+    listed = gpus()
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **commit(explicit_commit),
+            "gpu": listed[0]["name"] if listed else None, "driver": listed[0]["driver"] if listed else None,
+            "gpus": listed, "torch": _version("torch"), "triton": _version("triton"),
+            "python": platform.python_version(), "host": socket.gethostname(), "platform": platform.platform()}
+
+
+def write_json(path: str | Path, doc: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")

@@ -1,0 +1,83 @@
+"""The maintained measurement tools (benchmarks/) work as tools on the CPU: each says what it measures in its
+--help, and the device runner, the kernel check and the serve smoke run end to end on the tiny model and
+write JSON that records where they ran. Each runs as a user runs it: `python benchmarks/NAME.py`, a child
+process with no install beyond the checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench")
+META_KEYS = {"date", "commit", "gpu", "driver", "torch", "triton", "python"}
+
+
+def tool(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BREEZE_COMMIT")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_each_tool_says_what_it_measures(name):
+    done = tool(name, "--help", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"benchmarks/{name}.py" in done.stdout
+    assert "--json" in done.stdout or "--out" in done.stdout
+    assert len(done.stdout) > 600  # the docstring: what is measured, how, and a command line
+
+
+def test_device_runner_writes_a_json_per_step_and_a_summary(tmp_path):
+    """The GPU suite step on a host without CUDA (every test skipped with its reason), the engine bench on the
+    tiny model, and a step past its time limit: recorded as failed, its process group ended, the run exits 1."""
+    out = tmp_path / "run"
+    done = tool("device_run", "--steps", "gpu-tests,engine-bench,sweep", "--device", "cpu", "--size", "tiny",
+                "--frames", "3", "--levels", "1", "--limit", "sweep=2", "--out", str(out), "--commit", "abc123")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["engine-bench.json", "gpu-tests.json", "summary.json",
+                                                     "sweep.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert META_KEYS <= set(summary["meta"]) and summary["meta"]["commit"] == "abc123"
+    assert [(s["step"], s["ok"]) for s in summary["steps"]] == [("gpu-tests", True), ("engine-bench", True),
+                                                                ("sweep", False)]
+    tests = json.loads((out / "gpu-tests.json").read_text())["result"]
+    assert tests["counts"]["skipped"] == len(tests["tests"]) > 20 and tests["counts"]["passed"] == 0
+    assert {t["message"] for t in tests["tests"]} == {"needs a CUDA GPU"}
+    bench = json.loads((out / "engine-bench.json").read_text())
+    assert bench["ok"] and bench["result"]["meta"]["commit"] == "abc123"
+    assert {v["name"] for v in bench["result"]["variants"]} == {"eager/nocfg/fp32", "fast/nocfg/fp32",
+                                                              "eager/cfg/fp32", "fast/cfg/fp32"}
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["timed_out"] and not sweep["ok"] and sweep["seconds"] < 30
+
+
+def test_kernel_check_runs_the_kernels_torch_stages_on_the_cpu(tmp_path):
+    out = tmp_path / "kernels.json"
+    done = tool("kernel_check", "--device", "cpu", "--size", "tiny", "--parts", "depth,backbone,head",
+                "--precision", "fp32", "--iters", "2", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert META_KEYS <= set(doc["meta"])
+    kernels = {(k["part"], k["kernel"]) for k in doc["kernels"]}
+    assert ("depth", "layer_step") in kernels and ("backbone", "qk_norm_rope") in kernels and len(kernels) == 12
+    # on the CPU the "kernels" are their torch stages: in FP32 they agree with themselves exactly
+    assert all(k["difference"] == 0.0 for k in doc["kernels"] if k["difference"] is not None)
+    assert all(k["us"] > 0 for k in doc["kernels"])
+
+
+def test_serve_smoke_runs_the_product_end_to_end(tmp_path):
+    out = tmp_path / "smoke.json"
+    done = tool("serve_smoke", "--device", "cpu", "--frames", "4", "--json", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["ok"] and doc["worker"]["exit_code_after_sigterm"] == 0 and doc["worker"]["ready_s"] > 0
+    assert set(doc["steps"]) == {"synth_plain", "synth_cfg", "fetch", "bench"}
+    assert doc["steps"]["fetch"]["same_bytes_as_stream"] and doc["steps"]["fetch"]["json"]["verified"]
+    assert doc["steps"]["synth_plain"]["wav"]["frames"] == 4 * 1920

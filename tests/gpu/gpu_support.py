@@ -1,0 +1,53 @@
+"""Helpers shared by the GPU suite's modules (tests/gpu): figures out, one setting changed, memory freed."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+from pathlib import Path
+
+import torch
+
+FIGURES_ENV = "BREEZE_GPU_FIGURES"  # a directory: the tests that measure something write <name>.json there
+
+
+def write_figures(name: str, doc: dict) -> None:
+    """`doc` as JSON to $BREEZE_GPU_FIGURES/<name>.json when that variable names a directory (the device
+    runner sets it and collects the files), and to the test's output either way."""
+    text = json.dumps(doc, indent=1, sort_keys=True, default=str)
+    print(f"figures {name}: {text}")
+    directory = os.environ.get(FIGURES_ENV)
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"{name}.json").write_text(text)
+
+
+@contextlib.contextmanager
+def fastpath_setting(monkeypatch, name: str, value: str):
+    """One fast-path setting changed for the length of the block: the one place the GPU suite changes one.
+
+    Today the fast path reads these from the environment when it builds a step or launches a kernel
+    (engine/fastpath/compiled.py, fused.py), so `name` is the variable. Runners pooled before the block were
+    built with the old value: they are dropped on the way in and on the way out."""
+    from breeze_worker.engine.fastpath.graph import clear_runners
+
+    clear_runners()
+    with monkeypatch.context() as patch:
+        patch.setenv(name, value)
+        try:
+            yield
+        finally:
+            clear_runners()
+
+
+def release_device_memory() -> None:
+    """Drop pooled runners (they hold their model) and return cached blocks to the device."""
+    from breeze_worker.engine.fastpath.graph import clear_runners
+
+    clear_runners()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
