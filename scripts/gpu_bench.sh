@@ -17,8 +17,8 @@ export PYTHONPATH="worker:client:protos${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFF
 FRAMES="${BENCH_FRAMES:-64}"
 EAGER_FRAMES="${BENCH_EAGER_FRAMES:-16}"
 CAPACITY="${BENCH_CAPACITY:-512}"  # backbone slots: 2 attention buckets (256, 512) to capture and compile
-# decode paths: eager, fast-uncompiled, fast-compiled[:FORM] (FORM: the compiled layers' form, fastpath/layers.py;
-# fast-compiled alone = the default choice, gemv-rows at batch 1)
+# decode paths: eager, fast-uncompiled, fast-compiled[:FORM] (FORM: the compiled layers' form, fastpath/forms.py;
+# fast-compiled alone = the default choice)
 PATHS="${BENCH_PATHS:-eager,fast-uncompiled,fast-compiled:gemm,fast-compiled}"
 CHECK_PATHS="${BENCH_CHECK_PATHS:-$PATHS}"
 FP16_PATHS="${BENCH_FP16_PATHS:-eager,fast-compiled}"
@@ -44,7 +44,6 @@ if [ "${USE_SAMPLING_BEST:-0}" = 1 ] && [ -s "$OUT/sampling_best.json" ]; then
   export BREEZE_FUSED_CONFIG="$(cat "$OUT/sampling_best.json")"
   echo "BREEZE_FUSED_CONFIG=$BREEZE_FUSED_CONFIG"
 fi
-[ "${SKIP_GEMV:-0}" = 1 ] || step gemv_check "${LIMIT_GEMV:-90}" python3 scripts/gpu_gemv_check.py --json "$OUT/gemv_check.json"
 [ "${SKIP_CHECK:-0}" = 1 ] || step check_mid "${LIMIT_CHECK:-150}" "${BENCH[@]}" --size mid --precision fp32 \
   --frames 12 --repeats 1 --check --cfg "$CFGS" --paths "$CHECK_PATHS" --json "$OUT/check_mid.json"
 [ "${SKIP_BF16:-0}" = 1 ] || step full_bf16 "${LIMIT_BF16:-230}" "${BENCH[@]}" --size full --precision bf16 \

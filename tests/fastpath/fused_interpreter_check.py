@@ -1,7 +1,7 @@
 """Run by tests/fastpath/test_fused.py in a subprocess with TRITON_INTERPRET=1: the fused kernels
 (engine/fastpath/fused.py: the depth layer's, the down-projection kernel also as the output projection,
-and the backbone's norm + q/k/v and q/k norm + RoPE, also over a join's prompt; the projections also as the
-loop kernels) executed by Triton's interpreter on CPU tensors,
+and the backbone's norm + q/k/v and q/k norm + RoPE, also over a join's prompt) executed by Triton's
+interpreter on CPU tensors,
 against the same stages in torch, at depth-decoder-like shapes shrunk (odd row counts for the masks, both
 step lengths, split-K).
 Half-precision cases use FP16 (the T4 policy's weights): the interpreter converts to BF16 by truncation,
@@ -17,7 +17,6 @@ import sys
 import torch
 
 from breeze_worker.engine.fastpath import fused
-from breeze_worker.engine.fastpath.layers import layer_attention
 
 
 def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch.dtype, seed: int) -> dict:
@@ -28,6 +27,7 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         return (torch.randn(*shape, generator=g) * scale).to(to)
 
     x = rnd(rows, t, hidden)
+    x1 = rnd(rows, t, hidden)  # the MLP's input
     w_in = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
     w_post = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
     qkv, o_proj = rnd((heads + 2 * kv) * d, hidden, scale=0.2, to=weight_dtype), rnd(hidden, heads * d, scale=0.2,
@@ -52,16 +52,10 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
                        torch.finfo(torch.float32).min)[None, None]
     results = {}
     base_override = fused._config_override
-    for mode in ("torch", "kernel", "loop", "loop-serial"):
+    for mode in ("torch", "kernel"):
         fused._use_kernels = mode != "torch"
-        # the loop kernels: 2 programs a "multiprocessor" in the interpreter, each walking several tiles,
-        # with the next tile's weights fetched ahead ("loop") or after the reduction ("loop-serial")
-        fused._config_override = base_override if not mode.startswith("loop") else {
-            name: {**base_override.get(name, {}), "per_sm": 1, "prefetch": mode == "loop"} for name in fused._LOOPED}
         k_cache, v_cache = stale.clone(), stale.clone()
         q = fused.qkv_rope(x, w_in, 1e-5, qkv, cos, sin, k_cache, v_cache, start, heads=heads, kv_heads=kv, head_dim=d)
-        x1 = layer_attention(q, k_cache, v_cache, mask, x, o_proj, scale=d ** -0.5, proj="rows",
-                             reduce_attn=True)
         attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=d ** -0.5)
         # both attention kernels at every row count: one program per (row, KV head) and per (row, query head)
         by_kernel = []
@@ -71,7 +65,8 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
             by_kernel.append(fused.depth_attention(q, k_cache, v_cache, mask, start, scale=d ** -0.5))
         fused._config_override = {k: v for k, v in fused._config_override.items() if k != "depth_attention"}
         workspace = fused.DownWorkspace()
-        # the "fused+chain" form's output projection (the down-projection kernel, its own launch plan)
+        # the depth layer's output projection (the down-projection kernel, its own launch plan); its MLP over a
+        # fixed input (each stage against its own torch form)
         x2 = fused.down_residual(attn, o_proj, x, workspace, kernel="o_residual")
         h = fused.norm_gate_up(x1, w_post, 1e-5, gate_up, inter)
         y = fused.down_residual(h, down, x1, workspace)
@@ -108,10 +103,7 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         report[name] = err
         report["ok"] = report.get("ok", True) and err <= tol and bool(torch.isfinite(b.float()).all())
     report["workspace_reused_identical"] = again
-    # the loop kernels compute each tile's sums as the one-tile kernels do: the same bits
-    report["loop_identical"] = all(torch.equal(a, b) for mode in ("loop", "loop-serial")
-                                   for a, b in zip(results["kernel"], results[mode]))
-    report["ok"] = report["ok"] and again and report["loop_identical"]
+    report["ok"] = report["ok"] and again
     return report
 
 

@@ -129,7 +129,7 @@ class BatchedStepper:
         g = self.graphs
         return {"max_streams": self.max_streams, "capacity": self.capacity, "shapes": [list(s) for s in g.shapes],
                 "graphs": g.graph_count, "compile_requested": g.compile_requested, "compiled": g.compiled,
-                "forms": {f"{s}x{r}": v.form for (s, r), v in g.views.items()},
+                "forms": {f"{s}x{r}": v.form.name for (s, r), v in g.views.items()},
                 "compile_s": g.compile_s, "capture_s": g.capture_s, "build_s": g.compile_s + g.capture_s,
                 "compile_fallback": g.compile_fallback_reason, "graph_fallback": g.fallback_reason,
                 "batch_joins": self.batch_joins, "steps": self.steps, "host_reads": self.host_reads}

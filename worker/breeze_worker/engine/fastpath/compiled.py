@@ -7,21 +7,10 @@ before capture. Choice, per process, from the environment:
 - `BREEZE_FASTPATH_COMPILE`: `auto` (default: compile on CUDA when Triton is importable), `on`, `off`.
 - `BREEZE_FASTPATH_COMPILE_BACKEND`: `inductor` (default); `aot_eager` traces without generating code
   (the CPU test of the tracing).
-- `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/layers.py FORMS); `auto`
-  (default): `fused+chain+all` up to FUSED_ROWS rows (one stream, with or without CFG), else BATCHED_FORM
-  (`gemm+attention`, below)
-  (results/NOTES.md runs 21-22, bf16, CFG on: `fused+chain+all` 9.08 / 9.21, `fused+chain+mlp` 10.39 /
-  9.57 ms per frame in the same runs; run 16: `fused+chain+mlp` 10.10, `fused+chain` 10.27, `fused`
-  11.77). Above 2 rows the fused kernels' per-row reductions lose to the library's GEMMs
-  (results/batching/NOTES.md runs 7-8: language-model step at 2 streams, 4 rows, 13.21 ms fused vs 12.77
-  gemm; at 4 streams 22.42 ms fused (8 rows) vs 12.56 gemm (6 rows); at 1 stream 8.48 fused vs 12.29 gemm).
-  `gemm+mlp` (opt-in; 1.4-1.7x slower than `gemm`'s MLP at 16-48 rows on the H200, results/batching/NOTES.md
-  run 12): `gemm` with the MLPs as fastpath/fused_rows.py's tensor-core kernels; if they cannot be built the
-  runner falls back to `gemm`. `gemm+attention` (the default above 2 rows since results/batching/NOTES.md
-  run 22: the 32-stream language-model step 13.28 -> 11.31 ms against `gemm` in one process): `gemm` with the
-  depth decoder's RoPE, cache write and attention as fastpath/fused.py's kernels and the down projection's
-  residual added in place in the GEMM's epilogue; the same fallback (the batched step's too,
-  engine/batch_graphs.py).
+- `BREEZE_FASTPATH_FORM`: the decoder layers' form when compiled (fastpath/forms.py FORMS); `auto`
+  (default): `fused+chain+all` up to FUSED_ROWS rows (one stream, with or without CFG), else `gemm+attention`
+  (fastpath/forms.py `select_form`). If a form's Triton kernels cannot be built, its fallback is compiled
+  instead (`fused+chain+all` -> `units+attn`, `gemm+attention` -> `gemm`).
 - `BREEZE_FASTPATH_TUNE`: `on` lets Inductor's coordinate-descent tuning pick the block sizes of the
   reduction kernels; `off` (default) skips it. On the H200 (results/NOTES.md runs 16-17, two device
   sessions): 10.10 -> 9.74 ms per frame (fused+chain+mlp, bf16, CFG on) for ~50 s more compilation per
@@ -47,6 +36,8 @@ from collections.abc import Callable
 
 import torch
 
+from breeze_worker.engine.fastpath.forms import FORMS, LayerForm, select_form
+
 log = logging.getLogger(__name__)
 
 COMPILE_ENV = "BREEZE_FASTPATH_COMPILE"
@@ -54,8 +45,6 @@ BACKEND_ENV = "BREEZE_FASTPATH_COMPILE_BACKEND"
 FORM_ENV = "BREEZE_FASTPATH_FORM"
 TUNE_ENV = "BREEZE_FASTPATH_TUNE"
 SAMPLER_ENV = "BREEZE_FASTPATH_SAMPLER"
-FUSED_ROWS = 2  # up to this many model rows the `auto` form is the fused kernels' (module docstring)
-BATCHED_FORM = "gemm+attention"  # the `auto` form above FUSED_ROWS (module docstring)
 RECOMPILE_LIMIT = 128  # one entry per (unit, shape, dtype, runner): a bench run has a few dozen
 _compiled: dict[tuple, Callable] = {}
 
@@ -72,22 +61,13 @@ def compile_wanted(device: torch.device, requested: bool | None = None) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
-def library_gemm_form(form: str | None) -> str | None:
-    """The form to retry when `form`'s Triton kernels fail to build: "gemm" (the library's GEMMs only) for the
-    "gemm+..." forms, None for any other (the batch-1 runner and the batched step share this rule)."""
-    return "gemm" if form is not None and form.startswith("gemm+") else None
-
-
-def layer_form(rows: int) -> str:
+def layer_form(rows: int) -> LayerForm:
     """The compiled decoder layers' form for a step of `rows` model rows (environment, else by rows)."""
-    from breeze_worker.engine.fastpath.layers import FORMS
-
     form = os.environ.get(FORM_ENV, "auto").strip().lower() or "auto"
-    if form == "auto":
-        return "fused+chain+all" if rows <= FUSED_ROWS else BATCHED_FORM
-    if form not in FORMS:
-        raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}")
-    return form
+    try:
+        return select_form(rows, compiled=True, requested=form)
+    except ValueError:
+        raise ValueError(f"{FORM_ENV}={form!r}: expected auto or one of {', '.join(FORMS)}") from None
 
 
 def sampling_kernel_wanted(device: torch.device) -> bool:

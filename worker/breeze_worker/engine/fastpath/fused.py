@@ -1,56 +1,38 @@
-"""Triton kernels for the depth decoder's layer step at 1-8 rows (the "fused" forms, fastpath/layers.py).
+"""Triton kernels for the decoder layers at a few rows, and the depth attention and RoPE for any row count.
 
-Why: at batch 1 with CFG (2 rows) a depth-decoder layer step reads ~56 MB of weights (13 us at the H200's
-copy bandwidth) but ran as 14 kernels taking ~38 us (units+attn, results/NOTES.md runs 7 and 9): the
-four projections and ten small kernels of 1-2.5 us each (norm statistics, RoPE, two cache copies, three
-attention kernels, residual adds, the activation). The frame has 180 such steps (12 layers x 15
-positions).
+Why: at one stream (1-2 model rows) every projection of a decode step is GEMV-shaped and a layer step as
+generic kernels is a dozen small launches of 1-2.5 us each around four projections that read their weights
+well below bandwidth; the frame has 180 depth-decoder layer steps (12 layers x 15 positions).
 
 - `qkv_rope`: RMSNorm, the q/k/v projection, RoPE on q and k, k and v written straight into their cache
-  slot, q into a buffer (five kernels before). A program owns BLOCK_P column pairs (d, d + D/2) of one
-  head, so RoPE is local.
-- `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots (three
-  kernels before); in batched steps (plan `per_head_rows` model rows and more) one per (row, query head).
+  slot, q into a buffer. A program owns BLOCK_P column pairs (d, d + D/2) of one head, so RoPE is local.
+- `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots; in batched
+  steps (plan `per_head_rows` model rows and more) one per (row, query head), smaller programs.
 - `down_residual`: a projection plus the residual with K in SPLITS chunks; the partials go to a
   workspace and the last program of a column block to arrive, by an atomic counter, adds them in split
   order, so the result does not depend on arrival order, and resets the counter. It serves the MLP's
   down projection and the attention's output projection (plan "o_residual").
-- `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up.
-- loop kernels (plan setting `per_sm` > 0; off: 1.1-3x slower than the one-tile kernels at every shape on
-  the H200, results/NOTES.md run 28): the projections above with a few programs per SM, each walking column
-  blocks and fetching the next block's weights before it reduces the current one; each tile's sums as the
-  one-tile kernels', the same bits.
-- `depth_head` (plan "on", the default since run 28: 8.33 -> 8.19 ms per frame with it): a depth position's
-  final RMSNorm, the codebook's head in FP32 and the CFG combination as one chained kernel.
+- `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up (`norm_linear`: ungated,
+  the backbone's q/k/v projection).
+- `qk_norm_rope`: from a q/k/v projection, the q/k RMSNorm, RoPE and each row's cache write at its own slot
+  (the backbone's layers, a join's prefill, and the depth layers of the `gemm+attention` form).
+- `depth_head`: a depth position's final RMSNorm, the codebook's head in FP32 and the CFG combination.
 
-Forms (layers.py FORMS) built from them:
-- `fused+chain`: the whole depth layer as these five kernels. On compute
-  capability >= 9.0 each launch is chained to the one before by programmatic dependent launch (`pdl`):
-  a kernel starts while the one before finishes, loads its weights (which nothing writes), then waits
-  (griddepcontrol.wait) before it reads that kernel's output or writes anything, so the bits are the same
-  chained or not (scripts/gpu_fused.py checks it). Per layer step 34.4 us chained vs 39.1 unchained;
-  10.27 ms per frame vs 11.77 for `fused` (results/NOTES.md run 16).
-- `fused+chain+mlp`: also the backbone's MLPs as `norm_gate_up` and `down_residual` (chained to each
-  other): 10.10 ms per frame (run 16).
-- `fused+chain+all` (the default up to 2 rows, compiled.FUSED_ROWS): the backbone's layers as these kernels too
-  (`backbone_layer`: `norm_linear`, `qk_norm_rope`, a compiled attention, `o_residual`, the MLP). With
-  launch plans tuned at the backbone's widths (`_BY_WIDTH`) 9.08 vs 10.39 ms for `fused+chain+mlp` in
-  run 21, 9.21 vs 9.57 in run 22; untuned, run 18 had it 2.4% slower.
-- `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
-  (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
-- `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.
+`depth_layer` (the whole depth layer as five of them) and `backbone_layer` (the backbone's, around a
+compiled attention) serve the `fused+chain+all` form (fastpath/forms.py). On compute capability >= 9.0 each
+launch is chained to the one before by programmatic dependent launch (`pdl`): a kernel starts while the
+one before finishes, loads its weights (which nothing writes), then waits (griddepcontrol.wait) before it
+reads that kernel's output or writes anything, so the bits are the same chained or not.
 
 Each program loads its whole weight tile (BLOCK rows x the input width, or one K chunk) once and reduces
 each input row against it (no loop over K): every load of the program is in flight at once, as in
-Inductor's persistent reductions. A first version that accumulated [rows, BLOCK, BLOCK_K] products in a
-loop over K, and recomputed the attention per output block, was 1.5-2.3x slower than Inductor's kernels
-(results/NOTES.md run 9) and was replaced.
+Inductor's persistent reductions.
 
 Numerics follow the units form stage by stage: FP32 accumulation, each projection's input rounded to the
 weight's dtype, its output to the residual stream's dtype. Launch settings are fixed per shape by `plan`
 (not timed at start-up): the summation order, hence the rounding, must not change between processes, or
 a seed would not give the same audio after a restart. `BREEZE_FUSED_CONFIG` overrides them for
-measurements (scripts/gpu_fused.py).
+measurements.
 
 The kernels themselves are in fastpath/fused_kernels.py; this module holds their launch plans, the
 functions that launch them and the same stages in torch. Without Triton, or off CUDA (CI), each stage runs
@@ -72,8 +54,7 @@ from breeze_worker.engine.fastpath.layers import attend_rows, rotate, write_cach
 if _triton is not None:  # the kernels (fastpath/fused_kernels.py) these functions launch
     from breeze_worker.engine.fastpath.fused_kernels import (_depth_attention_head_kernel, _depth_attention_kernel,
                                                              _depth_head_kernel, _down_residual_kernel,
-                                                             _down_residual_loop_kernel, _norm_gate_up_kernel,
-                                                             _norm_gate_up_loop_kernel, _qk_norm_rope_kernel,
+                                                             _norm_gate_up_kernel, _qk_norm_rope_kernel,
                                                              _qkv_rope_kernel)
 
 CONFIG_ENV = "BREEZE_FUSED_CONFIG"
@@ -140,17 +121,13 @@ def _overrides() -> dict:
 
 
 # launch settings by input width where a shape timed faster with others than the defaults: the backbone's
-# (K 2048, the MLP's 6144; scripts/gpu_backbone.py, results/NOTES.md run 19) and the depth MLP's down
+# (K 2048, the MLP's 6144) and the depth MLP's down projection (K 8192, in one chunk)
 _BY_WIDTH = {
-    ("norm_linear", 2048): {"block_n": 4, "num_warps": 4, "evict": True},  # 8.10 -> 7.79 us
-    ("o_residual", 2048): {"block_n": 2, "chunk": 2048, "num_warps": 2, "evict": False},  # 4.87 -> 3.62
-    ("norm_gate_up", 2048): {"block_n": 2, "num_warps": 4, "evict": True},  # 21.37 -> 20.25
-    # the depth MLP's down (K 8192) in one chunk (scripts/gpu_mlp_loop.py, run 28): 8.24 -> 7.54 us
+    ("norm_linear", 2048): {"block_n": 4, "num_warps": 4, "evict": True},
+    ("o_residual", 2048): {"block_n": 2, "chunk": 2048, "num_warps": 2, "evict": False},
+    ("norm_gate_up", 2048): {"block_n": 2, "num_warps": 4, "evict": True},
     ("down_residual", 8192): {"block_n": 1, "chunk": 8192, "num_warps": 8, "evict": True},
 }
-
-
-_LOOPED = ("norm_gate_up", "norm_linear", "down_residual", "o_residual")
 
 
 def apply_overrides(cfg: dict, kernel: str, k: int) -> None:
@@ -165,10 +142,9 @@ def apply_overrides(cfg: dict, kernel: str, k: int) -> None:
 def plan(kernel: str, k: int) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
     the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them, by kernel
-    ("norm_gate_up") or by kernel and width ("norm_gate_up@2048"). The defaults are the fastest of
-    scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14-15; "evict": the weight
-    loads hinted evict-first, 13.2 -> 12.8 us for gate/up, 8.2 -> 8.0 for down; a cache hint, the same
-    arithmetic), and at the backbone's widths `_BY_WIDTH`. A program holds its weight tile, BLOCK x (K or
+    ("norm_gate_up") or by kernel and width ("norm_gate_up@2048"). The defaults are the fastest
+    candidates measured on an H200 at 2 rows ("evict": the weight loads hinted evict-first, a cache hint with the
+    same arithmetic), and at the backbone's widths `_BY_WIDTH`. A program holds its weight tile, BLOCK x (K or
     CHUNK) values in FP32, within _TILE_BUDGET. "sample" is fused_sampling.py's kernel (`k`: the
     vocabulary): RADIX bits a search step."""
     width = _next_power_of_two(k)
@@ -183,17 +159,11 @@ def plan(kernel: str, k: int) -> dict:
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "depth_attention":
-        # one program per (row, KV head), or from `per_head_rows` model rows on one per (row, query head): at 48
-        # rows the grouped kernel took 5.7 us a call (results/batching/NOTES.md run 21); batch 1 keeps it
+        # one program per (row, KV head), or from `per_head_rows` model rows on one per (row, query head): with
+        # many rows the grouped kernel's [GROUP, SLOTS, D] products make its programs slow; batch 1 keeps it
         cfg = {"num_warps": 4, "per_head_rows": 3, "head_warps": 2}
-    elif kernel == "logits_mm":  # "on": batched steps take FP32 logits from one half-precision tensor-core GEMM
-        cfg = {"on": True}  # (step.half_logits; results/batching/NOTES.md run 23)
-    elif kernel == "prefill_rope":  # "on": a join's prefill runs each layer's q/k norm, RoPE and cache write as
-        cfg = {"on": True}  # qk_norm_rope's one kernel (step._prefill_layer)
-    elif kernel == "backbone_rope":  # "on": in "gemm+attention" the backbone's q/k norm, RoPE and per-row cache
-        cfg = {"on": True}  # write as qk_norm_rope's one kernel (FrameStep._backbone_layer_rope_kernel)
-    elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
-        cfg = {"on": True, "block_v": 8, "num_warps": 4}
+    elif kernel == "depth_head":
+        cfg = {"block_v": 8, "num_warps": 4}
     elif kernel == "sample":
         # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower); "split": the row as a power-of-two
         # head block and a small tail (2048 + 4 lanes for 2051 classes) instead of one block of 4096: run 31,
@@ -203,12 +173,9 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"radix": 1, "num_warps": 8, "split": True, "early": True, "next": True, "pdl": True}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
-    if kernel in _LOOPED:  # one program per tile (per_sm 0), or the loop kernels (`_programs`)
-        cfg.setdefault("per_sm", 0)
-        cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     apply_overrides(cfg, kernel, k)
-    if kernel in ("depth_head", "depth_attention", "logits_mm", "backbone_rope", "prefill_rope"):
+    if kernel in ("depth_head", "depth_attention"):
         return cfg
     if kernel == "sample":
         if 32 % cfg["radix"]:
@@ -299,37 +266,12 @@ def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: tor
 
 def _gate_up_launch(cfg: dict, x: torch.Tensor, w_norm: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
                     n: int, eps: float, gated: bool) -> None:
-    """One program per column block, or (`per_sm` > 0) a few programs per SM walking the blocks."""
+    """One program per block of `block_n` output columns."""
     rows, t, hidden = x.shape
-    tiles = -(-n // cfg["block_n"])
-    args = (x.contiguous(), w_norm, weight, out, hidden, n, eps)
-    common = dict(M=rows * t, BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), EVICT=cfg["evict"],
-                  GATED=gated, num_warps=cfg["num_warps"], **_launch(x.device))
-    programs = _programs(cfg, tiles, x.device)
-    if programs:
-        _norm_gate_up_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
-    else:
-        _norm_gate_up_kernel[(tiles,)](*args, **common)
-
-
-def _programs(cfg: dict, tiles: int, device: torch.device) -> int:
-    """The loop kernels' program count: `per_sm` per multiprocessor, at most one per tile; 0: the one-tile
-    kernels. Which program reduces a tile does not change its sums, so the count may follow the device."""
-    per_sm = cfg.get("per_sm", 0)
-    if not per_sm:
-        return 0
-    return max(1, min(tiles, per_sm * _multiprocessors(device)))
-
-
-_SM_COUNTS: dict[str, int] = {}
-
-
-def _multiprocessors(device: torch.device) -> int:
-    key = str(device)
-    if key not in _SM_COUNTS:  # the interpreter (CPU tensors): 2, so that each program walks several tiles
-        _SM_COUNTS[key] = (torch.cuda.get_device_properties(device).multi_processor_count
-                           if device.type == "cuda" else 2)
-    return _SM_COUNTS[key]
+    _norm_gate_up_kernel[(-(-n // cfg["block_n"]),)](
+        x.contiguous(), w_norm, weight, out, hidden, n, eps, M=rows * t, BLOCK_N=cfg["block_n"],
+        HP=_next_power_of_two(hidden), EVICT=cfg["evict"], GATED=gated, num_warps=cfg["num_warps"],
+        **_launch(x.device))
 
 
 def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
@@ -344,8 +286,8 @@ def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch
 
 
 def depth_head_wanted(device: torch.device, hidden: int) -> bool:
-    """Whether `depth_head` runs its kernel (its plan's "on", and the kernels available on `device`)."""
-    return available(device) and bool(plan("depth_head", hidden)["on"]) and hidden <= _MAX_WIDTH
+    """Whether `depth_head` runs its kernel: the kernels available on `device`, inputs no wider than _MAX_WIDTH."""
+    return available(device) and hidden <= _MAX_WIDTH
 
 
 def depth_head(x: torch.Tensor, w_norm: torch.Tensor, eps: float, head: torch.Tensor, cond_row: torch.Tensor,
@@ -393,7 +335,7 @@ def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, c
     q = torch.empty(rows, t, heads, head_dim, dtype=dtype, device=proj.device)
     norm = qk_norm.reshape(-1, head_dim).contiguous() if qk_norm is not None else proj
     # one table (or slot list) for every row, as the depth decoder's: read with a row stride of 0, not copied
-    # per row (at 48 rows those three copies were ~540 of a step's kernels, results/batching/NOTES.md run 21)
+    # per row (three copy kernels a layer otherwise)
     cos_rows, rope_stride = _rows_view(cos, rows, (t, head_dim))
     sin_rows, sin_stride = _rows_view(sin, rows, (t, head_dim))
     if sin_stride != rope_stride:  # one stride serves both tables
@@ -426,9 +368,8 @@ class DownWorkspace:
     def __init__(self):
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, device: torch.device, splits: int, rows: int, n: int, blocks: int, kind: str = ""):
-        """`kind` keeps another kernel's buffers apart (fused_rows.py's tiles count rows blocks too)."""
-        key = (str(device), splits, rows, n, blocks, kind)
+    def get(self, device: torch.device, splits: int, rows: int, n: int, blocks: int):
+        key = (str(device), splits, rows, n, blocks)
         if key not in self._buffers:
             self._buffers[key] = (torch.empty(splits, rows, n, dtype=torch.float32, device=device),
                                   torch.zeros(blocks, dtype=torch.int32, device=device))
@@ -447,14 +388,10 @@ def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, wor
     blocks = -(-n // cfg["block_n"])
     partials, counts = workspace.get(x.device, cfg["splits"], rows * t, n, blocks)
     y = torch.empty_like(x)
-    args = (hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k)
-    common = dict(M=rows * t, BLOCK_N=cfg["block_n"], CHUNK=cfg["chunk"], SPLITS=cfg["splits"], EVICT=cfg["evict"],
-                  num_warps=cfg["num_warps"], **_launch(x.device))
-    programs = _programs(cfg, blocks * cfg["splits"], x.device)
-    if programs:
-        _down_residual_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
-    else:
-        _down_residual_kernel[(blocks, cfg["splits"])](*args, **common)
+    _down_residual_kernel[(blocks, cfg["splits"])](
+        hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k, M=rows * t, BLOCK_N=cfg["block_n"],
+        CHUNK=cfg["chunk"], SPLITS=cfg["splits"], EVICT=cfg["evict"], num_warps=cfg["num_warps"],
+        **_launch(x.device))
     return y
 
 
@@ -498,15 +435,15 @@ def backbone_supported(layer, rows: int) -> bool:
 
 
 def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend, workspace: DownWorkspace,
-                   reduce_attn: bool = True) -> torch.Tensor:
+                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend,
+                   workspace: DownWorkspace) -> torch.Tensor:
     """One backbone layer (a PackedLayer, q/k norm or not) of x [R, T, H] as this module's kernels around
-    `attend` (layers.attend_rows or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
+    `attend` (layers.attend_rows or its compiled form, as FP32 reductions) over the caches [R, kv, L, D]: norm + q/k/v,
     q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP."""
     proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv)
     q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                      kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=reduce_attn)
+    out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=True)
     x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
     return mlp(layer, x, workspace)
 
@@ -518,28 +455,13 @@ def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
 
 
 def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, start: int, mask: torch.Tensor, units, attention, workspace: DownWorkspace,
-                form: str = "fused") -> torch.Tensor:
-    """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H].
-    `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then, by
-    `form` (layers.py FORMS):
-    - "fused": `depth_attention` and the units+attn form's code after its attention (`units`: layers.py
-      (layer_out_mlp_in, layer_mlp_out) or their compiled forms);
-    - "fused+mlp": the `attention` unit (layers.layer_attention) and `mlp`;
-    - "fused+chain": every stage a kernel of this module (`depth_attention`, the output projection plus
-      residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`).
-    `mask`: additive [1, 1, T, 16]."""
+                v_cache: torch.Tensor, start: int, mask: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
+    """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H] as
+    five kernels, each launch chained to the one before (`pdl`): `qkv_rope` writes this step's keys/values
+    into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]), `depth_attention`, the output projection plus
+    residual as `down_residual`'s kernel, and `mlp`. `mask`: additive [1, 1, T, 16] (the torch stages')."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
                  kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    if form == "fused+mlp":
-        x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, proj="rows",
-                      reduce_attn=True)
-        return mlp(layer, x, workspace)
     attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
-    if form == "fused+chain":
-        x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-        return mlp(layer, x, workspace)
-    out_mlp_in, mlp_out = units
-    x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
-                           intermediate=layer.intermediate, act=layer.act, proj="rows")
-    return mlp_out(hidden, x, layer.mlp.down_proj.weight, proj="rows")
+    x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
+    return mlp(layer, x, workspace)

@@ -68,7 +68,7 @@ class FastFrameGenerator:
         self.device = torch.device(device) if device is not None else model.device
         self.eos_masked = eos_masked  # bench only: never end of speech (the frame limit ends the request)
         self.compile = compile  # None: the environment's choice (fastpath/compiled.py)
-        self.form = form  # compiled layers' form (fastpath/layers.py FORMS); None: the environment's choice
+        self.form = form  # compiled layers' form (fastpath/forms.py FORMS); None: the environment's choice
         self.sampler = sampler  # "kernel" (fastpath/fused_sampling.py) or "torch"; None: the environment's choice
         self.timed_stages = timed_stages  # bench: wait for the device at stage ends so the split is exact
         self.end_reason: EndReason | None = None

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import (compile_unit, compile_wanted, layer_form, library_gemm_form,
-                                                  sampling_kernel_wanted)
+from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted, layer_form, sampling_kernel_wanted
+from breeze_worker.engine.fastpath.forms import LayerForm, fallback_of, form_named
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
@@ -94,8 +94,8 @@ class FrameRunner:
         self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []  # launch_frame's readout copies
         self._ring_next = 0
         self.compile_requested = compile_wanted(device, compile)
-        # the compiled layers' form (fastpath/layers.py); part of the pool key, so fixed at creation
-        self.form_requested = (form or layer_form(rows)) if self.compile_requested else None
+        # the compiled layers' form (fastpath/forms.py); part of the pool key, so fixed at creation
+        self.form_requested: LayerForm | None = _requested_form(form, rows) if self.compile_requested else None
         if self.compile_requested:
             self._compile()
         if self.use_graphs:
@@ -118,20 +118,19 @@ class FrameRunner:
         attempts = [(self.form_requested, kernel)]
         if kernel:  # the sampling kernel failed to build here: the torch sampler
             attempts.append((self.form_requested, False))
-        if self.form_requested and self.form_requested.startswith("fused"):
-            attempts.append(("units+attn", False))  # the fused kernels failed: the same layers without them
-        elif library_gemm_form(self.form_requested):
-            attempts.append((library_gemm_form(self.form_requested), False))  # the library's GEMMs only
+        fallback = fallback_of(self.form_requested)
+        if fallback is not None:  # the form's Triton kernels failed: its fallback, without them
+            attempts.append((fallback, False))
         for i, (form, sample_kernel) in enumerate(attempts):
             try:
                 self.step.use_compiled(compile_unit, form, sample_kernel=sample_kernel)
                 run_on_side_stream(self.device, self._warm)
                 break
             except Exception as exc:  # compilation is an optimization: keep the uncompiled step
-                fallback = (f"trying form {attempts[i + 1][0]} with the "
-                            f"{'kernel' if attempts[i + 1][1] else 'torch'} sampler" if i + 1 < len(attempts)
-                            else "running uncompiled")
-                self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {fallback}"
+                then = (f"trying form {attempts[i + 1][0].name} with the "
+                        f"{'kernel' if attempts[i + 1][1] else 'torch'} sampler" if i + 1 < len(attempts)
+                        else "running uncompiled")
+                self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {then}"
                 log.warning("%s", self.compile_fallback_reason)
                 self.step.use_uncompiled(sample_kernel=False)
         self.compile_s = time.perf_counter() - t0
@@ -301,6 +300,11 @@ _POOLS: dict[tuple, list[FrameRunner]] = {}
 _LOCK = threading.Lock()
 
 
+def _requested_form(form: str | None, rows: int) -> LayerForm:
+    """The compiled form asked for by name, else the environment's choice for `rows` rows."""
+    return form_named(form) if form else layer_form(rows)
+
+
 def resolve_sampler(sampler: str | None, device: torch.device) -> str:
     """"kernel" or "torch": `sampler` if given, else the environment's choice (fastpath/compiled.py)."""
     if sampler not in (None, "kernel", "torch"):
@@ -313,7 +317,7 @@ def acquire_runner(lm, rows: int, capacity: int, device: torch.device, compile: 
     """A free runner of this shape (captured at its creation), or a new one. `compile`, `form` and `sampler`:
     None = the environment's choice (fastpath/compiled.py)."""
     wanted = compile_wanted(device, compile)
-    key = (id(lm), rows, capacity, str(device), wanted, (form or layer_form(rows)) if wanted else None,
+    key = (id(lm), rows, capacity, str(device), wanted, _requested_form(form, rows).name if wanted else None,
            resolve_sampler(sampler, device))
     with _LOCK:
         free = _POOLS.setdefault(key, [])
@@ -323,8 +327,9 @@ def acquire_runner(lm, rows: int, capacity: int, device: torch.device, compile: 
 
 
 def release_runner(lm, runner: FrameRunner) -> None:
-    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.compile_requested,
-           runner.form_requested, runner.sampler_requested)
+    form = runner.form_requested.name if runner.form_requested is not None else None
+    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.compile_requested, form,
+           runner.sampler_requested)
     with _LOCK:
         _POOLS.setdefault(key, []).append(runner)
 
