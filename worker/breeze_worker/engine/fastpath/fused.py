@@ -145,8 +145,7 @@ def plan(kernel: str, k: int) -> dict:
     ("norm_gate_up") or by kernel and width ("norm_gate_up@2048"). The defaults are the fastest
     candidates measured on an H200 at 2 rows ("evict": the weight loads hinted evict-first, a cache hint with the
     same arithmetic), and at the backbone's widths `_BY_WIDTH`. A program holds its weight tile, BLOCK x (K or
-    CHUNK) values in FP32, within _TILE_BUDGET. "sample" is fused_sampling.py's kernel (`k`: the
-    vocabulary): RADIX bits a search step."""
+    CHUNK) values in FP32, within _TILE_BUDGET."""
     width = _next_power_of_two(k)
     if kernel == "qkv_rope":
         cfg = {"block_p": 4, "num_warps": 2}
@@ -164,22 +163,13 @@ def plan(kernel: str, k: int) -> dict:
         cfg = {"num_warps": 4, "per_head_rows": 3, "head_warps": 2}
     elif kernel == "depth_head":
         cfg = {"block_v": 8, "num_warps": 4}
-    elif kernel == "sample":
-        # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower); "split": the row as a power-of-two
-        # head block and a small tail (2048 + 4 lanes for 2051 classes) instead of one block of 4096: run 31,
-        # 12.6-13.1 -> 11.2 us a position (top-p 0.9: 22.0 -> 19.3), the same codes
-        # "early": the top-k search stops where exactly k keys pass (the same set); "next": the kernel also
-        # writes the next depth position's projected input (FrameStep); "pdl": chained like the layers' kernels
-        cfg = {"radix": 1, "num_warps": 8, "split": True, "early": True, "next": True, "pdl": True}
+    elif kernel == "sample":  # fused_sampling.py's kernel (`k`: the vocabulary)
+        cfg = {"num_warps": 8}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
     apply_overrides(cfg, kernel, k)
-    if kernel in ("depth_head", "depth_attention"):
-        return cfg
-    if kernel == "sample":
-        if 32 % cfg["radix"]:
-            raise ValueError(f"sample: radix {cfg['radix']} must divide 32")
+    if kernel in ("depth_head", "depth_attention", "sample"):
         return cfg
     if kernel in ("down_residual", "o_residual"):  # K = splits x chunk, chunk a power of two
         cfg["chunk"] = min(cfg["chunk"], k & -k)
