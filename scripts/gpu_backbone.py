@@ -1,17 +1,16 @@
 """GPU check and timing of the backbone layer as fused kernels (engine/fastpath/fused.py `backbone_layer`, the
 `fused+chain+all` form) at the full-size backbone's shapes (hidden 2048, 16 heads / 8 KV heads of 128 with
-q/k norm, MLP 6144), against the default form's backbone path (units+attn's q/k/v and attention units,
-compiled, then the fused MLP kernels). Run 18 (results/NOTES.md) had `fused+chain+all` 2.4% slower per
-frame with launch plans tuned only at the depth decoder's shapes; this script finds plans for these.
+q/k norm, MLP 6144), against the units+attn form's layer (its fallback). Launch plans tuned only at the depth
+decoder's shapes left `fused+chain+all` slower per frame; this script finds plans for these.
 
 1. correctness: `backbone_layer` with the kernels vs its torch stages and vs the default form's layer
-   (uncompiled), FP32 and BF16, 1-8 rows, each row at its own position and cache slot; chained == unchained
+   (units+attn, uncompiled), FP32 and BF16, 1-8 rows, each row at its own position and cache slot; chained == unchained
    bits; repeated runs bit-identical.
 2. launch settings at these shapes (norm_linear K 2048 -> 4096, o_residual K 2048, norm_gate_up K 2048 ->
    2 x 6144, down_residual K 6144), each over the layers in one CUDA graph; the fastest (the default wins
    ties within 2%) to --best-out as BREEZE_FUSED_CONFIG JSON.
-3. the layer step at 2 rows over 256 slots: default form vs `backbone_layer` chained, unchained and with the
-   best settings.
+3. the layer step at 2 rows over 256 slots: units+attn (compiled) vs `backbone_layer` chained, unchained and
+   with the best settings.
 
     BREEZE_COMMIT=<sha> PYTHONPATH=worker python3 scripts/gpu_backbone.py --json out.json --best-out best.json
     TRITON_INTERPRET=1 PYTHONPATH=worker python3 scripts/gpu_backbone.py --dry-run   (CPU, tiny config: part 1)
@@ -28,7 +27,8 @@ import torch
 import gpu_fused
 from breeze_worker.engine.fastpath import fused
 from breeze_worker.engine.fastpath.compiled import compile_unit
-from breeze_worker.engine.fastpath.layers import ATTEND_UNIT, ATTENTION_UNIT, UNITS
+from breeze_worker.engine.fastpath.layers import PLAIN_UNITS, LayerUnits, attend_rows
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.model.lm.backbone import qwen3_layer
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.lm.rope import RotaryEmbedding
@@ -76,17 +76,17 @@ class Backbone:
         return x, cos, sin, slots, mask, caches
 
 
-def run_default(bb: Backbone, x, cos, sin, slots, mask, caches, workspace, units=UNITS, attention=ATTENTION_UNIT):
-    """The default form's backbone layers: units+attn q/k/v and attention (+ output projection), fused MLP."""
-    mlp = (attention, lambda layer, h: fused.mlp(layer, h, workspace))
+def run_default(bb: Backbone, x, cos, sin, slots, mask, caches, units: LayerUnits = PLAIN_UNITS):
+    """The units+attn form's backbone layers (the fallback of `fused+chain+all`)."""
     for layer, (k, v) in zip(bb.layers, caches):
-        x = layer.decode_units(x, cos, sin, k, v, slots, mask, units=units, form="units+attn", mlp=mlp)
+        x = layer.decode_units(x, cos, sin, k, v, slots, mask, units, small_rows=True)
     return x
 
 
-def run_fused(bb: Backbone, x, cos, sin, slots, mask, caches, workspace, attend=ATTEND_UNIT):
+def run_fused(bb: Backbone, x, cos, sin, slots, mask, caches, workspace, attend=attend_rows,
+              ks: fused.KernelSettings = fused.DEFAULT_KERNELS):
     for layer, (k, v) in zip(bb.layers, caches):
-        x = fused.backbone_layer(layer, x, cos, sin, k, v, slots, mask, attend, workspace)
+        x = fused.backbone_layer(layer, x, cos, sin, k, v, slots, mask, attend, workspace, ks)
     return x
 
 
@@ -94,18 +94,17 @@ def run_fused(bb: Backbone, x, cos, sin, slots, mask, caches, workspace, attend=
 def check(bb: Backbone, rows: int) -> dict:
     x, cos, sin, slots, mask, stale = bb.inputs(rows, seed=rows)
     results = {}
+    settings = {"torch": fused.KernelSettings(use_triton=False), "unchained": fused.KernelSettings(chained=False)}
     for mode in ("kernel", "kernel-again", "unchained", "torch", "default"):
         caches = [(k.clone(), v.clone()) for k, v in stale]
-        fused._use_kernels = False if mode == "torch" else None
-        fused._pdl_override = False if mode == "unchained" else None
         if mode == "default":
-            y = run_default(bb, x, cos, sin, slots, mask, caches, fused.DownWorkspace())
+            y = run_default(bb, x, cos, sin, slots, mask, caches)
         else:
-            y = run_fused(bb, x, cos, sin, slots, mask, caches, fused.DownWorkspace())
+            y = run_fused(bb, x, cos, sin, slots, mask, caches, fused.DownWorkspace(),
+                          ks=settings.get(mode, fused.DEFAULT_KERNELS))
         index = slots[:, None, :, None].expand(-1, bb.cfg.num_key_value_heads, 1, bb.cfg.head_dim)
         written = torch.cat([torch.cat([k.gather(2, index), v.gather(2, index)]) for k, v in caches])  # this step's
         results[mode] = (y, written)
-    fused._use_kernels = fused._pdl_override = None
     rel = gpu_fused.rel
     out = {"rows": rows, "dtype": str(bb.dtype).replace("torch.", ""), "pdl": fused.pdl(torch.device(DEVICE))}
     out["vs_torch_out"] = rel(results["kernel"][0], results["torch"][0])
@@ -131,14 +130,14 @@ def tune(bb: Backbone, bandwidth: float, rows: int = 2) -> tuple[dict, dict]:
     attn = torch.randn(rows, 1, cfg.num_attention_heads * cfg.head_dim, generator=gen, device=DEVICE).to(bb.dtype)
     hidden = torch.randn(rows, 1, cfg.intermediate_size, generator=gen, device=DEVICE).to(bb.dtype)
     workspace = fused.DownWorkspace()
-    calls = {
-        "norm_linear": lambda: [fused.norm_linear(x, l.w_in, l.eps_in, l.qkv) for l in bb.layers],
-        "o_residual": lambda: [fused.down_residual(attn, l.attn.o_proj.weight, x, workspace, kernel="o_residual")
-                               for l in bb.layers],
-        "norm_gate_up": lambda: [fused.norm_gate_up(x, l.w_post, l.eps_post, l.gate_up, l.intermediate)
-                                 for l in bb.layers],
-        "down_residual": lambda: [fused.down_residual(hidden, l.mlp.down_proj.weight, x, workspace)
-                                  for l in bb.layers],
+    calls = {  # each takes the launch settings (fused.KernelSettings) to time
+        "norm_linear": lambda ks: [fused.norm_linear(x, l.w_in, l.eps_in, l.qkv, ks) for l in bb.layers],
+        "o_residual": lambda ks: [fused.down_residual(attn, l.attn.o_proj.weight, x, workspace, kernel="o_residual",
+                                                      kernels=ks) for l in bb.layers],
+        "norm_gate_up": lambda ks: [fused.norm_gate_up(x, l.w_post, l.eps_post, l.gate_up, l.intermediate, ks)
+                                    for l in bb.layers],
+        "down_residual": lambda ks: [fused.down_residual(hidden, l.mlp.down_proj.weight, x, workspace, kernels=ks)
+                                     for l in bb.layers],
     }
     layer = bb.layers[0]
     size = layer.qkv.element_size()
@@ -154,23 +153,18 @@ def tune(bb: Backbone, bandwidth: float, rows: int = 2) -> tuple[dict, dict]:
 def layer_steps(bb: Backbone, best: dict, rows: int = 2) -> dict:
     x, cos, sin, slots, mask, caches = bb.inputs(rows, seed=9)
     workspace = fused.DownWorkspace()
-    units = tuple(compile_unit(fn) for fn in UNITS)
-    attention, attend = compile_unit(ATTENTION_UNIT), compile_unit(ATTEND_UNIT)
+    units = LayerUnits.wrapped(lambda fn: compile_unit(fn, FastPathSettings()))
     n = len(bb.layers)
     row = {"rows": rows, "slots": SLOTS, "layers": n}
     t0 = time.perf_counter()
-    run_default(bb, x, cos, sin, slots, mask, caches, workspace, units, attention)  # compile outside the graph
-    run_fused(bb, x, cos, sin, slots, mask, caches, workspace, attend)
+    run_default(bb, x, cos, sin, slots, mask, caches, units)  # compile outside the graph
+    run_fused(bb, x, cos, sin, slots, mask, caches, workspace, units.attend)
     row["compile_s"] = time.perf_counter() - t0
-    row["default_us"] = gpu_fused.graph_ms(
-        lambda: run_default(bb, x, cos, sin, slots, mask, caches, workspace, units, attention)) * 1000 / n
-    for key, chained, settings in (("fused", True, {}), ("fused_unchained", False, {}), ("fused_best", True, best)):
-        fused._pdl_override = None if chained else False
-        fused._config_override = settings
+    row["default_us"] = gpu_fused.graph_ms(lambda: run_default(bb, x, cos, sin, slots, mask, caches, units)) * 1000 / n
+    for key, ks in (("fused", fused.DEFAULT_KERNELS), ("fused_unchained", fused.KernelSettings(chained=False)),
+                    ("fused_best", fused.KernelSettings(plans=best))):
         row[f"{key}_us"] = gpu_fused.graph_ms(
-            lambda: run_fused(bb, x, cos, sin, slots, mask, caches, workspace, attend)) * 1000 / n
-        fused._config_override = {}
-    fused._pdl_override = None
+            lambda: run_fused(bb, x, cos, sin, slots, mask, caches, workspace, units.attend, ks)) * 1000 / n
     print(json.dumps(row), flush=True)
     return row
 

@@ -2,8 +2,7 @@
 processes differ by less than the spread between processes).
 
 One model (full-size architecture, seeded random weights, BF16, end of speech masked, 256 cache slots), one
-BatchedStepper per form (BREEZE_FASTPATH_FORM set while it is built: compiled units and CUDA graphs of its
-own), one unrecorded warm-up burst per form, then ROUNDS rounds in which every form runs the same
+BatchedStepper per form (its FastPathSettings name the form: compiled units and CUDA graphs of its own), one unrecorded warm-up burst per form, then ROUNDS rounds in which every form runs the same
 STREAMS-stream burst (half the streams with CFG, FRAMES frames each, the FP32 codec after each step as the
 engine runs it by default), the order rotating each round. Per form: the median over rounds of the burst's
 median language-model ms per step, step ms, aggregate and steady x real time; the share of frames equal to
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from dataclasses import replace
@@ -31,31 +29,21 @@ from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.engine.batching import BatchedStepper
-from breeze_worker.engine.fastpath import compiled, fused
+from breeze_worker.engine.fastpath.fused import KernelSettings
+from breeze_worker.engine.fastpath.settings import FastPathSettings, parse_plans
 from breeze_worker.engine.precision import choose_policy
 from breeze_worker.engine.runtime import configure_codec_convolutions
 
 
-def build(model, form: str, streams: int, device: torch.device, compile: bool | None,
+def build(model, form: str, streams: int, device: torch.device, settings: FastPathSettings,
           fused_config: str | None = None) -> tuple[BatchedStepper, float]:
-    """A stepper whose compiled steps use `form`, its kernels launched with `fused_config` (BREEZE_FUSED_CONFIG
-    JSON; the environment is read while its units are built and its graphs captured)."""
-    settings = {compiled.FORM_ENV: form, fused.CONFIG_ENV: fused_config}
-    before = {name: os.environ.get(name) for name in settings}
-    for name, value in settings.items():
-        if value is not None:
-            os.environ[name] = value
-    try:
-        t0 = time.perf_counter()
-        stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]),
-                                 compile=compile)
-        return stepper, time.perf_counter() - t0
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    """A stepper whose compiled steps use `form`, its kernels launched with `fused_config` (launch-plan overrides,
+    BREEZE_FUSED_CONFIG's JSON) on top of `settings`."""
+    kernels = KernelSettings(chained=settings.kernels.chained, plans=parse_plans(fused_config or ""))
+    t0 = time.perf_counter()
+    stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]),
+                             settings=settings.with_changes(form=form, kernels=kernels))
+    return stepper, time.perf_counter() - t0
 
 
 def parse_variants(forms: str, variants: list[str]) -> dict[str, tuple[str, str | None]]:
@@ -74,19 +62,23 @@ def parse_variants(forms: str, variants: list[str]) -> dict[str, tuple[str, str 
 
 
 def setup(args, schema: str) -> tuple:
-    """(device, streams, compile, JSON skeleton, model) of a batched-step script: CUDA, the full-size architecture
-    with seeded random weights in BF16, `args.streams` streams, compiled as the environment says; with
-    `args.dry_run` the CPU, the tiny model in FP32, at most 2 streams, uncompiled. End of speech masked (every
+    """(device, streams, fast-path settings, JSON skeleton, model) of a batched-step script: CUDA, the full-size
+    architecture with seeded random weights in BF16, `args.streams` streams, the fast path's settings as the
+    worker reads them (its environment); with `args.dry_run` the CPU, the tiny model in FP32, at most 2 streams,
+    uncompiled. End of speech masked (every
     stream runs its frames), 256 cache slots."""
     device = torch.device("cpu" if args.dry_run else "cuda")
-    size, streams, compile = ("tiny", min(args.streams, 2), False) if args.dry_run else ("full", args.streams, None)
+    from breeze_worker.profiling.setup import fastpath_settings
+
+    size, streams = ("tiny", min(args.streams, 2)) if args.dry_run else ("full", args.streams)
+    settings = fastpath_settings().with_changes(compile="off") if args.dry_run else fastpath_settings()
     doc = {"schema": schema, **gpu_fused.gpu_result(device.type)}
     configure_codec_convolutions(device)
     policy = choose_policy("fp32" if args.dry_run else "bf16", device)
     model = random_model(size, args.seed, device, policy)
     model.generation_defaults = replace(model.generation_defaults, max_sequence=256)
     mask_end_of_speech(model)
-    return device, streams, compile, doc, model
+    return device, streams, settings, doc, model
 
 
 def main() -> int:
@@ -101,12 +93,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 2 streams, uncompiled: the logic")
     args = parser.parse_args()
-    device, streams, compile, doc, model = setup(args, "breeze-batch-ab/1")
+    device, streams, settings, doc, model = setup(args, "breeze-batch-ab/1")
     variants = parse_variants(args.forms, args.variant)
     forms = list(variants)
     steppers, build_s = {}, {}
     for form in forms:
-        steppers[form], build_s[form] = build(model, variants[form][0], streams, device, compile, variants[form][1])
+        steppers[form], build_s[form] = build(model, variants[form][0], streams, device, settings, variants[form][1])
         print(f"[ab] {form}: stepper built in {build_s[form]:.1f} s ({steppers[form].stats()['compile_s']:.1f} s "
               f"compiling)", flush=True)
     requests = sweep.stream_requests(model, streams, args.frames, args.seed)

@@ -1,15 +1,15 @@
 """GPU check and timing of the fused depth layer (engine/fastpath/fused.py) at the full-size depth decoder's
 shapes (hidden 1024, 8 heads / 2 KV heads of 128, MLP 8192, 16 slots), 12 layers of seeded random weights.
 
-1. correctness: kernels vs the same stages in torch (FP32 and BF16), and vs the units form the engine runs
-   today (PackedLayer.decode_units, uncompiled); the kernels' output is bit-identical over repeated runs
-   (the split-K sum is ordered), and the "fused+chain" form's bit-identical with and without chained
-   launches (programmatic dependent launch, `fused.pdl`).
+1. correctness: the depth layer as the kernels (fused.depth_layer, the `fused+chain+all` form's) vs the same
+   stages in torch (FP32 and BF16), and vs the units+attn form (PackedLayer.decode_units, uncompiled); the
+   kernels' output is bit-identical over repeated runs (the split-K sum is ordered) and with and without
+   chained launches (programmatic dependent launch, `fused.pdl`).
 2. launch settings: each kernel alone over the 12 layers in one CUDA graph, per candidate setting; the
    fastest (the default wins ties within 2%) is written to --best-out as BREEZE_FUSED_CONFIG JSON.
-3. the layer step: fused+mlp (best settings; its attention unit compiled), fused, fused+chain (chained and
-   not) vs units+attn and gemm compiled by Inductor, per layer step, in
-   CUDA graphs of the 12 layers, at 2 rows x 1 position (batch 1 with CFG) and 2 x 2 (the depth prefill).
+3. the layer step: the kernels (chained, unchained, best settings) vs units+attn and the library GEMM units
+   compiled by Inductor, per layer step, in CUDA graphs of the 12 layers, at 2 rows x 1 position (batch 1
+   with CFG) and 2 x 2 (the depth prefill).
 
     BREEZE_COMMIT=<sha> PYTHONPATH=worker python3 scripts/gpu_fused.py --json out.json --best-out best.json
 """
@@ -28,7 +28,8 @@ import torch
 from breeze_worker.bench.measure import copy_bandwidth
 from breeze_worker.engine.fastpath import fused
 from breeze_worker.engine.fastpath.compiled import compile_unit
-from breeze_worker.engine.fastpath.layers import AFTER_ATTENTION_UNITS, ATTENTION_UNIT, UNITS, PackedLayer, decode_layer
+from breeze_worker.engine.fastpath.layers import PLAIN_UNITS, LayerUnits, PackedLayer
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.lm.depth_decoder import llama_layer
 from breeze_worker.model.lm.rope import RotaryEmbedding
@@ -92,22 +93,19 @@ class Depth:
         return cos, sin, cos[None, None].clone(), sin[None, None].clone(), slots, mask
 
 
-def run_fused(depth: Depth, x, start, caches, workspace, attention=ATTENTION_UNIT, units=AFTER_ATTENTION_UNITS,
-              form="fused+mlp"):
+def run_fused(depth: Depth, x, start, caches, workspace, ks: fused.KernelSettings = fused.DEFAULT_KERNELS):
     t = x.shape[1]
     cos, sin, _, _, _, mask = depth.inputs(start, t)
     for layer, (k, v) in zip(depth.layers, caches):
-        x = fused.depth_layer(layer, x, cos, sin, k, v, start, mask, units, attention, workspace, form=form)
+        x = fused.depth_layer(layer, x, cos, sin, k, v, start, mask, workspace, ks)
     return x
 
 
-def run_units(depth: Depth, x, start, caches, units=UNITS, form="units+attn"):
+def run_units(depth: Depth, x, start, caches, units: LayerUnits = PLAIN_UNITS, small_rows: bool = True):
+    """The depth layers as units: FP32 reductions (units+attn) or library GEMMs (`small_rows` False)."""
     _, _, cos4, sin4, slots, mask = depth.inputs(start, x.shape[1])
     for layer, (k, v) in zip(depth.layers, caches):
-        if form == "gemm":
-            x = layer.decode(x, cos4, sin4, k, v, slots, mask, fn=units)
-        else:
-            x = layer.decode_units(x, cos4, sin4, k, v, slots, mask, units=units, form=form, static_slot=start)
+        x = layer.decode_units(x, cos4, sin4, k, v, slots, mask, units, small_rows=small_rows, static_slot=start)
     return x
 
 
@@ -122,39 +120,30 @@ def check(depth: Depth, rows: int, t: int, start: int) -> dict:
     x = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
     stale = depth.caches(rows, seed=7)
     results = {}
-    forms = {"hybrid": "fused", "chain": "fused+chain", "chain-unchained": "fused+chain",
-             "chain-torch": "fused+chain"}
-    for mode in ("kernel", "kernel-again", "torch", "units", "hybrid", "chain", "chain-unchained", "chain-torch"):
+    settings = {"kernel": fused.DEFAULT_KERNELS, "kernel-again": fused.DEFAULT_KERNELS,
+                "torch": fused.KernelSettings(use_triton=False), "unchained": fused.KernelSettings(chained=False)}
+    for mode in ("kernel", "kernel-again", "torch", "units", "unchained"):
         caches = [(k.clone(), v.clone()) for k, v in stale]
-        fused._use_kernels = False if mode in ("torch", "units", "chain-torch") else None
-        fused._pdl_override = False if mode == "chain-unchained" else None
         if mode == "units":
             y = run_units(depth, x, start, caches)
-        else:  # "hybrid": the "fused" form (q/k/v and attention kernels, then the units' code), else fused+mlp
-            y = run_fused(depth, x, start, caches, fused.DownWorkspace(), form=forms.get(mode, "fused+mlp"))
+        else:
+            y = run_fused(depth, x, start, caches, fused.DownWorkspace(), settings[mode])
         written = torch.cat([torch.cat([k[:, :, start:start + t], v[:, :, start:start + t]]) for k, v in caches])
         results[mode] = (y, written)
-    fused._use_kernels = None
-    fused._pdl_override = None
     out = {"rows": rows, "t": t, "start": start, "dtype": str(depth.dtype).replace("torch.", "")}
     out["vs_torch_out"] = rel(results["kernel"][0], results["torch"][0])
     out["vs_torch_cache"] = rel(results["kernel"][1], results["torch"][1])
     out["vs_units_out"] = rel(results["kernel"][0], results["units"][0])
     out["torch_vs_units_out"] = rel(results["torch"][0], results["units"][0])
-    out["hybrid_vs_units_out"] = rel(results["hybrid"][0], results["units"][0])
-    out["chain_vs_torch_out"] = rel(results["chain"][0], results["chain-torch"][0])
-    out["chain_vs_units_out"] = rel(results["chain"][0], results["units"][0])
     out["pdl"] = fused.pdl(torch.device(DEVICE))
-    out["chain_pdl_identical"] = bool(torch.equal(results["chain"][0], results["chain-unchained"][0])
-                                      and torch.equal(results["chain"][1], results["chain-unchained"][1]))
+    out["chain_pdl_identical"] = bool(torch.equal(results["kernel"][0], results["unchained"][0])
+                                      and torch.equal(results["kernel"][1], results["unchained"][1]))
     out["repeat_identical"] = bool(torch.equal(results["kernel"][0], results["kernel-again"][0]))
     out["finite"] = bool(torch.isfinite(results["kernel"][0]).all())
     bound = 1e-5 if depth.dtype == torch.float32 else 2e-2
     out["ok"] = (out["finite"] and out["repeat_identical"] and out["vs_torch_out"] <= bound
                  and out["vs_torch_cache"] <= bound and out["vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"])
-                 and out["hybrid_vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"])
-                 and out["chain_vs_torch_out"] <= bound and out["chain_pdl_identical"]
-                 and out["chain_vs_units_out"] <= max(bound, 2 * out["torch_vs_units_out"]))
+                 and out["chain_pdl_identical"])
     return out
 
 
@@ -202,16 +191,16 @@ def kernel_inputs(depth: Depth, rows: int, t: int, start: int):
     hidden = torch.randn(rows, t, depth.cfg.intermediate_size, generator=gen, device=DEVICE).to(depth.dtype)
     attn = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
     workspace = fused.DownWorkspace()
-    calls = {
-        "qkv_rope": lambda: [fused.qkv_rope(x, l.w_in, l.eps_in, l.qkv, cos, sin, k, v, start, heads=l.heads,
-                                            kv_heads=l.kv_heads, head_dim=l.head_dim)
-                             for l, (k, v) in zip(depth.layers, caches)],
-        "norm_gate_up": lambda: [fused.norm_gate_up(x, l.w_post, l.eps_post, l.gate_up, l.intermediate)
-                                 for l in depth.layers],
-        "down_residual": lambda: [fused.down_residual(hidden, l.mlp.down_proj.weight, x, workspace)
-                                  for l in depth.layers],
-        "o_residual": lambda: [fused.down_residual(attn, l.attn.o_proj.weight, x, workspace, kernel="o_residual")
-                               for l in depth.layers],
+    calls = {  # each takes the launch settings (fused.KernelSettings) to time
+        "qkv_rope": lambda ks: [fused.qkv_rope(x, l.w_in, l.eps_in, l.qkv, cos, sin, k, v, start, heads=l.heads,
+                                               kv_heads=l.kv_heads, head_dim=l.head_dim, kernels=ks)
+                                for l, (k, v) in zip(depth.layers, caches)],
+        "norm_gate_up": lambda ks: [fused.norm_gate_up(x, l.w_post, l.eps_post, l.gate_up, l.intermediate, ks)
+                                    for l in depth.layers],
+        "down_residual": lambda ks: [fused.down_residual(hidden, l.mlp.down_proj.weight, x, workspace, kernels=ks)
+                                     for l in depth.layers],
+        "o_residual": lambda ks: [fused.down_residual(attn, l.attn.o_proj.weight, x, workspace, kernel="o_residual",
+                                                      kernels=ks) for l in depth.layers],
     }
     return calls
 
@@ -234,7 +223,7 @@ def tune(depth: Depth, bandwidth: float, rows: int = 2, t: int = 1, start: int =
 
 
 def time_candidates(candidates: dict, calls: dict, floors: dict, widths: dict, n_layers: int) -> tuple[dict, dict]:
-    """Each kernel's `calls[kernel]()` (one call per layer) in a CUDA graph per candidate launch setting: us per
+    """Each kernel's `calls[kernel](ks)` (one call per layer) in a CUDA graph per candidate launch setting: us per
     call, x its byte floor. The fastest is chosen unless the committed plan (`fused.plan` at `widths[kernel]`)
     is within 2% of it. Returns (table, best settings per kernel)."""
     table, best = {}, {}
@@ -242,19 +231,17 @@ def time_candidates(candidates: dict, calls: dict, floors: dict, widths: dict, n
         default = fused.plan(kernel, widths[kernel])
         rows_out = []
         for cfg in settings:
-            fused._config_override = {kernel: cfg}
+            ks = fused.KernelSettings(plans={kernel: cfg})
             try:
-                us = graph_ms(calls[kernel]) * 1000 / n_layers
+                us = graph_ms(lambda: calls[kernel](ks)) * 1000 / n_layers
             except Exception as exc:  # a setting the compiler rejects (registers, shapes): skip it
                 rows_out.append({"config": cfg, "error": f"{type(exc).__name__}: {exc}"[:200]})
                 continue
-            finally:
-                fused._config_override = {}
             rows_out.append({"config": cfg, "us": us, "x_floor": us / floors[kernel]})
             print(f"{kernel:14} {json.dumps(cfg):62} {us:7.2f} us  ({us / floors[kernel]:.2f}x floor "
                   f"{floors[kernel]:.2f} us)", flush=True)
         timed = [r for r in rows_out if "us" in r]
-        default_us = graph_ms(calls[kernel]) * 1000 / n_layers  # the committed plan itself
+        default_us = graph_ms(lambda: calls[kernel](fused.DEFAULT_KERNELS)) * 1000 / n_layers  # the committed plan
         fastest = min(timed, key=lambda r: r["us"]) if timed else {"config": default, "us": default_us}
         chosen = {"config": default, "us": default_us} if default_us <= 1.02 * fastest["us"] else fastest
         best[kernel] = chosen["config"]
@@ -266,41 +253,25 @@ def time_candidates(candidates: dict, calls: dict, floors: dict, widths: dict, n
 @torch.no_grad()
 def layer_steps(depth: Depth, best: dict) -> list[dict]:
     out = []
-    units = tuple(compile_unit(fn) for fn in UNITS)
-    gemm = compile_unit(decode_layer)
-    attention = compile_unit(ATTENTION_UNIT)
-    after_attention = tuple(compile_unit(fn) for fn in AFTER_ATTENTION_UNITS)
+    compiled = LayerUnits.wrapped(lambda fn: compile_unit(fn, FastPathSettings()))
     for rows, t, start in ((2, 1, 5), (2, 2, 0)):
         gen = torch.Generator(device=DEVICE).manual_seed(11)
         x = torch.randn(rows, t, depth.cfg.hidden_size, generator=gen, device=DEVICE).to(depth.dtype)
         caches = depth.caches(rows, seed=9)
         workspace = fused.DownWorkspace()
         row = {"rows": rows, "t": t}
-        run_units(depth, x, start, caches, units, "units+attn")  # compile outside any graph
         n = len(depth.layers)
-        fused._config_override = best
-        row["fused+mlp_best_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / n
-        fused._config_override = {}
-        row["fused+mlp_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention)) * 1000 / n
-        run_fused(depth, x, start, caches, workspace, attention, after_attention, form="fused")  # compile first
-        row["fused_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, attention, after_attention,
-                                                     form="fused")) * 1000 / n
-        # the all-kernel form with and without programmatic dependent launch, default and best launch settings
-        for key, chained, settings in (("fused+chain", True, {}), ("fused+chain_unchained", False, {}),
-                                       ("fused+chain_best", True, best)):
-            fused._pdl_override = None if chained else False
-            fused._config_override = settings
-            row[f"{key}_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace,
-                                                          form="fused+chain")) * 1000 / n
-            fused._config_override = {}
-        fused._pdl_override = None
+        # the kernels with and without programmatic dependent launch, default and best launch settings
+        for key, ks in (("fused+chain", fused.DEFAULT_KERNELS),
+                        ("fused+chain_unchained", fused.KernelSettings(chained=False)),
+                        ("fused+chain_best", fused.KernelSettings(plans=best))):
+            row[f"{key}_us"] = graph_ms(lambda: run_fused(depth, x, start, caches, workspace, ks)) * 1000 / n
         row["pdl"] = fused.pdl(torch.device(DEVICE))
-        for name, fn, form in (("units+attn", units, "units+attn"), ("gemm", gemm, "gemm")):
+        for name, small_rows in (("units+attn", True), ("gemm", False)):
             t0 = time.perf_counter()
-            run_units(depth, x, start, caches, fn, form)  # compile outside the graph
+            run_units(depth, x, start, caches, compiled, small_rows)  # compile outside the graph
             row[f"{name}_compile_s"] = time.perf_counter() - t0
-            row[f"{name}_us"] = graph_ms(lambda: run_units(depth, x, start, caches, fn, form)) * 1000 / len(
-                depth.layers)
+            row[f"{name}_us"] = graph_ms(lambda: run_units(depth, x, start, caches, compiled, small_rows)) * 1000 / n
         print(json.dumps(row), flush=True)
         out.append(row)
     return out

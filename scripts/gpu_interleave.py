@@ -73,27 +73,23 @@ def one_request(model, request, device, action: str, rows, gemm, sleep_s: float)
 
 def streaming(model, request, device, action: str, rows, pipeline: bool) -> dict:
     """A streaming consumer's loop: no wait for the device beyond the generator's own read, the codec step
-    (or nothing) between frames; the time from one frame to the next, codec included. `pipeline`:
-    graph.pipeline_wanted forced on (one frame in flight) or off (the next backbone step queued before the
-    read only)."""
-    from breeze_worker.engine.fastpath import graph
+    (or nothing) between frames; the time from one frame to the next, codec included. `pipeline`: the settings'
+    pipeline on (one frame in flight) or off (the next backbone step queued before the read only)."""
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
 
-    graph._pipeline_override = pipeline
-    try:
-        gen = open_generator("fast" if device.type == "cpu" else "fast-compiled", model, request, device)
-        it = iter(gen)
-        next(it)
-        times = []
-        last = time.perf_counter()
-        for frame in it:
-            t = time.perf_counter()
-            times.append(t - last)
-            last = t
-            if action == "codec":
-                rows.decode({0: frame})
-        sync(device)
-    finally:
-        graph._pipeline_override = None
+    gen = open_generator("fast" if device.type == "cpu" else "fast-compiled", model, request, device,
+                         FastPathSettings(pipeline=pipeline))
+    it = iter(gen)
+    next(it)
+    times = []
+    last = time.perf_counter()
+    for frame in it:
+        t = time.perf_counter()
+        times.append(t - last)
+        last = t
+        if action == "codec":
+            rows.decode({0: frame})
+    sync(device)
     return {"ms_per_frame": 1000 * statistics.median(times)}
 
 

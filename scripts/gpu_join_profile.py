@@ -119,9 +119,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 2 streams, uncompiled: the logic")
     args = parser.parse_args()
-    device, streams, compile, doc, model = setup(args, "breeze-join-profile/1")
+    device, streams, settings, doc, model = setup(args, "breeze-join-profile/1")
     t0 = time.perf_counter()
-    stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]), compile=compile)
+    stepper = BatchedStepper(model, streams, device, shapes=sweep.sweep_shapes(streams, [streams]), settings=settings)
     doc["build_s"] = time.perf_counter() - t0
     requests = sweep.stream_requests(model, streams, 48, args.seed)
     for _ in range(2):  # every shape warm: the stepper's buckets, the codec's slot batch, the allocator

@@ -32,6 +32,7 @@ from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.engine.batching import BatchedStepper
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.codec_graphs import SlotBatch, clear_convolution_forms, pool_for
 from breeze_worker.engine.precision import choose_policy
 from breeze_worker.engine.runtime import configure_codec_convolutions
@@ -107,7 +108,8 @@ def main() -> None:
     t0 = time.perf_counter()
     steppers = {"compiled": BatchedStepper(model, 16, device, shapes=[(8, 16), (16, 32)])}
     if any(v.endswith("lm-eager") for v in names):
-        steppers["uncompiled"] = BatchedStepper(model, 16, device, shapes=[(16, 32)], compile=False)
+        steppers["uncompiled"] = BatchedStepper(model, 16, device, shapes=[(16, 32)],
+                                                settings=FastPathSettings(compile="off"))
     doc = {"schema": "breeze-overlap-stall/1",
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit,

@@ -3,10 +3,9 @@ replaces (engine/sampling.py compiled by Inductor: pairwise filters up to 8 stre
 
 1. correctness, per stream count (1-32) and width (2051 depth classes, 2052 for codebook 0): the kernel's
    kept set == `_sorted_keep`, its codes == `sample_rows` (eager torch), its non-finite flags == isfinite,
-   over default settings (top-k 50, top-p 1), nucleus rows, greedy rows and tied logits; both block layouts
-   (plan "split" off: one block of 4096 lanes; on: 2048 + 4).
-2. launch settings: the kernel's search step (RADIX bits) and warps, per position in a CUDA graph of 16
-   calls at 1 and 32 streams, default settings (top-p 1: no nucleus search) and top-p 0.9 on every row;
+   over default settings (top-k 50, top-p 1), nucleus rows, greedy rows and tied logits (2051 classes as a
+   head block of 2048 lanes and a tail of 4).
+2. launch settings: the kernel's warps, per position in a CUDA graph of 16 calls at 1 and 32 streams, default settings (top-p 1: no nucleus search) and top-p 0.9 on every row;
    the fastest at the default settings (the sum over 1 and 32 streams; the committed plan wins ties
    within 2%) to --best-out as BREEZE_FUSED_CONFIG JSON.
 3. time per position: the kernel (chosen settings) vs the compiled torch sampler.
@@ -25,12 +24,11 @@ import torch
 import gpu_fused
 from breeze_worker.engine.fastpath import fused, fused_sampling
 from breeze_worker.engine.fastpath.compiled import compile_unit
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.sampling import RowSampling, exponential_noise, filter_rows, sample_rows
 
 DEVICE = "cuda"
-# run 19: 2-4 warps 2-4x slower unsplit; split (2048 + 4 lanes for 2051 classes) holds half the registers
-CANDIDATES = ([{"radix": r, "num_warps": w, "split": False} for r in (1, 2) for w in (8, 16)]
-              + [{"radix": r, "num_warps": w, "split": True} for r in (1, 2) for w in (4, 8, 16)])
+CANDIDATES = [{"num_warps": w} for w in (4, 8, 16)]
 
 
 def rows_for(streams: int, nucleus: bool | None) -> RowSampling:
@@ -59,16 +57,7 @@ def inputs(streams: int, vocab: int, seed: int, ties: bool = False):
     return logits, blocked
 
 
-def check(streams: int, vocab: int, seed: int, ties: bool, split: bool, early: bool = True) -> dict:
-    """`early`: plan "early" (the top-k search's early stop)."""
-    fused._config_override = {"sample": {"split": split, "early": early}}
-    try:
-        return _check(streams, vocab, seed, ties) | {"split": split, "early": early}
-    finally:
-        fused._config_override = {}
-
-
-def _check(streams: int, vocab: int, seed: int, ties: bool) -> dict:
+def check(streams: int, vocab: int, seed: int, ties: bool) -> dict:
     logits, blocked = inputs(streams, vocab, seed, ties)
     rows = rows_for(streams, None)
     frame = torch.full((streams,), seed, dtype=torch.int64, device=DEVICE)
@@ -103,18 +92,17 @@ def tune(vocab: int, candidates: list[dict]) -> tuple[list[dict], dict]:
     """Every candidate at 1 and 32 streams, top-p 1 and 0.9 (us per position); the chosen settings."""
     table = []
     for cfg in candidates + [None]:  # None: the committed plan
-        fused._config_override = {"sample": cfg} if cfg else {}
+        ks = fused.KernelSettings(plans={"sample": cfg} if cfg else {})
         row = {"config": cfg or fused.plan("sample", vocab), "committed": cfg is None}
         try:
             for streams in (1, 32):
                 for nucleus in (False, True):
                     logits, blocked, rows, _, log_noise, flags = _timing_inputs(streams, vocab, nucleus)
                     row[f"us_s{streams}_p{'0.9' if nucleus else '1'}"] = gpu_fused.graph_ms(
-                        lambda: fused_sampling.sample(logits, rows, blocked, log_noise, flags), reps=16) * 1000
+                        lambda: fused_sampling.sample(logits, rows, blocked, log_noise, flags, kernels=ks),
+                        reps=16) * 1000
         except Exception as exc:  # a setting the compiler rejects
             row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-        finally:
-            fused._config_override = {}
         if "error" not in row:
             row["default_settings_us"] = row["us_s1_p1"] + row["us_s32_p1"]
         print(json.dumps(row), flush=True)
@@ -126,14 +114,14 @@ def tune(vocab: int, candidates: list[dict]) -> tuple[list[dict], dict]:
     return table, {"sample": chosen["config"]}
 
 
-def timing(streams: int, vocab: int, nucleus: bool) -> dict:
+def timing(streams: int, vocab: int, nucleus: bool, ks: fused.KernelSettings) -> dict:
     logits, blocked, rows, noise, log_noise, flags = _timing_inputs(streams, vocab, nucleus)
     pairwise = streams <= 8
-    compiled = compile_unit(_torch_pick)
+    compiled = compile_unit(_torch_pick, FastPathSettings())
     out = {"streams": streams, "vocab": vocab, "top_p": 0.9 if nucleus else 1.0,
            "torch_form": "pairwise" if pairwise else "sorted"}
-    out["kernel_us"] = gpu_fused.graph_ms(lambda: fused_sampling.sample(logits, rows, blocked, log_noise, flags),
-                                          reps=16) * 1000
+    out["kernel_us"] = gpu_fused.graph_ms(lambda: fused_sampling.sample(logits, rows, blocked, log_noise, flags,
+                                                                        kernels=ks), reps=16) * 1000
     out["torch_us"] = gpu_fused.graph_ms(lambda: compiled(logits, rows, blocked, noise, flags, pairwise),
                                          reps=16) * 1000
     out["speedup"] = out["torch_us"] / out["kernel_us"]
@@ -154,9 +142,8 @@ def main() -> int:
     if args.dry_run:
         DEVICE = "cpu"
     result = {} if args.dry_run else gpu_fused.gpu_result()
-    checks = [check(s, v, seed, ties, split, early) for split, early in ((False, True), (True, True), (True, False))
-              for seed, (s, v, ties) in enumerate([(1, 2051, False), (2, 2052, False), (8, 2051, True),
-                                                   (16, 2052, False), (32, 2051, True), (48, 2051, False)])]
+    cases = [(1, 2051, False), (2, 2052, False), (8, 2051, True), (16, 2052, False), (32, 2051, True), (48, 2051, False)]
+    checks = [check(s, v, seed, ties) for seed, (s, v, ties) in enumerate(cases)]
     for c in checks:
         print(json.dumps(c), flush=True)
     result["checks"] = checks
@@ -168,9 +155,8 @@ def main() -> int:
     if args.best_out:
         with open(args.best_out, "w") as fh:
             json.dump(best if result["checks_ok"] else {}, fh)
-    fused._config_override = best
-    result["timing"] = [timing(s, 2051, nucleus) for s in (1, 8, 16, 32) for nucleus in (False, True)]
-    fused._config_override = {}
+    chosen = fused.KernelSettings(plans=best)
+    result["timing"] = [timing(s, 2051, nucleus, chosen) for s in (1, 8, 16, 32) for nucleus in (False, True)]
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

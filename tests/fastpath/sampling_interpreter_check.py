@@ -7,7 +7,6 @@ Prints one JSON line per case; exits non-zero if any case mismatches."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
@@ -104,6 +103,7 @@ def _frames_case(cfg: bool, top_p: float | None) -> dict:
     """The kernel inside the fast path's frame step (tiny model, FP32): the eager reference's frames."""
     from breeze_worker.engine.eager import EagerFrameGenerator
     from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
     from breeze_worker.engine.request import resolve_request
     from breeze_worker.engine.types import SamplingOverrides, SynthesisRequest
     from breeze_worker.model.tiny import tiny_model
@@ -122,12 +122,10 @@ def _frames_case(cfg: bool, top_p: float | None) -> dict:
         return kernel(*args, **kwargs)
 
     fused_sampling.sample = counted
-    os.environ["BREEZE_FASTPATH_SAMPLER"] = "kernel"  # "auto" picks it on CUDA only
-    try:
-        fast = list(FastFrameGenerator(model, request, "cpu"))
+    try:  # "auto" picks the kernel on CUDA only
+        fast = list(FastFrameGenerator(model, request, "cpu", settings=FastPathSettings(sampler="kernel")))
     finally:
         fused_sampling.sample = kernel
-        del os.environ["BREEZE_FASTPATH_SAMPLER"]
     equal = len(eager) == len(fast) == 5 and all(torch.equal(e, f) for e, f in zip(eager, fast))
     # 16 positions a frame, one stream row each (CFG rows are combined first)
     return {"kind": "frames", "cfg": cfg, "top_p": top_p, "kernel_calls": len(calls), "frames": len(fast),

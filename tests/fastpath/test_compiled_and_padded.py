@@ -9,9 +9,13 @@ import pytest
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath import compiled, fused, layers
+from breeze_worker.engine.fastpath import fused, layers
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
-from breeze_worker.engine.fastpath.graph import FrameRunner, clear_runners
+from breeze_worker.engine.fastpath.graph import FrameRunner, acquire_runner, clear_runners, release_runner
+from breeze_worker.engine.fastpath.settings import FastPathSettings
+
+# compiled with Dynamo's tracing and functionalization but no code generation (the CPU has no Triton kernels)
+COMPILED = FastPathSettings(compile="on", compile_backend="aot_eager")
 
 
 def _equal(a, b):
@@ -31,19 +35,16 @@ def test_padded_prompt_gives_the_same_frames(model, request_for, monkeypatch, cf
 
 
 def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    gen = FastFrameGenerator(model, request, "cpu", compile=True)
+    gen = FastFrameGenerator(model, request, "cpu", settings=COMPILED)
     fast = list(gen)
     runner = gen.runner or None
     clear_runners()
     assert _equal(eager, fast)
     assert runner is None  # released; the step it used ran compiled (checked below)
-    from breeze_worker.engine.fastpath.graph import acquire_runner
-
-    again = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
+    again = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), COMPILED)
     assert again.compiled and again.compile_fallback_reason is None
     clear_runners()
 
@@ -54,26 +55,23 @@ def test_compiled_forms_give_the_same_frames(model, request_for, monkeypatch, fo
     (2 rows), and runs its layers where it says: `fused+chain+all` every depth layer step and every backbone
     layer step as the fused kernels (their torch stages here), `gemm+attention` the depth attention as
     fused.depth_attention between library-GEMM units, `units+attn` none of them."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, form)
+    settings = COMPILED.with_changes(form=form)
     fused_layers, fused_mlps, backbone_layers, attentions = [], [], [], []
     real_depth_layer, real_mlp, real_backbone = fused.depth_layer, fused.mlp, fused.backbone_layer
     real_attention = fused.depth_attention
     monkeypatch.setattr(fused, "depth_attention", lambda *a, **k: attentions.append(1) or real_attention(*a, **k))
     monkeypatch.setattr(fused, "backbone_layer", lambda *a, **k: backbone_layers.append(1) or real_backbone(*a, **k))
     monkeypatch.setattr(fused, "depth_layer", lambda *a, **k: fused_layers.append(1) or real_depth_layer(*a, **k))
-    monkeypatch.setattr(fused, "mlp", lambda layer, x, ws: fused_mlps.append(x.shape[-1]) or real_mlp(layer, x, ws))
+    monkeypatch.setattr(fused, "mlp", lambda layer, x, *a: fused_mlps.append(x.shape[-1]) or real_mlp(layer, x, *a))
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
-
-    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
+    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), settings)
     assert runner.compiled and runner.step.form.name == form
     release_runner(model.lm, runner)
     for calls in (fused_layers, fused_mlps, backbone_layers, attentions):
         calls.clear()  # count the request's frames only (not the runner's warm-up)
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
+    fast = list(FastFrameGenerator(model, request, "cpu", settings=settings))
     clear_runners()
     assert len(fast) == 3 and _equal(eager, fast)
     depth_layer_steps = 3 * 15 * model.lm.config.depth.num_hidden_layers  # 15 depth positions per frame
@@ -92,8 +90,7 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     straight into their slot, the same for every row; only the backbone's layers scatter (each row at its
     own position), once per layer and frame; compiled, between the layer's units. The frames stay the eager
     reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, "gemm")
+    settings = COMPILED.with_changes(form="gemm")
     scattered = []
     real = layers.write_cache
     monkeypatch.setattr(layers, "write_cache",
@@ -107,7 +104,8 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     clear_runners()
     scattered.clear()
     whole_layers.clear()
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=compile))
+    settings = settings.with_changes(compile="on" if compile else "off")
+    fast = list(FastFrameGenerator(model, request, "cpu", settings=settings))
     clear_runners()
     assert _equal(eager, fast)
     depth_slots = model.lm.config.num_codebooks  # the depth cache: one slot per codebook position (16)
@@ -119,25 +117,13 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     assert (len(whole_layers) == 0) == compile
 
 
-def test_layer_form_by_rows_and_environment(monkeypatch):
-    monkeypatch.delenv(compiled.FORM_ENV, raising=False)
-    assert compiled.layer_form(1).name == compiled.layer_form(2).name == "fused+chain+all"  # one stream, CFG or not
-    assert compiled.layer_form(3).name == compiled.layer_form(48).name == "gemm+attention"
-    monkeypatch.setenv(compiled.FORM_ENV, "gemm")
-    assert compiled.layer_form(2).name == "gemm"
-    monkeypatch.setenv(compiled.FORM_ENV, "fast-please")
-    with pytest.raises(ValueError, match="BREEZE_FASTPATH_FORM"):
-        compiled.layer_form(2)
-
-
 @pytest.mark.parametrize("form, kernel, fallback", [("fused+chain+all", "qkv_rope", "units+attn"),
                                                    ("gemm+attention", "depth_attention", "gemm")])
 def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monkeypatch, form, kernel, fallback):
     """A form whose kernel cannot be built on this device (here: raises) leaves the compiled step of its fallback
     form ("fused+chain+all" -> units+attn, "gemm+attention" -> gemm), not the uncompiled one, and says why; the
     frames stay the eager reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, form)
+    settings = COMPILED.with_changes(form=form)
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel for this device")
@@ -146,14 +132,12 @@ def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monk
     request = request_for(model, True, frames=2)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
-
-    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
+    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), settings)
     assert runner.compiled and runner.step.form.name == fallback
     assert "no kernel for this device" in runner.compile_fallback_reason
     assert f"trying form {fallback}" in runner.compile_fallback_reason
     release_runner(model.lm, runner)
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
+    fast = list(FastFrameGenerator(model, request, "cpu", settings=settings))
     clear_runners()
     assert _equal(eager, fast)
 
@@ -161,17 +145,16 @@ def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monk
 def test_depth_head_kernel_form_gives_the_same_frames(model, request_for, monkeypatch):
     """In the `fused+chain+all` form every depth position's logits come from fused.depth_head (its torch form on
     the CPU, where the kernel is not wanted unless forced) and the frames stay the eager reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, "fused+chain+all")
+    settings = COMPILED.with_changes(form="fused+chain+all")
     assert not fused.depth_head_wanted(torch.device("cpu"), 1024)
-    monkeypatch.setattr(fused, "depth_head_wanted", lambda device, hidden: True)
+    monkeypatch.setattr(fused, "depth_head_wanted", lambda device, hidden, kernels: True)
     calls = []
     real = fused.depth_head
     monkeypatch.setattr(fused, "depth_head", lambda *a, **k: calls.append(1) or real(*a, **k))
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    gen = FastFrameGenerator(model, request, "cpu", compile=True)
+    gen = FastFrameGenerator(model, request, "cpu", settings=settings)
     fast = list(gen)
     clear_runners()
     assert _equal(eager, fast)

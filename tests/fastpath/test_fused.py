@@ -39,31 +39,6 @@ def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
     assert out_proj["chunk"] * out_proj["splits"] == 1024 and out_proj["block_n"] * 1024 <= 8192
 
 
-def test_chained_launches_only_where_the_device_has_them(monkeypatch):
-    """Programmatic dependent launch: never on the CPU or in the interpreter, off by the environment, and on
-    CUDA only from compute capability 9.0 (a T4 is 7.5, an A100 8.0, an H200 9.0)."""
-    import torch
-
-    from breeze_worker.engine.fastpath import fused
-
-    monkeypatch.setattr(fused, "_pdl_devices", {})
-    assert not fused.pdl(torch.device("cpu")) and fused._launch(torch.device("cpu")) == {"USE_PDL": False}
-    if fused._triton is None or not fused._HAS_GDC:
-        assert not fused.pdl(torch.device("cuda", 0))
-        return
-    capability = {}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    capability.update({0: (7, 5), 1: (8, 0), 2: (9, 0)})
-    assert [fused.pdl(torch.device("cuda", i)) for i in range(3)] == [False, False, True]
-    assert fused._launch(torch.device("cuda", 2)) == {"USE_PDL": True, "launch_pdl": True}
-    monkeypatch.setenv(fused.PDL_ENV, "off")
-    assert not fused.pdl(torch.device("cuda", 2))
-    monkeypatch.delenv(fused.PDL_ENV)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not fused.pdl(torch.device("cuda", 2))
-
-
 def test_supported_layers_and_shapes(model):
     """The Triton block shapes need powers of two: slots, head size, query heads per KV head; at most 8 rows;
     the backbone's layers (q/k norm) are not depth layers."""

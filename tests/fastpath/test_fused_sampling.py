@@ -26,39 +26,8 @@ def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interprete
     nonfinite = next(c for c in cases if c["kind"] == "nonfinite")
     assert nonfinite["nonfinite_rows"] == 2 and nonfinite["compared_rows"] == 6 and nonfinite["flags_ok"]
     tied = [c for c in cases if c["kind"] == "ties"]
-    assert all(c["kept"][0] == c["vocab"] - 4 for c in tied)  # an all-tied row keeps every unblocked token under top-k 50
-
-
-def test_sampler_choice_by_device_and_environment(monkeypatch):
-    """`auto` draws with the kernel on CUDA only; `kernel` where it cannot run is refused with a message;
-    the bench's path names the sampler as its third part."""
-    import pytest
-    import torch
-
-    from breeze_worker.bench.runner import open_generator
-    from breeze_worker.engine.fastpath import compiled
-    from breeze_worker.engine.fastpath.graph import resolve_sampler
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    cpu = torch.device("cpu")
-    monkeypatch.delenv(compiled.SAMPLER_ENV, raising=False)
-    assert not compiled.sampling_kernel_wanted(cpu) and resolve_sampler(None, cpu) == "torch"
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "torch")
-    assert not compiled.sampling_kernel_wanted(torch.device("cuda", 0))
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "kernel")
-    with pytest.raises(ValueError, match="needs Triton and a CUDA device"):
-        compiled.sampling_kernel_wanted(cpu)
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "fastest")
-    with pytest.raises(ValueError, match="expected auto, kernel or torch"):
-        compiled.sampling_kernel_wanted(cpu)
-    monkeypatch.delenv(compiled.SAMPLER_ENV)
-    assert resolve_sampler("kernel", cpu) == "kernel"
-    with pytest.raises(ValueError, match="expected kernel or torch"):
-        resolve_sampler("sorted", cpu)
-    gen = open_generator("fast-compiled::torch", None, None, cpu)
-    assert (gen.sampler, gen.form, gen.compile) == ("torch", None, True)
-    gen = open_generator("fast-compiled:fused+chain", None, None, cpu)
-    assert (gen.sampler, gen.form) == (None, "fused+chain")
+    # an all-tied row keeps every unblocked token under top-k 50
+    assert all(c["kept"][0] == c["vocab"] - 4 for c in tied)
 
 
 def test_sampling_kernel_compiles_for_hopper():
@@ -91,20 +60,19 @@ def test_sampling_kernel_compiles_for_hopper():
         assert ("griddepcontrol.wait" in built.asm["ptx"]) == extras
 
 
-def test_an_explicit_sampler_wins_over_the_environment(model, monkeypatch):
-    """BREEZE_FASTPATH_SAMPLER=kernel where the kernel cannot run (the CPU, no interpreter): a runner asked
-    for the torch sampler is built and serves with it; one that leaves the choice to the environment is
-    refused with the environment's message."""
+def test_the_runner_serves_with_the_sampler_its_settings_name(model, monkeypatch):
+    """A runner whose settings ask for the torch sampler serves with it; one asking for the kernel where it
+    cannot run (the CPU, no interpreter) is refused with a message naming the setting."""
     import pytest
     import torch
 
-    from breeze_worker.engine.fastpath import compiled
     from breeze_worker.engine.fastpath.graph import FrameRunner
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "kernel")
     cpu = torch.device("cpu")
-    runner = FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, compile=False, sampler="torch")
+    runner = FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, settings=FastPathSettings(compile="off",
+                                                                                           sampler="torch"))
     assert runner.sampler_requested == "torch" and runner.step.sample_kernel is False
     with pytest.raises(ValueError, match="BREEZE_FASTPATH_SAMPLER=kernel"):
-        FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, compile=False)
+        FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, settings=FastPathSettings(compile="off", sampler="kernel"))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath import compiled
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import clear_runners
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import projected_codes
 
 
@@ -31,10 +31,9 @@ def test_the_table_is_the_projected_embedding_once_per_model_and_dtype(model):
     torch.testing.assert_close(half[2].float(), table[2], rtol=2 ** -8, atol=1e-6)
 
 
-def test_compiled_frames_come_from_the_table(model, request_for, monkeypatch):
+def test_compiled_frames_come_from_the_table(model, request_for):
     """The compiled step gives the eager reference's frames with its depth inputs from the table; with the table
     zeroed, other frames (so the step did read it)."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     table = projected_codes(model.lm, torch.float32)
@@ -42,7 +41,8 @@ def test_compiled_frames_come_from_the_table(model, request_for, monkeypatch):
     def frames() -> list[torch.Tensor]:
         clear_runners()
         try:
-            return list(FastFrameGenerator(model, request, "cpu", compile=True))
+            settings = FastPathSettings(compile="on", compile_backend="aot_eager")
+            return list(FastFrameGenerator(model, request, "cpu", settings=settings))
         finally:
             clear_runners()
 

@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import compile_unit, layer_form
-from breeze_worker.engine.fastpath.forms import fallback_of
+from breeze_worker.engine.fastpath.compiled import compile_unit
+from breeze_worker.engine.fastpath.forms import LayerForm, fallback_of, select_form
 from breeze_worker.engine.fastpath.graph import run_on_side_stream
 from breeze_worker.engine.fastpath.static_cache import buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
@@ -77,12 +77,17 @@ class ShapeGraphs:
         return view
 
     # ---- start-up ----
+    def _form(self, view: FrameStep) -> LayerForm:
+        """The view's compiled form: it follows the view's row count (and the settings' `form`)."""
+        return select_form(view.rows, compiled=True, requested=self.step.settings.form)
+
     def _set_compiled(self, on: bool, fallback: bool = False) -> None:
         """`fallback`: views whose form has a fallback (fastpath/forms.py) compile that form instead."""
+        settings = self.step.settings
         for view in self.views.values():
             if on:
-                form = layer_form(view.rows)  # the layers' form follows the view's row count
-                view.use_compiled(compile_unit, fallback and fallback_of(form) or form)
+                form = self._form(view)
+                view.use_compiled(lambda fn: compile_unit(fn, settings), fallback and fallback_of(form) or form)
             else:
                 view.use_uncompiled()
 
@@ -97,7 +102,7 @@ class ShapeGraphs:
     def _compile(self) -> None:
         """Compile every bucket view's units (Dynamo compiles on first call: one warm-up pass)."""
         t0 = time.perf_counter()
-        kernel_forms = any(fallback_of(layer_form(view.rows)) for view in self.views.values())
+        kernel_forms = any(fallback_of(self._form(view)) for view in self.views.values())
         attempts = [False, True] if kernel_forms else [False]  # the forms asked for, then their fallbacks
         for i, fallback in enumerate(attempts):
             try:

@@ -16,8 +16,8 @@ settings, frame limit and cache rows. Streams join and leave at frame boundaries
 
 A step covers a prefix of slots and rows, the *batch shape* (streams, rows). On CUDA the shape is rounded
 up to a bucket (`bucket_shapes`: few shapes, because with compilation on each costs a compile) and each
-bucket replays its own CUDA graph (engine/batch_graphs.py), compiled when `compile_wanted` says so; on the
-CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame, codebook) per stream and rows
+bucket replays its own CUDA graph (engine/batch_graphs.py), compiled when the fast path's settings say so
+(`compile_wanted`); on the CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame, codebook) per stream and rows
 never mix, so a stream's frames do not depend on its company: on the CPU in FP32 they are identical alone
 and batched (tests/engine/test_batching.py).
 """
@@ -33,6 +33,7 @@ import torch
 from breeze_worker.engine.batch_graphs import ShapeGraphs
 from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.compiled import compile_wanted
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
 from breeze_worker.engine.sampling import RowSampling
@@ -88,11 +89,13 @@ def pick_shape(shapes, need_streams: int, need_rows: int) -> tuple[int, int] | N
 class BatchedStepper:
     def __init__(self, model: LoadedModel, max_streams: int, device: torch.device | str | None = None, *,
                  use_graphs: bool | None = None, batch_joins: bool | None = None, buckets: bool | None = None,
-                 eos_masked: bool = False, compile: bool | None = None,
-                 shapes: list[tuple[int, int]] | None = None):
-        """`compile`: None = the environment's choice (fastpath/compiled.py `compile_wanted`); applies to
-        the bucket shapes. `shapes`: the buckets to build (default `bucket_shapes(max_streams)`; the bench
-        passes the subset its workloads land in)."""
+                 eos_masked: bool = False, shapes: list[tuple[int, int]] | None = None,
+                 settings: FastPathSettings | None = None):
+        """`settings`: the fast path's (engine/fastpath/settings.py; None: the defaults): whether the bucket
+        shapes compile (`compile_wanted`), their forms, the sampler and the kernels' launch settings. `shapes`:
+        the buckets to build (default `bucket_shapes(max_streams)`; the bench passes the subset its workloads
+        land in)."""
+        settings = settings or FastPathSettings()
         self.model = model
         self.device = torch.device(device) if device is not None else model.device
         self.max_streams = max_streams
@@ -102,7 +105,7 @@ class BatchedStepper:
         on_cuda = self.device.type == "cuda"
         self.batch_joins = on_cuda if batch_joins is None else batch_joins
         self.step_buffers = FrameStep(model.lm, rows=self.max_rows, streams=max_streams, capacity=self.capacity,
-                                      device=self.device)
+                                      device=self.device, settings=settings)
         self.bucketed = on_cuda if buckets is None else buckets  # tests: CUDA's bucketed shapes on the CPU
         if not self.bucketed:
             shapes = []
@@ -113,7 +116,7 @@ class BatchedStepper:
             raise ValueError(f"batch shapes {bad} outside {max_streams} streams / {self.max_rows} rows")
         self.graphs = ShapeGraphs(self.step_buffers, shapes,
                                   use_graphs=on_cuda if use_graphs is None else (use_graphs and on_cuda),
-                                  compile=compile_wanted(self.device, compile))
+                                  compile=compile_wanted(self.device, settings))
         self._streams: dict[object, _Stream] = {}
         self._slot_owner: list[_Stream | None] = [None] * max_streams
         self._row_owner: list[_Stream | None] = [None] * self.max_rows

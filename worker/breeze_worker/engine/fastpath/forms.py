@@ -32,7 +32,8 @@ FUSED_ROWS = 2  # up to this many model rows the automatic choice is `fused+chai
 
 
 class LayerForm:
-    """One way to run the step's layers. `step` is the FrameStep (its units, workspace, compiled or not)."""
+    """One way to run the step's layers. `step` is the FrameStep (its units, kernel settings and workspace,
+    compiled or not)."""
 
     name = ""
     fallback: str | None = None  # the form to retry when this one's Triton kernels fail to build
@@ -77,13 +78,13 @@ class FusedChainAll(LayerForm):
     def layer(self, step, layer, x, cos, sin, k_cache, v_cache, slots, mask):
         if fused.backbone_supported(layer, x.shape[0] * x.shape[1]):
             return fused.backbone_layer(layer, x, cos, sin, k_cache, v_cache, slots, mask, step.units.attend,
-                                        step.fused_workspace)
+                                        step.fused_workspace, step.kernels)
         return UNITS_ATTN.layer(step, layer, x, cos, sin, k_cache, v_cache, slots, mask)
 
     def depth_layer(self, step, layer, x, cos, sin, k_cache, v_cache, slots, mask, start):
-        if fused.supported(layer, x.shape[0] * x.shape[1], k_cache.shape[2]):
+        if fused.supported(layer, x.shape[0] * x.shape[1], k_cache.shape[2], step.kernels):
             return fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], k_cache, v_cache, start, mask,
-                                     step.fused_workspace)
+                                     step.fused_workspace, step.kernels)
         return UNITS_ATTN.depth_layer(step, layer, x, cos, sin, k_cache, v_cache, slots, mask, start)
 
 
@@ -118,7 +119,8 @@ class GemmAttention(LayerForm):
         units = step.units
         proj = units.norm_qkv(x, layer.w_in, layer.qkv, eps_in=layer.eps_in)
         q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots,
-                               heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+                               heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim,
+                               kernels=step.kernels)
         x, hidden = units.attention_mlp_in(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, layer.w_post,
                                            layer.gate_up, scale=layer.scale, eps_post=layer.eps_post,
                                            intermediate=layer.intermediate, act=layer.act, small_rows=False)
@@ -132,8 +134,9 @@ class GemmAttention(LayerForm):
         units = step.units
         proj = units.norm_qkv(x, layer.w_in, layer.qkv, eps_in=layer.eps_in)
         q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots,
-                               heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-        attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
+                               heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim,
+                               kernels=step.kernels)
+        attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale, kernels=step.kernels)
         x, hidden = units.out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up,
                                      eps_post=layer.eps_post, intermediate=layer.intermediate, act=layer.act,
                                      small_rows=False)

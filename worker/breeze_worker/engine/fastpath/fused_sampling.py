@@ -195,9 +195,9 @@ if fused._triton is not None:
                 tl.store(keep_ptr + s * V + tids, tkeep.to(tl.int8), mask=tok)
 
 
-def available(device: torch.device) -> bool:
+def available(device: torch.device, kernels: fused.KernelSettings = fused.DEFAULT_KERNELS) -> bool:
     """Whether the kernel runs for tensors on `device` (fused.available: CUDA with Triton, or the interpreter)."""
-    return fused.available(device)
+    return fused.available(device, kernels)
 
 
 def blocks(vocab: int) -> tuple[int, int]:
@@ -213,17 +213,18 @@ def blocks(vocab: int) -> tuple[int, int]:
 def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_noise: torch.Tensor,
            nonfinite: torch.Tensor, keep_out: torch.Tensor | None = None, out: torch.Tensor | None = None,
            next_table: torch.Tensor | None = None, next_out: torch.Tensor | None = None,
-           cond_row: torch.Tensor | None = None, uncond_row: torch.Tensor | None = None) -> torch.Tensor:
+           cond_row: torch.Tensor | None = None, uncond_row: torch.Tensor | None = None,
+           kernels: fused.KernelSettings = fused.DEFAULT_KERNELS) -> torch.Tensor:
     """One token per row of float32 `logits` [S, V] (int64 [S]; into `out`, which may be strided, e.g. a
     column of the frame's codes); marks `nonfinite` (bool [S]) for rows with a NaN or infinity. `log_noise`
     [S, V] = log of `sampling.exponential_noise` for this position; `blocked` bool [V]. `keep_out` (int8
     [S, V], for tests) receives the filtered set. With `next_table` [V, H]: row `code` of it is also written
     to rows `cond_row[s]` and `uncond_row[s]` of `next_out` [R, H] (FrameStep: the next depth position's
-    input, with no kernel of its own)."""
+    input, with no kernel of its own). `kernels`: the launch settings (fused.KernelSettings)."""
     streams, vocab = logits.shape
     if log_noise.stride(-1) != 1 or logits.stride(-1) != 1:
         raise ValueError("the sampling kernel needs unit stride along the vocabulary")
-    cfg = fused.plan("sample", vocab)
+    cfg = fused.plan("sample", vocab, kernels)
     head, tail = blocks(vocab)
     code = torch.empty(streams, dtype=torch.int64, device=logits.device) if out is None else out
     keep = keep_out if keep_out is not None else code
@@ -239,7 +240,7 @@ def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_n
         cond, uncond = cond_row, uncond_row
     else:  # unused pointers (never dereferenced)
         table, nxt, width, cond, uncond = logits, logits, 1, code, code
-    launch = fused._launch(logits.device)
+    launch = fused._launch(logits.device, kernels)
     _sample_kernel[(streams,)](logits, logits.stride(0), blocked.view(torch.uint8), rows.temperature, rows.top_k,
                                rows.top_p, log_noise, log_noise.stride(0), code, code.stride(0),
                                nonfinite.view(torch.uint8), keep, table, table.stride(0), nxt, nxt.stride(0),

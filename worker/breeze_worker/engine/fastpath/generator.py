@@ -32,8 +32,9 @@ import torch
 
 from breeze_worker.engine import tracing
 from breeze_worker.engine.eager import prepare_prompt_embeddings, prompt_text_segments
-from breeze_worker.engine.fastpath.graph import acquire_runner, pipeline_wanted, release_runner
+from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -62,14 +63,11 @@ class FastFrameGenerator:
     """Iterate to get int64 [16] CPU frames; `.end_reason` is set once the iterator is exhausted."""
 
     def __init__(self, model: LoadedModel, request: ResolvedRequest, device: torch.device | str | None = None,
-                 *, eos_masked: bool = False, compile: bool | None = None, timed_stages: bool = False,
-                 form: str | None = None, sampler: str | None = None):
+                 *, settings: FastPathSettings | None = None, eos_masked: bool = False, timed_stages: bool = False):
         self.model, self.request = model, request
         self.device = torch.device(device) if device is not None else model.device
+        self.settings = settings or FastPathSettings()  # compile, form, sampler, kernels, overlap, pipeline
         self.eos_masked = eos_masked  # bench only: never end of speech (the frame limit ends the request)
-        self.compile = compile  # None: the environment's choice (fastpath/compiled.py)
-        self.form = form  # compiled layers' form (fastpath/forms.py FORMS); None: the environment's choice
-        self.sampler = sampler  # "kernel" (fastpath/fused_sampling.py) or "torch"; None: the environment's choice
         self.timed_stages = timed_stages  # bench: wait for the device at stage ends so the split is exact
         self.end_reason: EndReason | None = None
         self.frames_emitted = 0
@@ -106,8 +104,10 @@ class FastFrameGenerator:
         return False
 
     def _pipelined(self, runner, slots: int, limit: int, graphs: bool, frame_spans):
-        """The frame loop with one frame in flight (graph.pipeline_wanted): frame t+1's backbone step and
-        sampling are queued before frame t is read."""
+        """The frame loop with one frame in flight (the settings' `pipeline`): frame t+1's backbone step and
+        sampling are queued before frame t is read (FrameRunner.launch_frame / read_frame), so no host work sits
+        between two frames on the device. A frame that ends the request leaves the next one computed and thrown
+        away; each frame's audio comes one frame later."""
         launched = runner.launch_frame()
         for frame_index in range(limit):
             started = time.perf_counter()
@@ -148,8 +148,7 @@ class FastFrameGenerator:
         capacity = model.generation_defaults.max_sequence
         limit = min(request.max_frames, capacity - 1 - length)
         frame_spans = None
-        runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, compile=self.compile,
-                                                 form=self.form, sampler=self.sampler)
+        runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, self.settings)
         # what the runner serves with, kept after it is released (bench and logs)
         self.compiled, self.graphs = runner.compiled, runner.use_graphs
         self.fallback_reason, self.compile_fallback_reason = runner.fallback_reason, runner.compile_fallback_reason
@@ -166,7 +165,7 @@ class FastFrameGenerator:
             frame_index = 0
             graphs = bool(runner.use_graphs)
             frame_spans = tracing.span_sequence("frame")
-            if pipeline_wanted():
+            if self.settings.pipeline:
                 yield from self._pipelined(runner, slots, limit, graphs, frame_spans)
                 return
             while frame_index < limit:

@@ -38,9 +38,11 @@ import torch.nn.functional as F
 
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath import fused, fused_sampling
-from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
-from breeze_worker.engine.fastpath.forms import GEMM, LayerForm
-from breeze_worker.engine.fastpath.layers import PLAIN_UNITS, LayerUnits, PackedLayer, linear, rms_norm, small_rows_linear
+from breeze_worker.engine.fastpath.compiled import sampling_kernel_wanted
+from breeze_worker.engine.fastpath.forms import GEMM, LayerForm, select_form
+from breeze_worker.engine.fastpath.layers import (PLAIN_UNITS, LayerUnits, PackedLayer, linear, rms_norm,
+                                                  small_rows_linear)
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -103,8 +105,12 @@ def packed_layers(lm) -> tuple[list[PackedLayer], list[PackedLayer]]:
 
 class FrameStep:
     def __init__(self, lm, rows: int, streams: int, capacity: int, device: torch.device,
-                 sample_kernel: bool | None = None):
+                 settings: FastPathSettings | None = None, sample_kernel: bool | None = None):
+        """`settings`: the fast path's (None: the defaults); its `kernels` launch every fused kernel of the step.
+        `sample_kernel`: whether the sampling kernel draws (None: as `settings.sampler` says for `device`)."""
         cfg = lm.config
+        self.settings = settings or FastPathSettings()
+        self.kernels = self.settings.kernels
         self.lm, self.rows, self.streams, self.device = lm, rows, streams, device
         self.backbone_layers, self.depth_layers = packed_layers(lm)
         self.codebooks, self.vocab = cfg.num_codebooks, cfg.vocab_size
@@ -135,7 +141,7 @@ class FrameStep:
         head = lm.depth_decoder.codebooks_head.weight
         self.depth_heads = [head[p - 1] for p in range(1, n_pos)]  # [H, V] per codebook p
         self.depth_projected = projected_codes(lm, dtype)  # [V, depth H] per codebook: the depth inputs
-        # the units as plain functions of the step; `sample_kernel` as in use_uncompiled (None: the environment's)
+        # the units as plain functions of the step
         self.use_uncompiled(sample_kernel)
         self.fused_workspace = fused.DownWorkspace()  # the fused kernels' split-K partial sums
         # per-row and per-stream state
@@ -201,8 +207,9 @@ class FrameStep:
         x = embeds.to(self.dtype)
         slots = torch.arange(t, device=self.device)[None]  # every row writes slots 0..T-1
         for i, layer in enumerate(self.backbone_layers):
-            if layer.decodable and fused.qk_norm_rope_supported(layer.head_dim):  # q/k norm, RoPE, cache write: one kernel
-                x = _prefill_layer(layer, x, cos, sin, cache.key[i, rows], cache.value[i, rows], slots, mask)
+            if layer.decodable and fused.qk_norm_rope_supported(layer.head_dim):  # q/k norm, RoPE, cache write
+                x = _prefill_layer(layer, x, cos, sin, cache.key[i, rows], cache.value[i, rows], slots, mask,
+                                   self.kernels)
                 continue
 
             def write(k, v, i=i):
@@ -236,7 +243,8 @@ class FrameStep:
         """One position's codes [S] from its stream logits: the sampling kernel (fastpath/fused_sampling.py)
         or the compiled torch sampler (`_pick`); both also flag non-finite logits."""
         if self.sample_kernel:
-            return fused_sampling.sample(logits, self.sampling, blocked, log_noise, self.nonfinite)
+            return fused_sampling.sample(logits, self.sampling, blocked, log_noise, self.nonfinite,
+                                         kernels=self.kernels)
         return self.frame_units.pick(self, logits, noise, blocked)
 
     def _bind_units(self, wrap) -> None:
@@ -247,14 +255,14 @@ class FrameStep:
 
     def use_compiled(self, compile_fn, form: LayerForm | None = None, sample_kernel: bool | None = None) -> None:
         """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py); `form`: the
-        layers' form (None: `layer_form`'s choice for this step's row count); `sample_kernel`: whether the
-        sampling kernel draws (None: `sampling_kernel_wanted`)."""
-        self.form = form or layer_form(self.rows)
+        layers' form (None: `select_form`'s choice for this step's rows and settings); `sample_kernel`: whether
+        the sampling kernel draws (None: `sampling_kernel_wanted`)."""
+        self.form = form or select_form(self.rows, compiled=True, requested=self.settings.form)
         self.units = LayerUnits.wrapped(compile_fn)
         self._bind_units(compile_fn)
-        self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
+        self.sample_kernel = self._sample_kernel(sample_kernel)
         hidden = self.lm.config.depth.hidden_size
-        self.head_kernel = self.form.depth_head_kernel and fused.depth_head_wanted(self.device, hidden)
+        self.head_kernel = self.form.depth_head_kernel and fused.depth_head_wanted(self.device, hidden, self.kernels)
         self.logits_mm = self.form.half_logits and half_logits_available(self.device, self.dtype)
         self.compiled = True
 
@@ -264,11 +272,14 @@ class FrameStep:
         self.form = GEMM
         self.units = PLAIN_UNITS
         self._bind_units(lambda fn: fn)
-        # fastpath/fused_sampling.py draws the codes (None: `sampling_kernel_wanted`)
-        self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
+        self.sample_kernel = self._sample_kernel(sample_kernel)
         self.head_kernel = False
         self.logits_mm = False
         self.compiled = False
+
+    def _sample_kernel(self, asked: bool | None) -> bool:
+        """Whether fastpath/fused_sampling.py draws the codes: `asked`, else as the settings say for the device."""
+        return sampling_kernel_wanted(self.device, self.settings) if asked is None else asked
 
     def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Codebook 0's stream logits (CFG, repetition penalty, the end-of-speech mask) and the frame's noise
@@ -337,7 +348,7 @@ class FrameStep:
                     if self.head_kernel:  # norm, head, CFG as one kernel
                         dm = lm.depth_decoder.model
                         logits = fused.depth_head(x[:, -1], dm.norm.weight, dm.norm.eps, self.depth_heads[p - 1],
-                                                  self.cond_row, self.uncond_row, self.cfg_scale)
+                                                  self.cond_row, self.uncond_row, self.cfg_scale, self.kernels)
                     elif self.logits_mm and self.depth_heads[p - 1].dtype == self.dtype:
                         hidden = units.depth_hidden(self, x)
                         logits = units.combine(self, half_logits(hidden, self.depth_heads[p - 1]))
@@ -352,7 +363,7 @@ class FrameStep:
                             logits, self.sampling, self.blocked_depth, log_noise[:, p, : self.vocab],
                             self.nonfinite, out=self.codes[:, p],
                             next_table=None if last else self.depth_projected[p], next_out=self.next_x,
-                            cond_row=self.cond_row, uncond_row=self.uncond_row)
+                            cond_row=self.cond_row, uncond_row=self.uncond_row, kernels=self.kernels)
                     else:
                         code = self._sample(logits, noise[:, p, : self.vocab],
                                             None if log_noise is None else log_noise[:, p, : self.vocab],
@@ -483,15 +494,16 @@ def put_rows(buffer: torch.Tensor, index: list[int], values: list) -> None:
 
 
 def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                   kernels: fused.KernelSettings) -> torch.Tensor:
     """`PackedLayer.forward` over a prompt x [R, T, hidden] with its q/k norm, RoPE and cache write (slots [1, T]
-    into k_cache/v_cache [R, kv, L, D]) as fused.qk_norm_rope's one kernel. The eager forward ran them as ~10
-    element-wise kernels a layer over the heads-first (strided) view of the projection, ~24 us each at 32
-    joiners (results/batching/NOTES.md run 21); on the CPU the kernel's fallback is that same arithmetic."""
+    into k_cache/v_cache [R, kv, L, D]) as fused.qk_norm_rope's one kernel, in place of ~10 element-wise
+    kernels a layer over the heads-first (strided) view of the projection; on the CPU the kernel's fallback is
+    that same arithmetic."""
     t = x.shape[1]
     proj = linear(rms_norm(x, layer.w_in, layer.eps_in), layer.qkv)
     q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
-                           kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+                           kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
     return layer.attend_then_mlp(x, q, k_cache[:, :, :t], v_cache[:, :, :t], mask)
 
 
