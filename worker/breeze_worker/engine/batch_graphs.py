@@ -10,8 +10,8 @@ its layers' form by its row count), compiled by one warm-up pass before capture;
 distinct shape, so the buckets are few (engine/batching.py `bucket_shapes`). The fallbacks are the batch-1
 runner's (fastpath/graph.py): a compile error first retries every view whose form has a fallback in that
 form (fastpath/forms.py: `gemm+attention` -> `gemm`, the library's GEMMs only; `fused+chain+all` ->
-`units+attn`); another compile error is logged and the uncompiled views are captured; a capture error of the compiled views retries them uncompiled; a
-second capture error leaves the views eager.
+`units+attn`); another compile error is logged and the uncompiled views are captured; a capture error of
+the compiled views retries them uncompiled; a second capture error leaves the views eager.
 
 Capture runs the step on the real buffers (warm-up runs, then capture), so it happens before any stream
 joins; the caller resets the rows afterwards. On the CPU the same views run eagerly (compiled if asked).

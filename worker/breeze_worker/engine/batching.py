@@ -5,9 +5,10 @@
 (two rows, cond + uncond, only when it uses CFG) and keeps its own prompt, CFG scale, seed, sampling
 settings, frame limit and cache rows. Streams join and leave at frame boundaries:
 
-- join: the prompt is encoded and prefilled into the stream's rows of the static cache (several joiners
-  at one boundary share one text-encoder call and one prefill per contiguous run of rows on CUDA; on the
-  CPU each is prefilled on its own, exactly as it would be alone);
+- join: the prompt (laid out when the request was resolved, engine/prompt.py) is encoded and prefilled into
+  the stream's rows of the static cache (several joiners at one boundary share one text-encoder call and
+  one prefill per contiguous run of rows on CUDA; on the CPU each is prefilled on its own, exactly as it
+  would be alone);
 - each step: ONE `sample_frame` over the covered prefix of slots and rows, ONE host read (codes,
   end-of-speech and non-finite flags of every stream) and ONE `backbone_step` for the next frame, queued
   on the device before that read (every stream of the step writes its slot; those that turn out to end
@@ -17,9 +18,9 @@ settings, frame limit and cache rows. Streams join and leave at frame boundaries
 A step covers a prefix of slots and rows, the *batch shape* (streams, rows). On CUDA the shape is rounded
 up to a bucket (`bucket_shapes`: few shapes, because with compilation on each costs a compile) and each
 bucket replays its own CUDA graph (engine/batch_graphs.py), compiled when the fast path's settings say so
-(`compile_wanted`); on the CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame, codebook) per stream and rows
-never mix, so a stream's frames do not depend on its company: on the CPU in FP32 they are identical alone
-and batched (tests/engine/test_batching.py).
+(`compile_wanted`); on the CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame,
+codebook) per stream and rows never mix, so a stream's frames do not depend on its company: on the CPU in
+FP32 they are identical alone and batched (tests/engine/test_batching.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from breeze_worker.engine.batch_graphs import ShapeGraphs
-from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
+from breeze_worker.engine.prompt import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import bucket_for
@@ -254,7 +255,7 @@ class BatchedStepper:
                     out.append(None)
             return out
         layouts, segments = {}, {}
-        for key, params in joiners:  # tokenized once per joiner; a prompt that fails fails its joiner only
+        for key, params in joiners:  # each request's layouts from its resolution; a failing prompt fails its joiner
             try:
                 layouts[key] = prompt_layouts(self.model, params)
                 segments[key] = prompt_text_segments(self.model, params, layouts[key])

@@ -1,7 +1,7 @@
 """`FastFrameGenerator`: the fast decode path behind the eager generator's interface.
 
-Prompt preparation is the eager path's (`prepare_prompt_embeddings`), with the text encoder replayed
-from a graph per length bucket (fastpath/prompt.py); the backbone prefill runs once into the static cache,
+Prompt preparation is engine/prompt.py's, as the eager path's, with the text encoder replayed from a graph
+per length bucket (fastpath/prompt.py); the backbone prefill runs once into the static cache,
 replayed from a graph per prompt-length bucket (the prompt left-padded to it, FrameRunner.prefill); then
 each frame is one replay of the sampling graph, ONE host read
 (16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
@@ -31,7 +31,7 @@ import time
 import torch
 
 from breeze_worker.engine import tracing
-from breeze_worker.engine.eager import prepare_prompt_embeddings, prompt_text_segments
+from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
 from breeze_worker.engine.fastpath.settings import FastPathSettings
@@ -139,8 +139,9 @@ class FastFrameGenerator:
         t0 = time.perf_counter()
         with tracing.span("text_encode"):  # setup, not a frame (engine/syncaudit.py)
             encoder = text_encoder_graphs(model.lm, self.device)
+            layouts = prompt_layouts(model, request)  # the request's own, laid out when it was resolved
             prompt = prepare_prompt_embeddings(model, request, encoded=encoder.encode_segments(
-                prompt_text_segments(model, request)))
+                prompt_text_segments(model, request, layouts)), layouts=layouts)
             self._stage_end()
         t1 = time.perf_counter()
         self.timings["text_encode_s"] = t1 - t0
