@@ -88,8 +88,7 @@ def half_logits_available(device: torch.device, dtype: torch.dtype) -> bool:
 def half_logits(hidden: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     """hidden [N, K] @ weight_t [K, V] in FP32, both in one half dtype: each product is exact in FP32 and the
     sums are FP32, the value of `hidden.float() @ weight_t.float()` up to summation order, as one tensor-core
-    GEMM with an FP32 output instead of FP32 copies of both and a SIMT GEMM (at 48 rows a depth head took
-    21 us that way, results/batching/NOTES.md run 22)."""
+    GEMM with an FP32 output instead of FP32 copies of both and a SIMT GEMM."""
     return torch.mm(hidden, weight_t, out_dtype=torch.float32)
 
 
@@ -177,8 +176,8 @@ class FrameStep:
 
     def set_streams(self, setups: list["StreamSetup"]) -> None:
         """Every joiner's slot settings in one write per buffer, with no host sync (`put_rows`): a scalar
-        assignment into a device tensor waited for the device each time, 12 a joiner, 387 in a 32-stream
-        join on an H200 (results/batching/NOTES.md run 26). `sampling`: one row, on the host or the device."""
+        assignment into a device tensor waits for the device each time, a dozen times a joiner. `sampling`:
+        one row, on the host or the device."""
         if not setups:
             return
         slots = [u.stream for u in setups]
