@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from breeze_worker.engine.batching import BatchedStepper
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import EndReason, SynthesisRequest
@@ -160,13 +161,13 @@ def test_concurrency_sweep_measures_every_level_and_agreement(model):
 
 # ---- compiled bucket views, bucket shapes, cache bounds ----
 
+# compiled (what a CUDA worker gets by default, "auto") with Dynamo's tracing but no code generation
+COMPILED = FastPathSettings(compile="on", compile_backend="aot_eager")
+
+
 def _compiled_env(monkeypatch, model):
     from dataclasses import replace
 
-    from breeze_worker.engine.fastpath import compiled
-
-    monkeypatch.setenv(compiled.COMPILE_ENV, "on")  # what a CUDA worker gets by default ("auto")
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")  # Dynamo's tracing without code generation
     # one attention bucket (256): fewer shapes to compile
     monkeypatch.setattr(model, "generation_defaults", replace(model.generation_defaults, max_sequence=256))
 
@@ -176,16 +177,15 @@ def test_compiled_bucket_views_give_the_frames_of_the_uncompiled_stepper(model, 
     r = requests
     schedule = {0: [("a", r["a"])], 2: [("b", r["b"]), ("d", r["d"])]}  # CFG beside plain, joining mid-flight
     frames = {}
-    for name, compile in (("compiled", None), ("uncompiled", False)):  # None: the environment's choice (on)
-        stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(3, 6)], compile=compile)
+    for name, settings in (("compiled", COMPILED), ("uncompiled", COMPILED.with_changes(compile="off"))):
+        stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(3, 6)], settings=settings)
         stats = stepper.stats()
         assert stats["compiled"] is (name == "compiled") and stats["compile_fallback"] is None
         if name == "compiled":
             view = stepper.graphs.views[(3, 6)]
             assert view.compiled and view is not stepper.step_buffers and not stepper.step_buffers.compiled
-            assert stats["compile_s"] > 0 and stats["forms"] == {"3x6": view.form}
-            # the default batched form, its backbone layers through fused.qk_norm_rope (plan "backbone_rope")
-            assert view.form == "gemm+attention" and view.backbone_rope
+            assert stats["compile_s"] > 0 and stats["forms"] == {"3x6": view.form.name}
+            assert view.form.name == "gemm+attention"  # the default batched form
         frames[name], _ = _run(stepper, schedule)
     assert set(frames["compiled"]) == set("abd")
     for key in "abd":
@@ -199,11 +199,11 @@ def test_a_compile_error_leaves_the_bucket_views_uncompiled(model, requests, alo
 
     _compiled_env(monkeypatch, model)
 
-    def broken(fn):
+    def broken(fn, settings):
         raise RuntimeError("no compiler today")
 
     monkeypatch.setattr(batch_graphs, "compile_unit", broken)
-    stepper = BatchedStepper(model, 2, "cpu", buckets=True)
+    stepper = BatchedStepper(model, 2, "cpu", buckets=True, settings=COMPILED)
     stats = stepper.stats()
     assert stats["compile_requested"] and not stats["compiled"]
     assert "no compiler today" in stats["compile_fallback"]
@@ -216,21 +216,21 @@ def test_a_failing_kernel_leaves_the_batched_views_on_the_library_gemms(model, r
     """The default batched form (gemm+attention) whose Triton kernel cannot be built here (raises) falls back to
     the compiled "gemm" form, not to the uncompiled step, and says why; the frames stay those of each stream
     alone."""
-    from breeze_worker.engine.fastpath import compiled, fused
+    from breeze_worker.engine.fastpath import fused
+    from breeze_worker.engine.fastpath.forms import select_form
 
     _compiled_env(monkeypatch, model)
-    monkeypatch.delenv(compiled.FORM_ENV, raising=False)
-    assert compiled.layer_form(6) == "gemm+attention"
+    assert select_form(6, compiled=True).name == "gemm+attention"
 
     def broken(*args, **kwargs):
         raise RuntimeError("no attention kernel on this device")
 
     monkeypatch.setattr(fused, "depth_attention", broken)
-    stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(3, 6)])
+    stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(3, 6)], settings=COMPILED)
     stats = stepper.stats()
     assert stats["compiled"] and stats["forms"] == {"3x6": "gemm"}
     assert "no attention kernel on this device" in stats["compile_fallback"]
-    assert "library GEMMs only" in stats["compile_fallback"]
+    assert "fallbacks" in stats["compile_fallback"]
     frames, _ = _run(stepper, {0: [("a", requests["a"]), ("d", requests["d"])]})
     _assert_identical(frames, alone, "ad")
 
@@ -240,19 +240,17 @@ def test_the_default_batched_form_serves_the_t4_policy(model, requests, monkeypa
     batched form (gemm+attention) compiles without falling back and gives the uncompiled stepper's frames."""
     import copy
 
-    from breeze_worker.engine.fastpath import compiled
     from breeze_worker.engine.precision import apply_policy, make_policy
 
     _compiled_env(monkeypatch, model)
-    monkeypatch.delenv(compiled.FORM_ENV, raising=False)
     mixed = copy.copy(model)
     mixed.lm = copy.deepcopy(model.lm)
     apply_policy(mixed.lm, make_policy("fp16-mixed", "test"), set())
     assert mixed.lm.depth_decoder.model.layers[0].mlp.down_proj.weight.dtype == torch.float16
     schedule = {0: [("a", requests["a"]), ("d", requests["d"])]}
     frames = {}
-    for name, compile in (("compiled", None), ("uncompiled", False)):
-        stepper = BatchedStepper(mixed, 2, "cpu", buckets=True, shapes=[(2, 4)], compile=compile)
+    for name, settings in (("compiled", COMPILED), ("uncompiled", COMPILED.with_changes(compile="off"))):
+        stepper = BatchedStepper(mixed, 2, "cpu", buckets=True, shapes=[(2, 4)], settings=settings)
         stats = stepper.stats()
         assert stats["compile_fallback"] is None
         if name == "compiled":

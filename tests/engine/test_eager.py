@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from breeze_worker.engine.eager import EagerFrameGenerator, prepare_prompt_embeddings, prompt_layouts
+from breeze_worker.engine.eager import EagerFrameGenerator
+from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import (
     EndReason,

@@ -23,13 +23,10 @@ def _case(rows: int, t: int, cond: list[int], uncond: list[int], dtype: torch.dt
     head = (0.2 * torch.randn(hidden, vocab, generator=g)).to(weight_dtype)
     cond_row, uncond_row = torch.tensor(cond), torch.tensor(uncond)
     scale = 1.0 + torch.rand(len(cond), generator=g)
-    fused._config_override = {"depth_head": {"block_v": block_v}}
     out = {}
     for mode in ("torch", "kernel"):
-        fused._use_kernels = mode == "kernel"
-        out[mode] = fused.depth_head(x, w_norm, 1e-5, head, cond_row, uncond_row, scale)
-    fused._use_kernels = None
-    fused._config_override = {}
+        ks = fused.KernelSettings(plans={"depth_head": {"block_v": block_v}}, use_triton=mode == "kernel")
+        out[mode] = fused.depth_head(x, w_norm, 1e-5, head, cond_row, uncond_row, scale, ks)
     ref = out["torch"]
     err = ((ref - out["kernel"]).abs().max() / ref.abs().max()).item()
     tol = 1e-5 if dtype == weight_dtype == torch.float32 else 2e-3

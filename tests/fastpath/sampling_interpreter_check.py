@@ -7,7 +7,6 @@ Prints one JSON line per case; exits non-zero if any case mismatches."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
@@ -39,15 +38,11 @@ def _logits(g: torch.Generator, kind: str, rows: int, vocab: int) -> torch.Tenso
     return x
 
 
-def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, early: bool | None = None,
-          extreme: bool = False) -> dict:
-    """`split`, `early`: the kernel's plan settings (None: the committed plan's). `extreme`: every token the
-    filters cut gets the smallest noise the generator can produce (the largest hash), the draw most likely
-    to escape a filter if the noise could reach 0. Every case also has the
+def _case(kind: str, seed: int, vocab: int = 2051, extreme: bool = False) -> dict:
+    """`extreme`: every token the filters cut gets the smallest noise the generator can produce (the largest
+    hash), the draw most likely to escape a filter if the noise could reach 0. Every case also has the
     kernel write the next input: rows of a table to each stream's cond and uncond rows (equal for some
     streams, as without CFG), and checks them against the table at the drawn codes."""
-    from breeze_worker.engine.fastpath import fused
-
     g = torch.Generator().manual_seed(seed)
     top_k = [50, 10, 0, 1, 2051, 4000, 7, 300]
     top_p = [1.0, 0.9, 0.8, 1.0, 0.5, 1e-6, 0.97, 0.3]
@@ -71,20 +66,14 @@ def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, ea
     flags = torch.zeros(rows, dtype=torch.bool)
     flags[7] = True  # a flag set earlier in the frame stays set
     keep = torch.zeros(rows, vocab, dtype=torch.int8)
-    settings = {name: value for name, value in (("split", split), ("early", early)) if value is not None}
-    fused._config_override = {"sample": settings} if settings else {}
     table = torch.randn(vocab, 24, generator=g)
     cond_row = torch.arange(rows) * 2
     uncond_row = torch.where(torch.arange(rows) % 3 == 0, cond_row, cond_row + 1)
     next_out = torch.full((2 * rows + 1, 1, 24), 7.0)  # the last row belongs to no stream: left alone
     codes = torch.zeros(rows, 4, dtype=torch.int64)
-    try:
-        used = fused.plan("sample", vocab)
-        code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep,
-                                     out=codes[:, 2], next_table=table, next_out=next_out, cond_row=cond_row,
-                                     uncond_row=uncond_row)
-    finally:
-        fused._config_override = {}
+    code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep,
+                                 out=codes[:, 2], next_table=table, next_out=next_out, cond_row=cond_row,
+                                 uncond_row=uncond_row)
     want_next = table[code.clamp(0, vocab - 1)]
     next_ok = (torch.equal(next_out[cond_row, 0], want_next) and torch.equal(next_out[uncond_row, 0], want_next)
                and bool((next_out[-1] == 7.0).all()) and torch.equal(codes[:, 2], code)
@@ -101,8 +90,8 @@ def _case(kind: str, seed: int, vocab: int = 2051, split: bool | None = None, ea
     filtered = bool((keep.sum(-1) < torch.isfinite(scaled).sum(-1)).any())
     inside = bool(expected_keep.gather(1, code.clamp(0, vocab - 1)[:, None]).all()) and not bool(blocked[code].any())
     ok = bool(same_keep.all()) and bool(same_code.all()) and flags_ok and next_ok and (inside or not extreme)
-    return {"kind": kind, "seed": seed, "vocab": vocab, "split": used["split"], "early": used["early"],
-            "next_ok": next_ok, "blocks": list(fused_sampling.blocks(vocab, used["split"])), "ok": ok,
+    return {"kind": kind, "seed": seed, "vocab": vocab, "next_ok": next_ok,
+            "blocks": list(fused_sampling.blocks(vocab)), "ok": ok,
             "keep_rows_equal": int(same_keep.sum()),
             "code_rows_equal": int(same_code.sum()), "rows": rows, "flags_ok": flags_ok,
             "nonfinite_rows": int((~finite_rows).sum()), "extreme": extreme, "inside_filter": inside,
@@ -114,6 +103,7 @@ def _frames_case(cfg: bool, top_p: float | None) -> dict:
     """The kernel inside the fast path's frame step (tiny model, FP32): the eager reference's frames."""
     from breeze_worker.engine.eager import EagerFrameGenerator
     from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
     from breeze_worker.engine.request import resolve_request
     from breeze_worker.engine.types import SamplingOverrides, SynthesisRequest
     from breeze_worker.model.tiny import tiny_model
@@ -132,12 +122,10 @@ def _frames_case(cfg: bool, top_p: float | None) -> dict:
         return kernel(*args, **kwargs)
 
     fused_sampling.sample = counted
-    os.environ["BREEZE_FASTPATH_SAMPLER"] = "kernel"  # "auto" picks it on CUDA only
-    try:
-        fast = list(FastFrameGenerator(model, request, "cpu"))
+    try:  # "auto" picks the kernel on CUDA only
+        fast = list(FastFrameGenerator(model, request, "cpu", settings=FastPathSettings(sampler="kernel")))
     finally:
         fused_sampling.sample = kernel
-        del os.environ["BREEZE_FASTPATH_SAMPLER"]
     equal = len(eager) == len(fast) == 5 and all(torch.equal(e, f) for e, f in zip(eager, fast))
     # 16 positions a frame, one stream row each (CFG rows are combined first)
     return {"kind": "frames", "cfg": cfg, "top_p": top_p, "kernel_calls": len(calls), "frames": len(fast),
@@ -147,13 +135,10 @@ def _frames_case(cfg: bool, top_p: float | None) -> dict:
 def main() -> int:
     cases = [_case(kind, seed) for seed, kind in enumerate(("plain", "ties", "zeros", "sparse", "peaked",
                                                              "nonfinite", "plain", "ties"))]
-    # both block layouts: 2051 and 2052 classes as 2048 + 4, 3000 as 2048 + 1024 (72 lanes masked), a power
-    # of two (no tail either way), leaders in the tail block
-    for split in (True, False):
-        cases += [_case(kind, 20 + seed, vocab, split) for seed, (kind, vocab) in enumerate(
-            (("tail", 2052), ("ties", 2051), ("nonfinite", 3000), ("tail", 3000), ("plain", 2048)))]
-    # the full 32-step search (plan "early" off) against the same references
-    cases += [_case(kind, 40 + seed, 2051, True, False) for seed, kind in enumerate(("plain", "ties", "sparse"))]
+    # the block layouts: 2051 and 2052 classes as 2048 + 4, 3000 as 2048 + 1024 (72 lanes masked), a power of
+    # two (no tail), leaders in the tail block
+    cases += [_case(kind, 20 + seed, vocab) for seed, (kind, vocab) in enumerate(
+        (("tail", 2052), ("ties", 2051), ("nonfinite", 3000), ("tail", 3000), ("plain", 2048)))]
     cases += [_case("plain", 60, extreme=True), _case("peaked", 61, extreme=True)]
     cases += [_frames_case(False, None), _frames_case(True, 0.8)]
     for case in cases:

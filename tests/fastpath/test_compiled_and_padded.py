@@ -9,9 +9,13 @@ import pytest
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath import compiled, fused, fused_rows, layers
+from breeze_worker.engine.fastpath import fused, layers
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
-from breeze_worker.engine.fastpath.graph import FrameRunner, clear_runners
+from breeze_worker.engine.fastpath.graph import FrameRunner, acquire_runner, clear_runners, release_runner
+from breeze_worker.engine.fastpath.settings import FastPathSettings
+
+# compiled with Dynamo's tracing and functionalization but no code generation (the CPU has no Triton kernels)
+COMPILED = FastPathSettings(compile="on", compile_backend="aot_eager")
 
 
 def _equal(a, b):
@@ -31,85 +35,62 @@ def test_padded_prompt_gives_the_same_frames(model, request_for, monkeypatch, cf
 
 
 def test_compiled_units_give_the_same_frames(model, request_for, monkeypatch):
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    gen = FastFrameGenerator(model, request, "cpu", compile=True)
+    gen = FastFrameGenerator(model, request, "cpu", settings=COMPILED)
     fast = list(gen)
     runner = gen.runner or None
     clear_runners()
     assert _equal(eager, fast)
     assert runner is None  # released; the step it used ran compiled (checked below)
-    from breeze_worker.engine.fastpath.graph import acquire_runner
-
-    again = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
+    again = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), COMPILED)
     assert again.compiled and again.compile_fallback_reason is None
     clear_runners()
 
 
-@pytest.mark.parametrize("form", ["units", "units+attn", "triton+attn", "fused", "fused+mlp", "fused+chain",
-                                  "fused+chain+mlp", "fused+chain+all", "gemm+mlp", "gemm+attention"])
-def test_small_row_forms_give_the_same_frames(model, request_for, monkeypatch, form):
-    """The compiled layers' small-row forms (projections and attention as FP32 reductions) sample the same
-    frames as the eager reference, CFG on (2 rows)."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, form)
-    # "fused*": every depth layer step goes through the fused stages (their torch form here); "fused+mlp": the
-    # backbone's MLPs too
-    fused_layers, fused_mlps, backbone_layers, rows_mlps, attentions = [], [], [], [], []
+@pytest.mark.parametrize("form", ["units+attn", "fused+chain+all", "gemm+attention"])
+def test_compiled_forms_give_the_same_frames(model, request_for, monkeypatch, form):
+    """Each compiled layer form (fastpath/forms.py; `gemm` below) samples the eager reference's frames, CFG on
+    (2 rows), and runs its layers where it says: `fused+chain+all` every depth layer step and every backbone
+    layer step as the fused kernels (their torch stages here), `gemm+attention` the depth attention as
+    fused.depth_attention between library-GEMM units, `units+attn` none of them."""
+    settings = COMPILED.with_changes(form=form)
+    fused_layers, fused_mlps, backbone_layers, attentions = [], [], [], []
     real_depth_layer, real_mlp, real_backbone = fused.depth_layer, fused.mlp, fused.backbone_layer
     real_attention = fused.depth_attention
     monkeypatch.setattr(fused, "depth_attention", lambda *a, **k: attentions.append(1) or real_attention(*a, **k))
-    real_rows_mlp = fused_rows.mlp
-    monkeypatch.setattr(fused_rows, "mlp", lambda layer, x, ws: rows_mlps.append(x.shape[-1]) or real_rows_mlp(layer, x, ws))
     monkeypatch.setattr(fused, "backbone_layer", lambda *a, **k: backbone_layers.append(1) or real_backbone(*a, **k))
     monkeypatch.setattr(fused, "depth_layer", lambda *a, **k: fused_layers.append(1) or real_depth_layer(*a, **k))
-    monkeypatch.setattr(fused, "mlp", lambda layer, x, ws: fused_mlps.append(x.shape[-1]) or real_mlp(layer, x, ws))
+    monkeypatch.setattr(fused, "mlp", lambda layer, x, *a: fused_mlps.append(x.shape[-1]) or real_mlp(layer, x, *a))
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    from breeze_worker.engine.fastpath.graph import acquire_runner
-
-    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
-    assert runner.compiled and runner.step.form == form
-    from breeze_worker.engine.fastpath.graph import release_runner
-
+    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), settings)
+    assert runner.compiled and runner.step.form.name == form
     release_runner(model.lm, runner)
-    fused_layers.clear()  # count the request's frames only (not the runner's warm-up)
-    fused_mlps.clear()
-    backbone_layers.clear()
-    rows_mlps.clear()
-    attentions.clear()
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
+    for calls in (fused_layers, fused_mlps, backbone_layers, attentions):
+        calls.clear()  # count the request's frames only (not the runner's warm-up)
+    fast = list(FastFrameGenerator(model, request, "cpu", settings=settings))
     clear_runners()
     assert len(fast) == 3 and _equal(eager, fast)
     depth_layer_steps = 3 * 15 * model.lm.config.depth.num_hidden_layers  # 15 depth positions per frame
-    assert len(fused_layers) == (depth_layer_steps if form.startswith("fused") else 0)
-    # the depth attention as fused.py's kernel (its torch form here): the fused forms but "fused+mlp" (an attention
-    # unit), and "gemm+attention" (between library-GEMM units)
-    kernel_attention = form == "gemm+attention" or (form.startswith("fused") and form != "fused+mlp")
-    assert len(attentions) == (depth_layer_steps if kernel_attention else 0)
-    backbone_mlps = fused_mlps.count(model.lm.config.backbone.hidden_size)
-    with_backbone_mlps = form in ("fused+mlp", "fused+chain+mlp", "fused+chain+all")
-    assert backbone_mlps == (2 * model.lm.config.backbone.num_hidden_layers if with_backbone_mlps else 0)
-    # "fused+chain+all": every backbone layer step of the request's frames (2 after the first) as fused kernels
-    assert len(backbone_layers) == (2 * model.lm.config.backbone.num_hidden_layers if form == "fused+chain+all" else 0)
-    # "gemm+mlp": every MLP, depth and backbone, as the batched kernels (their torch form here)
-    rows = form == "gemm+mlp"
-    assert rows_mlps.count(model.lm.config.depth.hidden_size) == (depth_layer_steps if rows else 0)
-    assert rows_mlps.count(model.lm.config.backbone.hidden_size) == (
-        2 * model.lm.config.backbone.num_hidden_layers if rows else 0)
+    chained = form == "fused+chain+all"
+    assert len(fused_layers) == (depth_layer_steps if chained else 0)
+    assert len(attentions) == (depth_layer_steps if form != "units+attn" else 0)
+    # every backbone layer step of the request's frames (2 after the first) as fused kernels, MLP included
+    backbone_steps = 2 * model.lm.config.backbone.num_hidden_layers
+    assert len(backbone_layers) == (backbone_steps if chained else 0)
+    assert fused_mlps.count(model.lm.config.backbone.hidden_size) == (backbone_steps if chained else 0)
 
 
 @pytest.mark.parametrize("compile", [False, True])
 def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypatch, compile):
-    """The "gemm" form (the default above 2 rows, and the uncompiled step): the depth decoder's keys and values go
+    """The "gemm" form (the uncompiled step's, and gemm+attention's fallback): the depth decoder's keys and values go
     straight into their slot, the same for every row; only the backbone's layers scatter (each row at its
     own position), once per layer and frame; compiled, between the layer's units. The frames stay the eager
     reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, "gemm")
+    settings = COMPILED.with_changes(form="gemm")
     scattered = []
     real = layers.write_cache
     monkeypatch.setattr(layers, "write_cache",
@@ -123,74 +104,57 @@ def test_gemm_form_writes_the_depth_cache_in_place(model, request_for, monkeypat
     clear_runners()
     scattered.clear()
     whole_layers.clear()
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=compile))
+    settings = settings.with_changes(compile="on" if compile else "off")
+    fast = list(FastFrameGenerator(model, request, "cpu", settings=settings))
     clear_runners()
     assert _equal(eager, fast)
     depth_slots = model.lm.config.num_codebooks  # the depth cache: one slot per codebook position (16)
     assert model.generation_defaults.max_sequence != depth_slots
     assert scattered and depth_slots not in scattered  # no depth-cache scatter at all
     assert len(scattered) % model.lm.config.backbone.num_hidden_layers == 0
-    # compiled, the backbone runs as the units with the scatter between them (inside one compiled
-    # decode_layer the scatter became a copy of the cache slice and a copy back)
+    # compiled, the backbone runs as the units with the scatter between them (one compiled decode_layer
+    # copies the cache slice and back)
     assert (len(whole_layers) == 0) == compile
 
 
-def test_layer_form_by_rows_and_environment(monkeypatch):
-    monkeypatch.delenv(compiled.FORM_ENV, raising=False)
-    assert compiled.layer_form(1) == compiled.layer_form(2) == "fused+chain+all"  # one stream, CFG or not
-    assert compiled.FUSED_ROWS == 2 and compiled.layer_form(3) == compiled.layer_form(48) == "gemm+attention"
-    monkeypatch.setenv(compiled.FORM_ENV, "gemm")
-    assert compiled.layer_form(2) == "gemm"
-    monkeypatch.setenv(compiled.FORM_ENV, "fast-please")
-    with pytest.raises(ValueError, match="BREEZE_FASTPATH_FORM"):
-        compiled.layer_form(2)
-
-
-@pytest.mark.parametrize("form, module, kernel, fallback", [("fused", fused, "qkv_rope", "units+attn"),
-                                                           ("gemm+mlp", fused_rows, "norm_gate_up_rows", "gemm"),
-                                                           ("gemm+attention", fused, "depth_attention", "gemm")])
-def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monkeypatch, form, module, kernel,
-                                                         fallback):
-    """A form whose kernel cannot be built on this device (here: raises) leaves the compiled step of the form
-    without it ("fused" -> units+attn, "gemm+mlp" -> gemm), not the uncompiled one, and says why; the frames
-    stay the eager reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, form)
+@pytest.mark.parametrize("form, kernel, fallback", [("fused+chain+all", "qkv_rope", "units+attn"),
+                                                   ("gemm+attention", "depth_attention", "gemm")])
+def test_a_kernel_form_falls_back_when_its_kernels_fail(model, request_for, monkeypatch, form, kernel, fallback):
+    """A form whose kernel cannot be built on this device (here: raises) leaves the compiled step of its fallback
+    form ("fused+chain+all" -> units+attn, "gemm+attention" -> gemm), not the uncompiled one, and says why; the
+    frames stay the eager reference's."""
+    settings = COMPILED.with_changes(form=form)
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel for this device")
 
-    monkeypatch.setattr(module, kernel, broken)
+    monkeypatch.setattr(fused, kernel, broken)
     request = request_for(model, True, frames=2)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
-
-    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), compile=True)
-    assert runner.compiled and runner.step.form == fallback
+    runner = acquire_runner(model.lm, 2, model.generation_defaults.max_sequence, torch.device("cpu"), settings)
+    assert runner.compiled and runner.step.form.name == fallback
     assert "no kernel for this device" in runner.compile_fallback_reason
     assert f"trying form {fallback}" in runner.compile_fallback_reason
     release_runner(model.lm, runner)
-    fast = list(FastFrameGenerator(model, request, "cpu", compile=True))
+    fast = list(FastFrameGenerator(model, request, "cpu", settings=settings))
     clear_runners()
     assert _equal(eager, fast)
 
 
 def test_depth_head_kernel_form_gives_the_same_frames(model, request_for, monkeypatch):
-    """With the depth head's plan "on" (the default), every depth position's logits come from
-    fused.depth_head (its torch form on the CPU, where the kernel is not wanted unless forced) and the frames
-    stay the eager reference's."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
-    monkeypatch.setenv(compiled.FORM_ENV, "fused+chain+all")
-    assert fused.plan("depth_head", 1024)["on"] and not fused.depth_head_wanted(torch.device("cpu"), 1024)
-    monkeypatch.setattr(fused, "depth_head_wanted", lambda device, hidden: fused.plan("depth_head", hidden)["on"])
+    """In the `fused+chain+all` form every depth position's logits come from fused.depth_head (its torch form on
+    the CPU, where the kernel is not wanted unless forced) and the frames stay the eager reference's."""
+    settings = COMPILED.with_changes(form="fused+chain+all")
+    assert not fused.depth_head_wanted(torch.device("cpu"), 1024)
+    monkeypatch.setattr(fused, "depth_head_wanted", lambda device, hidden, kernels: True)
     calls = []
     real = fused.depth_head
     monkeypatch.setattr(fused, "depth_head", lambda *a, **k: calls.append(1) or real(*a, **k))
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     clear_runners()
-    gen = FastFrameGenerator(model, request, "cpu", compile=True)
+    gen = FastFrameGenerator(model, request, "cpu", settings=settings)
     fast = list(gen)
     clear_runners()
     assert _equal(eager, fast)

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interpreter_check):
     cases = interpreter_check("sampling_interpreter_check.py")
-    assert len(cases) == 25 and all(c["ok"] for c in cases)
+    assert len(cases) == 17 and all(c["ok"] for c in cases)
     extreme = [c for c in cases if c.get("extreme")]  # the smallest noise on every cut token: none drawn
     assert len(extreme) == 2 and all(c["inside_filter"] for c in extreme)
     rows_cases = [c for c in cases if c["kind"] != "frames"]
     assert all(c["next_ok"] for c in rows_cases)  # the next-input rows written for each stream's rows
-    assert {c["early"] for c in rows_cases} == {True, False}  # the early-stopped and the full top-k search
-    blocks = {(c["vocab"], c["split"]): tuple(c["blocks"]) for c in cases if c["kind"] != "frames"}
-    assert blocks[(2051, True)] == blocks[(2052, True)] == (2048, 4) and blocks[(3000, True)] == (2048, 1024)
-    assert blocks[(2051, False)] == (4096, 0) and blocks[(2048, True)] == blocks[(2048, False)] == (2048, 0)
+    blocks = {c["vocab"]: tuple(c["blocks"]) for c in rows_cases}
+    assert blocks[2051] == blocks[2052] == (2048, 4) and blocks[3000] == (2048, 1024) and blocks[2048] == (2048, 0)
     rows = [c for c in cases if c["kind"] != "frames"]
     assert all(c["keep_rows_equal"] == c["code_rows_equal"] == c["rows"] for c in rows)
     assert all(c["filtered_something"] for c in rows)  # the filters cut tokens in every case
@@ -28,44 +26,14 @@ def test_sampling_kernel_matches_the_torch_sampler_in_the_interpreter(interprete
     nonfinite = next(c for c in cases if c["kind"] == "nonfinite")
     assert nonfinite["nonfinite_rows"] == 2 and nonfinite["compared_rows"] == 6 and nonfinite["flags_ok"]
     tied = [c for c in cases if c["kind"] == "ties"]
-    assert all(c["kept"][0] == c["vocab"] - 4 for c in tied)  # an all-tied row keeps every unblocked token under top-k 50
+    # an all-tied row keeps every unblocked token under top-k 50
+    assert all(c["kept"][0] == c["vocab"] - 4 for c in tied)
 
 
-def test_sampler_choice_by_device_and_environment(monkeypatch):
-    """`auto` draws with the kernel on CUDA only; `kernel` where it cannot run is refused with a message;
-    the bench's path names the sampler as its third part."""
-    import pytest
-    import torch
-
-    from breeze_worker.bench.runner import open_generator
-    from breeze_worker.engine.fastpath import compiled
-    from breeze_worker.engine.fastpath.graph import resolve_sampler
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    cpu = torch.device("cpu")
-    monkeypatch.delenv(compiled.SAMPLER_ENV, raising=False)
-    assert not compiled.sampling_kernel_wanted(cpu) and resolve_sampler(None, cpu) == "torch"
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "torch")
-    assert not compiled.sampling_kernel_wanted(torch.device("cuda", 0))
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "kernel")
-    with pytest.raises(ValueError, match="needs Triton and a CUDA device"):
-        compiled.sampling_kernel_wanted(cpu)
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "fastest")
-    with pytest.raises(ValueError, match="expected auto, kernel or torch"):
-        compiled.sampling_kernel_wanted(cpu)
-    monkeypatch.delenv(compiled.SAMPLER_ENV)
-    assert resolve_sampler("kernel", cpu) == "kernel"
-    with pytest.raises(ValueError, match="expected kernel or torch"):
-        resolve_sampler("sorted", cpu)
-    gen = open_generator("fast-compiled::torch", None, None, cpu)
-    assert (gen.sampler, gen.form, gen.compile) == ("torch", None, True)
-    gen = open_generator("fast-compiled:fused+chain", None, None, cpu)
-    assert (gen.sampler, gen.form) == (None, "fused+chain")
-
-
-def test_sampling_kernel_compiles_for_hopper_at_every_radix():
-    """Triton's compiler (not its interpreter, which accepts more) builds the kernel for sm_90 at each search
-    step width: the GPU's frontend rejected a first version that the interpreter ran."""
+def test_sampling_kernel_compiles_for_hopper():
+    """Triton's compiler (not its interpreter, which accepts more) builds the kernel for sm_90 in both block
+    layouts, with and without its extras (the early-stopped search's while loop, the next-input write, the
+    chained launch): the GPU's frontend rejected a first version that the interpreter ran."""
     import pytest
 
     triton = pytest.importorskip("triton")
@@ -79,35 +47,32 @@ def test_sampling_kernel_compiles_for_hopper_at_every_radix():
                  "code_ptr": "*i64", "stride_code": "i32", "nonfinite_ptr": "*u8", "keep_ptr": "*i64",
                  "table_ptr": "*bf16", "stride_t": "i32", "next_ptr": "*bf16", "stride_next": "i32",
                  "cond_ptr": "*i64", "uncond_ptr": "*i64", "H": "i32", "V": "i32", "VP": "constexpr",
-                 "VT": "constexpr", "RADIX": "constexpr", "WRITE_KEEP": "constexpr", "EARLY": "constexpr",
-                 "WRITE_NEXT": "constexpr", "HP": "constexpr", "USE_PDL": "constexpr"}
-    # both block layouts of 2051 classes (fused_sampling.blocks): one block of 4096, or 2048 + 4; the early
-    # stop (a while loop), the next-input write and the chained launch (griddepcontrol) at radix 1
-    for (head, tail), radix in [(fused_sampling.blocks(2051, split), radix) for split in (False, True)
-                                for radix in (1, 2, 4)]:
-        extras = radix == 1
+                 "VT": "constexpr", "WRITE_KEEP": "constexpr", "WRITE_NEXT": "constexpr", "HP": "constexpr",
+                 "USE_PDL": "constexpr"}
+    # 2051 classes as 2048 + 4 (fused_sampling.blocks), and a power of two (no tail block)
+    for (head, tail), extras in [(fused_sampling.blocks(vocab), extras) for vocab in (2051, 2048)
+                                 for extras in (True, False)]:
         source = ASTSource(fn=fused_sampling._sample_kernel, signature=signature,
-                           constexprs={"VP": head, "VT": tail, "RADIX": radix, "WRITE_KEEP": extras,
-                                       "EARLY": extras, "WRITE_NEXT": extras, "HP": 1024, "USE_PDL": extras})
+                           constexprs={"VP": head, "VT": tail, "WRITE_KEEP": extras, "WRITE_NEXT": extras,
+                                       "HP": 1024, "USE_PDL": extras})
         built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
         assert "_sample_kernel" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000
         assert ("griddepcontrol.wait" in built.asm["ptx"]) == extras
 
 
-def test_an_explicit_sampler_wins_over_the_environment(model, monkeypatch):
-    """BREEZE_FASTPATH_SAMPLER=kernel where the kernel cannot run (the CPU, no interpreter): a runner asked
-    for the torch sampler is built and serves with it; one that leaves the choice to the environment is
-    refused with the environment's message."""
+def test_the_runner_serves_with_the_sampler_its_settings_name(model, monkeypatch):
+    """A runner whose settings ask for the torch sampler serves with it; one asking for the kernel where it
+    cannot run (the CPU, no interpreter) is refused with a message naming the setting."""
     import pytest
     import torch
 
-    from breeze_worker.engine.fastpath import compiled
     from breeze_worker.engine.fastpath.graph import FrameRunner
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv(compiled.SAMPLER_ENV, "kernel")
     cpu = torch.device("cpu")
-    runner = FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, compile=False, sampler="torch")
+    runner = FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, settings=FastPathSettings(compile="off",
+                                                                                           sampler="torch"))
     assert runner.sampler_requested == "torch" and runner.step.sample_kernel is False
     with pytest.raises(ValueError, match="BREEZE_FASTPATH_SAMPLER=kernel"):
-        FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, compile=False)
+        FrameRunner(model.lm, 2, 64, cpu, use_graphs=False, settings=FastPathSettings(compile="off", sampler="kernel"))

@@ -1,7 +1,7 @@
-"""FastFrameGenerator with one frame in flight (BREEZE_FASTPATH_PIPELINE=on, engine/fastpath/graph.py
-`pipeline_wanted`): the same frames as the eager reference and as the unpipelined loop, one host read per
-frame, the frame limit and end of speech honoured although the next frame was already queued, and a
-non-finite frame never emitted (CPU, FP32, tiny model)."""
+"""FastFrameGenerator with one frame in flight (FastPathSettings.pipeline, BREEZE_FASTPATH_PIPELINE=on): the
+same frames as the eager reference and as the unpipelined loop, one host read per frame, the frame limit and
+end of speech honoured although the next frame was already queued, and a non-finite frame never emitted (CPU,
+FP32, tiny model)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
-from breeze_worker.engine.fastpath.graph import PIPELINE_ENV, clear_runners
+from breeze_worker.engine.fastpath.graph import clear_runners
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import FrameStep
 from breeze_worker.engine.types import EndReason
 from breeze_worker.errors import NumericalError
 
 
 @pytest.mark.parametrize("cfg", [False, True])
-def test_pipelined_frames_equal_eager_and_unpipelined(model, request_for, monkeypatch, cfg):
+def test_pipelined_frames_equal_eager_and_unpipelined(model, request_for, cfg):
     request = request_for(model, cfg, frames=5)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     runs = {}
     for mode in ("off", "on"):
-        monkeypatch.setenv(PIPELINE_ENV, mode)
         clear_runners()
-        gen = FastFrameGenerator(model, request, "cpu")
+        gen = FastFrameGenerator(model, request, "cpu", settings=FastPathSettings(pipeline=mode == "on"))
         runs[mode] = list(gen)
         assert gen.end_reason is EndReason.FRAME_LIMIT and gen.host_reads == 5 == gen.frames_emitted
     clear_runners()
@@ -35,7 +35,6 @@ def test_pipelined_frames_equal_eager_and_unpipelined(model, request_for, monkey
 @pytest.mark.parametrize("mode", ["off", "on"])
 def test_pipelined_end_of_speech_stops_with_the_next_frame_in_flight(model, request_for, monkeypatch, mode,
                                                                      steer_logits):
-    monkeypatch.setenv(PIPELINE_ENV, mode)
     sampled = {"n": 0}
     original_sample = FrameStep.sample_frame
 
@@ -47,7 +46,8 @@ def test_pipelined_end_of_speech_stops_with_the_next_frame_in_flight(model, requ
     # the third backbone read-out (after the prefill's and one step's) ends the stream at frame 2
     calls = steer_logits.end_of_speech(model, at=3)
     clear_runners()
-    gen = FastFrameGenerator(model, request_for(model, False, frames=50), "cpu")
+    gen = FastFrameGenerator(model, request_for(model, False, frames=50), "cpu",
+                             settings=FastPathSettings(pipeline=mode == "on"))
     out = list(gen)
     clear_runners()
     assert len(out) == 2 and gen.end_reason is EndReason.END_OF_SPEECH
@@ -57,10 +57,10 @@ def test_pipelined_end_of_speech_stops_with_the_next_frame_in_flight(model, requ
 
 
 def test_pipelined_nonfinite_frame_is_not_emitted(model, request_for, monkeypatch, steer_logits):
-    monkeypatch.setenv(PIPELINE_ENV, "on")
     steer_logits.nan_depth(model.lm)  # NaN in codebook 5's logits of the third frame
     clear_runners()
-    gen = FastFrameGenerator(model, request_for(model, False, frames=6), "cpu")
+    gen = FastFrameGenerator(model, request_for(model, False, frames=6), "cpu",
+                             settings=FastPathSettings(pipeline=True))
     emitted = []
     with pytest.raises(NumericalError, match="non-finite"):
         for frame in gen:

@@ -1,15 +1,15 @@
-"""The depth positions' inputs from the table of projected codes (fastpath/step.py `projected_codes`, plan
-"sample" `next`): the table is the model's embedding times its projector, built once per model and dtype,
-and the compiled step gives the eager reference's frames with it and without it (FP32, tiny model)."""
+"""The depth positions' inputs from the table of projected codes (fastpath/step.py `projected_codes`): the
+table is the model's embedding times its projector, built once per model and dtype, and the compiled step
+gives the eager reference's frames with it (FP32, tiny model)."""
 
 from __future__ import annotations
 
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath import compiled, fused
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import clear_runners
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import projected_codes
 
 
@@ -31,33 +31,30 @@ def test_the_table_is_the_projected_embedding_once_per_model_and_dtype(model):
     torch.testing.assert_close(half[2].float(), table[2], rtol=2 ** -8, atol=1e-6)
 
 
-def test_compiled_frames_with_and_without_the_table(model, request_for, monkeypatch):
-    """Plan "next" on: the eager reference's frames from the table; off: the same frames with the table
-    zeroed (unused); on with it zeroed: other frames (so the first run did read it)."""
-    monkeypatch.setenv(compiled.BACKEND_ENV, "aot_eager")
+def test_compiled_frames_come_from_the_table(model, request_for):
+    """The compiled step gives the eager reference's frames with its depth inputs from the table; with the table
+    zeroed, other frames (so the step did read it)."""
     request = request_for(model, True, frames=3)
     eager = list(EagerFrameGenerator(model, request, "cpu"))
     table = projected_codes(model.lm, torch.float32)
 
-    def frames(on: bool) -> list[torch.Tensor]:
-        fused._config_override = {"sample": {"next": on}}
+    def frames() -> list[torch.Tensor]:
+        clear_runners()
         try:
-            clear_runners()
-            return list(FastFrameGenerator(model, request, "cpu", compile=True))
+            settings = FastPathSettings(compile="on", compile_backend="aot_eager")
+            return list(FastFrameGenerator(model, request, "cpu", settings=settings))
         finally:
-            fused._config_override = {}
             clear_runners()
 
     def same(run):
         return len(run) == 3 and all(torch.equal(a, b) for a, b in zip(eager, run))
 
-    assert same(frames(True))
+    assert same(frames())
     saved = [t.clone() for t in table]
     try:
         for t in table:
             t.zero_()
-        assert same(frames(False))
-        assert not same(frames(True))
+        assert not same(frames())
     finally:
         for t, original in zip(table, saved):
             t.copy_(original)

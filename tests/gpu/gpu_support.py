@@ -1,8 +1,7 @@
-"""Helpers shared by the GPU suite's modules (tests/gpu): figures out, one setting changed, memory freed."""
+"""Helpers shared by the GPU suite's modules (tests/gpu): figures out, memory freed."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -22,24 +21,6 @@ def write_figures(name: str, doc: dict) -> None:
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / f"{name}.json").write_text(text)
-
-
-@contextlib.contextmanager
-def fastpath_setting(monkeypatch, name: str, value: str):
-    """One fast-path setting changed for the length of the block: the one place the GPU suite changes one.
-
-    Today the fast path reads these from the environment when it builds a step or launches a kernel
-    (engine/fastpath/compiled.py, fused.py), so `name` is the variable. Runners pooled before the block were
-    built with the old value: they are dropped on the way in and on the way out."""
-    from breeze_worker.engine.fastpath.graph import clear_runners
-
-    clear_runners()
-    with monkeypatch.context() as patch:
-        patch.setenv(name, value)
-        try:
-            yield
-        finally:
-            clear_runners()
 
 
 def release_device_memory() -> None:

@@ -92,20 +92,24 @@ def depth_mask(start: int, t: int, device: torch.device) -> torch.Tensor:
 
 def depth_layer_kernels(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                         k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                        workspace: fused.DownWorkspace) -> torch.Tensor:
+                        workspace: fused.DownWorkspace,
+                        kernels: fused.KernelSettings = fused.DEFAULT_KERNELS) -> torch.Tensor:
     """One depth layer at positions start..start+T-1 of x [R, T, H] as the `fused+chain` form's five kernels;
     cos/sin [T, D] of those positions; the caches [R, kv, 16, D] are written in place."""
     t = x.shape[1]
     q = fused.qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start,
-                       heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    attn = fused.depth_attention(q, k_cache, v_cache, depth_mask(start, t, x.device), start, scale=layer.scale)
-    x = fused.down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-    hidden = fused.norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate)
-    return fused.down_residual(hidden, layer.mlp.down_proj.weight, x, workspace)
+                       heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
+    attn = fused.depth_attention(q, k_cache, v_cache, depth_mask(start, t, x.device), start, scale=layer.scale,
+                                 kernels=kernels)
+    x = fused.down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual", kernels=kernels)
+    hidden = fused.norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate,
+                                kernels=kernels)
+    return fused.down_residual(hidden, layer.mlp.down_proj.weight, x, workspace, kernels=kernels)
 
 
 def run_depth_frame(layers: list[Layer], x: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]],
-                    workspace: fused.DownWorkspace) -> torch.Tensor:
+                    workspace: fused.DownWorkspace,
+                    kernels: fused.KernelSettings = fused.DEFAULT_KERNELS) -> torch.Tensor:
     """x [R, T, H] (T <= 16) through the stacked depth layers step by step as a frame runs them; the
     output [R, T, H] of every position. `caches` (one pair per layer) are written in place."""
     t_total = x.shape[1]
@@ -115,7 +119,7 @@ def run_depth_frame(layers: list[Layer], x: torch.Tensor, caches: list[tuple[tor
         h = x[:, start:start + t].contiguous()
         for layer, (k, v) in zip(layers, caches):
             h = depth_layer_kernels(layer.packed, h, cos[start:start + t].contiguous(),
-                                    sin[start:start + t].contiguous(), k, v, start, workspace)
+                                    sin[start:start + t].contiguous(), k, v, start, workspace, kernels)
         outs.append(h)
     return torch.cat(outs, dim=1)
 

@@ -25,6 +25,7 @@ from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import make_request, mask_end_of_speech
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.precision import make_policy
 from breeze_worker.engine.types import EndReason
 
@@ -57,10 +58,10 @@ def eager_frames(mid_model, cuda):
     return frames
 
 
-VARIANTS = {  # name: FastFrameGenerator keywords
-    "served": {},  # compiled on CUDA, the default form for the row count, the sampling kernel
-    "uncompiled": {"compile": False},
-    "compiled-torch-sampler": {"compile": True, "sampler": "torch"},
+VARIANTS = {  # name: the fast path's settings
+    "served": FastPathSettings(),  # compiled on CUDA, the default form for the row count, the sampling kernel
+    "uncompiled": FastPathSettings(compile="off"),
+    "compiled-torch-sampler": FastPathSettings(compile="on", sampler="torch"),
 }
 
 
@@ -69,7 +70,7 @@ VARIANTS = {  # name: FastFrameGenerator keywords
 def test_fast_frames_equal_eager_in_fp32(mid_model, eager_frames, cuda, cfg, variant):
     if variant == "compiled-torch-sampler" and not cfg:
         pytest.skip("the torch sampler is checked at 2 rows (CFG) only, to keep the compiles few")
-    generator = FastFrameGenerator(mid_model, make_request(mid_model, cfg, FRAMES, 7), cuda, **VARIANTS[variant])
+    generator = FastFrameGenerator(mid_model, make_request(mid_model, cfg, FRAMES, 7), cuda, settings=VARIANTS[variant])
     fast = list(generator)
     assert generator.end_reason == EndReason.FRAME_LIMIT and generator.host_reads == FRAMES
     assert generator.graphs, generator.fallback_reason
@@ -84,7 +85,8 @@ def _agreement(model, cuda, compile: bool, shapes=None) -> dict:
     from breeze_worker.bench.concurrency import agreement, alone_frames, stream_requests
     from breeze_worker.engine.batching import BatchedStepper
 
-    stepper = BatchedStepper(model, 8, cuda, compile=compile, eos_masked=True, shapes=shapes)
+    stepper = BatchedStepper(model, 8, cuda, eos_masked=True, shapes=shapes,
+                             settings=FastPathSettings(compile="on" if compile else "off"))
     alone = alone_frames(stepper, stream_requests(model, 8, 16, 99), cuda)
     return {mode: agreement(model, cuda, streams=8, frames=16, seed=99, stepper=stepper,
                             batch_joins=mode == "batched", alone=alone) for mode in ("batched", "per-stream")}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_support import fastpath_setting, release_device_memory
+from gpu_support import release_device_memory
 from layer_kernels import DEPTH_SLOTS, check_backbone, check_depth, check_depth_head, run_depth_frame, \
     seeded_layers, stale_caches
 
@@ -81,29 +81,29 @@ def test_depth_head_kernel_matches_float64(cuda, dtype):
     assert result["error"] <= (FP32_BOUND if dtype == torch.float32 else 1e-2), result
 
 
-def _frame(layers, x, stale, graph: bool):
+def _frame(layers, x, stale, graph: bool, kernels: fused.KernelSettings = fused.DEFAULT_KERNELS):
     """The 12 depth layers over a frame's 16 positions: outputs and the written caches, launched one by one
     or captured in one CUDA graph and replayed."""
     caches = [(k.clone(), v.clone()) for k, v in stale]
     workspace = fused.DownWorkspace()
     if not graph:
-        out = run_depth_frame(layers, x, caches, workspace)
+        out = run_depth_frame(layers, x, caches, workspace, kernels)
         return out, caches
     side = torch.cuda.Stream()  # warm up (kernels built, workspace allocated) off the capturing stream
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        run_depth_frame(layers, x, [(k.clone(), v.clone()) for k, v in stale], workspace)
+        run_depth_frame(layers, x, [(k.clone(), v.clone()) for k, v in stale], workspace, kernels)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     cuda_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(cuda_graph):  # captured, not run: the caches still hold the stale entries
-        out = run_depth_frame(layers, x, caches, workspace)
+        out = run_depth_frame(layers, x, caches, workspace, kernels)
     cuda_graph.replay()
     torch.cuda.synchronize()
     return out.clone(), caches
 
 
-def test_chained_launches_give_the_same_bits(cuda, monkeypatch):
+def test_chained_launches_give_the_same_bits(cuda):
     """Full-size depth decoder (12 layers, BF16), 2 rows (batch 1 with CFG): chained and unchained, each
     launched directly and from a CUDA graph, and a repeat: outputs and caches identical bit for bit."""
     if not fused.pdl(cuda):
@@ -116,10 +116,10 @@ def test_chained_launches_give_the_same_bits(cuda, monkeypatch):
         runs = {"chained": _frame(layers, x, stale, graph=False),
                 "chained_again": _frame(layers, x, stale, graph=False),
                 "chained_graph": _frame(layers, x, stale, graph=True)}
-        with fastpath_setting(monkeypatch, fused.PDL_ENV, "off"):
-            assert not fused.pdl(cuda)
-            runs["unchained"] = _frame(layers, x, stale, graph=False)
-            runs["unchained_graph"] = _frame(layers, x, stale, graph=True)
+        unchained = fused.KernelSettings(chained=False)
+        assert not fused.pdl(cuda, unchained)
+        runs["unchained"] = _frame(layers, x, stale, graph=False, kernels=unchained)
+        runs["unchained_graph"] = _frame(layers, x, stale, graph=True, kernels=unchained)
     out, caches = runs["chained"]
     assert bool(torch.isfinite(out).all())
     for name, (other_out, other_caches) in runs.items():

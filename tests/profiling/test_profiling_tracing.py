@@ -113,11 +113,14 @@ def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_
 
 @pytest.mark.parametrize("path", ["fast"])
 @pytest.mark.parametrize("overlap", ["on", "off"])
-def test_fast_path_trace_places_setup_and_frames(tiny_with_codec, path, overlap, monkeypatch):
-    monkeypatch.setenv("BREEZE_FASTPATH_READ_OVERLAP", overlap)
+def test_fast_path_trace_places_setup_and_frames(tiny_with_codec, path, overlap):
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
+
     request = make_request(tiny_with_codec, "hello there", False, 2, 3)
     tracer = tracing.Tracer()
-    assert trace_request(tiny_with_codec, request, tiny_with_codec.device, path, tracer, sync_marks=True) == 2
+    settings = FastPathSettings(read_overlap=overlap == "on")
+    assert trace_request(tiny_with_codec, request, tiny_with_codec.device, path, tracer, sync_marks=True,
+                         settings=settings) == 2
     doc = tracer.chrome_trace()
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     names = [e["name"] for e in spans]

@@ -1,9 +1,9 @@
 """Typed, validated worker settings: the one source of configuration.
 
 `WorkerSettings.from_env()` is where the worker's settings are read from the environment (never at import
-time); CLI flags override them. Each validation message says what to change. The fast path's measurement
-knobs (`BREEZE_FASTPATH_*`, `BREEZE_FUSED_*`: form, compile, sampler, launch plans) are not worker settings:
-engine/fastpath/compiled.py and fused.py read them when a step is built.
+time); CLI flags override them. Each validation message says what to change. The fast path's settings are
+`EngineSettings` fields read from their own variables (`BREEZE_FASTPATH_*`, `BREEZE_FUSED_*`, field metadata
+"env"); the engine turns them into its typed `FastPathSettings` (engine/fastpath/settings.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,16 @@ class EngineSettings:
     # decode a step's audio on a CUDA stream of its own and read it during the next step (off by default: on
     # an H200 it stalled 16-stream bursts for ~8.7 s at a time, results/batching/NOTES.md)
     codec_overlap: bool = False
+    # the fast path (engine/fastpath/settings.py FastPathSettings says what each does), each from its own variable
+    fastpath_compile: str = field(default="auto", metadata={"env": "BREEZE_FASTPATH_COMPILE"})  # auto | on | off
+    fastpath_compile_backend: str = field(default="inductor", metadata={"env": "BREEZE_FASTPATH_COMPILE_BACKEND"})
+    fastpath_form: str = field(default="auto", metadata={"env": "BREEZE_FASTPATH_FORM"})  # auto | a layer form
+    fastpath_tune: bool = field(default=False, metadata={"env": "BREEZE_FASTPATH_TUNE"})
+    fastpath_sampler: str = field(default="auto", metadata={"env": "BREEZE_FASTPATH_SAMPLER"})  # auto|kernel|torch
+    fastpath_read_overlap: bool = field(default=True, metadata={"env": "BREEZE_FASTPATH_READ_OVERLAP"})
+    fastpath_pipeline: bool = field(default=False, metadata={"env": "BREEZE_FASTPATH_PIPELINE"})
+    fused_chained: bool = field(default=True, metadata={"env": "BREEZE_FUSED_PDL"})  # chained kernel launches
+    fused_plans: str = field(default="", metadata={"env": "BREEZE_FUSED_CONFIG"})  # launch-plan overrides, JSON
 
     def validate(self) -> None:
         if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
@@ -56,6 +66,9 @@ class EngineSettings:
                              f"({self.max_reference_seconds:g}), not {self.min_reference_seconds:g}")
         if self.model_dir is not None and not Path(self.model_dir).is_dir():
             raise ValueError(f"model directory {self.model_dir} does not exist: pass a checkpoint directory")
+        from breeze_worker.engine.fastpath.settings import FastPathSettings
+
+        FastPathSettings.from_engine(self)  # the fast-path fields: raises with what to change
 
 
 @dataclass(frozen=True)
@@ -164,14 +177,15 @@ class WorkerSettings:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "WorkerSettings":
-        """Read BREEZE_<SECTION>_<FIELD> variables (e.g. BREEZE_ENGINE_DEVICE=cuda:0)."""
+        """Read BREEZE_<SECTION>_<FIELD> variables (e.g. BREEZE_ENGINE_DEVICE=cuda:0), or the variable a
+        field's metadata names (the fast path's: BREEZE_FASTPATH_*, BREEZE_FUSED_*)."""
         env = dict(os.environ if environ is None else environ)
         sections = {}
         for section_name, section in (("engine", EngineSettings()), ("artifacts", ArtifactSettings()),
                                       ("server", ServerSettings())):
             changes = {}
             for f in fields(section):
-                key = f"{ENV_PREFIX}{section_name.upper()}_{f.name.upper()}"
+                key = f.metadata.get("env") or f"{ENV_PREFIX}{section_name.upper()}_{f.name.upper()}"
                 if key in env:
                     changes[f.name] = _parse(env[key], getattr(section, f.name), f.type, key)
             sections[section_name] = replace(section, **changes)

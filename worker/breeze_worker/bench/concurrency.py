@@ -29,6 +29,7 @@ from breeze_worker.bench.measure import peak_memory_bytes, reset_peak_memory, sy
 from breeze_worker.bench.runner import INSTRUCTION
 from breeze_worker.config import WorkerSettings
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
@@ -196,13 +197,14 @@ def _median(values: list[float]) -> float | None:
 
 def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: list[int], *, frames: int,
                         seed: int, stepper: BatchedStepper | None = None, lm_only: bool = True,
-                        compare_overlap: bool = False, on_row=None, stall_dump_s: float | None = None) -> list[dict]:
+                        compare_overlap: bool = False, on_row=None, stall_dump_s: float | None = None,
+                        settings: FastPathSettings | None = None) -> list[dict]:
     """One row per N (see the module doc). `lm_only`: also time N streams without the codec.
     `stall_dump_s`: see `run_burst`.
     `compare_overlap`: also run each burst with the codec overlap the other way round (`other_overlap`).
     `on_row(rows)` is called after each N (the command rewrites its JSON, so a run cut short keeps what it
-    measured)."""
-    stepper = stepper if stepper is not None else BatchedStepper(model, max(concurrency), device)
+    measured). `settings`: the fast path's, for a stepper built here."""
+    stepper = stepper if stepper is not None else BatchedStepper(model, max(concurrency), device, settings=settings)
     overlap = codec_overlap_default()
     rows = []
     for n in concurrency:
@@ -283,12 +285,13 @@ def alone_frames(stepper: BatchedStepper, requests: list, device: torch.device) 
 
 def agreement(model: LoadedModel, device: torch.device, *, streams: int, frames: int, seed: int,
               stepper: BatchedStepper | None = None, batch_joins: bool | None = None,
-              alone: list | None = None) -> dict:
+              alone: list | None = None, settings: FastPathSettings | None = None) -> dict:
     """Frames of `streams` streams (half CFG) batched vs each alone: the fraction of identical frames, and
     per stream the first frame that differs (None: all equal). `batch_joins`: prefill the joiners together
     (True) or each on its own, exactly as alone (False); None: the stepper's setting. `alone`: the
-    `alone_frames` of the same requests, when already computed."""
-    stepper = stepper if stepper is not None else BatchedStepper(model, streams, device)
+    `alone_frames` of the same requests, when already computed. `settings`: the fast path's, for a stepper
+    built here."""
+    stepper = stepper if stepper is not None else BatchedStepper(model, streams, device, settings=settings)
     requests = stream_requests(model, streams, frames, seed)
     saved = stepper.batch_joins
     if batch_joins is not None:

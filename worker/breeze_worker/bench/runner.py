@@ -18,6 +18,7 @@ from breeze_worker.bench.measure import (SyncCounter, gpu_busy_fraction, now, pe
                                          reset_peak_memory)
 from breeze_worker.engine import tracing
 from breeze_worker.engine.codec_rows import CodecRows
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
@@ -52,19 +53,27 @@ def make_request(model: LoadedModel, cfg: bool, frames: int, seed: int, text: st
     return resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer)
 
 
-FAST_PATHS = {"fast": None, "fast-uncompiled": False, "fast-compiled": True}  # path -> compile (None: auto)
+FAST_PATHS = {"fast": None, "fast-uncompiled": "off", "fast-compiled": "on"}  # path -> compile (None: the settings')
 
 
-def open_generator(path: str, model: LoadedModel, request, device: torch.device):
-    """`path`: eager, or a FAST_PATHS name, optionally `:FORM` (the compiled layers' form, fastpath/layers.py;
-    empty: the default) and `:SAMPLER` (kernel or torch: who draws the codes), e.g. `fast-compiled::torch`."""
+def fast_settings(path: str, settings: FastPathSettings | None = None) -> FastPathSettings:
+    """The fast path's settings for a bench `path`: `settings` (None: the defaults) with what the path names:
+    a FAST_PATHS name's compile choice, optionally `:FORM` (the compiled layers' form, fastpath/forms.py;
+    empty: the settings') and `:SAMPLER` (kernel or torch: who draws the codes), e.g. `fast-compiled::torch`."""
     base, _, rest = path.partition(":")
     form, _, sampler = rest.partition(":")
-    if base in FAST_PATHS:
+    settings = settings or FastPathSettings()
+    changes = {"compile": FAST_PATHS[base], "form": form, "sampler": sampler}
+    return settings.with_changes(**{k: v for k, v in changes.items() if v})
+
+
+def open_generator(path: str, model: LoadedModel, request, device: torch.device,
+                   settings: FastPathSettings | None = None):
+    """`path`: eager, or a fast path (`fast_settings`) run with `settings` and what the path names."""
+    if path.partition(":")[0] in FAST_PATHS:
         from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 
-        return FastFrameGenerator(model, request, device, compile=FAST_PATHS[base], timed_stages=True,
-                                  form=form or None, sampler=sampler or None)
+        return FastFrameGenerator(model, request, device, settings=fast_settings(path, settings), timed_stages=True)
     from breeze_worker.engine.eager import EagerFrameGenerator
 
     return EagerFrameGenerator(model, request, device)
@@ -97,7 +106,7 @@ def _decode(rows, frame: torch.Tensor) -> None:
 
 
 def run_once(path: str, model: LoadedModel, request, device: torch.device, count_syncs: bool = False,
-             on_sync=None) -> RunResult:
+             on_sync=None, settings: FastPathSettings | None = None) -> RunResult:
     """One request: frames, wall time, time to first audio (first frame decoded by the codec when there is
     one), stage split, per-frame times. With `count_syncs`, host syncs per frame after the first, split into
     the language model's and the codec's (measure.SyncCounter: slows the run down on the CPU, so not a timed
@@ -113,18 +122,18 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
         scope.enter_context(counter.counting())
     try:
         with scope:
-            return _run(path, model, request, device, codec, rows, counter, count_syncs)
+            return _run(path, model, request, device, codec, rows, counter, count_syncs, settings)
     finally:
         if rows is not None:
             rows.remove(0)
 
 
 def _run(path: str, model: LoadedModel, request, device: torch.device, codec, rows, counter: SyncCounter,
-         count_syncs: bool) -> RunResult:
+         count_syncs: bool, settings: FastPathSettings | None) -> RunResult:
     codec_s = lm_wait_s = 0.0
     frames, frame_times = [], []
     t0 = now(device)
-    gen = open_generator(path, model, request, device)
+    gen = open_generator(path, model, request, device, settings)
     it = iter(gen)
     first = next(it)
     ttfa_lm = time.perf_counter() - t0
@@ -179,12 +188,13 @@ def _run(path: str, model: LoadedModel, request, device: torch.device, codec, ro
 
 
 def time_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
-                 repeats: int, seed: int, tracer: tracing.Tracer | None = None) -> dict:
+                 repeats: int, seed: int, tracer: tracing.Tracer | None = None,
+                 settings: FastPathSettings | None = None) -> dict:
     """Warm up once and time `repeats` requests: one JSON-able dict (`instrument_variant` adds the host-sync
     count and the GPU-busy profile). With `tracer`, the first timed request is traced (spans only)."""
     request = make_request(model, cfg, frames, seed)
     warm_t0 = time.perf_counter()
-    warm = run_once(path, model, request, device)  # first use: graph capture for the fast path
+    warm = run_once(path, model, request, device, settings=settings)  # first use: graph capture for the fast path
     warmup_s = time.perf_counter() - warm_t0
     reset_peak_memory(device)
     from breeze_worker.profiling.memory import PeakMemory  # reserved GPU memory and host peak RSS too
@@ -195,9 +205,9 @@ def time_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: to
             if tracer is not None and i == 0:
                 with tracer.recording(), tracing.span("request", variant=name, path=path, cfg=cfg, timed=True,
                                                       frames=frames):
-                    runs.append(run_once(path, model, request, device))
+                    runs.append(run_once(path, model, request, device, settings=settings))
             else:
-                runs.append(run_once(path, model, request, device))
+                runs.append(run_once(path, model, request, device, settings=settings))
     peak = peak_memory_bytes(device)
     best = min(runs, key=lambda r: r.wall_s)
     per_frame = [statistics.median(r.frame_times_s) for r in runs if r.frame_times_s]
@@ -235,7 +245,7 @@ def time_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: to
 
 def instrument_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: torch.device, *, frames: int,
                        seed: int, profile_frames: int = 8, tracer: tracing.Tracer | None = None,
-                       warm_up: bool = False) -> dict:
+                       warm_up: bool = False, settings: FastPathSettings | None = None) -> dict:
     """The instrumented requests of a variant, each of min(profile_frames, frames) frames: host syncs per frame
     (CUDA's sync debug mode and the explicit waits), then the GPU-busy fraction and kernels under
     torch.profiler. Call it after every timed request of the process: once torch.profiler has run, CUPTI stays
@@ -244,15 +254,15 @@ def instrument_variant(name: str, path: str, cfg: bool, model: LoadedModel, devi
     model was loaded again for this pass, so one uncounted request first (its runner's first use)."""
     short = make_request(model, cfg, min(profile_frames, frames), seed)
     if warm_up:
-        run_once(path, model, short, device)
+        run_once(path, model, short, device, settings=settings)
     if tracer is not None:
         marks = lambda e: tracing.mark("gpu_sync", op=e.op, site=e.site, code=e.code)  # noqa: E731
         with tracer.recording(), tracing.span("request", variant=name, path=path, cfg=cfg, timed=False,
                                               purpose="host sync count", frames=short.max_frames):
-            counted = run_once(path, model, short, device, count_syncs=True, on_sync=marks)
+            counted = run_once(path, model, short, device, count_syncs=True, on_sync=marks, settings=settings)
     else:
-        counted = run_once(path, model, short, device, count_syncs=True)
-    busy = gpu_busy_fraction(device, lambda: run_once(path, model, short, device))
+        counted = run_once(path, model, short, device, count_syncs=True, settings=settings)
+    busy = gpu_busy_fraction(device, lambda: run_once(path, model, short, device, settings=settings))
     return {
         # host syncs per frame after the first, from one untimed request of `profiled_frames` frames
         "host_syncs_per_frame": counted.syncs_per_frame,

@@ -41,7 +41,7 @@ def audit(args: argparse.Namespace) -> dict:
     """Run the audit the flags describe; the JSON document (`breeze-audit-syncs/1`)."""
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.profiling.audit import SCHEMA, audit_path
-    from breeze_worker.profiling.setup import load_model, make_request
+    from breeze_worker.profiling.setup import fastpath_settings, load_model, make_request
 
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be 0 or more host syncs per frame, not {args.budget}")
@@ -52,6 +52,7 @@ def audit(args: argparse.Namespace) -> dict:
     configure_codec_convolutions(device)  # as the worker serves
     model = load_model(args, device)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
+    settings = fastpath_settings()  # as the worker serves
     doc = {
         "schema": SCHEMA,
         "meta": {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -61,7 +62,7 @@ def audit(args: argparse.Namespace) -> dict:
     }
     for path in paths:
         log.info("auditing the %s path (%d frames)", path, args.frames)
-        doc["paths"].append(audit_path(model, request, device, path, args.budget))
+        doc["paths"].append(audit_path(model, request, device, path, args.budget, settings=settings))
     doc["within_budget"] = all(p["within_budget"] for p in doc["paths"])
     return doc
 

@@ -61,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
     from breeze_worker.bench.models import checkpoint_model, random_model
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
+    from breeze_worker.profiling.setup import fastpath_settings
 
     device = pick_device(args.device)
     codec_tf32 = configure_codec_convolutions(device)  # as the worker serves
+    fastpath = fastpath_settings()  # as the worker serves (its environment); a path may name form and sampler
     torch.manual_seed(args.seed)
     tracer = None
     if args.trace:
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                 name = f"{path}/{'cfg' if cfg else 'nocfg'}/{policy.name}"
                 log.info("running %s (%d frames x %d)", name, frames, args.repeats)
                 v = time_variant(name, path, cfg, model, device, frames=frames, repeats=args.repeats, seed=args.seed,
-                                 tracer=tracer)
+                                 tracer=tracer, settings=fastpath)
                 v.update(precision=policy.name, floor_ms=floor)
                 results[(path, cfg)] = v
                 measured.append((policy, frames, v))
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         for p, frames, v in measured:
             if p is policy:
                 v.update(instrument_variant(v["name"], v["path"], v["cfg"], model, device, frames=frames,
-                                            seed=args.seed, tracer=tracer, warm_up=reloaded))
+                                            seed=args.seed, tracer=tracer, warm_up=reloaded, settings=fastpath))
                 print(f"[{v['name']}] host syncs/frame {v['host_syncs_per_frame']} busy {v['gpu_busy_fraction']} "
                       f"kernels {v['gpu_kernels_profiled']}", flush=True)
         model = None

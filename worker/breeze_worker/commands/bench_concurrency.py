@@ -5,8 +5,9 @@ the streams with CFG; per concurrency: aggregate real-time factor, per-stream RT
 time split into the language model's and the codec's, the LM step without the codec, peak GPU memory;
 then (`--agreement-streams N`) the fraction of frames identical batched vs alone, for each prefill mode of
 `--agreement-prefill`; then (`--batch1`) the batch-1 fast path's ms per frame on the same model, for the
-1-stream row's comparison. The stepper compiles its bucket shapes when BREEZE_FASTPATH_COMPILE says so
-(default on CUDA); its build time (compile + capture) is in `meta.stepper`.
+1-stream row's comparison. The stepper runs with the fast path's settings as the worker would (its
+environment: it compiles its bucket shapes when BREEZE_FASTPATH_COMPILE says so, by default on CUDA); its build
+time (compile + capture) is in `meta.stepper`.
 Prints a table; `--json FILE` writes it all, rewritten after each phase (a run cut short keeps what it
 measured). Reuses the bench's model, precision, device and `--capacity` options.
 """
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from breeze_worker.engine.batching import BatchedStepper
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
+    from breeze_worker.profiling.setup import fastpath_settings
 
     device = pick_device(args.device)
     codec_tf32 = configure_codec_convolutions(device)  # as the worker serves
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     shapes = (sweep.sweep_shapes(max_streams, levels, args.agreement_streams) if args.batch_shapes == "sweep"
               else None)
     t0 = time.perf_counter()
-    stepper = BatchedStepper(model, max_streams, device, shapes=shapes)
+    fastpath = fastpath_settings()  # as the worker serves (its environment)
+    stepper = BatchedStepper(model, max_streams, device, shapes=shapes, settings=fastpath)
     build_s = time.perf_counter() - t0
     stats = stepper.stats()
     log.info("batched stepper: %d shapes, compiled %s, compile %.1f s, capture %.1f s, built in %.1f s",
@@ -121,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
     save()
     if args.batch1:  # before the agreement: the targets compare the 1-stream row with it
-        doc["batch1"] = _batch1(model, device, args.frames, args.seed)
+        doc["batch1"] = _batch1(model, device, args.frames, args.seed, fastpath)
         batch1_ms, source = doc["batch1"]["ms_per_frame"], "measured in this run"
         doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
         save()
@@ -170,17 +173,17 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _batch1(model, device: torch.device, frames: int, seed: int, repeats: int = 2) -> dict:
-    """The batch-1 fast path (engine/fastpath, compiled as the environment says), CFG on, no codec: the
-    median inter-frame time over `repeats` requests after one warm-up."""
+def _batch1(model, device: torch.device, frames: int, seed: int, settings, repeats: int = 2) -> dict:
+    """The batch-1 fast path (engine/fastpath, with the fast path's `settings`), CFG on, no codec: the median
+    inter-frame time over `repeats` requests after one warm-up."""
     from breeze_worker.bench.runner import make_request, run_once
 
     lm_only = replace(model, codec=None)
     request = make_request(lm_only, True, frames, seed)
     t0 = time.perf_counter()
-    warm = run_once("fast", lm_only, request, device)
+    warm = run_once("fast", lm_only, request, device, settings=settings)
     first_use_s = time.perf_counter() - t0
-    runs = [run_once("fast", lm_only, request, device) for _ in range(repeats)]
+    runs = [run_once("fast", lm_only, request, device, settings=settings) for _ in range(repeats)]
     per_frame = [statistics.median(r.frame_times_s) for r in runs if r.frame_times_s]
     return {"ms_per_frame": 1000 * statistics.median(per_frame) if per_frame else None, "cfg": True,
             "frames": len(runs[0].frames), "repeats": repeats, "compiled": warm.compiled,

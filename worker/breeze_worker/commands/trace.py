@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.engine.tracing import Tracer
-    from breeze_worker.profiling.setup import frame_source, load_model, make_request
+    from breeze_worker.profiling.setup import fastpath_settings, frame_source, load_model, make_request
     from breeze_worker.profiling.trace import summarize, table, trace_request
 
     torch.set_grad_enabled(False)
@@ -41,10 +41,12 @@ def run(args: argparse.Namespace) -> int:
         configure_codec_convolutions(device)  # as the worker serves
         model = load_model(args, device)
         request = make_request(model, args.text, args.cfg, args.frames, args.seed)
-        for _ in frame_source(args.path, model, request, device):  # warm-up, untraced
+        settings = fastpath_settings()  # as the worker serves
+        for _ in frame_source(args.path, model, request, device, settings=settings):  # warm-up, untraced
             pass
         tracer = Tracer(nvtx=device.type == "cuda")  # NVTX ranges too, for Nsight Systems
-        frames = trace_request(model, request, device, args.path, tracer, sync_marks=not args.no_sync_marks)
+        frames = trace_request(model, request, device, args.path, tracer, sync_marks=not args.no_sync_marks,
+                               settings=settings)
     except (BreezeError, ValueError) as exc:  # a bad flag, checkpoint or request: one line, usage exit
         print(f"breeze-worker trace: {exc}", file=sys.stderr)
         return 2

@@ -236,10 +236,12 @@ def _cache_only_stepper_bytes(model, device: torch.device, slots: int) -> int:
     """Device memory a stepper of `slots` stream slots allocates without graphs or compilation: its caches
     and per-stream buffers."""
     from breeze_worker.engine.batching import BatchedStepper
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
 
     release(device)
     before = _allocated(device)
-    stepper = BatchedStepper(model, slots, device, use_graphs=False, compile=False, shapes=[])
+    stepper = BatchedStepper(model, slots, device, use_graphs=False, shapes=[],
+                             settings=FastPathSettings(compile="off"))
     used = _allocated(device) - before
     del stepper
     release(device)

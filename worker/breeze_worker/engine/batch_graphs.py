@@ -8,10 +8,10 @@ step's static buffers, so replaying them in any order is safe.
 With compilation on (fastpath/compiled.py) every bucket view runs `torch.compile`d units (each view picks
 its layers' form by its row count), compiled by one warm-up pass before capture; Dynamo compiles once per
 distinct shape, so the buckets are few (engine/batching.py `bucket_shapes`). The fallbacks are the batch-1
-runner's (fastpath/graph.py): a compile error in a view whose form has Triton kernels (the default above 2 rows,
-`gemm+attention`) first retries those views as plain `gemm` (the library's GEMMs only); another compile error is
-logged and the uncompiled views are captured; a capture error of the compiled views retries them uncompiled; a
-second capture error leaves the views eager.
+runner's (fastpath/graph.py): a compile error first retries every view whose form has a fallback in that
+form (fastpath/forms.py: `gemm+attention` -> `gemm`, the library's GEMMs only; `fused+chain+all` ->
+`units+attn`); another compile error is logged and the uncompiled views are captured; a capture error of
+the compiled views retries them uncompiled; a second capture error leaves the views eager.
 
 Capture runs the step on the real buffers (warm-up runs, then capture), so it happens before any stream
 joins; the caller resets the rows afterwards. On the CPU the same views run eagerly (compiled if asked).
@@ -26,7 +26,8 @@ import time
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import compile_unit, layer_form, library_gemm_form
+from breeze_worker.engine.fastpath.compiled import compile_unit
+from breeze_worker.engine.fastpath.forms import LayerForm, fallback_of, select_form
 from breeze_worker.engine.fastpath.graph import run_on_side_stream
 from breeze_worker.engine.fastpath.static_cache import buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
@@ -76,12 +77,17 @@ class ShapeGraphs:
         return view
 
     # ---- start-up ----
-    def _set_compiled(self, on: bool, library_only: bool = False) -> None:
-        """`library_only`: views whose form adds Triton kernels to the library GEMMs get `library_gemm_form`."""
+    def _form(self, view: FrameStep) -> LayerForm:
+        """The view's compiled form: it follows the view's row count (and the settings' `form`)."""
+        return select_form(view.rows, compiled=True, requested=self.step.settings.form)
+
+    def _set_compiled(self, on: bool, fallback: bool = False) -> None:
+        """`fallback`: views whose form has a fallback (fastpath/forms.py) compile that form instead."""
+        settings = self.step.settings
         for view in self.views.values():
             if on:
-                form = layer_form(view.rows)  # the layers' form follows the view's row count
-                view.use_compiled(compile_unit, library_only and library_gemm_form(form) or form)
+                form = self._form(view)
+                view.use_compiled(lambda fn: compile_unit(fn, settings), fallback and fallback_of(form) or form)
             else:
                 view.use_uncompiled()
 
@@ -96,15 +102,15 @@ class ShapeGraphs:
     def _compile(self) -> None:
         """Compile every bucket view's units (Dynamo compiles on first call: one warm-up pass)."""
         t0 = time.perf_counter()
-        kernel_forms = any(library_gemm_form(layer_form(view.rows)) for view in self.views.values())
-        attempts = [False, True] if kernel_forms else [False]  # library_only
-        for i, library_only in enumerate(attempts):
+        kernel_forms = any(fallback_of(self._form(view)) for view in self.views.values())
+        attempts = [False, True] if kernel_forms else [False]  # the forms asked for, then their fallbacks
+        for i, fallback in enumerate(attempts):
             try:
-                self._set_compiled(True, library_only)
+                self._set_compiled(True, fallback)
                 run_on_side_stream(self.step.device, self._warm)
                 break
             except Exception as exc:  # compilation is an optimization: keep the uncompiled step
-                then = ("trying the library GEMMs only (form gemm)" if i + 1 < len(attempts)
+                then = ("trying the forms' fallbacks (forms without our Triton kernels)" if i + 1 < len(attempts)
                         else "running the batched step uncompiled")
                 reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {then}"
                 self.compile_fallback_reason = (f"{self.compile_fallback_reason}; then {reason}"

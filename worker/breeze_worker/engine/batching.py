@@ -5,9 +5,10 @@
 (two rows, cond + uncond, only when it uses CFG) and keeps its own prompt, CFG scale, seed, sampling
 settings, frame limit and cache rows. Streams join and leave at frame boundaries:
 
-- join: the prompt is encoded and prefilled into the stream's rows of the static cache (several joiners
-  at one boundary share one text-encoder call and one prefill per contiguous run of rows on CUDA; on the
-  CPU each is prefilled on its own, exactly as it would be alone);
+- join: the prompt (laid out when the request was resolved, engine/prompt.py) is encoded and prefilled into
+  the stream's rows of the static cache (several joiners at one boundary share one text-encoder call and
+  one prefill per contiguous run of rows on CUDA; on the CPU each is prefilled on its own, exactly as it
+  would be alone);
 - each step: ONE `sample_frame` over the covered prefix of slots and rows, ONE host read (codes,
   end-of-speech and non-finite flags of every stream) and ONE `backbone_step` for the next frame, queued
   on the device before that read (every stream of the step writes its slot; those that turn out to end
@@ -16,10 +17,10 @@ settings, frame limit and cache rows. Streams join and leave at frame boundaries
 
 A step covers a prefix of slots and rows, the *batch shape* (streams, rows). On CUDA the shape is rounded
 up to a bucket (`bucket_shapes`: few shapes, because with compilation on each costs a compile) and each
-bucket replays its own CUDA graph (engine/batch_graphs.py), compiled when `compile_wanted` says so; on the
-CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame, codebook) per stream and rows
-never mix, so a stream's frames do not depend on its company: on the CPU in FP32 they are identical alone
-and batched (tests/engine/test_batching.py).
+bucket replays its own CUDA graph (engine/batch_graphs.py), compiled when the fast path's settings say so
+(`compile_wanted`); on the CPU the exact prefix runs eagerly. Sampling noise is keyed by (seed, frame,
+codebook) per stream and rows never mix, so a stream's frames do not depend on its company: on the CPU in
+FP32 they are identical alone and batched (tests/engine/test_batching.py).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from dataclasses import dataclass, field
 import torch
 
 from breeze_worker.engine.batch_graphs import ShapeGraphs
-from breeze_worker.engine.eager import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
+from breeze_worker.engine.prompt import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.compiled import compile_wanted
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
 from breeze_worker.engine.sampling import RowSampling
@@ -88,11 +90,13 @@ def pick_shape(shapes, need_streams: int, need_rows: int) -> tuple[int, int] | N
 class BatchedStepper:
     def __init__(self, model: LoadedModel, max_streams: int, device: torch.device | str | None = None, *,
                  use_graphs: bool | None = None, batch_joins: bool | None = None, buckets: bool | None = None,
-                 eos_masked: bool = False, compile: bool | None = None,
-                 shapes: list[tuple[int, int]] | None = None):
-        """`compile`: None = the environment's choice (fastpath/compiled.py `compile_wanted`); applies to
-        the bucket shapes. `shapes`: the buckets to build (default `bucket_shapes(max_streams)`; the bench
-        passes the subset its workloads land in)."""
+                 eos_masked: bool = False, shapes: list[tuple[int, int]] | None = None,
+                 settings: FastPathSettings | None = None):
+        """`settings`: the fast path's (engine/fastpath/settings.py; None: the defaults): whether the bucket
+        shapes compile (`compile_wanted`), their forms, the sampler and the kernels' launch settings. `shapes`:
+        the buckets to build (default `bucket_shapes(max_streams)`; the bench passes the subset its workloads
+        land in)."""
+        settings = settings or FastPathSettings()
         self.model = model
         self.device = torch.device(device) if device is not None else model.device
         self.max_streams = max_streams
@@ -102,7 +106,7 @@ class BatchedStepper:
         on_cuda = self.device.type == "cuda"
         self.batch_joins = on_cuda if batch_joins is None else batch_joins
         self.step_buffers = FrameStep(model.lm, rows=self.max_rows, streams=max_streams, capacity=self.capacity,
-                                      device=self.device)
+                                      device=self.device, settings=settings)
         self.bucketed = on_cuda if buckets is None else buckets  # tests: CUDA's bucketed shapes on the CPU
         if not self.bucketed:
             shapes = []
@@ -113,7 +117,7 @@ class BatchedStepper:
             raise ValueError(f"batch shapes {bad} outside {max_streams} streams / {self.max_rows} rows")
         self.graphs = ShapeGraphs(self.step_buffers, shapes,
                                   use_graphs=on_cuda if use_graphs is None else (use_graphs and on_cuda),
-                                  compile=compile_wanted(self.device, compile))
+                                  compile=compile_wanted(self.device, settings))
         self._streams: dict[object, _Stream] = {}
         self._slot_owner: list[_Stream | None] = [None] * max_streams
         self._row_owner: list[_Stream | None] = [None] * self.max_rows
@@ -129,7 +133,7 @@ class BatchedStepper:
         g = self.graphs
         return {"max_streams": self.max_streams, "capacity": self.capacity, "shapes": [list(s) for s in g.shapes],
                 "graphs": g.graph_count, "compile_requested": g.compile_requested, "compiled": g.compiled,
-                "forms": {f"{s}x{r}": v.form for (s, r), v in g.views.items()},
+                "forms": {f"{s}x{r}": v.form.name for (s, r), v in g.views.items()},
                 "compile_s": g.compile_s, "capture_s": g.capture_s, "build_s": g.compile_s + g.capture_s,
                 "compile_fallback": g.compile_fallback_reason, "graph_fallback": g.fallback_reason,
                 "batch_joins": self.batch_joins, "steps": self.steps, "host_reads": self.host_reads}
@@ -251,7 +255,7 @@ class BatchedStepper:
                     out.append(None)
             return out
         layouts, segments = {}, {}
-        for key, params in joiners:  # tokenized once per joiner; a prompt that fails fails its joiner only
+        for key, params in joiners:  # each request's layouts from its resolution; a failing prompt fails its joiner
             try:
                 layouts[key] = prompt_layouts(self.model, params)
                 segments[key] = prompt_text_segments(self.model, params, layouts[key])

@@ -17,9 +17,7 @@ streaming.window_mask).
 Compiled step (`compile`; the `codec_compile` setting, off by default): `decode_step` through
 `torch.compile` (Inductor, whole graph, static shapes), so that the eager step's many small element-wise
 kernels fuse: SnakeBeta alone is six (exp, mul, sin, pow, div, add), then the residual adds, the contexts'
-concatenations, LayerNorm and GELU; among the 15 costliest kernels of an eager 32-slot FP32 step on an
-H200 the element-wise and concatenation ones took 2.3 of ~10.1 ms (results/batching/run4/
-codec_variants.json, `kernels_eager_fp32`). Inductor's default mode, not "reduce-overhead": our graph
+concatenations, LayerNorm and GELU, a large share of an eager step's kernel time. Inductor's default mode, not "reduce-overhead": our graph
 captures the compiled code, which must not capture CUDA graphs of its own. The convolution forms are
 tuned eagerly first and compiled in as chosen (`TwoFormConvolution.gemm_shapes` says why it is a dict).
 A failed compile is logged and kept in `fallback_reason`, and the batch runs (and captures) the
@@ -28,7 +26,7 @@ uncompiled step.
 Convolution forms (`tune_convolutions`): before capture, each one-group causal convolution and transposed
 convolution is timed at this bucket's input shape as the library's (cuDNN, under the capture's flags)
 and as one GEMM (model/codec/layers.py `conv1d_as_gemm` over the stacked taps, `conv_transpose1d_as_gemm`
-with an overlap-add; true FP32), and the graph captures the faster (results/batching/NOTES.md, run 4).
+with an overlap-add; true FP32), and the graph captures the faster (which one wins depends on the shape).
 
 `SlotPool` keeps the built batches of one codec by row count, so a graph captured once (e.g. at the
 runtime's warm-up, or by `prepare`) serves every later `CodecRows` (engine/codec_rows.py).
@@ -249,9 +247,9 @@ class SlotBatch:
         t0 = time.perf_counter()
         try:
             # cuDNN benchmark mode for the warm-up and capture only: its heuristic choice for the codec's
-            # transposed convolutions was a 70 us kernel per call at 1 slot, and the 32-slot step took 34 ms
-            # (results/batching/NOTES.md); benchmarking once per bucket picks the fastest algorithm for
-            # these fixed shapes, and the captured graph keeps it. Other precision flags stay as they are.
+            # transposed convolutions can be a far slower kernel; benchmarking once per bucket picks the
+            # fastest algorithm for these fixed shapes, and the captured graph keeps it. Other precision
+            # flags stay as they are.
             cudnn = torch.backends.cudnn
             tf32 = cudnn.allow_tf32 if self.tf32 is None else self.tf32
             with torch.inference_mode(), cudnn.flags(enabled=cudnn.enabled, benchmark=self.benchmark,

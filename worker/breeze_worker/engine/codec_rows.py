@@ -17,11 +17,9 @@ stream, so a launched step decodes while the engine queues and runs the next lan
 default stream; its inputs come from the host, so it waits for nothing there. `launch` returns at once
 (codes uploaded, graph replayed, both queued); `wait` queues the audio's copy to pinned host memory on
 the caller's stream behind the codec step (an event), then blocks for that copy. The copy is not on the
-codec's stream: with it there, every 16-stream burst on an H200 stalled (~8 of ~48 steps each, ~8.7 s per
-hit, the host waiting on the copy's event while both streams' work was done); with it here, 1 of 3
-bursts at 16 and at 12 streams had one such step (results/batching/NOTES.md, "overlap stall" and run 6;
-a public report of the same pattern blames a device-to-host copy on a second stream beside back-to-back
-graph replays). Fewer, not none: overlap stays off by default. `decode` is both in one call.
+codec's stream: there, the host stalled for seconds at a time waiting on the copy's event while both
+streams' work was done (a device-to-host copy on a second stream beside back-to-back graph replays); on
+the caller's stream such stalls are rarer, not gone, so overlap stays off by default. `decode` is both in one call.
 `CodecRows(overlap=False)` keeps the codec on the caller's stream (the engine's default; the
 `codec_overlap` setting asks for overlap).
 """

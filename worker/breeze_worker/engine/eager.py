@@ -1,5 +1,6 @@
 """The eager frame generator: one request, plain PyTorch, a growing KV cache. The numerical reference for
-the fast path, which reuses `prepare_prompt_embeddings` and must reproduce these frames exactly.
+the fast path, which must reproduce these frames exactly; both take their prefill inputs from
+engine/prompt.py (`prepare_prompt_embeddings`).
 
 Per frame (the official decoding loop):
 1. backbone logits of the last position (FP32); with CFG the two rows (cond, uncond) are combined
@@ -19,98 +20,15 @@ backbone_step, sampling, depth_steps > depth_step; off, each costs one global re
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from breeze_worker.engine import tracing
+from breeze_worker.engine.prompt import prepare_prompt_embeddings
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, sample_rows
 from breeze_worker.engine.types import EndReason, ResolvedRequest
-from breeze_worker.model import prompts
 from breeze_worker.model.lm.layers import additive_mask
 from breeze_worker.model.loaded import LoadedModel
-
-
-@dataclass
-class PromptBatch:
-    """Backbone prefill inputs: row 0 the prompt, row 1 the negative prompt when CFG is on; left padded."""
-
-    inputs_embeds: torch.Tensor  # [R, L, H], model dtype
-    attention_mask: torch.Tensor  # bool [R, L], True on real tokens
-    positions: torch.Tensor  # int64 [R, L]: 0.. over real tokens, 1 on padding (as the official code)
-    lengths: tuple[int, ...]  # unpadded length per row
-
-    @property
-    def length(self) -> int:
-        return int(self.inputs_embeds.shape[1])
-
-
-def prompt_layouts(model: LoadedModel, request: ResolvedRequest) -> list[prompts.PromptLayout]:
-    """[positive] or [positive, negative] token layouts of a request."""
-    ref = request.reference
-    frames = 0 if ref is None else int(ref.codes.shape[0])
-    transcript = None if ref is None else ref.transcript
-    args = (request.template.value, request.text, request.instruction, transcript, frames)
-    branches = [prompts.positive_segments(*args)]
-    if request.uses_cfg:
-        negative = prompts.negative_segments(*args)
-        if negative is None:
-            raise ValueError(f"cfg_scale {request.cfg_scale} on the {request.template.value} template, which has no "
-                             "negative prompt (resolve_request rejects this)")
-        branches.append(negative)
-    return [prompts.build_prompt(model.tokenizer, segments) for segments in branches]
-
-
-def prompt_text_segments(model: LoadedModel, request: ResolvedRequest,
-                         layouts: list[prompts.PromptLayout] | None = None) -> list[torch.Tensor]:
-    """The request's text segments, in the order `prepare_prompt_embeddings` consumes their encodings
-    (`layouts`: `prompt_layouts(model, request)` when the caller has them)."""
-    layouts = prompt_layouts(model, request) if layouts is None else layouts
-    return [torch.tensor(seg, dtype=torch.int64) for layout in layouts for seg in layout.text_segments()]
-
-
-@torch.no_grad()
-def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
-                              encoded: list[torch.Tensor] | None = None,
-                              layouts: list[prompts.PromptLayout] | None = None) -> PromptBatch:
-    """`encoded`: the text encoder's output for `prompt_text_segments(model, request)`, when the caller
-    encoded several requests' segments in one batch (engine/batching.py); None encodes them here.
-    `layouts`: `prompt_layouts(model, request)` when the caller has them (tokenizing is host time: ~0.4 ms
-    a request, which a 32-stream join paid twice)."""
-    lm, config = model.lm, model.config
-    device = model.device
-    layouts = prompt_layouts(model, request) if layouts is None else layouts
-    if encoded is None:
-        segments = [torch.tensor(seg, dtype=torch.int64) for layout in layouts for seg in layout.text_segments()]
-        encoded = lm.encode_segments(segments)
-    encoded = iter(encoded)
-    ref_embeds = eos_embed = None
-    if request.reference is not None:
-        codes = torch.tensor(np.asarray(request.reference.codes), dtype=torch.int64, device=device)  # copy: may be read-only
-        ref_embeds = lm.embed_frames(codes)  # [T, H]
-    eos_frame = torch.full((config.num_codebooks,), config.codebook_eos_token_id, dtype=torch.int64, device=device)
-    eos_embed = lm.embed_frames(eos_frame)[None]  # [1, H]: the all-zero frame
-    rows = []
-    for layout in layouts:
-        pieces = []
-        for span in layout.spans:
-            if span.kind == prompts.TEXT:
-                pieces.append(next(encoded))
-            elif span.kind == prompts.AUDIO:
-                pieces.append(ref_embeds)
-            else:
-                pieces.append(eos_embed)
-        rows.append(torch.cat(pieces, dim=0))
-    longest = max(r.shape[0] for r in rows)
-    hidden = rows[0].shape[1]
-    embeds = torch.zeros(len(rows), longest, hidden, dtype=rows[0].dtype, device=device)
-    valid = torch.zeros(len(rows), longest, dtype=torch.bool, device=device)
-    for i, row in enumerate(rows):
-        embeds[i, longest - row.shape[0]:] = row
-        valid[i, longest - row.shape[0]:] = True
-    positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
-    return PromptBatch(embeds, valid, positions, tuple(r.shape[0] for r in rows))
 
 
 class EagerFrameGenerator:

@@ -37,6 +37,7 @@ from breeze_worker.engine.types import (
     SynthesisRequest,
     Template,
 )
+from breeze_worker.engine.prompt import lay_out
 from breeze_worker.errors import InvalidRequest
 from breeze_worker.model import prompts
 from breeze_worker.model.loaded import GenerationDefaults
@@ -197,20 +198,6 @@ def _check_reference(req: SynthesisRequest, reference: ResolvedReference | None,
                              "re-send the audio")
 
 
-def prompt_length(template: Template, text: str, instruction: str | None, reference: ResolvedReference | None,
-                  tokenizer, uses_cfg: bool) -> int:
-    """Backbone prompt positions of the request (the longer branch when guidance doubles the batch)."""
-    frames = 0 if reference is None else int(reference.codes.shape[0])
-    transcript = None if reference is None else reference.transcript
-    branches = [prompts.positive_segments(template.value, text, instruction, transcript, frames)]
-    if uses_cfg:
-        branches.append(prompts.negative_segments(template.value, text, instruction, transcript, frames))
-    try:
-        return max(len(prompts.build_prompt(tokenizer, segments)) for segments in branches)
-    except ValueError as exc:
-        raise InvalidRequest(f"the prompt cannot be laid out: {exc}") from exc
-
-
 def _check_fits(text: str, cap: int, defaults: GenerationDefaults) -> None:
     """A text whose expected speech (x1) is longer than the frames this request may have would be cut off."""
     expected_s, allowed_s = expected_speech_seconds(text), cap / defaults.frame_rate
@@ -238,8 +225,13 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
         raise InvalidRequest(f"encoding must be one of {[e.value for e in PcmEncoding]}, not {req.encoding!r}")
 
     cap = int(defaults.max_frames)
-    if tokenizer is not None:
-        length = prompt_length(template, req.text, req.instruction, reference, tokenizer, cfg_scale != 1.0)
+    laid_out = None
+    if tokenizer is not None:  # laid out once here; the join encodes these layouts (engine/prompt.py)
+        try:
+            laid_out = lay_out(tokenizer, template, req.text, req.instruction, reference, cfg_scale != 1.0)
+        except ValueError as exc:
+            raise InvalidRequest(f"the prompt cannot be laid out: {exc}") from exc
+        length = max(len(layout) for layout in laid_out.layouts)  # the longer branch when guidance doubles it
         room = int(defaults.max_sequence) - 1 - length  # the official loop stops at prompt + frames = max - 1
         if room < 1:
             raise InvalidRequest(f"the prompt takes {length} of the model's {defaults.max_sequence} positions, "
@@ -259,4 +251,5 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
     return ResolvedRequest(
         text=req.text, instruction=req.instruction, cfg_scale=cfg_scale, seed=seed, template=template,
         sampling=sampling, max_frames=max_frames, encoding=req.encoding, frames_per_chunk=fpc, reference=reference,
+        prompt=laid_out,
     )

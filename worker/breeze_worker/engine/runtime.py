@@ -14,6 +14,7 @@ import time
 import torch
 
 from breeze_worker.config import EngineSettings, WorkerSettings
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.types import PcmEncoding, ResolvedRequest, SamplingParams, Template
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Runtime:
     """The loaded model, codec and decode path for one worker process."""
 
     def __init__(self, model, device: torch.device, decode_path: str, description: str,
-                 codec_compile: bool | None = None):
+                 codec_compile: bool | None = None, fastpath: FastPathSettings | None = None):
         self.model = model  # breeze_worker.model.loaded.LoadedModel
         self.codec = model.codec
         self.device = device
@@ -64,6 +65,7 @@ class Runtime:
         self.warmup_s = 0.0
         self.stepper = None  # built by `load` (or on first `stepper_for`)
         self.codec_compile = codec_compile  # the `codec_compile` setting (None: as the environment says)
+        self.fastpath = fastpath or FastPathSettings()  # the fast path's settings (from EngineSettings)
 
     @property
     def is_tiny_default(self) -> bool:
@@ -92,7 +94,8 @@ class Runtime:
         decode_path = settings.fast_path
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"
-        runtime = cls(model, device, decode_path, description, codec_compile=settings.codec_compile)
+        runtime = cls(model, device, decode_path, description, codec_compile=settings.codec_compile,
+                      fastpath=FastPathSettings.from_engine(settings))
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
         runtime.stepper_for(settings.max_active_streams)
@@ -106,7 +109,7 @@ class Runtime:
             if self.decode_path == "fast":
                 from breeze_worker.engine.batching import BatchedStepper
 
-                self.stepper = BatchedStepper(self.model, max_streams, self.device)
+                self.stepper = BatchedStepper(self.model, max_streams, self.device, settings=self.fastpath)
             else:
                 from breeze_worker.engine.stepper import PerStreamStepper
 
@@ -119,7 +122,7 @@ class Runtime:
         if self.decode_path == "fast":
             from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 
-            return FastFrameGenerator(self.model, params, self.device)
+            return FastFrameGenerator(self.model, params, self.device, settings=self.fastpath)
         from breeze_worker.engine.eager import EagerFrameGenerator
 
         return EagerFrameGenerator(self.model, params, self.device)

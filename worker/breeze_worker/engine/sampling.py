@@ -163,7 +163,7 @@ def _sorted_keep(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> 
 
 def _pairwise_keep(scaled: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """`_sorted_keep` without sorting, from comparisons of every token with every other (V^2 per row, two
-    fused reductions once compiled; a sort of 2051 values was ~24 us per row on the H200, results/NOTES.md).
+    fused reductions once compiled; at a few rows cheaper than sorting 2051 values per row).
 
     A token is in the top k exactly when fewer than k tokens are strictly larger (integer counts: the same
     set as `scaled >= kth`, ties included). Its nucleus test uses the probability mass of the strictly

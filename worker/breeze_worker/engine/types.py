@@ -96,6 +96,16 @@ class ResolvedReference:
 
 
 @dataclass(frozen=True)
+class LaidOutPrompt:
+    """A request's prompt token layouts, made once when it is resolved (engine/prompt.py `lay_out`):
+    [positive], or [positive, negative] with CFG (model/prompts.py PromptLayout), and what they were made
+    from, so a changed request is laid out again rather than served stale layouts."""
+
+    layouts: tuple  # tuple[prompts.PromptLayout, ...]
+    source: tuple  # (tokenizer identity, template, text, instruction, transcript, reference frames, uses CFG)
+
+
+@dataclass(frozen=True)
 class ResolvedRequest:
     """The parameters actually used for one job (reported back in the start message)."""
 
@@ -109,6 +119,8 @@ class ResolvedRequest:
     encoding: PcmEncoding
     frames_per_chunk: int
     reference: ResolvedReference | None = None
+    # the prompt's token layouts from validation, carried to the join (None: laid out there)
+    prompt: LaidOutPrompt | None = field(default=None, compare=False, repr=False)
 
     @property
     def uses_cfg(self) -> bool:

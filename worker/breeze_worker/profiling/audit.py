@@ -43,9 +43,11 @@ def _sync_warnings(caught) -> int:
     return sum(1 for w in caught if "synchroniz" in str(w.message))
 
 
-def audit_path(model, request, device: torch.device, path: str, budget: int | None = None) -> dict:
-    """Audit one request on `path` ("eager" or "fast"); a JSON-able dict (see the module docstring)."""
-    for _ in frame_source(path, model, request, device):  # warm-up: first-use costs, graph capture
+def audit_path(model, request, device: torch.device, path: str, budget: int | None = None,
+               settings=None) -> dict:
+    """Audit one request on `path` ("eager" or "fast"); a JSON-able dict (see the module docstring). `settings`:
+    the fast path's (None: the defaults)."""
+    for _ in frame_source(path, model, request, device, settings=settings):  # warm-up: first-use costs, graph capture
         pass
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -55,7 +57,7 @@ def audit_path(model, request, device: torch.device, path: str, budget: int | No
     with tracing.Tracer().recording(), _cuda_sync_debug(device) as caught, detector:
         detector.frame = 0
         seen_warnings = 0
-        for _ in frame_source(path, model, request, device):
+        for _ in frame_source(path, model, request, device, settings=settings):
             with detector.paused():
                 frames += 1
                 if caught is not None:

@@ -72,6 +72,14 @@ def load_model(args: argparse.Namespace, device: torch.device, precision: str | 
     return random_model(args.size, args.seed, device, policy)
 
 
+def fastpath_settings():
+    """The fast path's settings as the worker would serve with them (its environment, breeze_worker/config.py)."""
+    from breeze_worker.config import WorkerSettings
+    from breeze_worker.engine.fastpath.settings import FastPathSettings
+
+    return FastPathSettings.from_engine(WorkerSettings.from_env().engine)
+
+
 def make_request(model: LoadedModel, text: str, cfg: bool, frames: int, seed: int) -> ResolvedRequest:
     req = SynthesisRequest(text=text, instruction=INSTRUCTION if cfg else None, cfg_scale=2.0 if cfg else None,
                            seed=seed, max_frames=frames)
@@ -79,8 +87,9 @@ def make_request(model: LoadedModel, text: str, cfg: bool, frames: int, seed: in
 
 
 def frame_source(path: str, model: LoadedModel, request: ResolvedRequest, device: torch.device,
-                 mask_eos: bool = True):
-    """An eager or fast frame generator (iterator of int64 [16] frames with `.timings`)."""
+                 mask_eos: bool = True, settings=None):
+    """An eager or fast frame generator (iterator of int64 [16] frames with `.timings`); `settings`: the fast
+    path's (engine/fastpath/settings.py FastPathSettings; None: the defaults)."""
     if mask_eos:
         from breeze_worker.bench.runner import mask_end_of_speech
 
@@ -88,7 +97,7 @@ def frame_source(path: str, model: LoadedModel, request: ResolvedRequest, device
     if path == "fast":
         from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 
-        return FastFrameGenerator(model, request, device)  # mask_end_of_speech covers both paths
+        return FastFrameGenerator(model, request, device, settings=settings)  # mask_end_of_speech: both paths
     if path != "eager":
         raise ValueError(f"--path must be one of {PATHS}, not {path!r}")
     from breeze_worker.engine.eager import EagerFrameGenerator

@@ -37,8 +37,9 @@ def _decode(rows: CodecRows, frame: torch.Tensor) -> np.ndarray:
 
 
 def trace_request(model, request, device: torch.device, path: str, tracer: tracing.Tracer,
-                  sync_marks: bool = True) -> int:
-    """Run one request on `path` with `tracer` recording; returns the number of frames."""
+                  sync_marks: bool = True, settings=None) -> int:
+    """Run one request on `path` with `tracer` recording; returns the number of frames. `settings`: the fast
+    path's (None: the defaults)."""
     codec = model.codec
     frames = 0
     rows = CodecRows(codec) if codec is not None else None
@@ -49,7 +50,7 @@ def trace_request(model, request, device: torch.device, path: str, tracer: traci
                                                                           code=e.code))
                     if sync_marks else contextlib.nullcontext())
         with tracing.span("request", path=path, cfg=request.uses_cfg, max_frames=request.max_frames), detector:
-            gen = frame_source(path, model, request, device)
+            gen = frame_source(path, model, request, device, settings=settings)
             for frame in gen:
                 if rows is not None:
                     with tracing.span("codec_decode", index=frames):

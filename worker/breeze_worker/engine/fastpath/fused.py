@@ -1,56 +1,38 @@
-"""Triton kernels for the depth decoder's layer step at 1-8 rows (the "fused" forms, fastpath/layers.py).
+"""Triton kernels for the decoder layers at a few rows, and the depth attention and RoPE for any row count.
 
-Why: at batch 1 with CFG (2 rows) a depth-decoder layer step reads ~56 MB of weights (13 us at the H200's
-copy bandwidth) but ran as 14 kernels taking ~38 us (units+attn, results/NOTES.md runs 7 and 9): the
-four projections and ten small kernels of 1-2.5 us each (norm statistics, RoPE, two cache copies, three
-attention kernels, residual adds, the activation). The frame has 180 such steps (12 layers x 15
-positions).
+Why: at one stream (1-2 model rows) every projection of a decode step is GEMV-shaped and a layer step as
+generic kernels is a dozen small launches of 1-2.5 us each around four projections that read their weights
+well below bandwidth; the frame has 180 depth-decoder layer steps (12 layers x 15 positions).
 
 - `qkv_rope`: RMSNorm, the q/k/v projection, RoPE on q and k, k and v written straight into their cache
-  slot, q into a buffer (five kernels before). A program owns BLOCK_P column pairs (d, d + D/2) of one
-  head, so RoPE is local.
-- `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots (three
-  kernels before); in batched steps (plan `per_head_rows` model rows and more) one per (row, query head).
+  slot, q into a buffer. A program owns BLOCK_P column pairs (d, d + D/2) of one head, so RoPE is local.
+- `depth_attention`: one program per (row, KV head) attends its query heads over the 16 slots; in batched
+  steps (plan `per_head_rows` model rows and more) one per (row, query head), smaller programs.
 - `down_residual`: a projection plus the residual with K in SPLITS chunks; the partials go to a
   workspace and the last program of a column block to arrive, by an atomic counter, adds them in split
   order, so the result does not depend on arrival order, and resets the counter. It serves the MLP's
   down projection and the attention's output projection (plan "o_residual").
-- `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up.
-- loop kernels (plan setting `per_sm` > 0; off: 1.1-3x slower than the one-tile kernels at every shape on
-  the H200, results/NOTES.md run 28): the projections above with a few programs per SM, each walking column
-  blocks and fetching the next block's weights before it reduces the current one; each tile's sums as the
-  one-tile kernels', the same bits.
-- `depth_head` (plan "on", the default since run 28: 8.33 -> 8.19 ms per frame with it): a depth position's
-  final RMSNorm, the codebook's head in FP32 and the CFG combination as one chained kernel.
+- `norm_gate_up`: RMSNorm, gate and up over the same columns, SiLU(gate) * up (`norm_linear`: ungated,
+  the backbone's q/k/v projection).
+- `qk_norm_rope`: from a q/k/v projection, the q/k RMSNorm, RoPE and each row's cache write at its own slot
+  (the backbone's layers, a join's prefill, and the depth layers of the `gemm+attention` form).
+- `depth_head`: a depth position's final RMSNorm, the codebook's head in FP32 and the CFG combination.
 
-Forms (layers.py FORMS) built from them:
-- `fused+chain`: the whole depth layer as these five kernels. On compute
-  capability >= 9.0 each launch is chained to the one before by programmatic dependent launch (`pdl`):
-  a kernel starts while the one before finishes, loads its weights (which nothing writes), then waits
-  (griddepcontrol.wait) before it reads that kernel's output or writes anything, so the bits are the same
-  chained or not (scripts/gpu_fused.py checks it). Per layer step 34.4 us chained vs 39.1 unchained;
-  10.27 ms per frame vs 11.77 for `fused` (results/NOTES.md run 16).
-- `fused+chain+mlp`: also the backbone's MLPs as `norm_gate_up` and `down_residual` (chained to each
-  other): 10.10 ms per frame (run 16).
-- `fused+chain+all` (the default up to 2 rows, compiled.FUSED_ROWS): the backbone's layers as these kernels too
-  (`backbone_layer`: `norm_linear`, `qk_norm_rope`, a compiled attention, `o_residual`, the MLP). With
-  launch plans tuned at the backbone's widths (`_BY_WIDTH`) 9.08 vs 10.39 ms for `fused+chain+mlp` in
-  run 21, 9.21 vs 9.57 in run 22; untuned, run 18 had it 2.4% slower.
-- `fused`: the q/k/v and attention kernels, then the units+attn code from the output projection on
-  (`layers.AFTER_ATTENTION_UNITS`, compiled; Inductor's MLP kernels were faster than these unchained).
-- `fused+mlp`: the attention unit compiled, the MLP as these kernels, the backbone's MLP too.
+`depth_layer` (the whole depth layer as five of them) and `backbone_layer` (the backbone's, around a
+compiled attention) serve the `fused+chain+all` form (fastpath/forms.py). On compute capability >= 9.0 each
+launch is chained to the one before by programmatic dependent launch (`pdl`): a kernel starts while the
+one before finishes, loads its weights (which nothing writes), then waits (griddepcontrol.wait) before it
+reads that kernel's output or writes anything, so the bits are the same chained or not.
 
 Each program loads its whole weight tile (BLOCK rows x the input width, or one K chunk) once and reduces
 each input row against it (no loop over K): every load of the program is in flight at once, as in
-Inductor's persistent reductions. A first version that accumulated [rows, BLOCK, BLOCK_K] products in a
-loop over K, and recomputed the attention per output block, was 1.5-2.3x slower than Inductor's kernels
-(results/NOTES.md run 9) and was replaced.
+Inductor's persistent reductions.
 
 Numerics follow the units form stage by stage: FP32 accumulation, each projection's input rounded to the
 weight's dtype, its output to the residual stream's dtype. Launch settings are fixed per shape by `plan`
 (not timed at start-up): the summation order, hence the rounding, must not change between processes, or
 a seed would not give the same audio after a restart. `BREEZE_FUSED_CONFIG` overrides them for
-measurements (scripts/gpu_fused.py).
+measurements.
 
 The kernels themselves are in fastpath/fused_kernels.py; this module holds their launch plans, the
 functions that launch them and the same stages in torch. Without Triton, or off CUDA (CI), each stage runs
@@ -62,6 +44,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -72,44 +57,61 @@ from breeze_worker.engine.fastpath.layers import attend_rows, rotate, write_cach
 if _triton is not None:  # the kernels (fastpath/fused_kernels.py) these functions launch
     from breeze_worker.engine.fastpath.fused_kernels import (_depth_attention_head_kernel, _depth_attention_kernel,
                                                              _depth_head_kernel, _down_residual_kernel,
-                                                             _down_residual_loop_kernel, _norm_gate_up_kernel,
-                                                             _norm_gate_up_loop_kernel, _qk_norm_rope_kernel,
+                                                             _norm_gate_up_kernel, _qk_norm_rope_kernel,
                                                              _qkv_rope_kernel)
 
-CONFIG_ENV = "BREEZE_FUSED_CONFIG"
-PDL_ENV = "BREEZE_FUSED_PDL"
 MAX_ROWS = 8
 _TILE_BUDGET = 8192  # FP32 weight-tile elements per program (64 registers a thread at 4 warps)
 _MAX_WIDTH = 4096  # the norm kernels hold a whole input row
 
 
+@dataclass(frozen=True, eq=False)
+class KernelSettings:
+    """How this module's kernels launch, passed by the caller (a FrameStep passes its settings' own; the
+    defaults are what the worker serves with)."""
+
+    # chained launches (programmatic dependent launch, `pdl`) where the device has them (BREEZE_FUSED_PDL)
+    chained: bool = True
+    # launch-plan overrides by kernel ("norm_gate_up") or kernel and input width ("norm_gate_up@2048"), on top
+    # of `plan`'s fixed settings: for measurements (BREEZE_FUSED_CONFIG); read-only
+    plans: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # False: every stage runs its torch form even where the kernels could run (the kernels' reference)
+    use_triton: bool = True
+
+    def _key(self) -> tuple:
+        return self.chained, json.dumps(self.plans, sort_keys=True), self.use_triton
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, KernelSettings) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+DEFAULT_KERNELS = KernelSettings()
+
+
 def interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (Triton's own switch, read before it is imported)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-_use_kernels: bool | None = None  # the interpreter check: False = the torch stages, True = the kernels
-_config_override: dict = {}  # the interpreter check: launch settings per kernel, as BREEZE_FUSED_CONFIG
-_pdl_override: bool | None = None  # scripts/gpu_fused.py: chained launches forced on or off
 _pdl_devices: dict[int, bool] = {}
 
 
-def available(device: torch.device) -> bool:
+def available(device: torch.device, kernels: KernelSettings = DEFAULT_KERNELS) -> bool:
     """Whether the kernels run for tensors on `device` (CUDA with Triton; the CPU under the interpreter)."""
-    if _triton is None or _use_kernels is False:
+    if _triton is None or not kernels.use_triton:
         return False
     return device.type == "cuda" or (interpreting() and device.type == "cpu")
 
 
-def pdl(device: torch.device) -> bool:
+def pdl(device: torch.device, kernels: KernelSettings = DEFAULT_KERNELS) -> bool:
     """Whether the kernels launch chained (programmatic dependent launch) on `device`: each starts while
     the kernel before it finishes, loads its weights, and waits (griddepcontrol.wait) before it reads
     that kernel's output. Needs compute capability >= 9.0 and a Triton with griddepcontrol; never in the
-    interpreter; `BREEZE_FUSED_PDL=off` turns it off. The arithmetic is the same either way."""
-    if _pdl_override is not None:
-        return _pdl_override and device.type == "cuda" and _HAS_GDC
-    if device.type != "cuda" or _triton is None or not _HAS_GDC or interpreting():
-        return False
-    if os.environ.get(PDL_ENV, "on").strip().lower() in ("0", "off", "false", "no"):
+    interpreter; `kernels.chained` False turns it off. The arithmetic is the same either way."""
+    if not kernels.chained or device.type != "cuda" or _triton is None or not _HAS_GDC or interpreting():
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _pdl_devices:
@@ -117,9 +119,9 @@ def pdl(device: torch.device) -> bool:
     return _pdl_devices[index]
 
 
-def _launch(device: torch.device) -> dict:
+def _launch(device: torch.device, kernels: KernelSettings) -> dict:
     """The launch arguments that chain a kernel (see `pdl`)."""
-    return {"USE_PDL": True, "launch_pdl": True} if pdl(device) else {"USE_PDL": False}
+    return {"USE_PDL": True, "launch_pdl": True} if pdl(device, kernels) else {"USE_PDL": False}
 
 
 def _next_power_of_two(n: int) -> int:
@@ -129,48 +131,23 @@ def _next_power_of_two(n: int) -> int:
     return pad
 
 
-def _overrides() -> dict:
-    text = os.environ.get(CONFIG_ENV, "").strip()
-    if not text:
-        return {}
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError(f"{CONFIG_ENV} must be a JSON object of kernel name -> settings")
-    return value
-
-
 # launch settings by input width where a shape timed faster with others than the defaults: the backbone's
-# (K 2048, the MLP's 6144; scripts/gpu_backbone.py, results/NOTES.md run 19) and the depth MLP's down
+# (K 2048, the MLP's 6144) and the depth MLP's down projection (K 8192, in one chunk)
 _BY_WIDTH = {
-    ("norm_linear", 2048): {"block_n": 4, "num_warps": 4, "evict": True},  # 8.10 -> 7.79 us
-    ("o_residual", 2048): {"block_n": 2, "chunk": 2048, "num_warps": 2, "evict": False},  # 4.87 -> 3.62
-    ("norm_gate_up", 2048): {"block_n": 2, "num_warps": 4, "evict": True},  # 21.37 -> 20.25
-    # the depth MLP's down (K 8192) in one chunk (scripts/gpu_mlp_loop.py, run 28): 8.24 -> 7.54 us
+    ("norm_linear", 2048): {"block_n": 4, "num_warps": 4, "evict": True},
+    ("o_residual", 2048): {"block_n": 2, "chunk": 2048, "num_warps": 2, "evict": False},
+    ("norm_gate_up", 2048): {"block_n": 2, "num_warps": 4, "evict": True},
     ("down_residual", 8192): {"block_n": 1, "chunk": 8192, "num_warps": 8, "evict": True},
 }
 
 
-_LOOPED = ("norm_gate_up", "norm_linear", "down_residual", "o_residual")
-
-
-def apply_overrides(cfg: dict, kernel: str, k: int) -> None:
-    """`BREEZE_FUSED_CONFIG` (and the interpreter check's `_config_override`) on top of `cfg`: by kernel name,
-    then by name@width."""
-    overrides = _overrides()
-    for key in (kernel, f"{kernel}@{k}"):
-        cfg.update(overrides.get(key, {}))
-        cfg.update(_config_override.get(key, {}))
-
-
-def plan(kernel: str, k: int) -> dict:
+def plan(kernel: str, k: int, kernels: KernelSettings = DEFAULT_KERNELS) -> dict:
     """Fixed launch settings of `kernel` whose inputs are `k` wide (module docstring: fixed, not timed, so
-    the rounding never changes between processes); `BREEZE_FUSED_CONFIG` may override them, by kernel
-    ("norm_gate_up") or by kernel and width ("norm_gate_up@2048"). The defaults are the fastest of
-    scripts/gpu_fused.py's candidates on the H200 at 2 rows (results/gpu_run14-15; "evict": the weight
-    loads hinted evict-first, 13.2 -> 12.8 us for gate/up, 8.2 -> 8.0 for down; a cache hint, the same
-    arithmetic), and at the backbone's widths `_BY_WIDTH`. A program holds its weight tile, BLOCK x (K or
-    CHUNK) values in FP32, within _TILE_BUDGET. "sample" is fused_sampling.py's kernel (`k`: the
-    vocabulary): RADIX bits a search step."""
+    the rounding never changes between processes); `kernels.plans` may override them, by kernel
+    ("norm_gate_up") or by kernel and width ("norm_gate_up@2048"). The defaults are the fastest
+    candidates measured on an H200 at 2 rows ("evict": the weight loads hinted evict-first, a cache hint with the
+    same arithmetic), and at the backbone's widths `_BY_WIDTH`. A program holds its weight tile, BLOCK x (K or
+    CHUNK) values in FP32, within _TILE_BUDGET."""
     width = _next_power_of_two(k)
     if kernel == "qkv_rope":
         cfg = {"block_p": 4, "num_warps": 2}
@@ -183,36 +160,19 @@ def plan(kernel: str, k: int) -> dict:
     elif kernel == "norm_linear":  # norm_gate_up's kernel ungated: the backbone's q/k/v projection
         cfg = {"block_n": 4, "num_warps": 2, "evict": True}
     elif kernel == "depth_attention":
-        # one program per (row, KV head), or from `per_head_rows` model rows on one per (row, query head): at 48
-        # rows the grouped kernel took 5.7 us a call (results/batching/NOTES.md run 21); batch 1 keeps it
+        # one program per (row, KV head), or from `per_head_rows` model rows on one per (row, query head): with
+        # many rows the grouped kernel's [GROUP, SLOTS, D] products make its programs slow; batch 1 keeps it
         cfg = {"num_warps": 4, "per_head_rows": 3, "head_warps": 2}
-    elif kernel == "logits_mm":  # "on": batched steps take FP32 logits from one half-precision tensor-core GEMM
-        cfg = {"on": True}  # (step.half_logits; results/batching/NOTES.md run 23)
-    elif kernel == "prefill_rope":  # "on": a join's prefill runs each layer's q/k norm, RoPE and cache write as
-        cfg = {"on": True}  # qk_norm_rope's one kernel (step._prefill_layer)
-    elif kernel == "backbone_rope":  # "on": in "gemm+attention" the backbone's q/k norm, RoPE and per-row cache
-        cfg = {"on": True}  # write as qk_norm_rope's one kernel (FrameStep._backbone_layer_rope_kernel)
-    elif kernel == "depth_head":  # "on": the kernel serves (run 28: block 8 / 4 warps 8.19 ms per frame, 16 / 8 8.21)
-        cfg = {"on": True, "block_v": 8, "num_warps": 4}
-    elif kernel == "sample":
-        # run 22: 12.8 us a position (radix 2: 16.0; 4 warps: 2x slower); "split": the row as a power-of-two
-        # head block and a small tail (2048 + 4 lanes for 2051 classes) instead of one block of 4096: run 31,
-        # 12.6-13.1 -> 11.2 us a position (top-p 0.9: 22.0 -> 19.3), the same codes
-        # "early": the top-k search stops where exactly k keys pass (the same set); "next": the kernel also
-        # writes the next depth position's projected input (FrameStep); "pdl": chained like the layers' kernels
-        cfg = {"radix": 1, "num_warps": 8, "split": True, "early": True, "next": True, "pdl": True}
+    elif kernel == "depth_head":
+        cfg = {"block_v": 8, "num_warps": 4}
+    elif kernel == "sample":  # fused_sampling.py's kernel (`k`: the vocabulary)
+        cfg = {"num_warps": 8}
     else:
         raise ValueError(f"unknown fused kernel {kernel!r}")
-    if kernel in _LOOPED:  # one program per tile (per_sm 0), or the loop kernels (`_programs`)
-        cfg.setdefault("per_sm", 0)
-        cfg.setdefault("prefetch", True)
     cfg.update(_BY_WIDTH.get((kernel, k), {}))
-    apply_overrides(cfg, kernel, k)
-    if kernel in ("depth_head", "depth_attention", "logits_mm", "backbone_rope", "prefill_rope"):
-        return cfg
-    if kernel == "sample":
-        if 32 % cfg["radix"]:
-            raise ValueError(f"sample: radix {cfg['radix']} must divide 32")
+    for key in (kernel, f"{kernel}@{k}"):
+        cfg.update(kernels.plans.get(key, {}))
+    if kernel in ("depth_head", "depth_attention", "sample"):
         return cfg
     if kernel in ("down_residual", "o_residual"):  # K = splits x chunk, chunk a power of two
         cfg["chunk"] = min(cfg["chunk"], k & -k)
@@ -238,12 +198,12 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> to
 
 def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, *, heads: int,
-             kv_heads: int, head_dim: int) -> torch.Tensor:
+             kv_heads: int, head_dim: int, kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """x [R, T, H] -> q [R, heads, T, D] (a view); k and v [R, kv, T, D] written into the caches [R, kv, L, D]
     at slots start..start+T-1. cos/sin [T, D] (the tables of those positions)."""
     rows, t, hidden = x.shape
     dtype = x.dtype
-    if not available(x.device):
+    if not available(x.device, kernels):
         proj = _linear(_rms(x, w_norm, eps, qkv.dtype), qkv, dtype).view(rows, t, heads + 2 * kv_heads, head_dim)
         proj = proj.transpose(1, 2).float()  # [R, heads + 2kv, T, D]
         qk, v = proj[:, :heads + kv_heads], proj[:, heads + kv_heads:]
@@ -252,135 +212,115 @@ def qkv_rope(x: torch.Tensor, w_norm: torch.Tensor, eps: float, qkv: torch.Tenso
         v_cache[:, :, start:start + t] = v.to(v_cache.dtype)
         return qk[:, :heads].to(dtype)
     _check_cache(k_cache, v_cache, head_dim)
-    cfg = plan("qkv_rope", hidden)
+    cfg = plan("qkv_rope", hidden, kernels)
     q = torch.empty(rows, t, heads, head_dim, dtype=dtype, device=x.device)
     grid = ((heads + 2 * kv_heads) * (head_dim // 2) // cfg["block_p"],)
     _qkv_rope_kernel[grid](x.contiguous(), w_norm, qkv, cos.contiguous(), sin.contiguous(), q, k_cache, v_cache,
                            hidden, start, eps, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), M=rows * t,
                            T=t, HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_P=cfg["block_p"],
-                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"], **_launch(x.device))
+                           HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"],
+                           **_launch(x.device, kernels))
     return q.transpose(1, 2)
 
 
 def depth_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, start: int, *,
-                    scale: float) -> torch.Tensor:
+                    scale: float, kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """q [R, heads, T, D] (from `qkv_rope`) over the cache [R, kv, L, D] (slots after start + t masked; `mask`
     is the same as an additive [1, 1, T, L] tensor, used by the torch form) -> [R, T, heads * D]."""
     rows, heads, t, d = q.shape
-    if not available(q.device):
+    if not available(q.device, kernels):
         return attend_rows(q, k_cache, v_cache, mask, scale, reduce=True)
     _check_cache(k_cache, v_cache, d)
     kv_heads, slots = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(rows, t, heads * d, dtype=v_cache.dtype, device=q.device)
     q_rows = q.transpose(1, 2).contiguous()  # [R, T, heads, D]: qkv_rope's buffer as it is (no copy)
-    cfg = plan("depth_attention", d)
+    cfg = plan("depth_attention", d, kernels)
     per_head = rows >= cfg["per_head_rows"]
     kernel = _depth_attention_head_kernel if per_head else _depth_attention_kernel
     kernel[(rows * t, heads if per_head else kv_heads)](
         q_rows, k_cache, v_cache, out, start, scale, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), T=t,
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, SLOTS=slots,
-        num_warps=cfg["head_warps"] if per_head else cfg["num_warps"], **_launch(q.device))
+        num_warps=cfg["head_warps"] if per_head else cfg["num_warps"], **_launch(q.device, kernels))
     return out
 
 
-def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor,
-                 intermediate: int) -> torch.Tensor:
+def norm_gate_up(x: torch.Tensor, w_norm: torch.Tensor, eps: float, gate_up: torch.Tensor, intermediate: int,
+                 kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """SiLU(gate(norm(x))) * up(norm(x)) for x [R, T, H] -> [R, T, I]."""
     rows, t, hidden = x.shape
-    if not available(x.device):
+    if not available(x.device, kernels):
         normed = _rms(x, w_norm, eps, gate_up.dtype)
         gate = _linear(normed, gate_up[:intermediate], x.dtype).float()
         up = _linear(normed, gate_up[intermediate:], x.dtype).float()
         return (F.silu(gate) * up).to(x.dtype)
     out = torch.empty(rows, t, intermediate, dtype=x.dtype, device=x.device)
-    _gate_up_launch(plan("norm_gate_up", hidden), x, w_norm, gate_up, out, intermediate, eps, gated=True)
+    _gate_up_launch(plan("norm_gate_up", hidden, kernels), x, w_norm, gate_up, out, intermediate, eps, gated=True,
+                    kernels=kernels)
     return out
 
 
 def _gate_up_launch(cfg: dict, x: torch.Tensor, w_norm: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
-                    n: int, eps: float, gated: bool) -> None:
-    """One program per column block, or (`per_sm` > 0) a few programs per SM walking the blocks."""
+                    n: int, eps: float, gated: bool, kernels: KernelSettings) -> None:
+    """One program per block of `block_n` output columns."""
     rows, t, hidden = x.shape
-    tiles = -(-n // cfg["block_n"])
-    args = (x.contiguous(), w_norm, weight, out, hidden, n, eps)
-    common = dict(M=rows * t, BLOCK_N=cfg["block_n"], HP=_next_power_of_two(hidden), EVICT=cfg["evict"],
-                  GATED=gated, num_warps=cfg["num_warps"], **_launch(x.device))
-    programs = _programs(cfg, tiles, x.device)
-    if programs:
-        _norm_gate_up_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
-    else:
-        _norm_gate_up_kernel[(tiles,)](*args, **common)
+    _norm_gate_up_kernel[(-(-n // cfg["block_n"]),)](
+        x.contiguous(), w_norm, weight, out, hidden, n, eps, M=rows * t, BLOCK_N=cfg["block_n"],
+        HP=_next_power_of_two(hidden), EVICT=cfg["evict"], GATED=gated, num_warps=cfg["num_warps"],
+        **_launch(x.device, kernels))
 
 
-def _programs(cfg: dict, tiles: int, device: torch.device) -> int:
-    """The loop kernels' program count: `per_sm` per multiprocessor, at most one per tile; 0: the one-tile
-    kernels. Which program reduces a tile does not change its sums, so the count may follow the device."""
-    per_sm = cfg.get("per_sm", 0)
-    if not per_sm:
-        return 0
-    return max(1, min(tiles, per_sm * _multiprocessors(device)))
-
-
-_SM_COUNTS: dict[str, int] = {}
-
-
-def _multiprocessors(device: torch.device) -> int:
-    key = str(device)
-    if key not in _SM_COUNTS:  # the interpreter (CPU tensors): 2, so that each program walks several tiles
-        _SM_COUNTS[key] = (torch.cuda.get_device_properties(device).multi_processor_count
-                           if device.type == "cuda" else 2)
-    return _SM_COUNTS[key]
-
-
-def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+def norm_linear(x: torch.Tensor, w_norm: torch.Tensor, eps: float, weight: torch.Tensor,
+                kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """weight(norm(x)) for x [R, T, H] -> [R, T, N] (`norm_gate_up`'s kernel, ungated)."""
     rows, t, hidden = x.shape
     n = weight.shape[0]
-    if not available(x.device):
+    if not available(x.device, kernels):
         return _linear(_rms(x, w_norm, eps, weight.dtype), weight, x.dtype)
     out = torch.empty(rows, t, n, dtype=x.dtype, device=x.device)
-    _gate_up_launch(plan("norm_linear", hidden), x, w_norm, weight, out, n, eps, gated=False)
+    _gate_up_launch(plan("norm_linear", hidden, kernels), x, w_norm, weight, out, n, eps, gated=False,
+                    kernels=kernels)
     return out
 
 
-def depth_head_wanted(device: torch.device, hidden: int) -> bool:
-    """Whether `depth_head` runs its kernel (its plan's "on", and the kernels available on `device`)."""
-    return available(device) and bool(plan("depth_head", hidden)["on"]) and hidden <= _MAX_WIDTH
+def depth_head_wanted(device: torch.device, hidden: int, kernels: KernelSettings = DEFAULT_KERNELS) -> bool:
+    """Whether `depth_head` runs its kernel: the kernels available on `device`, inputs no wider than _MAX_WIDTH."""
+    return available(device, kernels) and hidden <= _MAX_WIDTH
 
 
 def depth_head(x: torch.Tensor, w_norm: torch.Tensor, eps: float, head: torch.Tensor, cond_row: torch.Tensor,
-               uncond_row: torch.Tensor, cfg_scale: torch.Tensor) -> torch.Tensor:
+               uncond_row: torch.Tensor, cfg_scale: torch.Tensor,
+               kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """A depth position's stream logits [S, V] (FP32) from the last layer's output at that position x [R, H]
     (rows may be strided): the final RMSNorm, the codebook's head `head` [H, V] in FP32, CFG u + s * (c - u)
     over the streams' rows `cond_row`/`uncond_row` [S] with `cfg_scale` [S] (FrameStep._depth_logits)."""
     rows, hidden = x.shape
     vocab = head.shape[1]
     streams = cond_row.shape[0]
-    if not available(x.device):
+    if not available(x.device, kernels):
         normed = _rms(x, w_norm, eps, head.dtype).float()
         logits = normed @ head.float()
         cond, uncond = logits[cond_row], logits[uncond_row]
         return uncond + cfg_scale[:, None] * (cond - uncond)
     if x.stride(1) != 1 or not head.is_contiguous():
         raise ValueError("depth_head needs unit-stride rows and a contiguous head [H, V]")
-    cfg = plan("depth_head", hidden)
+    cfg = plan("depth_head", hidden, kernels)
     out = torch.empty(streams, vocab, dtype=torch.float32, device=x.device)
     _depth_head_kernel[(-(-vocab // cfg["block_v"]),)](x, x.stride(0), w_norm, head, cond_row, uncond_row,
                                                        cfg_scale, out, hidden, vocab, eps, STREAMS=streams,
                                                        BLOCK_V=cfg["block_v"], HP=_next_power_of_two(hidden),
-                                                       num_warps=cfg["num_warps"], **_launch(x.device))
+                                                       num_warps=cfg["num_warps"], **_launch(x.device, kernels))
     return out
 
 
 def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, heads: int, kv_heads: int,
-                 head_dim: int) -> torch.Tensor:
+                 head_dim: int, kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """The q/k/v projection [R, T, (heads + 2kv) * D] -> q [R, heads, T, D] (a view): q and k RMS-normed per
     head (`qk_norm` [1, heads + kv, 1, D] gains, or none), RoPE (cos/sin [R or 1, 1, T, D]); k and v written
     into the caches [R, kv, L, D] at `slots` int64 [R or 1, T] (each row its own slot: the backbone)."""
     rows, t, _ = proj.shape
     dtype = proj.dtype
-    if not available(proj.device):
+    if not available(proj.device, kernels):
         out = proj.view(rows, t, heads + 2 * kv_heads, head_dim).transpose(1, 2).float()
         qk, v = out[:, :heads + kv_heads], out[:, heads + kv_heads:]
         if qk_norm is not None:  # layers.rms_norm with per-head gains: rounded, times the gain, rounded
@@ -393,7 +333,7 @@ def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, c
     q = torch.empty(rows, t, heads, head_dim, dtype=dtype, device=proj.device)
     norm = qk_norm.reshape(-1, head_dim).contiguous() if qk_norm is not None else proj
     # one table (or slot list) for every row, as the depth decoder's: read with a row stride of 0, not copied
-    # per row (at 48 rows those three copies were ~540 of a step's kernels, results/batching/NOTES.md run 21)
+    # per row (three copy kernels a layer otherwise)
     cos_rows, rope_stride = _rows_view(cos, rows, (t, head_dim))
     sin_rows, sin_stride = _rows_view(sin, rows, (t, head_dim))
     if sin_stride != rope_stride:  # one stride serves both tables
@@ -404,7 +344,8 @@ def qk_norm_rope(proj: torch.Tensor, qk_norm: torch.Tensor | None, eps: float, c
     _qk_norm_rope_kernel[(rows * t, heads + 2 * kv_heads)](
         proj.contiguous(), norm, cos_rows, sin_rows, slot_rows, q, k_cache, v_cache, eps, rope_stride,
         slot_stride, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), T=t, HEADS=heads,
-        KV_HEADS=kv_heads, HEAD_DIM=head_dim, HAS_NORM=qk_norm is not None, num_warps=1, **_launch(proj.device))
+        KV_HEADS=kv_heads, HEAD_DIM=head_dim, HAS_NORM=qk_norm is not None, num_warps=1,
+        **_launch(proj.device, kernels))
     return q.transpose(1, 2)
 
 
@@ -426,9 +367,8 @@ class DownWorkspace:
     def __init__(self):
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, device: torch.device, splits: int, rows: int, n: int, blocks: int, kind: str = ""):
-        """`kind` keeps another kernel's buffers apart (fused_rows.py's tiles count rows blocks too)."""
-        key = (str(device), splits, rows, n, blocks, kind)
+    def get(self, device: torch.device, splits: int, rows: int, n: int, blocks: int):
+        key = (str(device), splits, rows, n, blocks)
         if key not in self._buffers:
             self._buffers[key] = (torch.empty(splits, rows, n, dtype=torch.float32, device=device),
                                   torch.zeros(blocks, dtype=torch.int32, device=device))
@@ -436,25 +376,21 @@ class DownWorkspace:
 
 
 def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, workspace: DownWorkspace,
-                  kernel: str = "down_residual") -> torch.Tensor:
+                  kernel: str = "down_residual", kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """x + down(hidden), hidden [R, T, I], x [R, T, H]. `kernel` names the launch plan ("o_residual": the
     attention's output projection, the same kernel)."""
     rows, t, k = hidden.shape
     n = down.shape[0]
-    if not available(x.device):
+    if not available(x.device, kernels):
         return (x.float() + _linear(hidden, down, x.dtype).float()).to(x.dtype)
-    cfg = plan(kernel, k)
+    cfg = plan(kernel, k, kernels)
     blocks = -(-n // cfg["block_n"])
     partials, counts = workspace.get(x.device, cfg["splits"], rows * t, n, blocks)
     y = torch.empty_like(x)
-    args = (hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k)
-    common = dict(M=rows * t, BLOCK_N=cfg["block_n"], CHUNK=cfg["chunk"], SPLITS=cfg["splits"], EVICT=cfg["evict"],
-                  num_warps=cfg["num_warps"], **_launch(x.device))
-    programs = _programs(cfg, blocks * cfg["splits"], x.device)
-    if programs:
-        _down_residual_loop_kernel[(programs,)](*args, PROGRAMS=programs, PREFETCH=cfg["prefetch"], **common)
-    else:
-        _down_residual_kernel[(blocks, cfg["splits"])](*args, **common)
+    _down_residual_kernel[(blocks, cfg["splits"])](
+        hidden.contiguous(), down, x.contiguous(), y, partials, counts, n, k, M=rows * t, BLOCK_N=cfg["block_n"],
+        CHUNK=cfg["chunk"], SPLITS=cfg["splits"], EVICT=cfg["evict"], num_warps=cfg["num_warps"],
+        **_launch(x.device, kernels))
     return y
 
 
@@ -467,7 +403,7 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def supported(layer, rows: int, slots: int) -> bool:
+def supported(layer, rows: int, slots: int, kernels: KernelSettings = DEFAULT_KERNELS) -> bool:
     """Whether `layer` (a PackedLayer) can run `depth_layer` at `rows` rows (rows times positions) over
     `slots` cache slots: a Llama-style layer (no q/k norm, SiLU, no biases) whose head size, query heads
     per KV head and slot count are powers of two (Triton block shapes), the head half a multiple of the
@@ -476,7 +412,7 @@ def supported(layer, rows: int, slots: int) -> bool:
             and layer.head_dim >= 2 and _power_of_two(layer.head_dim)
             and _power_of_two(layer.heads // layer.kv_heads) and _power_of_two(slots)):
         return False
-    return (layer.head_dim // 2) % plan("qkv_rope", layer.qkv.shape[1])["block_p"] == 0
+    return (layer.head_dim // 2) % plan("qkv_rope", layer.qkv.shape[1], kernels)["block_p"] == 0
 
 
 def mlp_supported(layer, rows: int) -> bool:
@@ -499,47 +435,33 @@ def backbone_supported(layer, rows: int) -> bool:
 
 def backbone_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, attend, workspace: DownWorkspace,
-                   reduce_attn: bool = True) -> torch.Tensor:
+                   kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """One backbone layer (a PackedLayer, q/k norm or not) of x [R, T, H] as this module's kernels around
-    `attend` (layers.attend_rows or its compiled form) over the caches [R, kv, L, D]: norm + q/k/v,
+    `attend` (layers.attend_rows or its compiled form, as FP32 reductions) over the caches [R, kv, L, D]: norm + q/k/v,
     q/k norm + RoPE + cache write at `slots` [R or 1, T], attention, output projection + residual, MLP."""
-    proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv)
+    proj = norm_linear(x, layer.w_in, layer.eps_in, layer.qkv, kernels)
     q = qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
-                     kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=reduce_attn)
-    x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-    return mlp(layer, x, workspace)
+                     kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
+    out = attend(q, k_cache, v_cache, mask, layer.scale, reduce=True)
+    x = down_residual(out, layer.attn.o_proj.weight, x, workspace, kernel="o_residual", kernels=kernels)
+    return mlp(layer, x, workspace, kernels)
 
 
-def mlp(layer, x: torch.Tensor, workspace: DownWorkspace) -> torch.Tensor:
+def mlp(layer, x: torch.Tensor, workspace: DownWorkspace, kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
     """x + down(SiLU(gate(norm(x))) * up(norm(x))) of a PackedLayer, as two kernels."""
-    hidden = norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate)
-    return down_residual(hidden, layer.mlp.down_proj.weight, x, workspace)
+    hidden = norm_gate_up(x, layer.w_post, layer.eps_post, layer.gate_up, layer.intermediate, kernels)
+    return down_residual(hidden, layer.mlp.down_proj.weight, x, workspace, kernels=kernels)
 
 
 def depth_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, start: int, mask: torch.Tensor, units, attention, workspace: DownWorkspace,
-                form: str = "fused") -> torch.Tensor:
-    """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H].
-    `qkv_rope` writes this step's keys/values into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]); then, by
-    `form` (layers.py FORMS):
-    - "fused": `depth_attention` and the units+attn form's code after its attention (`units`: layers.py
-      (layer_out_mlp_in, layer_mlp_out) or their compiled forms);
-    - "fused+mlp": the `attention` unit (layers.layer_attention) and `mlp`;
-    - "fused+chain": every stage a kernel of this module (`depth_attention`, the output projection plus
-      residual as `down_residual`'s kernel, `mlp`), so that each launch chains to the next (`pdl`).
-    `mask`: additive [1, 1, T, 16]."""
+                v_cache: torch.Tensor, start: int, mask: torch.Tensor, workspace: DownWorkspace,
+                kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
+    """One depth-decoder layer (a PackedLayer without q/k norm) at positions start..start+T-1 of x [R, T, H] as
+    five kernels, each launch chained to the one before (`pdl`): `qkv_rope` writes this step's keys/values
+    into k_cache/v_cache [R, kv, 16, D] (cos/sin [T, D]), `depth_attention`, the output projection plus
+    residual as `down_residual`'s kernel, and `mlp`. `mask`: additive [1, 1, T, 16] (the torch stages')."""
     q = qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k_cache, v_cache, start, heads=layer.heads,
-                 kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-    if form == "fused+mlp":
-        x = attention(q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, scale=layer.scale, proj="rows",
-                      reduce_attn=True)
-        return mlp(layer, x, workspace)
-    attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
-    if form == "fused+chain":
-        x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual")
-        return mlp(layer, x, workspace)
-    out_mlp_in, mlp_out = units
-    x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
-                           intermediate=layer.intermediate, act=layer.act, proj="rows")
-    return mlp_out(hidden, x, layer.mlp.down_proj.weight, proj="rows")
+                 kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
+    attn = depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale, kernels=kernels)
+    x = down_residual(attn, layer.attn.o_proj.weight, x, workspace, kernel="o_residual", kernels=kernels)
+    return mlp(layer, x, workspace, kernels)

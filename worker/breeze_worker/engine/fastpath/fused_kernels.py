@@ -2,8 +2,8 @@
 functions launch them with fixed plans and hold the same stages in torch).
 
 Defined only where Triton imports and works: `_triton` is None otherwise, and nothing else here exists.
-fastpath/fused_rows.py and fastpath/fused_sampling.py build their kernels from the helpers here (weight loads,
-residual adds, split-K arrival) and chain them the same way (`gdc_launch_dependents` / `gdc_wait`).
+fastpath/fused_sampling.py builds its kernel from the helpers here and chains it the same way
+(`gdc_launch_dependents` / `gdc_wait`).
 """
 
 from __future__ import annotations
@@ -219,37 +219,6 @@ if importlib.util.find_spec("triton") is not None:
             _gate_up_rows(wg, wu, x_ptr, w_norm_ptr, w_ptr, out_ptr, cols, H, I, eps, M, HP, GATED)
 
         @triton.jit
-        def _norm_gate_up_loop_kernel(x_ptr, w_norm_ptr, w_ptr, out_ptr, H, I, eps, M: tl.constexpr,
-                                      BLOCK_N: tl.constexpr, HP: tl.constexpr, EVICT: tl.constexpr,
-                                      USE_PDL: tl.constexpr, GATED: tl.constexpr, PROGRAMS: tl.constexpr,
-                                      PREFETCH: tl.constexpr):
-            """`_norm_gate_up_kernel` with PROGRAMS programs (a few per SM) that each walk column blocks pid,
-            pid + PROGRAMS, ...: with PREFETCH a program asks for its next block's weights before it reduces
-            the current one, so its loads stay in flight while it computes. The same sums, in the same
-            order, as `_norm_gate_up_kernel` at the same BLOCK_N and warps."""
-            if USE_PDL:
-                gdc_launch_dependents()
-            pid = tl.program_id(0)
-            ks = tl.arange(0, HP)
-            mine = tl.cdiv(tl.cdiv(I, BLOCK_N) - pid, PROGRAMS)
-            tile = pid
-            wg, wu = _gate_up_tile(w_ptr, tile * BLOCK_N + tl.arange(0, BLOCK_N), ks, H, I, EVICT, GATED)
-            if USE_PDL:  # the first block's weights are on their way; x is the kernel before's output
-                gdc_wait()
-            for _ in range(0, mine):
-                cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-                nxt = (tile + PROGRAMS) * BLOCK_N + tl.arange(0, BLOCK_N)  # past the end: masked, loads nothing
-                if PREFETCH:
-                    ng, nu = _gate_up_tile(w_ptr, nxt, ks, H, I, EVICT, GATED)
-                _gate_up_rows(wg.to(tl.float32), wu.to(tl.float32), x_ptr, w_norm_ptr, w_ptr, out_ptr, cols, H, I,
-                              eps, M, HP, GATED)
-                if PREFETCH:
-                    wg, wu = ng, nu
-                else:
-                    wg, wu = _gate_up_tile(w_ptr, nxt, ks, H, I, EVICT, GATED)
-                tile += PROGRAMS
-
-        @triton.jit
         def _qk_norm_rope_kernel(p_ptr, qkn_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, eps,
                                  stride_rope, stride_slot, stride_cr, stride_ck, stride_cl, T,
                                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -340,44 +309,6 @@ if importlib.util.find_spec("triton") is not None:
             _down_partials(w, h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, cols, ks, split, N, K, M, SPLITS)
             if SPLITS > 1:
                 _down_finish(ws_ptr, count_ptr + pid, x_ptr, y_ptr, cols, N, M, SPLITS)
-
-        @triton.jit
-        def _down_residual_loop_kernel(h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, count_ptr, N, K, M: tl.constexpr,
-                                       BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-                                       EVICT: tl.constexpr, USE_PDL: tl.constexpr, PROGRAMS: tl.constexpr,
-                                       PREFETCH: tl.constexpr):
-            """`_down_residual_kernel` with PROGRAMS programs walking the (column block, K chunk) tiles pid,
-            pid + PROGRAMS, ... (tile = block * SPLITS + split), the next tile's weights requested before the
-            current one is reduced (PREFETCH). Same partial sums, same split-ordered total."""
-            if USE_PDL:
-                gdc_launch_dependents()
-            pid = tl.program_id(0)
-            tiles = tl.cdiv(N, BLOCK_N) * SPLITS
-            mine = tl.cdiv(tiles - pid, PROGRAMS)
-            tile = pid
-            w = _down_tile(w_ptr, (tile // SPLITS) * BLOCK_N + tl.arange(0, BLOCK_N),
-                           (tile % SPLITS) * CHUNK + tl.arange(0, CHUNK), N, K, EVICT)
-            if USE_PDL:
-                gdc_wait()
-            for _ in range(0, mine):
-                block = tile // SPLITS
-                split = tile % SPLITS
-                cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
-                ks = split * CHUNK + tl.arange(0, CHUNK)
-                nxt = tile + PROGRAMS  # past the end: its columns are >= N, masked
-                n_cols = (nxt // SPLITS) * BLOCK_N + tl.arange(0, BLOCK_N)
-                n_ks = (nxt % SPLITS) * CHUNK + tl.arange(0, CHUNK)
-                if PREFETCH:
-                    w_next = _down_tile(w_ptr, n_cols, n_ks, N, K, EVICT)
-                _down_partials(w.to(tl.float32), h_ptr, w_ptr, x_ptr, y_ptr, ws_ptr, cols, ks, split, N, K, M,
-                               SPLITS)
-                if SPLITS > 1:
-                    _down_finish(ws_ptr, count_ptr + block, x_ptr, y_ptr, cols, N, M, SPLITS)
-                if PREFETCH:
-                    w = w_next
-                else:
-                    w = _down_tile(w_ptr, n_cols, n_ks, N, K, EVICT)
-                tile += PROGRAMS
 
         @triton.jit
         def _depth_head_kernel(x_ptr, stride_x, w_norm_ptr, w_ptr, cond_ptr, uncond_ptr, scale_ptr, out_ptr, H, V,

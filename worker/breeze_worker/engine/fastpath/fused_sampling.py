@@ -1,9 +1,9 @@
 """One Triton kernel for a sampling position of the fast path: the finiteness check, reserved ids masked,
 temperature, top-k, top-p and the exponential race, one program per stream row.
 
-Why: compiled from engine/sampling.py, one position's sampling was ~35 us on the H200 at batch 1 (the
-pairwise top-k count 13 us, the nucleus mass 14.5, the race and finiteness check 7.4; results/NOTES.md run
-17), sixteen times a frame. Here both filters are bisections over the bits of the logits, in registers:
+Why: compiled from engine/sampling.py, one position's sampling is several kernels (the pairwise top-k
+count, the nucleus mass, the race and finiteness check), sixteen times a frame. Here both filters are
+bisections over the bits of the logits, in registers:
 
 - A float32 maps to an unsigned 32-bit key with the same order (-0.0 first made +0.0, as the float
   comparison treats them). The top-k threshold T is the largest key with at least k keys >= T (32
@@ -13,11 +13,14 @@ pairwise top-k count 13 us, the nucleus mass 14.5, the race and finiteness check
   key where f(t*) >= top_p (32 more halvings), a kept token is in the nucleus exactly when its own mass
   above is < top_p, i.e. key > t*; the most likely token always is (its mass above is 0). The masses
   differ from the sorted cumulative sum only by FP32 summation order, as `_pairwise_keep`'s do. top_p 1
-  (the default) and top_k 0 skip their halvings.
+  (the default) and top_k 0 skip their halvings. The top-k search stops early at the first candidate that
+  exactly k keys pass (the same set, see `_search`).
 
 A row is held as a power-of-two head block and a small tail block (`blocks`; 2051 classes as 2048 + 4
 lanes, half the registers of one 4096-lane block): every count, mass and argmax runs over both, the tail's
-indices after the head's, so the first index still wins ties.
+indices after the head's, so the first index still wins ties. The kernel also writes the next depth
+position's projected input (a row of `FrameStep.projected_codes`) and launches chained to the kernel
+before it, as the layers' kernels do (fused.pdl).
 
 The race itself is the same arithmetic as `sample_rows`: argmax(filtered - log(noise)), first index on
 ties, greedy rows argmax(filtered). `log(noise)` comes in precomputed (the step takes it with the frame's
@@ -58,22 +61,21 @@ if fused._triton is not None:
         return above
 
     @triton.jit
-    def _search(skey, ok, probs, tkey, tok, tprobs, target, RADIX: tl.constexpr, MASS: tl.constexpr,
-                TAIL: tl.constexpr, EARLY: tl.constexpr = False):
+    def _search(skey, ok, probs, tkey, tok, tprobs, target, MASS: tl.constexpr, TAIL: tl.constexpr,
+                EARLY: tl.constexpr = False):
         """The largest unsigned key t (an int64 in [0, 2**32)) where a test holds: MASS False, at least
         `target` keys >= t; MASS True, the probability mass of the keys > t at least `target`. The test
-        holds at 0 (the caller's invariant) and fails above its answer, so t is found RADIX bits a step,
-        from the top, by trying every digit of the step at once (RADIX 1: the one digit that is not known
-        to pass). `skey`: the keys minus 2**31, int32; the row is the head block (skey, ok, probs) and,
-        with TAIL, the tail block (tkey, tok, tprobs).
+        holds at 0 (the caller's invariant) and fails above its answer, so t is found one bit a step, from
+        the top. `skey`: the keys minus 2**31, int32; the row is the head block (skey, ok, probs) and, with
+        TAIL, the tail block (tkey, tok, tprobs).
 
-        EARLY (the count search only, fused.plan "sample" `early`): stop at the first candidate that exactly
-        `target` keys pass and return it. Those keys are then exactly the top `target` (the full search's
+        EARLY (the count search only): stop at the first candidate that exactly `target` keys pass and
+        return it. Those keys are then exactly the top `target` (the full search's
         answer t* >= the candidate, and the >= target keys at t* are among the `target` at the candidate), so
         `key >= returned` keeps the same set. With a tie across the boundary no candidate gives exactly
         `target` and all 32 steps run, as without EARLY."""
         t = tl.full([], 0, tl.int64)
-        if EARLY:  # the count search, RADIX 1, stopped where exactly `target` keys pass (see _search's docstring)
+        if EARLY:  # the count search, stopped where exactly `target` keys pass (see the docstring)
             step = tl.full([], 0, tl.int32)
             found = tl.full([], 0, tl.int32)
             while (step < 32) & (found == 0):
@@ -84,21 +86,10 @@ if fused._triton is not None:
                 found = (above == target).to(tl.int32)
                 step += 1
             return t
-        if RADIX == 1:
-            for step in tl.static_range(32):
-                cand = (t + (1 << (31 - step)) - 2147483648).to(tl.int32)
-                above = _above_row(skey, ok, probs, tkey, tok, tprobs, cand, 0, MASS, TAIL)
-                t = tl.where(above >= target, t + (1 << (31 - step)), t)
-            return t
-        DIGITS: tl.constexpr = 1 << RADIX
-        digits = tl.arange(0, DIGITS)
-        for step in tl.static_range(32 // RADIX):
-            shift = 32 - RADIX * (step + 1)
-            cand = (t + (digits.to(tl.int64) << shift) - 2147483648).to(tl.int32)  # [DIGITS], signed
-            above = _above_row(skey[None, :], ok[None, :], probs[None, :], tkey[None, :], tok[None, :],
-                               tprobs[None, :], cand[:, None], 1, MASS, TAIL)
-            best = tl.max(tl.where(above >= target, digits, 0), axis=0)
-            t = t + (best.to(tl.int64) << shift)
+        for step in tl.static_range(32):
+            cand = (t + (1 << (31 - step)) - 2147483648).to(tl.int32)
+            above = _above_row(skey, ok, probs, tkey, tok, tprobs, cand, 0, MASS, TAIL)
+            t = tl.where(above >= target, t + (1 << (31 - step)), t)
         return t
 
     @triton.jit
@@ -131,12 +122,10 @@ if fused._triton is not None:
     @triton.jit
     def _sample_kernel(logits_ptr, stride_l, blocked_ptr, temp_ptr, top_k_ptr, top_p_ptr, log_noise_ptr, stride_n,
                        code_ptr, stride_code, nonfinite_ptr, keep_ptr, table_ptr, stride_t, next_ptr, stride_next,
-                       cond_ptr, uncond_ptr, H, V, VP: tl.constexpr, VT: tl.constexpr, RADIX: tl.constexpr,
-                       WRITE_KEEP: tl.constexpr, EARLY: tl.constexpr, WRITE_NEXT: tl.constexpr, HP: tl.constexpr,
-                       USE_PDL: tl.constexpr):
+                       cond_ptr, uncond_ptr, H, V, VP: tl.constexpr, VT: tl.constexpr, WRITE_KEEP: tl.constexpr,
+                       WRITE_NEXT: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
         """One stream row: ids [0, VP) as the head block and, when VT > 0, [VP, VP + VT) as the tail block
-        (fused.plan "split", the default: 2051 classes as 2048 + 4 lanes instead of 4096; 11.2 vs 12.6-13.1 us
-        a position on the H200, results/NOTES.md run 31). The code goes to code_ptr + s * stride_code; with
+        (`blocks`: 2051 classes as 2048 + 4 lanes). The code goes to code_ptr + s * stride_code; with
         WRITE_NEXT, row `code` of `table` [V, H] (the next depth position's projected input) goes to the
         stream's rows cond_ptr[s] and uncond_ptr[s] of `next` [R, H]. USE_PDL: chained (fused.pdl); the
         settings are read before the wait, everything earlier kernels wrote after it."""
@@ -163,7 +152,7 @@ if fused._triton is not None:
         keep = ok
         tkeep = tok
         if k < V:
-            t = _search(skey, ok, scaled, tkey, tok, tscaled, k, RADIX, False, TAIL, EARLY)
+            t = _search(skey, ok, scaled, tkey, tok, tscaled, k, False, TAIL, True)
             keep = ok & (skey >= (t - 2147483648).to(tl.int32))
             tkeep = tok & (tkey >= (t - 2147483648).to(tl.int32))
         if p < 1.0:
@@ -181,7 +170,7 @@ if fused._triton is not None:
             tprobs = te / total
             low = tl.full([], -2147483648, tl.int32)
             if _above_row(skey, ok, probs, tkey, tok, tprobs, low, 0, True, TAIL) >= p:  # else all kept are in
-                t = _search(skey, ok, probs, tkey, tok, tprobs, p, RADIX, True, TAIL)
+                t = _search(skey, ok, probs, tkey, tok, tprobs, p, True, TAIL)
                 keep = keep & (skey > (t - 2147483648).to(tl.int32))
                 tkeep = tkeep & (tkey > (t - 2147483648).to(tl.int32))
         filtered = tl.where(keep, scaled, float("-inf"))
@@ -206,17 +195,16 @@ if fused._triton is not None:
                 tl.store(keep_ptr + s * V + tids, tkeep.to(tl.int8), mask=tok)
 
 
-def available(device: torch.device) -> bool:
+def available(device: torch.device, kernels: fused.KernelSettings = fused.DEFAULT_KERNELS) -> bool:
     """Whether the kernel runs for tensors on `device` (fused.available: CUDA with Triton, or the interpreter)."""
-    return fused.available(device)
+    return fused.available(device, kernels)
 
 
-def blocks(vocab: int, split: bool) -> tuple[int, int]:
-    """The kernel's two blocks over a row of `vocab` classes (powers of two; the tail 0 when there is none):
-    unsplit, one block padded to the next power of two (2051 -> 4096 lanes); split, the largest power of two
-    within the row and the rest padded (2051 -> 2048 + 4)."""
+def blocks(vocab: int) -> tuple[int, int]:
+    """The kernel's two blocks over a row of `vocab` classes (powers of two; the tail 0 when there is none): the
+    largest power of two within the row and the rest padded (2051 -> 2048 + 4)."""
     whole = fused._next_power_of_two(vocab)
-    if not split or whole == vocab:
+    if whole == vocab:
         return whole, 0
     head = whole // 2
     return head, fused._next_power_of_two(vocab - head)
@@ -225,18 +213,19 @@ def blocks(vocab: int, split: bool) -> tuple[int, int]:
 def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_noise: torch.Tensor,
            nonfinite: torch.Tensor, keep_out: torch.Tensor | None = None, out: torch.Tensor | None = None,
            next_table: torch.Tensor | None = None, next_out: torch.Tensor | None = None,
-           cond_row: torch.Tensor | None = None, uncond_row: torch.Tensor | None = None) -> torch.Tensor:
+           cond_row: torch.Tensor | None = None, uncond_row: torch.Tensor | None = None,
+           kernels: fused.KernelSettings = fused.DEFAULT_KERNELS) -> torch.Tensor:
     """One token per row of float32 `logits` [S, V] (int64 [S]; into `out`, which may be strided, e.g. a
     column of the frame's codes); marks `nonfinite` (bool [S]) for rows with a NaN or infinity. `log_noise`
     [S, V] = log of `sampling.exponential_noise` for this position; `blocked` bool [V]. `keep_out` (int8
     [S, V], for tests) receives the filtered set. With `next_table` [V, H]: row `code` of it is also written
     to rows `cond_row[s]` and `uncond_row[s]` of `next_out` [R, H] (FrameStep: the next depth position's
-    input, with no kernel of its own)."""
+    input, with no kernel of its own). `kernels`: the launch settings (fused.KernelSettings)."""
     streams, vocab = logits.shape
     if log_noise.stride(-1) != 1 or logits.stride(-1) != 1:
         raise ValueError("the sampling kernel needs unit stride along the vocabulary")
-    cfg = fused.plan("sample", vocab)
-    head, tail = blocks(vocab, cfg["split"])
+    cfg = fused.plan("sample", vocab, kernels)
+    head, tail = blocks(vocab)
     code = torch.empty(streams, dtype=torch.int64, device=logits.device) if out is None else out
     keep = keep_out if keep_out is not None else code
     write_next = next_table is not None
@@ -251,12 +240,11 @@ def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_n
         cond, uncond = cond_row, uncond_row
     else:  # unused pointers (never dereferenced)
         table, nxt, width, cond, uncond = logits, logits, 1, code, code
-    launch = fused._launch(logits.device) if cfg["pdl"] else {"USE_PDL": False}
+    launch = fused._launch(logits.device, kernels)
     _sample_kernel[(streams,)](logits, logits.stride(0), blocked.view(torch.uint8), rows.temperature, rows.top_k,
                                rows.top_p, log_noise, log_noise.stride(0), code, code.stride(0),
                                nonfinite.view(torch.uint8), keep, table, table.stride(0), nxt, nxt.stride(0),
-                               cond, uncond, width, vocab, VP=head, VT=tail, RADIX=cfg["radix"],
-                               WRITE_KEEP=keep_out is not None, EARLY=bool(cfg["early"]) and cfg["radix"] == 1,
+                               cond, uncond, width, vocab, VP=head, VT=tail, WRITE_KEEP=keep_out is not None,
                                WRITE_NEXT=write_next, HP=fused._next_power_of_two(width),
                                num_warps=cfg["num_warps"], **launch)
     return code

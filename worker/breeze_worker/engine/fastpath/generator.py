@@ -1,7 +1,7 @@
 """`FastFrameGenerator`: the fast decode path behind the eager generator's interface.
 
-Prompt preparation is the eager path's (`prepare_prompt_embeddings`), with the text encoder replayed
-from a graph per length bucket (fastpath/prompt.py); the backbone prefill runs once into the static cache,
+Prompt preparation is engine/prompt.py's, as the eager path's, with the text encoder replayed from a graph
+per length bucket (fastpath/prompt.py); the backbone prefill runs once into the static cache,
 replayed from a graph per prompt-length bucket (the prompt left-padded to it, FrameRunner.prefill); then
 each frame is one replay of the sampling graph, ONE host read
 (16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
@@ -31,9 +31,10 @@ import time
 import torch
 
 from breeze_worker.engine import tracing
-from breeze_worker.engine.eager import prepare_prompt_embeddings, prompt_text_segments
-from breeze_worker.engine.fastpath.graph import acquire_runner, pipeline_wanted, release_runner
+from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
+from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -62,14 +63,11 @@ class FastFrameGenerator:
     """Iterate to get int64 [16] CPU frames; `.end_reason` is set once the iterator is exhausted."""
 
     def __init__(self, model: LoadedModel, request: ResolvedRequest, device: torch.device | str | None = None,
-                 *, eos_masked: bool = False, compile: bool | None = None, timed_stages: bool = False,
-                 form: str | None = None, sampler: str | None = None):
+                 *, settings: FastPathSettings | None = None, eos_masked: bool = False, timed_stages: bool = False):
         self.model, self.request = model, request
         self.device = torch.device(device) if device is not None else model.device
+        self.settings = settings or FastPathSettings()  # compile, form, sampler, kernels, overlap, pipeline
         self.eos_masked = eos_masked  # bench only: never end of speech (the frame limit ends the request)
-        self.compile = compile  # None: the environment's choice (fastpath/compiled.py)
-        self.form = form  # compiled layers' form (fastpath/layers.py FORMS); None: the environment's choice
-        self.sampler = sampler  # "kernel" (fastpath/fused_sampling.py) or "torch"; None: the environment's choice
         self.timed_stages = timed_stages  # bench: wait for the device at stage ends so the split is exact
         self.end_reason: EndReason | None = None
         self.frames_emitted = 0
@@ -106,8 +104,10 @@ class FastFrameGenerator:
         return False
 
     def _pipelined(self, runner, slots: int, limit: int, graphs: bool, frame_spans):
-        """The frame loop with one frame in flight (graph.pipeline_wanted): frame t+1's backbone step and
-        sampling are queued before frame t is read."""
+        """The frame loop with one frame in flight (the settings' `pipeline`): frame t+1's backbone step and
+        sampling are queued before frame t is read (FrameRunner.launch_frame / read_frame), so no host work sits
+        between two frames on the device. A frame that ends the request leaves the next one computed and thrown
+        away; each frame's audio comes one frame later."""
         launched = runner.launch_frame()
         for frame_index in range(limit):
             started = time.perf_counter()
@@ -139,8 +139,9 @@ class FastFrameGenerator:
         t0 = time.perf_counter()
         with tracing.span("text_encode"):  # setup, not a frame (engine/syncaudit.py)
             encoder = text_encoder_graphs(model.lm, self.device)
+            layouts = prompt_layouts(model, request)  # the request's own, laid out when it was resolved
             prompt = prepare_prompt_embeddings(model, request, encoded=encoder.encode_segments(
-                prompt_text_segments(model, request)))
+                prompt_text_segments(model, request, layouts)), layouts=layouts)
             self._stage_end()
         t1 = time.perf_counter()
         self.timings["text_encode_s"] = t1 - t0
@@ -148,8 +149,7 @@ class FastFrameGenerator:
         capacity = model.generation_defaults.max_sequence
         limit = min(request.max_frames, capacity - 1 - length)
         frame_spans = None
-        runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, compile=self.compile,
-                                                 form=self.form, sampler=self.sampler)
+        runner = self.runner = acquire_runner(model.lm, rows, capacity, self.device, self.settings)
         # what the runner serves with, kept after it is released (bench and logs)
         self.compiled, self.graphs = runner.compiled, runner.use_graphs
         self.fallback_reason, self.compile_fallback_reason = runner.fallback_reason, runner.compile_fallback_reason
@@ -166,7 +166,7 @@ class FastFrameGenerator:
             frame_index = 0
             graphs = bool(runner.use_graphs)
             frame_spans = tracing.span_sequence("frame")
-            if pipeline_wanted():
+            if self.settings.pipeline:
                 yield from self._pipelined(runner, slots, limit, graphs, frame_spans)
                 return
             while frame_index < limit:

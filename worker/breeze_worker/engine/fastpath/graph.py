@@ -14,47 +14,21 @@ kept in `fallback_reason`), it runs the same static-cache step eagerly. A pool o
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 
 import torch
 
-from breeze_worker.engine.fastpath.compiled import (compile_unit, compile_wanted, layer_form, library_gemm_form,
-                                                  sampling_kernel_wanted)
+from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted, sampling_kernel_wanted
+from breeze_worker.engine.fastpath.forms import LayerForm, fallback_of, select_form
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
 log = logging.getLogger(__name__)
 
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024)
-READ_OVERLAP_ENV = "BREEZE_FASTPATH_READ_OVERLAP"
-PIPELINE_ENV = "BREEZE_FASTPATH_PIPELINE"
-_read_overlap_override: bool | None = None  # scripts/gpu_mlp_loop.py's frame A/B: forced on or off
-_pipeline_override: bool | None = None
-
-
-def _switch(env: str, default: str) -> bool:
-    return os.environ.get(env, default).strip().lower() not in ("0", "off", "false", "no")
-
-
-def pipeline_wanted() -> bool:
-    """Whether FastFrameGenerator keeps one frame in flight (`BREEZE_FASTPATH_PIPELINE=on`, off by default):
-    frame t+1's backbone step and sampling are queued before frame t is read (FrameRunner.launch_frame /
-    read_frame), so no host work sits between two frames on the device. A frame that ends the request
-    leaves the next one computed and thrown away; each frame's audio comes one frame later."""
-    if _pipeline_override is not None:
-        return _pipeline_override
-    return _switch(PIPELINE_ENV, "off")
-
-
-def read_overlap_wanted() -> bool:
-    """Whether `FrameRunner.sample_frame` queues the next frame's backbone step before its host read
-    (`BREEZE_FASTPATH_READ_OVERLAP=off` turns it off). The same work in the same order on the device."""
-    if _read_overlap_override is not None:
-        return _read_overlap_override
-    return _switch(READ_OVERLAP_ENV, "on")
 
 
 def run_on_side_stream(device: torch.device, work) -> None:
@@ -75,11 +49,13 @@ class FrameRunner:
     pad_prompts_without_graphs = False  # tests: pad prompts to their bucket on the CPU too
 
     def __init__(self, lm, rows: int, capacity: int, device: torch.device, use_graphs: bool | None = None,
-                 compile: bool | None = None, form: str | None = None, sampler: str | None = None):
-        # who draws the codes (fastpath/fused_sampling.py or engine/sampling.py); part of the pool key. Resolved
-        # before the step is built, so an explicit choice is never overridden by the environment's
-        self.sampler_requested = resolve_sampler(sampler, device)
-        self.step = FrameStep(lm, rows=rows, streams=1, capacity=capacity, device=device,
+                 settings: FastPathSettings | None = None):
+        """`settings`: the fast path's (None: the defaults): whether to compile, the compiled form, the sampler,
+        the kernels' launch settings, the read overlap. Part of the pool key."""
+        self.settings = settings = settings or FastPathSettings()
+        # who draws the codes (fastpath/fused_sampling.py or engine/sampling.py)
+        self.sampler_requested = "kernel" if sampling_kernel_wanted(device, settings) else "torch"
+        self.step = FrameStep(lm, rows=rows, streams=1, capacity=capacity, device=device, settings=settings,
                               sample_kernel=self.sampler_requested == "kernel")
         self.device, self.capacity = device, capacity
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
@@ -93,9 +69,10 @@ class FrameRunner:
         self._prompt_pool = None
         self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []  # launch_frame's readout copies
         self._ring_next = 0
-        self.compile_requested = compile_wanted(device, compile)
-        # the compiled layers' form (fastpath/layers.py); part of the pool key, so fixed at creation
-        self.form_requested = (form or layer_form(rows)) if self.compile_requested else None
+        self.compile_requested = compile_wanted(device, settings)
+        # the compiled layers' form (fastpath/forms.py), fixed at creation
+        self.form_requested: LayerForm | None = (select_form(rows, compiled=True, requested=settings.form)
+                                                 if self.compile_requested else None)
         if self.compile_requested:
             self._compile()
         if self.use_graphs:
@@ -118,20 +95,19 @@ class FrameRunner:
         attempts = [(self.form_requested, kernel)]
         if kernel:  # the sampling kernel failed to build here: the torch sampler
             attempts.append((self.form_requested, False))
-        if self.form_requested and self.form_requested.startswith("fused"):
-            attempts.append(("units+attn", False))  # the fused kernels failed: the same layers without them
-        elif library_gemm_form(self.form_requested):
-            attempts.append((library_gemm_form(self.form_requested), False))  # the library's GEMMs only
+        fallback = fallback_of(self.form_requested)
+        if fallback is not None:  # the form's Triton kernels failed: its fallback, without them
+            attempts.append((fallback, False))
         for i, (form, sample_kernel) in enumerate(attempts):
             try:
-                self.step.use_compiled(compile_unit, form, sample_kernel=sample_kernel)
+                self.step.use_compiled(lambda fn: compile_unit(fn, self.settings), form, sample_kernel=sample_kernel)
                 run_on_side_stream(self.device, self._warm)
                 break
             except Exception as exc:  # compilation is an optimization: keep the uncompiled step
-                fallback = (f"trying form {attempts[i + 1][0]} with the "
-                            f"{'kernel' if attempts[i + 1][1] else 'torch'} sampler" if i + 1 < len(attempts)
-                            else "running uncompiled")
-                self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {fallback}"
+                then = (f"trying form {attempts[i + 1][0].name} with the "
+                        f"{'kernel' if attempts[i + 1][1] else 'torch'} sampler" if i + 1 < len(attempts)
+                        else "running uncompiled")
+                self.compile_fallback_reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {then}"
                 log.warning("%s", self.compile_fallback_reason)
                 self.step.use_uncompiled(sample_kernel=False)
         self.compile_s = time.perf_counter() - t0
@@ -247,11 +223,11 @@ class FrameRunner:
     def sample_frame(self, then: Callable[[], None] | None = None) -> tuple[torch.Tensor, bool]:
         """Sample one frame; returns the host copy of `readout` [streams, 18] (the frame's one host read) and
         whether `then` ran. `then` (the next frame's backbone step) runs before the read where
-        `read_overlap_wanted`: it queues its work behind the readout's copy (`launch_frame`), and the host
+        the settings' `read_overlap` is on: it queues its work behind the readout's copy (`launch_frame`), and the host
         waits for that copy only, so the device goes on to the backbone step without waiting for the host.
         Its work is in the same order either way; the caller runs `then` itself when this returns False."""
         slot = self.launch_frame()
-        queued = then is not None and read_overlap_wanted()
+        queued = then is not None and self.settings.read_overlap
         if queued:
             then()
         return self.read_frame(slot), queued
@@ -301,30 +277,20 @@ _POOLS: dict[tuple, list[FrameRunner]] = {}
 _LOCK = threading.Lock()
 
 
-def resolve_sampler(sampler: str | None, device: torch.device) -> str:
-    """"kernel" or "torch": `sampler` if given, else the environment's choice (fastpath/compiled.py)."""
-    if sampler not in (None, "kernel", "torch"):
-        raise ValueError(f"sampler {sampler!r}: expected kernel or torch")
-    return sampler or ("kernel" if sampling_kernel_wanted(device) else "torch")
-
-
-def acquire_runner(lm, rows: int, capacity: int, device: torch.device, compile: bool | None = None,
-                   form: str | None = None, sampler: str | None = None) -> FrameRunner:
-    """A free runner of this shape (captured at its creation), or a new one. `compile`, `form` and `sampler`:
-    None = the environment's choice (fastpath/compiled.py)."""
-    wanted = compile_wanted(device, compile)
-    key = (id(lm), rows, capacity, str(device), wanted, (form or layer_form(rows)) if wanted else None,
-           resolve_sampler(sampler, device))
+def acquire_runner(lm, rows: int, capacity: int, device: torch.device,
+                   settings: FastPathSettings | None = None) -> FrameRunner:
+    """A free runner of this shape and settings (captured at its creation), or a new one."""
+    settings = settings or FastPathSettings()
+    key = (id(lm), rows, capacity, str(device), settings)
     with _LOCK:
         free = _POOLS.setdefault(key, [])
         if free:
             return free.pop()
-    return FrameRunner(lm, rows, capacity, device, compile=wanted, form=form, sampler=sampler)
+    return FrameRunner(lm, rows, capacity, device, settings=settings)
 
 
 def release_runner(lm, runner: FrameRunner) -> None:
-    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.compile_requested,
-           runner.form_requested, runner.sampler_requested)
+    key = (id(lm), runner.step.rows, runner.capacity, str(runner.device), runner.settings)
     with _LOCK:
         _POOLS.setdefault(key, []).append(runner)
 

@@ -1,43 +1,33 @@
 """Lean decoder-layer forwards for the fast path, over the model's own weights.
 
 The model's blocks (`breeze_worker.model.lm.layers.DecoderLayer`) are the numerical reference; they launch
-~45-60 small kernels per layer, which inside one CUDA graph still costs ~1.5 us each, ~10,000 per frame.
-`PackedLayer` computes the same function with fewer launches: one GEMM for q/k/v and one for gate/up (the
-module weights are re-pointed at views of the packed tensors, so no memory is duplicated), q/k RMSNorm
-and RoPE applied to q and k together, grouped-query attention without repeating the cache, and FP32
-softmax. Layer inputs and outputs keep the residual stream's dtype; each GEMM runs in its weight's dtype
-(FP16 under `fp16-mixed`, see engine/precision.py).
+~45-60 small kernels per layer. `PackedLayer` computes the same function with fewer launches: one GEMM for
+q/k/v and one for gate/up (the module weights are re-pointed at views of the packed tensors, so no memory is
+duplicated), q/k RMSNorm and RoPE applied to q and k together, grouped-query attention without repeating
+the cache, and FP32 softmax. Layer inputs and outputs keep the residual stream's dtype; each GEMM runs in its
+weight's dtype (FP16 under `fp16-mixed`, see engine/precision.py).
 
 `decode_layer` is the same layer as one pure function of tensors (weights, cache, slot indices, mask)
-and constants, with the cache write inside: the function `torch.compile` fuses (fastpath/compiled.py).
-Because every layer of a kind has the same shapes, one compilation serves all of them.
+and constants, with the cache write inside: the uncompiled step's backbone layer.
 
-Small-row forms (`form`, chosen per step in FrameStep): at 1-8 rows every GEMM of a decode step is
-GEMV-shaped; a GEMM library call then reads the weight near bandwidth only for the largest matrices,
-adds split-K helper kernels, and fuses with nothing around it (~1,250 such calls were ~7.5 ms of a
-16 ms frame on the H200 against a 3 ms byte floor). Written as multiply-and-sum over the input axis
-(`small_rows_linear`), Inductor generates one bandwidth-bound reduction kernel per projection with the
-RMSNorm / activation in front and the residual add behind it fused in. Attention over the cache can
-take the same form (`reduce_attention`). The layer then runs as three units (UNITS, see below). These
-forms accumulate in FP32, as the GEMMs do; they are only worth it compiled (eager they materialize FP32
-copies of the weights). Forms that kept the whole layer in one compiled function with these reductions
-were measured slower and removed (results/NOTES.md, runs 4-5). The "fused" forms (the default up to 2
-rows, one stream: "fused+chain+all"; they run up to 8) run the depth decoder's layers, or parts of them,
-and the backbone's MLPs (in "fused+chain+all" its whole layers but the attention) as Triton kernels
-(fastpath/fused.py), the rest as the units' code. Above 2 rows by default ("gemm") the projections are
-library GEMMs: the backbone's layers as `decode_layer` uncompiled, and compiled as the units with GEMMs
-and each row's cache write scattered in place between them (one compiled `decode_layer` copied the cache
-slice and back), the depth decoder's as the units with GEMMs (its cache slot is the same for every row:
-written in place).
+The compiled step runs a layer as the units of `LayerUnits` (one compilation per shape, shared by every
+layer of a kind), cut where a tensor must reach memory anyway (see the units' comment below). Their
+projections are library GEMMs, or with `small_rows` FP32 multiply-and-sum reductions over the input axis
+(`small_rows_linear`, attention as `reduce_attention`): at a few rows every projection is GEMV-shaped, and
+Inductor turns each reduction into one bandwidth-bound kernel with the norm or activation in front and the
+residual add behind it fused in, where a GEMM library call reads the weight below bandwidth and fuses with
+nothing. The reductions accumulate in FP32 as the GEMMs do; they only pay off compiled (eager they
+materialize FP32 copies of the weights). Which layer runs how is the step's layer form (fastpath/forms.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from breeze_worker.engine.fastpath import gemv
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -45,23 +35,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype == weight.dtype:
         return F.linear(x, weight, bias)
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
-
-
-# see the module docstring: "gemm" is `decode_layer`; "units*" run the layer as UNITS with Inductor's
-# reductions, "triton*" as UNITS with the Triton GEMV (fastpath/gemv.py); "+attn": attention as reductions;
-# "fused": units+attn with the depth decoder's first unit as a Triton kernel (norm, q/k/v, RoPE, cache write;
-# fastpath/fused.py); "fused+mlp": also every MLP (depth and backbone) as fused kernels (norm + gate/up + SiLU,
-# down + residual); "fused+chain": the depth layer entirely as those kernels (q/k/v, attention, output
-# projection, MLP), chained by programmatic dependent launch where the device has it; the backbone as in
-# "fused"; "fused+chain+mlp": also the backbone's MLPs as the fused kernels; "fused+chain+all": the
-# backbone's layers as those kernels too around a compiled attention (fused.backbone_layer); "gemm+mlp":
-# "gemm" with every MLP as fastpath/fused_rows.py's two tensor-core kernels (batched steps; opt-in: 1.4-1.7x
-# slower than the library's MLP on the H200, results/batching/NOTES.md run 12); "gemm+attention": "gemm" with
-# the depth decoder's RoPE, cache write and attention as fastpath/fused.py's kernels (one each for any row
-# count) and the down projection's residual in the library GEMM's epilogue (the default above 2 rows,
-# compiled.BATCHED_FORM). Measured alternatives since removed: results/NOTES.md runs 9-13.
-FORMS = ("gemm", "gemm+mlp", "gemm+attention", "units", "units+attn", "triton", "triton+attn", "fused", "fused+mlp",
-         "fused+chain", "fused+chain+mlp", "fused+chain+all")
 
 
 def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -160,7 +133,7 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
                  qk_norm: torch.Tensor | None, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor,
                  down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, scale: float, eps_in: float,
                  eps_post: float, qk_eps: float, intermediate: int, act) -> torch.Tensor:
-    """One packed decoder layer over a static cache, as a pure function (the "gemm" form).
+    """One packed decoder layer over a static cache, as a pure function (the uncompiled backbone layer).
 
     x [R, T, hidden]; cos/sin [R or 1, 1, T, D]; k_cache/v_cache [R, kv, L, D] (views into the static
     cache; this call writes its keys/values at `slots` int64 [R or 1, T] and attends over all L slots);
@@ -179,31 +152,28 @@ def decode_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
     return x + linear(act(gu[..., :intermediate]) * gu[..., intermediate:], down)
 
 
-# ---- the small-row forms as three units per layer ----
+# ---- a layer as units ----
 # Unit boundaries are where Inductor must write a tensor to memory. Inside one compiled function it inlines
-# a pointwise producer into every consumer, so a projection's input is recomputed per output block: for
-# the down projection that is SiLU(gate) * up, one exp per weight element (measured 3x its byte floor on
-# the H200). Cut after the activation and after the q/k/v projection (the cache write between them is a
-# single in-place scatter per tensor), each projection reads a ready input.
+# a pointwise producer into every consumer, so a projection's input would be recomputed per output block:
+# for the down projection that is SiLU(gate) * up, one exp per weight element. Cut after the activation and
+# after the q/k/v projection (the cache write between them is a single in-place scatter per tensor), each
+# projection reads a ready input. `small_rows`: projections and attention as FP32 reductions
+# (`small_rows_linear`, `reduce_attention`), else library GEMMs and matmul attention.
 
-def _unit_linear(x: torch.Tensor, weight: torch.Tensor, proj: str) -> torch.Tensor:
-    """The units' projection, by `proj`: "rows" (FP32 reductions), "triton" (fastpath/gemv.py), "gemm" (the
-    GEMM library, as `decode_layer`)."""
-    if proj == "gemm":
-        return linear(x, weight)
-    return gemv.small_linear(x, weight) if proj == "triton" else small_rows_linear(x, weight)
+def _unit_linear(x: torch.Tensor, weight: torch.Tensor, small_rows: bool) -> torch.Tensor:
+    return small_rows_linear(x, weight) if small_rows else linear(x, weight)
 
 
 def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor,
               qk_norm: torch.Tensor | None, k_out: torch.Tensor | None, v_out: torch.Tensor | None, *, heads: int,
               kv_heads: int, head_dim: int, eps_in: float, qk_eps: float,
-              proj: str) -> tuple[torch.Tensor, ...]:
+              small_rows: bool) -> tuple[torch.Tensor, ...]:
     """Input norm, q/k/v projection, q/k norm and RoPE: q [R, h, T, D], k and v [R, kv, T, D]. With
     `k_out`/`v_out` (cache slots known when the step is built: the depth decoder's) k and v are written
     there and only q is returned."""
     rows, t, _ = x.shape
     h, kv, d = heads, kv_heads, head_dim
-    out = _unit_linear(rms_norm(x, w_in, eps_in), qkv, proj).view(rows, t, h + 2 * kv, d).transpose(1, 2)
+    out = _unit_linear(rms_norm(x, w_in, eps_in), qkv, small_rows).view(rows, t, h + 2 * kv, d).transpose(1, 2)
     qk, v = out[:, :h + kv], out[:, h + kv:]
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, qk_eps)
@@ -216,18 +186,18 @@ def layer_qkv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_in: torch
 
 
 def layer_norm_qkv(x: torch.Tensor, w_in: torch.Tensor, qkv: torch.Tensor, *, eps_in: float) -> torch.Tensor:
-    """Input norm and the packed q/k/v projection (the GEMM library): [R, T, (h + 2 kv) * D] (the "gemm+attention"
-    form; fastpath/fused.py's qk_norm_rope kernel takes it from there)."""
+    """Input norm and the packed q/k/v projection (the GEMM library): [R, T, (h + 2 kv) * D], for
+    fastpath/fused.py's qk_norm_rope kernel to take from there."""
     return linear(rms_norm(x, w_in, eps_in), qkv)
 
 
 def layer_mlp_out_addmm(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """`layer_mlp_out` as one library call: x + hidden @ down^T with the residual added in the GEMM's epilogue
     (no separate add kernel; the projection is not rounded to x's dtype before the add), written over x: the
-    caller's tensor, read by nothing after (an out-of-place addmm first copies x: one more kernel a layer
-    step, results/batching/NOTES.md run 21). Called as it is, not compiled (compiling an input mutation
-    brings the copy back). Under fp16-mixed (the T4 policy: FP32 residual, FP16 weights) the GEMM's output
-    is rounded to the residual's dtype and added, as `layer_mlp_out` does."""
+    caller's tensor, read by nothing after (an out-of-place addmm would first copy x, one more kernel a
+    layer step). Called as it is, not compiled (compiling an input mutation brings the copy back). Under
+    fp16-mixed (FP32 residual, FP16 weights) the GEMM's output is rounded to the residual's dtype and added,
+    as `layer_mlp_out` does."""
     if x.dtype != down.dtype:
         return x + linear(hidden, down)
     rows, t, width = x.shape
@@ -236,54 +206,60 @@ def layer_mlp_out_addmm(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tenso
     return out.view(rows, t, width)
 
 
-def layer_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, x: torch.Tensor,
-                    o_proj: torch.Tensor, *, scale: float, proj: str, reduce_attn: bool) -> torch.Tensor:
-    """Attention over the (already written) cache, output projection and residual: x after attention."""
-    return x + _unit_linear(attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn), o_proj, proj)
-
-
 def layer_attention_mlp_in(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
                            x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor, gate_up: torch.Tensor, *,
-                           scale: float, eps_post: float, intermediate: int, act, proj: str,
-                           reduce_attn: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                           scale: float, eps_post: float, intermediate: int, act,
+                           small_rows: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the (already written) cache, output projection and residual, post norm, gate and up
     projections and the activation: (x after attention [R, T, H], act(gate) * up [R, T, I])."""
-    return layer_out_mlp_in(attend_rows(q, k_cache, v_cache, mask, scale, reduce=reduce_attn), x, o_proj, w_post,
-                            gate_up, eps_post=eps_post, intermediate=intermediate, act=act, proj=proj)
+    return layer_out_mlp_in(attend_rows(q, k_cache, v_cache, mask, scale, reduce=small_rows), x, o_proj, w_post,
+                            gate_up, eps_post=eps_post, intermediate=intermediate, act=act, small_rows=small_rows)
 
 
 def layer_out_mlp_in(out: torch.Tensor, x: torch.Tensor, o_proj: torch.Tensor, w_post: torch.Tensor,
                      gate_up: torch.Tensor, *, eps_post: float, intermediate: int, act,
-                     proj: str) -> tuple[torch.Tensor, torch.Tensor]:
+                     small_rows: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """From the attention output [R, T, h * D]: output projection and residual, post norm, gate and up
     projections and the activation: (x after attention, act(gate) * up)."""
-    x = x + _unit_linear(out, o_proj, proj)
+    x = x + _unit_linear(out, o_proj, small_rows)
     normed = rms_norm(x, w_post, eps_post)
-    if proj == "rows":
+    if small_rows:
         gate = small_rows_linear(normed, gate_up[:intermediate])
         up = small_rows_linear(normed, gate_up[intermediate:])
     else:  # one pass over the packed gate/up weight
-        gu = _unit_linear(normed, gate_up, proj)
+        gu = linear(normed, gate_up)
         gate, up = gu[..., :intermediate], gu[..., intermediate:]
     return x, act(gate) * up
 
 
-def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, proj: str) -> torch.Tensor:
+def layer_mlp_out(hidden: torch.Tensor, x: torch.Tensor, down: torch.Tensor, *, small_rows: bool) -> torch.Tensor:
     """Down projection and residual."""
-    return x + _unit_linear(hidden, down, proj)
+    return x + _unit_linear(hidden, down, small_rows)
 
 
-UNITS = (layer_qkv, layer_attention_mlp_in, layer_mlp_out)
-# "fused+chain+all" (the backbone): attention alone, between fastpath/fused.py kernels
-ATTEND_UNIT = attend_rows
-# "fused+mlp" (the backbone): layer_qkv, then layer_attention, then the MLP as fused kernels (fastpath/fused.py)
-ATTENTION_UNIT = layer_attention
-# "fused" (the depth decoder): the Triton q/k/v and attention kernels, then these two (fastpath/fused.py)
-AFTER_ATTENTION_UNITS = (layer_out_mlp_in, layer_mlp_out)
-# "gemm+attention": norm and q/k/v, fastpath/fused.py's q/k RoPE + cache write kernel, then in the depth decoder
-# its attention kernel and layer_out_mlp_in, in the backbone layer_attention_mlp_in; then the down projection with
-# the residual in its epilogue (in place, never compiled)
-GEMM_ATTENTION_UNITS = (layer_norm_qkv, layer_mlp_out_addmm)
+@dataclass(frozen=True)
+class LayerUnits:
+    """The units a step's layers run through, each compiled or as it is (`wrap`): the three units of a whole
+    layer (`qkv`, `attention_mlp_in`, `mlp_out`), the attention alone between fused kernels (`attend`),
+    the layer after a kernel's attention (`out_mlp_in`), and the GEMM units around fused.qk_norm_rope
+    (`norm_qkv`; `mlp_out_in_place` is never compiled, see `layer_mlp_out_addmm`)."""
+
+    qkv: Callable
+    attention_mlp_in: Callable
+    mlp_out: Callable
+    attend: Callable
+    out_mlp_in: Callable
+    norm_qkv: Callable
+    mlp_out_in_place: Callable
+
+    @classmethod
+    def wrapped(cls, wrap: Callable[[Callable], Callable]) -> "LayerUnits":
+        return cls(qkv=wrap(layer_qkv), attention_mlp_in=wrap(layer_attention_mlp_in), mlp_out=wrap(layer_mlp_out),
+                   attend=wrap(attend_rows), out_mlp_in=wrap(layer_out_mlp_in), norm_qkv=wrap(layer_norm_qkv),
+                   mlp_out_in_place=layer_mlp_out_addmm)
+
+
+PLAIN_UNITS = LayerUnits.wrapped(lambda fn: fn)
 
 
 class PackedLayer:
@@ -315,44 +291,35 @@ class PackedLayer:
                 and self.mlp.down_proj.bias is None)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, fn=decode_layer) -> torch.Tensor:
-        """`decode_layer` over this layer's weights; `fn` is it or its compiled form."""
-        return fn(x, cos, sin, k_cache, v_cache, slots, mask, self.w_in, self.qkv, self.qk_norm,
-                  self.attn.o_proj.weight, self.w_post, self.gate_up, self.mlp.down_proj.weight,
-                  heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, scale=self.scale,
-                  eps_in=self.eps_in, eps_post=self.eps_post, qk_eps=self.qk_eps, intermediate=self.intermediate,
-                  act=self.act)
+               v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`decode_layer` over this layer's weights."""
+        return decode_layer(x, cos, sin, k_cache, v_cache, slots, mask, self.w_in, self.qkv, self.qk_norm,
+                            self.attn.o_proj.weight, self.w_post, self.gate_up, self.mlp.down_proj.weight,
+                            heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, scale=self.scale,
+                            eps_in=self.eps_in, eps_post=self.eps_post, qk_eps=self.qk_eps,
+                            intermediate=self.intermediate, act=self.act)
 
     def decode_units(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, units=UNITS,
-                     form: str = "units", static_slot: int | None = None, mlp=None) -> torch.Tensor:
-        """The same layer as `decode`, in a "units*" or "triton*" form, or "gemm" (the same projections as
-        `decode`, split into units for the cache write), through the three units (`units`: UNITS or their
-        compiled forms). The cache write: inside the first unit when the slots are the same
-        for every row and known now (`static_slot`, the depth decoder), else an in-place scatter between
-        the units (the backbone: each row writes at its own position). `mlp`: (attention unit, fn(layer,
-        x) -> x) to run the MLP outside the units (the fused kernels) instead of units 2-3's second half."""
-        qkv_fn, attn_fn, mlp_fn = units
-        proj = "triton" if form.startswith("triton") else "gemm" if form == "gemm" else "rows"
+                     v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, units: LayerUnits,
+                     small_rows: bool, static_slot: int | None = None) -> torch.Tensor:
+        """The same layer as `decode`, through the three units of `units` (compiled or not); `small_rows`:
+        projections and attention as FP32 reductions, else library GEMMs. The cache write: inside the first
+        unit when the slots are the same for every row and known now (`static_slot`, the depth decoder), else
+        an in-place scatter between the units (the backbone: each row writes at its own position)."""
         t = x.shape[1]
         k_out = v_out = None
         if static_slot is not None:
             k_out, v_out = k_cache[:, :, static_slot:static_slot + t], v_cache[:, :, static_slot:static_slot + t]
-        qkv = qkv_fn(x, cos, sin, self.w_in, self.qkv, self.qk_norm, k_out, v_out, heads=self.heads,
-                     kv_heads=self.kv_heads, head_dim=self.head_dim, eps_in=self.eps_in, qk_eps=self.qk_eps,
-                     proj=proj)
+        qkv = units.qkv(x, cos, sin, self.w_in, self.qkv, self.qk_norm, k_out, v_out, heads=self.heads,
+                        kv_heads=self.kv_heads, head_dim=self.head_dim, eps_in=self.eps_in, qk_eps=self.qk_eps,
+                        small_rows=small_rows)
         q = qkv[0]
         if static_slot is None:
             write_cache(k_cache, v_cache, slots, qkv[1], qkv[2])
-        if mlp is not None:
-            attention_fn, mlp_fn = mlp
-            x = attention_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, scale=self.scale,
-                             proj=proj, reduce_attn=form.endswith("+attn"))
-            return mlp_fn(self, x)
-        x, hidden = attn_fn(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, self.w_post, self.gate_up,
-                            scale=self.scale, eps_post=self.eps_post, intermediate=self.intermediate, act=self.act,
-                            proj=proj, reduce_attn=form.endswith("+attn"))
-        return mlp_fn(hidden, x, self.mlp.down_proj.weight, proj=proj)
+        x, hidden = units.attention_mlp_in(q, k_cache, v_cache, mask, x, self.attn.o_proj.weight, self.w_post,
+                                           self.gate_up, scale=self.scale, eps_post=self.eps_post,
+                                           intermediate=self.intermediate, act=self.act, small_rows=small_rows)
+        return units.mlp_out(hidden, x, self.mlp.down_proj.weight, small_rows=small_rows)
 
     def _qkv(self, h: torch.Tensor) -> torch.Tensor:
         if self.qkv is not None:

@@ -16,10 +16,12 @@ Several streams can share one step (a later batching issue): rows `cond_row[s]`,
 Sampling noise is keyed by (seed, frame, codebook) per stream, so the result does not depend on the row
 layout. The computation per row is the eager reference's (engine/eager.py), re-expressed with packed GEMMs.
 
-Compiled mode (`use_compiled`, fastpath/compiled.py): the same computation through `torch.compile`d units,
-so each layer's element-wise chains fuse into a few kernels: the layers' units (one compilation per
-shape, shared by every layer; fastpath/layers.py), the frame start (codebook-0 sampling and the depth prefill inputs) and the step
-between two depth positions (head, CFG, sampling, next input). Every tensor a unit reads that changes with
+How the layers run is the step's layer form (fastpath/forms.py), chosen once when its units are bound:
+`use_uncompiled` (the `gemm` form, plain functions) or `use_compiled` (fastpath/compiled.py), where the
+same computation runs through `torch.compile`d units, so each layer's element-wise chains fuse into a few
+kernels: the layers' units (one compilation per shape, shared by every layer; fastpath/layers.py), the
+frame start (codebook-0 sampling and the depth prefill inputs) and the step between two depth positions
+(head, CFG, sampling, next input). Every tensor a unit reads that changes with
 the depth position is a separate preallocated tensor of one shape, so the 15 depth steps share one
 compilation. The depth decoder attends over all 16 cache slots with a mask (slots not yet written this
 frame are blocked), which keeps its shapes constant.
@@ -35,11 +37,12 @@ import torch
 import torch.nn.functional as F
 
 from breeze_worker.engine import tracing
-from breeze_worker.engine.fastpath.compiled import layer_form, sampling_kernel_wanted
-from breeze_worker.engine.fastpath import fused, fused_rows, fused_sampling
-from breeze_worker.engine.fastpath.layers import (AFTER_ATTENTION_UNITS, ATTEND_UNIT, ATTENTION_UNIT,
-                                                  GEMM_ATTENTION_UNITS, UNITS, PackedLayer, linear, rms_norm,
+from breeze_worker.engine.fastpath import fused, fused_sampling
+from breeze_worker.engine.fastpath.compiled import sampling_kernel_wanted
+from breeze_worker.engine.fastpath.forms import GEMM, LayerForm, select_form
+from breeze_worker.engine.fastpath.layers import (PLAIN_UNITS, LayerUnits, PackedLayer, linear, rms_norm,
                                                   small_rows_linear)
+from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -85,8 +88,7 @@ def half_logits_available(device: torch.device, dtype: torch.dtype) -> bool:
 def half_logits(hidden: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     """hidden [N, K] @ weight_t [K, V] in FP32, both in one half dtype: each product is exact in FP32 and the
     sums are FP32, the value of `hidden.float() @ weight_t.float()` up to summation order, as one tensor-core
-    GEMM with an FP32 output instead of FP32 copies of both and a SIMT GEMM (at 48 rows a depth head took
-    21 us that way, results/batching/NOTES.md run 22)."""
+    GEMM with an FP32 output instead of FP32 copies of both and a SIMT GEMM."""
     return torch.mm(hidden, weight_t, out_dtype=torch.float32)
 
 
@@ -102,15 +104,17 @@ def packed_layers(lm) -> tuple[list[PackedLayer], list[PackedLayer]]:
 
 class FrameStep:
     def __init__(self, lm, rows: int, streams: int, capacity: int, device: torch.device,
-                 sample_kernel: bool | None = None):
+                 settings: FastPathSettings | None = None, sample_kernel: bool | None = None):
+        """`settings`: the fast path's (None: the defaults); its `kernels` launch every fused kernel of the step.
+        `sample_kernel`: whether the sampling kernel draws (None: as `settings.sampler` says for `device`)."""
         cfg = lm.config
+        self.settings = settings or FastPathSettings()
+        self.kernels = self.settings.kernels
         self.lm, self.rows, self.streams, self.device = lm, rows, streams, device
         self.backbone_layers, self.depth_layers = packed_layers(lm)
         self.codebooks, self.vocab = cfg.num_codebooks, cfg.vocab_size
         dtype = lm.embed_audio_tokens.weight.dtype  # the residual stream's dtype
         self.dtype = dtype
-        # a join's prefill: q/k norm, RoPE and the cache write as one kernel a layer (plan "prefill_rope")
-        self.prefill_rope = bool(fused.plan("prefill_rope", 0)["on"])
         bb, dd = cfg.backbone, cfg.depth
         kv_dtype = _kv_dtype(lm)
         self.cache = BackboneCache.allocate(bb.num_hidden_layers, rows, bb.num_key_value_heads, bb.head_dim,
@@ -134,13 +138,11 @@ class FrameStep:
             self.depth_inputs[start] = (self.depth_cos[:, :, start:start + n].clone(),
                                         self.depth_sin[:, :, start:start + n].clone(), slots, mask)
         head = lm.depth_decoder.codebooks_head.weight
-        embed = lm.depth_decoder.model.embed_tokens.weight
         self.depth_heads = [head[p - 1] for p in range(1, n_pos)]  # [H, V] per codebook p
-        self.depth_embeds = [embed[p * self.vocab:(p + 1) * self.vocab] for p in range(n_pos)]  # [V, H]
-        self.depth_projected = projected_codes(lm, dtype)  # [V, depth H] per codebook (plan "sample" `next`)
-        # the units as plain functions of the step; `sample_kernel` as in use_uncompiled (None: the environment's)
+        self.depth_projected = projected_codes(lm, dtype)  # [V, depth H] per codebook: the depth inputs
+        # the units as plain functions of the step
         self.use_uncompiled(sample_kernel)
-        self.fused_workspace = fused.DownWorkspace()  # the "fused" form's split-K partial sums
+        self.fused_workspace = fused.DownWorkspace()  # the fused kernels' split-K partial sums
         # per-row and per-stream state
         z = dict(device=device)
         self.hidden = torch.zeros(rows, bb.hidden_size, dtype=dtype, **z)  # last backbone state per row
@@ -174,8 +176,8 @@ class FrameStep:
 
     def set_streams(self, setups: list["StreamSetup"]) -> None:
         """Every joiner's slot settings in one write per buffer, with no host sync (`put_rows`): a scalar
-        assignment into a device tensor waited for the device each time, 12 a joiner, 387 in a 32-stream
-        join on an H200 (results/batching/NOTES.md run 26). `sampling`: one row, on the host or the device."""
+        assignment into a device tensor waits for the device each time, a dozen times a joiner. `sampling`:
+        one row, on the host or the device."""
         if not setups:
             return
         slots = [u.stream for u in setups]
@@ -204,8 +206,9 @@ class FrameStep:
         x = embeds.to(self.dtype)
         slots = torch.arange(t, device=self.device)[None]  # every row writes slots 0..T-1
         for i, layer in enumerate(self.backbone_layers):
-            if self.prefill_rope and layer.decodable and fused.qk_norm_rope_supported(layer.head_dim):
-                x = _prefill_layer(layer, x, cos, sin, cache.key[i, rows], cache.value[i, rows], slots, mask)
+            if layer.decodable and fused.qk_norm_rope_supported(layer.head_dim):  # q/k norm, RoPE, cache write
+                x = _prefill_layer(layer, x, cos, sin, cache.key[i, rows], cache.value[i, rows], slots, mask,
+                                   self.kernels)
                 continue
 
             def write(k, v, i=i):
@@ -230,62 +233,52 @@ class FrameStep:
 
     def _pick(self, logits: torch.Tensor, noise: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         self.nonfinite |= ~torch.isfinite(logits).all(dim=-1)
-        # the "fused" forms (<= 8 rows) filter top-k/top-p by pairwise comparison instead of a sort; `noise`
-        # is this position's, so sample_rows' frame and codebook arguments go unused
+        # `noise` is this position's, so sample_rows' frame and codebook arguments go unused
         return sample_rows(logits, self.sampling, self.frame, 0, blocked, noise=noise,
-                           pairwise=self.form.startswith("fused"))
+                           pairwise=self.form.pairwise_sampling)
 
     def _sample(self, logits: torch.Tensor, noise: torch.Tensor, log_noise: torch.Tensor | None,
                 blocked: torch.Tensor) -> torch.Tensor:
         """One position's codes [S] from its stream logits: the sampling kernel (fastpath/fused_sampling.py)
         or the compiled torch sampler (`_pick`); both also flag non-finite logits."""
         if self.sample_kernel:
-            return fused_sampling.sample(logits, self.sampling, blocked, log_noise, self.nonfinite)
+            return fused_sampling.sample(logits, self.sampling, blocked, log_noise, self.nonfinite,
+                                         kernels=self.kernels)
         return self.frame_units.pick(self, logits, noise, blocked)
 
     def _bind_units(self, wrap) -> None:
         """The frame's units between the layers, each `wrap`ped (compiled or as they are), called with `self`."""
         self.frame_units = SimpleNamespace(**{name.lstrip("_"): wrap(getattr(FrameStep, name)) for name in
                                               ("_frame_start", "_prefill_inputs", "_depth_logits", "_depth_hidden",
-                                               "_combine", "_next_input", "_next_projected", "_pick")})
+                                               "_combine", "_next_projected", "_pick")})
 
-    def use_compiled(self, compile_fn, form: str | None = None, sample_kernel: bool | None = None) -> None:
+    def use_compiled(self, compile_fn, form: LayerForm | None = None, sample_kernel: bool | None = None) -> None:
         """Run the frame through compiled units (`compile_fn(fn) -> fn`, fastpath/compiled.py); `form`: the
-        layers' form (None: `layer_form`'s choice for this step's row count); `sample_kernel`: whether the
-        sampling kernel draws (None: `sampling_kernel_wanted`)."""
-        self.form = form or layer_form(self.rows)
-        self.units = tuple(compile_fn(fn) for fn in UNITS)
-        self.attention_unit = compile_fn(ATTENTION_UNIT)
-        self.attend_unit = compile_fn(ATTEND_UNIT)
-        self.after_attention = tuple(compile_fn(fn) for fn in AFTER_ATTENTION_UNITS)
-        norm_qkv, mlp_out_in_place = GEMM_ATTENTION_UNITS
-        self.gemm_attention_units = (compile_fn(norm_qkv), mlp_out_in_place)
+        layers' form (None: `select_form`'s choice for this step's rows and settings); `sample_kernel`: whether
+        the sampling kernel draws (None: `sampling_kernel_wanted`)."""
+        self.form = form or select_form(self.rows, compiled=True, requested=self.settings.form)
+        self.units = LayerUnits.wrapped(compile_fn)
         self._bind_units(compile_fn)
-        self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
-        # the "fused" forms: each depth position's logits as one kernel (fused.depth_head) where its plan says so
+        self.sample_kernel = self._sample_kernel(sample_kernel)
         hidden = self.lm.config.depth.hidden_size
-        self.head_kernel = self.form.startswith("fused") and fused.depth_head_wanted(self.device, hidden)
-        # the "gemm" forms: logits from the half-precision heads through `half_logits` (plan "logits_mm")
-        self.logits_mm = (self.form.startswith("gemm") and bool(fused.plan("logits_mm", 0)["on"])
-                          and half_logits_available(self.device, self.dtype))
-        self.backbone_rope = self.form == "gemm+attention" and bool(fused.plan("backbone_rope", 0)["on"])
+        self.head_kernel = self.form.depth_head_kernel and fused.depth_head_wanted(self.device, hidden, self.kernels)
+        self.logits_mm = self.form.half_logits and half_logits_available(self.device, self.dtype)
         self.compiled = True
 
     def use_uncompiled(self, sample_kernel: bool | None = None) -> None:
-        """The units as plain functions of the step (called with `self`, so `narrow` views use them too)."""
-        self.form = "gemm"  # decode_layer's form (fastpath/layers.py): small-row reductions when compiled
-        self.units = UNITS  # the three per-layer units of the "units" forms (fastpath/layers.py)
-        self.attention_unit = ATTENTION_UNIT  # "fused+mlp": attention before the fused MLP
-        self.attend_unit = ATTEND_UNIT  # "fused+chain+all": the backbone's attention between fused kernels
-        self.after_attention = AFTER_ATTENTION_UNITS  # "fused": the depth layers after the Triton attention
-        self.gemm_attention_units = GEMM_ATTENTION_UNITS  # "gemm+attention": the depth layers around the kernels
+        """The units as plain functions of the step (called with `self`, so `narrow` views use them too), in the
+        `gemm` form."""
+        self.form = GEMM
+        self.units = PLAIN_UNITS
         self._bind_units(lambda fn: fn)
-        # fastpath/fused_sampling.py draws the codes (None: `sampling_kernel_wanted`)
-        self.sample_kernel = sampling_kernel_wanted(self.device) if sample_kernel is None else sample_kernel
+        self.sample_kernel = self._sample_kernel(sample_kernel)
         self.head_kernel = False
         self.logits_mm = False
-        self.backbone_rope = False
         self.compiled = False
+
+    def _sample_kernel(self, asked: bool | None) -> bool:
+        """Whether fastpath/fused_sampling.py draws the codes: `asked`, else as the settings say for the device."""
+        return sampling_kernel_wanted(self.device, self.settings) if asked is None else asked
 
     def _frame_start(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Codebook 0's stream logits (CFG, repetition penalty, the end-of-speech mask) and the frame's noise
@@ -306,10 +299,10 @@ class FrameStep:
         return self._project(x.to(self.dtype))
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
-        """The depth decoder's input projection (2048 -> 1024). In the "fused" form as a small-row reduction
-        (at 2-4 rows the GEMM library's kernel took ~11 us for a 4 MB weight on the H200, run 7)."""
+        """The depth decoder's input projection (2048 -> 1024), as a small-row reduction where the form says so
+        (at a few rows the GEMM library's kernel reads the weight well below bandwidth)."""
         weight = self.lm.depth_decoder.model.inputs_embeds_projector.weight
-        if self.form.startswith("fused"):
+        if self.form.small_row_projections:
             return small_rows_linear(x, weight)
         return linear(x, weight)
 
@@ -321,33 +314,25 @@ class FrameStep:
     def _depth_logits(self, x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
         """From the depth layers' output at the last position: codebook p's stream logits (`head` [H, V], CFG)."""
         hidden = self._depth_hidden(x)
-        if self.form.startswith("fused"):  # the same FP32 product as a reduction (no FP32 copy of the head, no SGEMM)
+        if self.form.small_row_projections:  # the same FP32 product as a reduction (no FP32 copy of the head, no SGEMM)
             logits = small_rows_linear(hidden.float(), head.t())
         else:
             logits = hidden.float() @ head.float()
         return self._combine(logits)
 
-    def _next_input(self, code: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
-        """The next depth position's projected input from codebook p's codes (`embed`: codebook p's table)."""
-        nxt = F.embedding(code[self.row_stream], embed)[:, None]
-        return self._project(nxt.to(self.dtype))
-
     def _next_projected(self, code: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """As `_next_input`, from codebook p's rows of `projected_codes` (one gather, no projection)."""
+        """The next depth position's projected input from codebook p's codes: rows of `projected_codes` (one
+        gather, no projection)."""
         return F.embedding(code[self.row_stream], table)[:, None]
-
-    def _next_from_table(self) -> bool:
-        """Whether depth inputs come from `projected_codes` (fused.plan "sample" `next`; with the sampling
-        kernel it writes them itself). Off, and always uncompiled without the kernel: the model's own
-        embedding and projection (tests patch them)."""
-        return bool(fused.plan("sample", self.vocab)["next"]) and (self.sample_kernel or self.compiled)
 
     @torch.no_grad()
     def sample_frame(self) -> None:
         """Trace spans (engine/tracing.py; only when not graph-captured): sampling (codebook 0, with the depth
         prefill inputs), depth_steps > depth_step (codebook p's position), sampling (codebooks 1..15)."""
         lm, device, units = self.lm, self.device, self.frame_units
-        from_table = self._next_from_table()
+        # the depth inputs from `projected_codes` (the sampling kernel writes them itself); uncompiled without
+        # the kernel, the model's own embedding and projection (tests patch them)
+        from_table = self.sample_kernel or self.compiled
         kernel_writes_next = self.sample_kernel and from_table  # the code into its column, the input into next_x
         self.nonfinite.zero_()
         with tracing.device_span(device, "sampling", codebook=0):
@@ -362,7 +347,7 @@ class FrameStep:
                     if self.head_kernel:  # norm, head, CFG as one kernel
                         dm = lm.depth_decoder.model
                         logits = fused.depth_head(x[:, -1], dm.norm.weight, dm.norm.eps, self.depth_heads[p - 1],
-                                                  self.cond_row, self.uncond_row, self.cfg_scale)
+                                                  self.cond_row, self.uncond_row, self.cfg_scale, self.kernels)
                     elif self.logits_mm and self.depth_heads[p - 1].dtype == self.dtype:
                         hidden = units.depth_hidden(self, x)
                         logits = units.combine(self, half_logits(hidden, self.depth_heads[p - 1]))
@@ -377,7 +362,7 @@ class FrameStep:
                             logits, self.sampling, self.blocked_depth, log_noise[:, p, : self.vocab],
                             self.nonfinite, out=self.codes[:, p],
                             next_table=None if last else self.depth_projected[p], next_out=self.next_x,
-                            cond_row=self.cond_row, uncond_row=self.uncond_row)
+                            cond_row=self.cond_row, uncond_row=self.uncond_row, kernels=self.kernels)
                     else:
                         code = self._sample(logits, noise[:, p, : self.vocab],
                                             None if log_noise is None else log_noise[:, p, : self.vocab],
@@ -390,8 +375,6 @@ class FrameStep:
                             nxt = self.next_x
                         elif from_table:
                             nxt = units.next_projected(self, code, self.depth_projected[p])
-                        elif self.compiled:
-                            nxt = units.next_input(self, code, self.depth_embeds[p])
                         else:  # the model's own embedding method (tests patch it)
                             embed = lm.depth_decoder.code_embedding(code[self.row_stream], p)[:, None]
                             nxt = linear(embed.to(self.dtype), lm.depth_decoder.model.inputs_embeds_projector.weight)
@@ -401,81 +384,12 @@ class FrameStep:
         self.readout[:, READOUT_EOS] = (self.codes[:, 0] == self.lm.config.end_of_speech_id).long()
         self.readout[:, READOUT_NONFINITE] = self.nonfinite.long()
 
-    def _layer(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
-               static_slot: int | None = None) -> torch.Tensor:
-        rows = x.shape[0] * x.shape[1]
-        if self.form == "fused+chain+all" and static_slot is None and fused.backbone_supported(layer, rows):
-            return fused.backbone_layer(layer, x, cos, sin, k_cache, v_cache, slots, mask, self.attend_unit,
-                                        self.fused_workspace)
-        if self.form.startswith(("units", "triton", "fused")):  # "fused*": the backbone's layers as units+attn
-            form = "units+attn" if self.form.startswith("fused") else self.form
-            mlp = None
-            if self.form in ("fused+mlp", "fused+chain+mlp", "fused+chain+all") and fused.mlp_supported(layer, rows):
-                mlp = (self.attention_unit, lambda layer, x: fused.mlp(layer, x, self.fused_workspace))
-            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form=form,
-                                      static_slot=static_slot, mlp=mlp)
-        if static_slot is not None and self.form == "gemm+attention":  # the attention as fused.py's kernel
-            return self._depth_layer_attention_kernel(layer, x, cos, sin, k_cache, v_cache, slots, mask, static_slot)
-        mlp = None  # "gemm+mlp": the MLP as fastpath/fused_rows.py's two tensor-core kernels
-        if self.form == "gemm+mlp" and fused_rows.supported(layer, rows):
-            mlp = (self.attention_unit, lambda layer, x: fused_rows.mlp(layer, x, self.fused_workspace))
-        if static_slot is not None:  # the depth decoder (every row at one slot): written in place, no scatter
-            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
-                                      static_slot=static_slot, mlp=mlp)
-        # the backbone in "gemm+attention": q/k norm, RoPE and the cache write as one kernel
-        if self.backbone_rope and fused.qk_norm_rope_supported(layer.head_dim):
-            return self._backbone_layer_rope_kernel(layer, x, cos, sin, k_cache, v_cache, slots, mask)
-        if self.compiled:  # the backbone: the units, each row's keys/values scattered in place between them
-            # (inside one compiled decode_layer Inductor copied the cache slice and back: 138 vs 92 us a layer
-            # at 48 rows, 100 vs 75 at 16; results/batching/NOTES.md run 10)
-            return layer.decode_units(x, cos, sin, k_cache, v_cache, slots, mask, units=self.units, form="gemm",
-                                      mlp=mlp)
-        return layer.decode(x, cos, sin, k_cache, v_cache, slots, mask)  # uncompiled: decode_layer as it is
-
-    def _depth_layer_attention_kernel(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots, mask,
-                                      start: int) -> torch.Tensor:
-        """A depth layer in the "gemm+attention" form: norm and q/k/v (library GEMM) as a compiled unit; RoPE and
-        the cache write at `start` (fused.qk_norm_rope) and the attention (fused.depth_attention), one kernel
-        each for any row count, in place of the compiled unit's three and the attention's matmuls and softmax;
-        the output projection, norm, gate/up and SiLU * up as the compiled unit; the down projection with the
-        residual in the library GEMM's epilogue."""
-        norm_qkv, mlp_out = self.gemm_attention_units
-        proj = norm_qkv(x, layer.w_in, layer.qkv, eps_in=layer.eps_in)
-        q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
-                               kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-        attn = fused.depth_attention(q, k_cache, v_cache, mask, start, scale=layer.scale)
-        out_mlp_in = self.after_attention[0]
-        x, hidden = out_mlp_in(attn, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up, eps_post=layer.eps_post,
-                               intermediate=layer.intermediate, act=layer.act, proj="gemm")
-        return mlp_out(hidden, x, layer.mlp.down_proj.weight)
-
-    def _backbone_layer_rope_kernel(self, layer: PackedLayer, x, cos, sin, k_cache, v_cache, slots,
-                                    mask) -> torch.Tensor:
-        """A backbone layer in the "gemm+attention" form (plan "backbone_rope"): norm and q/k/v (library GEMM) as
-        a compiled unit; q/k norm, RoPE and each row's cache write at its own slot as fused.qk_norm_rope's one
-        kernel (in place of the compiled unit's norm and RoPE kernels and two scatters a layer, 4.2 us each at
-        48 rows, results/batching/NOTES.md run 22); attention, output projection, norm, gate/up and SiLU * up as
-        the compiled unit; the down projection with the residual in the library GEMM's epilogue."""
-        norm_qkv, mlp_out = self.gemm_attention_units
-        proj = norm_qkv(x, layer.w_in, layer.qkv, eps_in=layer.eps_in)
-        q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
-                               kv_heads=layer.kv_heads, head_dim=layer.head_dim)
-        x, hidden = self.units[1](q, k_cache, v_cache, mask, x, layer.attn.o_proj.weight, layer.w_post, layer.gate_up,
-                                  scale=layer.scale, eps_post=layer.eps_post, intermediate=layer.intermediate,
-                                  act=layer.act, proj="gemm", reduce_attn=False)
-        return mlp_out(hidden, x, layer.mlp.down_proj.weight)
-
     def _depth(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Depth layers at positions from `start` (0: the 2-position prefill); x projected [R, n, H]."""
         cos, sin, slots, mask = self.depth_inputs[start]
         cache = self.depth_cache
         for i, layer in enumerate(self.depth_layers):
-            if self.form.startswith("fused") and fused.supported(layer, x.shape[0] * x.shape[1], cache.key.shape[3]):
-                x = fused.depth_layer(layer, x, cos[0, 0], sin[0, 0], cache.key[i], cache.value[i], start, mask,
-                                      self.after_attention, self.attention_unit, self.fused_workspace,
-                                      form="fused+chain" if self.form.startswith("fused+chain") else self.form)
-            else:
-                x = self._layer(layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, static_slot=start)
+            x = self.form.depth_layer(self, layer, x, cos, sin, cache.key[i], cache.value[i], slots, mask, start)
         return x
 
     @torch.no_grad()
@@ -490,8 +404,8 @@ class FrameStep:
         cos, sin = cos[:, None], sin[:, None]
         slots = cache.write_pos[:, None]
         for i, layer in enumerate(self.backbone_layers):
-            x = self._layer(layer, x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket], slots,
-                            mask)
+            x = self.form.layer(self, layer, x, cos, sin, cache.key[i, :, :, :bucket], cache.value[i, :, :, :bucket],
+                                slots, mask)
         norm = lm.backbone_model.norm
         last = rms_norm(x[:, -1], norm.weight, norm.eps)
         self.hidden.copy_(last)
@@ -579,15 +493,16 @@ def put_rows(buffer: torch.Tensor, index: list[int], values: list) -> None:
 
 
 def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                   v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                   kernels: fused.KernelSettings) -> torch.Tensor:
     """`PackedLayer.forward` over a prompt x [R, T, hidden] with its q/k norm, RoPE and cache write (slots [1, T]
-    into k_cache/v_cache [R, kv, L, D]) as fused.qk_norm_rope's one kernel. The eager forward ran them as ~10
-    element-wise kernels a layer over the heads-first (strided) view of the projection, ~24 us each at 32
-    joiners (results/batching/NOTES.md run 21); on the CPU the kernel's fallback is that same arithmetic."""
+    into k_cache/v_cache [R, kv, L, D]) as fused.qk_norm_rope's one kernel, in place of ~10 element-wise
+    kernels a layer over the heads-first (strided) view of the projection; on the CPU the kernel's fallback is
+    that same arithmetic."""
     t = x.shape[1]
     proj = linear(rms_norm(x, layer.w_in, layer.eps_in), layer.qkv)
     q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
-                           kv_heads=layer.kv_heads, head_dim=layer.head_dim)
+                           kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
     return layer.attend_then_mlp(x, q, k_cache[:, :, :t], v_cache[:, :, :t], mask)
 
 
