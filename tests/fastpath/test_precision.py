@@ -48,8 +48,8 @@ def test_codec_tf32_setting_comes_from_the_worker_settings():
     from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.runtime import configure_codec_convolutions
 
-    assert WorkerSettings.from_env({}).engine.codec_tf32 is False
-    assert WorkerSettings.from_env({"BREEZE_ENGINE_CODEC_TF32": "1"}).engine.codec_tf32 is True
+    assert WorkerSettings.from_env({}).engine.codec_tf32 is True  # PyTorch's own default for cuDNN
+    assert WorkerSettings.from_env({"BREEZE_ENGINE_CODEC_TF32": "0"}).engine.codec_tf32 is False
     with pytest.raises(ValueError, match="BREEZE_ENGINE_CODEC_TF32='maybe' is not a valid bool"):
         WorkerSettings.from_env({"BREEZE_ENGINE_CODEC_TF32": "maybe"})
     assert configure_codec_convolutions(torch.device("cpu"), True) is False  # the CPU has no cuDNN convolutions

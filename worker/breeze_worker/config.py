@@ -31,7 +31,9 @@ class EngineSettings:
     min_reference_seconds: float = 1.0  # shorter reference audio is refused (too little speech to clone)
     reference_cache_entries: int = 64
     # the codec's convolutions in TF32 where the device has it (compute capability >= 8.0); else true FP32
-    codec_tf32: bool = False
+    # TF32 convolutions in the codec where the device has them (compute capability >= 8.0), as PyTorch's own
+    # default does for cuDNN (so the reference code run with PyTorch's defaults); 0: strict FP32
+    codec_tf32: bool = True
     # the codec's batched step through torch.compile (Inductor), so its small element-wise kernels fuse; each
     # slot bucket compiles once, at warm-up, before its CUDA graph is captured (engine/codec_graphs.py)
     codec_compile: bool = False

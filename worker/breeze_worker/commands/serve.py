@@ -45,8 +45,9 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("engine", "max_reference_seconds", "--max-reference-seconds", "longest accepted reference audio"),
     ("engine", "min_reference_seconds", "--min-reference-seconds", "shortest accepted reference audio"),
     ("engine", "reference_cache_entries", "--reference-cache-entries", "encoded references kept in memory"),
-    ("engine", "codec_tf32", "--codec-tf32", "TF32 convolutions in the codec (compute capability >= 8.0 only; "
-                                             "default: true FP32)"),
+    ("engine", "codec_tf32", "--codec-tf32", "TF32 convolutions in the codec where the device has them "
+                                             "(compute capability >= 8.0), as PyTorch's default; on by default "
+                                             "(BREEZE_ENGINE_CODEC_TF32=0: strict FP32)"),
     ("engine", "codec_compile", "--codec-compile", "compile the codec's batched step with torch.compile "
                                                    "(Inductor) at warm-up, each slot bucket once (slower start)"),
     ("engine", "codec_overlap", "--codec-overlap", "decode each step's audio on its own CUDA stream while the "

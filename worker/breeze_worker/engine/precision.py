@@ -129,11 +129,12 @@ def choose_policy(requested: str, device: torch.device | str, force: bool = Fals
 
 
 def codec_tf32_wanted(capability: tuple[int, int] | None, asked: bool) -> bool:
-    """TF32 for the codec's convolutions when `asked` (the `codec_tf32` setting) and the device has it: TF32
-    exists from compute capability 8.0 on, so a T4 (7.5) or the CPU gets False whatever is asked (logged)."""
+    """TF32 for the codec's convolutions when `asked` (the `codec_tf32` setting, on by default as in PyTorch)
+    and the device has it: TF32 exists from compute capability 8.0 on, so a T4 (7.5) or the CPU runs strict
+    FP32 whatever is asked."""
     if asked and not has_native_bf16(capability):  # the same hardware line: Ampere's tensor cores
-        log.warning("codec_tf32 ignored: %s has no TF32", "the CPU" if capability is None else
-                    f"compute capability {capability[0]}.{capability[1]}")
+        log.info("codec convolutions in strict FP32: %s has no TF32", "the CPU" if capability is None else
+                 f"compute capability {capability[0]}.{capability[1]}")
         return False
     return asked
 
