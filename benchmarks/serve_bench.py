@@ -208,12 +208,14 @@ def _engine_bench(args: argparse.Namespace, out_dir: Path) -> dict:
 
 def _meta(args: argparse.Namespace) -> dict:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "host": platform.node(), "argv": sys.argv[1:]}
-    try:
-        meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        meta["commit"] = os.environ.get("BREEZE_COMMIT")
+            "python": platform.python_version(), "host": platform.node(), "argv": sys.argv[1:],
+            "commit": args.commit or os.environ.get("BREEZE_COMMIT")}
+    if not meta["commit"]:
+        try:
+            meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                            text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            meta["commit"] = "unknown"
     try:
         import torch
 
@@ -260,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--work-dir", type=Path, default=None, help="caches, logs, checkpoint (default: a temp dir)")
     p.add_argument("--out", type=Path, default=Path("serve_bench.json"))
+    p.add_argument("--commit", default=None, help="the commit to record (default: $BREEZE_COMMIT, else git HEAD; "
+                   "a copied tree's git metadata may be stale: pass it)")
     args = p.parse_args(argv)
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="serve-bench-"))
