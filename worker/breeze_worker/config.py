@@ -38,7 +38,7 @@ class EngineSettings:
     # slot bucket compiles once, at warm-up, before its CUDA graph is captured (engine/codec_graphs.py)
     codec_compile: bool = False
     # decode a step's audio on a CUDA stream of its own and read it during the next step (off by default: on
-    # an H200 it stalled 16-stream bursts for ~8.7 s at a time, results/batching/NOTES.md)
+    # an H200 it stalled 16-stream bursts for ~8.7 s at a time; docs/performance.md)
     codec_overlap: bool = False
     # the fast path (engine/fastpath/settings.py FastPathSettings says what each does), each from its own variable
     fastpath_compile: str = field(default="auto", metadata={"env": "BREEZE_FASTPATH_COMPILE"})  # auto | on | off

@@ -21,7 +21,7 @@ def conv1d_as_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     the k dilated taps of every batch row are stacked into [C_in * k, B * T] and multiplied by the weight
     as [C_out, C_in * k]. Same arithmetic (FP32 sums of the same products, in another order); on a GPU it
     runs as one large GEMM, where cuDNN may pick a slow algorithm for some shapes (an FFT convolution
-    took two thirds of a 32-slot codec step on an H200, results/batching/NOTES.md)."""
+    took two thirds of a 32-slot codec step on an H200; docs/performance.md)."""
     b, c_in, length = x.shape
     c_out, _, k = weight.shape
     t = length - (k - 1) * dilation
