@@ -5,10 +5,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # system tools the tests use: espeak-ng + sox (real speech), iproute2 (network namespaces, tc),
 # chromium (renders the diagnosis report), openssl (TLS test certificates), node + npm (a stock grpc-js
-# client: the tests run `npm ci` in tests/interop/node)
+# client: the tests run `npm ci` in tests/interop/node), unshare + mount (a private /etc/hosts naming a fleet)
 missing=()
 for pair in espeak-ng:espeak-ng sox:sox ip:iproute2 tc:iproute2 chromium:chromium openssl:openssl node:nodejs \
-            npm:npm; do
+            npm:npm unshare:util-linux mount:mount; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
 done
 if ((${#missing[@]})); then

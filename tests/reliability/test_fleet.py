@@ -16,12 +16,11 @@ from __future__ import annotations
 import hashlib
 import signal
 import socket
-import threading
 import time
 from collections import Counter
 
 from breeze_client.sdk import BreezeClient
-from served import ServedWorker
+from served import ServedWorker, start_all
 from streams import StreamInThread
 
 LONG = dict(max_frames=60, temperature=0.0)  # long enough to still be streaming when the fault comes
@@ -73,23 +72,6 @@ class Books:
         self.fetched_bytes += len(fetched.data)
 
 
-def _start_all(workers: list[ServedWorker]) -> None:
-    errors: list[BaseException] = []
-
-    def start(w: ServedWorker) -> None:
-        try:
-            w.start()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(w,)) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-
-
 def test_three_workers_spread_drain_and_crash_without_losing_an_artifact(tmp_path):
     workers = [ServedWorker(tmp_path / f"w{i}", *WORKER_ARGS) for i in range(3)]
     for w in workers:
@@ -97,7 +79,7 @@ def test_three_workers_spread_drain_and_crash_without_losing_an_artifact(tmp_pat
     fleet = "ipv4:" + ",".join(w.target for w in workers)
     books = Books(workers)
     t_start = time.monotonic()
-    _start_all(workers)
+    start_all(workers)
     started_s = time.monotonic() - t_start
     w0, w1, w2 = workers
     try:
