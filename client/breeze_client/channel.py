@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
+import grpc.experimental
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -95,7 +96,7 @@ class ConnectionOptions:
         return replace(self, target=target)
 
 
-def channel_options(opts: ConnectionOptions, balanced: bool = False) -> list[tuple[str, object]]:
+def channel_options(opts: ConnectionOptions, balanced: bool = False, sync: bool = False) -> list[tuple[str, object]]:
     options: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", opts.max_message_bytes),
         ("grpc.max_send_message_length", opts.max_message_bytes),
@@ -115,6 +116,11 @@ def channel_options(opts: ConnectionOptions, balanced: bool = False) -> list[tup
         # gRPC keeps a request for its retries only up to this size (256 KiB by default), and commits a larger
         # one at once: a clone request with a few seconds of reference audio must still fail over
         options.append(("grpc.per_rpc_retry_buffer_size", opts.max_message_bytes))
+        if sync:
+            # the synchronous client's default stream reader (a shared polling thread) never completes a
+            # Synthesize whose retry finds every worker unhealthy, not even at its deadline (grpcio 1.85);
+            # the reader that polls the call from the iterating thread completes it
+            options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
     if opts.tls_server_name:
         options.append(("grpc.ssl_target_name_override", opts.tls_server_name))
     return options + list(opts.extra_options)
@@ -130,9 +136,10 @@ def _credentials(opts: ConnectionOptions) -> grpc.ChannelCredentials:
 
 def open_channel(target: str, opts: ConnectionOptions, balanced: bool = False) -> grpc.Channel:
     """A synchronous channel to `target` with the options' TLS and settings (`balanced`: the synthesis channel)."""
+    options = channel_options(opts, balanced, sync=True)
     if opts.uses_tls:
-        return grpc.secure_channel(target, _credentials(opts), options=channel_options(opts, balanced))
-    return grpc.insecure_channel(target, options=channel_options(opts, balanced))
+        return grpc.secure_channel(target, _credentials(opts), options=options)
+    return grpc.insecure_channel(target, options=options)
 
 
 def open_aio_channel(target: str, opts: ConnectionOptions, balanced: bool = False) -> grpc.aio.Channel:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections import Counter
 
@@ -18,6 +19,7 @@ import pytest
 import pytest_asyncio
 
 from breeze_client.aio import AsyncBreezeClient
+from breeze_client.sdk import BreezeClient
 from breeze_client.channel import SYNTHESIS_SERVICE
 from breeze_client.errors import Unavailable
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
@@ -39,6 +41,17 @@ class RefusingEngine(FakeEngine):
     async def synthesize(self, request, *, timeout_s=None):
         self.refused += 1
         raise WorkerUnavailable("shutting down; retry on another worker")
+        yield  # an async generator, like the real engine's
+
+
+class DrainingEngine(FakeEngine):
+    """Begins to drain at its first job: reports NOT_SERVING, then refuses the job (UNAVAILABLE)."""
+
+    servers = None
+
+    async def synthesize(self, request, *, timeout_s=None):
+        await self.servers.set_serving(False)
+        raise WorkerUnavailable("the worker is shutting down and this request had not started")
         yield  # an async generator, like the real engine's
 
 
@@ -96,12 +109,14 @@ async def _run_jobs(client: AsyncBreezeClient, n: int) -> list:
 
 
 async def _wait_until_balanced(client: AsyncBreezeClient, fleet: Fleet, serving: set[int]) -> None:
-    """Until every worker in `serving` took a job (the health watches have all reported)."""
-    seen: set[int] = set()
+    """Until a round of jobs goes to exactly the workers in `serving` (every health watch has reported)."""
     deadline = time.monotonic() + 20
-    while seen != serving:
-        assert time.monotonic() < deadline, f"only {seen} of {serving} took jobs"
-        seen.add(fleet.index_of((await client.synthesize("warm", max_frames=1)).job.artifact_endpoint))
+    while True:
+        window = [await client.synthesize("warm", max_frames=1) for _ in range(2 * len(serving))]
+        seen = {fleet.index_of(r.job.artifact_endpoint) for r in window}
+        if seen == serving:
+            return
+        assert time.monotonic() < deadline, f"jobs still go to {seen}, not {serving}"
 
 
 async def test_round_robin_spreads_jobs_over_every_worker_and_artifacts_come_from_each_jobs_worker(fleet, tmp_path):
@@ -199,6 +214,32 @@ async def test_failover_stays_within_the_deadline_when_every_worker_refuses(flee
             await client.synthesize("a short deadline", max_frames=2, timeout_s=0.3)
         assert time.monotonic() - t0 < 2.0  # the retries never outlive the call's deadline
     print(f"\nevery worker refusing: UNAVAILABLE after {attempts} attempts in {elapsed:.2f} s")
+
+
+async def test_the_sync_client_ends_a_refused_call_when_no_worker_is_left(fleet, tmp_path):
+    # the last worker starts draining under a job: gRPC's retry finds no healthy worker and the call must end
+    # at once (grpcio's default synchronous stream reader left it hanging past its deadline)
+    await fleet.add(tmp_path, DrainingEngine)
+    fleet.engines[0].servers = fleet.servers[0]
+
+    outcome: dict = {}
+
+    def synthesize() -> None:
+        with BreezeClient(fleet.target, timeout_s=20) as client:
+            t0 = time.monotonic()
+            try:
+                client.synthesize("the last worker drains", max_frames=2)
+            except Unavailable as exc:
+                outcome["error"] = exc
+            outcome["elapsed"] = time.monotonic() - t0
+
+    caller = threading.Thread(target=synthesize, daemon=True)  # a hung call must not hold the test's loop
+    caller.start()
+    deadline = time.monotonic() + 30
+    while caller.is_alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert "elapsed" in outcome, "the call did not end, not even at its 20 s deadline"
+    assert outcome["elapsed"] < 10 and "reports NOT_SERVING" in outcome["error"].message, outcome
 
 
 def test_the_fleet_health_check_watches_the_service_the_worker_reports():
