@@ -61,7 +61,7 @@ FLEET_SERVICE_CONFIG = json.dumps({
 
 @dataclass(frozen=True)
 class ConnectionOptions:
-    """How to reach one worker: the same set on every SDK client and CLI subcommand."""
+    """How to reach a worker or a fleet: the same set on every SDK client and CLI subcommand."""
 
     target: str = DEFAULT_TARGET  # the Synthesize endpoint: host:port, or a fleet (dns:///name:port, ipv4:a:p,b:p)
     artifact_target: str | None = None  # host:port of the Artifacts endpoint (None: what the worker advertises)

@@ -1,6 +1,7 @@
 """SIGTERM drains in order, against a real worker process and a real signal: NOT_SERVING and new synthesis
-refused (UNAVAILABLE, queued requests too; the SDK's health-checked channel does not send it new jobs at all), running jobs finish within --grace-s, the artifact port serves
---artifact-grace-s longer so the finished job can be fetched, then the worker exits 0."""
+refused (UNAVAILABLE, queued requests too; the SDK's health-checked channel does not send it new jobs at
+all), running jobs finish within --grace-s, the artifact port serves --artifact-grace-s longer so the
+finished job can be fetched, then the worker exits 0."""
 
 from __future__ import annotations
 
