@@ -63,14 +63,19 @@ class AsyncBreezeClient:
     def __init__(self, target: str | None = None, *, options: ConnectionOptions | None = None, **option_kw) -> None:
         opts = options or ConnectionOptions(**option_kw)
         self.options = opts if target is None else opts.with_target(target)
-        self._channel = open_aio_channel(self.options.target, self.options)
+        # Synthesize is spread over every worker the target resolves to (health-checked round robin); worker
+        # info, health and the clock exchange go to one worker over a plain channel, whatever its health
+        self._channel = open_aio_channel(self.options.target, self.options, balanced=True)
+        self._control = open_aio_channel(self.options.target, self.options)
         self._artifact_channels: dict[str, grpc.aio.Channel] = {}
         self._clocks: dict[str, ClockMapping] = {}
         self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
+        self._control_synthesis = synthesis_pb2_grpc.SynthesisStub(self._control)
         self._info: WorkerInfo | None = None
 
     async def close(self) -> None:
         await self._channel.close()
+        await self._control.close()
         for ch in self._artifact_channels.values():
             await ch.close()
 
@@ -89,7 +94,7 @@ class AsyncBreezeClient:
 
     def _channel_for(self, target: str) -> grpc.aio.Channel:
         if target == self.options.target:
-            return self._channel
+            return self._control
         if target not in self._artifact_channels:
             self._artifact_channels[target] = open_aio_channel(target, self.options)
         return self._artifact_channels[target]
@@ -113,7 +118,7 @@ class AsyncBreezeClient:
     async def worker_info(self, refresh: bool = False) -> WorkerInfo:
         if self._info is None or refresh:
             try:
-                reply = await self._synthesis.GetWorkerInfo(synthesis_pb2.GetWorkerInfoRequest(), **self._kw())
+                reply = await self._control_synthesis.GetWorkerInfo(synthesis_pb2.GetWorkerInfoRequest(), **self._kw())
             except grpc.RpcError as err:
                 raise from_rpc_error(err) from None
             self._info = _convert.worker_info_from_pb(reply)

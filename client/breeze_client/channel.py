@@ -1,9 +1,17 @@
 """The one channel factory: TLS (with an optional client certificate), bearer-token metadata, message sizes,
-keepalive and retry policy.
+keepalive, load balancing and retry policy.
 
 `ConnectionOptions` is what every SDK client and every CLI subcommand takes; `open_channel` /
 `open_aio_channel` build a channel to one target from it. The synthesis and the artifact channel are
 separate channels (separate connections), so a large download never queues behind audio chunks.
+
+A target is anything gRPC resolves: `host:port`, a fleet as `dns:///name:port` (every address the name
+resolves to) or `ipv4:host:port,host:port,...`. The synthesis channel (`balanced=True`) spreads calls over
+every resolved address with gRPC's round_robin and health-checks each one (grpc.health.v1 Watch on the
+Synthesis service), so a worker that is NOT_SERVING (warming up, draining) gets no new jobs. A Synthesize that
+fails with UNAVAILABLE before its first message (JobStarted) is retried by gRPC on the next worker within the
+call's deadline; once a response message arrived the call is committed and a failure is reported, never
+retried, so audio is never duplicated.
 """
 
 from __future__ import annotations
@@ -13,29 +21,49 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
+import grpc.experimental
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
-# Retries on UNAVAILABLE only, for calls that are safe to repeat (never Synthesize: it starts a job).
+SYNTHESIS_SERVICE = "breeze.tts.v1.Synthesis"  # the health service name a worker reports while it takes jobs
+
+# Retries on UNAVAILABLE only, for calls that are safe to repeat.
 _RETRY_POLICY = {
     "maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
-SERVICE_CONFIG = json.dumps({"methodConfig": [{
-    "name": [{"service": "breeze.tts.v1.Clock"}, {"service": "breeze.tts.v1.Artifacts", "method": "Stat"},
-             {"service": "breeze.tts.v1.Artifacts", "method": "Fetch"},
-             {"service": "breeze.tts.v1.Synthesis", "method": "GetWorkerInfo"},
-             {"service": "grpc.health.v1.Health", "method": "Check"}],
-    "retryPolicy": _RETRY_POLICY,
-}]})
+_IDEMPOTENT = [{"service": "breeze.tts.v1.Clock"}, {"service": "breeze.tts.v1.Artifacts", "method": "Stat"},
+               {"service": "breeze.tts.v1.Artifacts", "method": "Fetch"},
+               {"service": SYNTHESIS_SERVICE, "method": "GetWorkerInfo"},
+               {"service": "grpc.health.v1.Health", "method": "Check"}]
+# Synthesize starts a job, so gRPC may repeat it only while it is uncommitted: a call commits at its first
+# response message (JobStarted), so UNAVAILABLE before it (a draining worker's refusal, a queued job cut off
+# by a crash, a connection that failed) goes to the next worker, and nothing after it is ever retried.
+# 5 attempts is gRPC's ceiling; the call's deadline bounds them all.
+_SYNTHESIZE_RETRY_POLICY = {
+    "maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+# One worker, the first address that connects: artifact channels (an artifact lives on one worker) and the
+# control channel (worker info, health, clock), which must reach a worker whatever its health.
+SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": _IDEMPOTENT, "retryPolicy": _RETRY_POLICY}]})
+# The synthesis channel: round_robin over every resolved address, each health-checked on the Synthesis service.
+FLEET_SERVICE_CONFIG = json.dumps({
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": SYNTHESIS_SERVICE},
+    "methodConfig": [
+        {"name": _IDEMPOTENT, "retryPolicy": _RETRY_POLICY},
+        {"name": [{"service": SYNTHESIS_SERVICE, "method": "Synthesize"}], "retryPolicy": _SYNTHESIZE_RETRY_POLICY},
+    ],
+})
 
 
 @dataclass(frozen=True)
 class ConnectionOptions:
-    """How to reach one worker: the same set on every SDK client and CLI subcommand."""
+    """How to reach a worker or a fleet: the same set on every SDK client and CLI subcommand."""
 
-    target: str = DEFAULT_TARGET  # host:port of the Synthesize endpoint
+    target: str = DEFAULT_TARGET  # the Synthesize endpoint: host:port, or a fleet (dns:///name:port, ipv4:a:p,b:p)
     artifact_target: str | None = None  # host:port of the Artifacts endpoint (None: what the worker advertises)
     tls_ca: Path | None = None  # PEM roots to trust; setting it turns TLS on
     tls: bool = False  # TLS with the system's roots (implied by tls_ca)
@@ -84,7 +112,7 @@ def fixed_stream_window(opts: ConnectionOptions) -> int | None:
     return int(extra.get("grpc.http2.lookahead_bytes", DEFAULT_STREAM_WINDOW))
 
 
-def channel_options(opts: ConnectionOptions) -> list[tuple[str, object]]:
+def channel_options(opts: ConnectionOptions, balanced: bool = False, sync: bool = False) -> list[tuple[str, object]]:
     options: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", opts.max_message_bytes),
         ("grpc.max_send_message_length", opts.max_message_bytes),
@@ -98,8 +126,17 @@ def channel_options(opts: ConnectionOptions) -> list[tuple[str, object]]:
         ("grpc.min_reconnect_backoff_ms", 20_000),
         ("grpc.max_reconnect_backoff_ms", 2_000),
         ("grpc.enable_retries", 1),
-        ("grpc.service_config", SERVICE_CONFIG),
+        ("grpc.service_config", FLEET_SERVICE_CONFIG if balanced else SERVICE_CONFIG),
     ]
+    if balanced:
+        # gRPC keeps a request for its retries only up to this size (256 KiB by default), and commits a larger
+        # one at once: a clone request with a few seconds of reference audio must still fail over
+        options.append(("grpc.per_rpc_retry_buffer_size", opts.max_message_bytes))
+        if sync:
+            # the synchronous client's default stream reader (a shared polling thread) never completes a
+            # Synthesize whose retry finds every worker unhealthy, not even at its deadline (grpcio 1.85);
+            # the reader that polls the call from the iterating thread completes it
+            options.append((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
     if opts.tls_server_name:
         options.append(("grpc.ssl_target_name_override", opts.tls_server_name))
     return options + list(opts.extra_options)
@@ -113,15 +150,16 @@ def _credentials(opts: ConnectionOptions) -> grpc.ChannelCredentials:
                                         certificate_chain=Path(opts.tls_cert).read_bytes())
 
 
-def open_channel(target: str, opts: ConnectionOptions) -> grpc.Channel:
-    """A synchronous channel to `target` with the options' TLS and settings."""
+def open_channel(target: str, opts: ConnectionOptions, balanced: bool = False) -> grpc.Channel:
+    """A synchronous channel to `target` with the options' TLS and settings (`balanced`: the synthesis channel)."""
+    options = channel_options(opts, balanced, sync=True)
     if opts.uses_tls:
-        return grpc.secure_channel(target, _credentials(opts), options=channel_options(opts))
-    return grpc.insecure_channel(target, options=channel_options(opts))
+        return grpc.secure_channel(target, _credentials(opts), options=options)
+    return grpc.insecure_channel(target, options=options)
 
 
-def open_aio_channel(target: str, opts: ConnectionOptions) -> grpc.aio.Channel:
-    """An asyncio channel to `target` with the options' TLS and settings."""
+def open_aio_channel(target: str, opts: ConnectionOptions, balanced: bool = False) -> grpc.aio.Channel:
+    """An asyncio channel to `target` with the options' TLS and settings (`balanced`: the synthesis channel)."""
     if opts.uses_tls:
-        return grpc.aio.secure_channel(target, _credentials(opts), options=channel_options(opts))
-    return grpc.aio.insecure_channel(target, options=channel_options(opts))
+        return grpc.aio.secure_channel(target, _credentials(opts), options=channel_options(opts, balanced))
+    return grpc.aio.insecure_channel(target, options=channel_options(opts, balanced))

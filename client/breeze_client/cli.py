@@ -36,9 +36,11 @@ def _load(name: str):
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("connection (the same on every subcommand)")
     g.add_argument("--target", default=os.environ.get("BREEZE_TARGET", DEFAULT_TARGET),
-                   help="host:port of the worker's Synthesize endpoint (env BREEZE_TARGET; default %(default)s)")
+                   help="the worker's Synthesize endpoint, host:port, or a fleet in gRPC's target syntax: "
+                        "dns:///name:port or ipv4:host:port,host:port (env BREEZE_TARGET; default %(default)s)")
     g.add_argument("--artifact-target", default=os.environ.get("BREEZE_ARTIFACT_TARGET"),
-                   help="host:port of the Artifacts endpoint (default: the address the worker advertises)")
+                   help="host:port of the Artifacts endpoint (default: the address the job's worker advertises; "
+                        "with a fleet --target, fetch needs it: the address synth printed)")
     g.add_argument("--tls-ca", type=Path, default=None, help="PEM roots to trust; turns TLS on")
     g.add_argument("--tls", action="store_true", help="TLS with the system's trusted roots")
     g.add_argument("--tls-server-name", default=None, help="name to check in the worker's certificate")

@@ -110,6 +110,9 @@ def from_rpc_error(err: grpc.RpcError) -> BreezeClientError:
         # gRPC's bare limit (a request far past --max-request-bytes, or an older worker)
         return RequestTooLarge(f"{details}: the request is larger than the worker accepts; send a shorter "
                                "reference audio (or raise the worker's --max-request-bytes)")
+    if code is grpc.StatusCode.UNAVAILABLE and "backend unhealthy" in details:  # the fleet channel's health check
+        return Unavailable(f"no worker is taking jobs: every worker the target resolves to reports NOT_SERVING "
+                           f"(loading its model, or draining); retry later or add workers ({details})")
     if code is grpc.StatusCode.UNAVAILABLE and ("connect" in details.lower() or "refused" in details.lower()):
         details = f"{details} (is the worker running, and are --target / --artifact-target right?)"
     cls = _BY_CODE.get(code, BreezeClientError)

@@ -73,15 +73,20 @@ class BreezeClient:
     def __init__(self, target: str | None = None, *, options: ConnectionOptions | None = None, **option_kw) -> None:
         opts = options or ConnectionOptions(**option_kw)
         self.options = opts if target is None else opts.with_target(target)
-        self._channel = open_channel(self.options.target, self.options)
+        # Synthesize is spread over every worker the target resolves to (health-checked round robin); worker
+        # info, health and the clock exchange go to one worker over a plain channel, whatever its health
+        self._channel = open_channel(self.options.target, self.options, balanced=True)
+        self._control = open_channel(self.options.target, self.options)
         self._artifact_channels: dict[str, grpc.Channel] = {}
         self._clocks: dict[str, ClockMapping] = {}
         self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
+        self._control_synthesis = synthesis_pb2_grpc.SynthesisStub(self._control)
         self._info: WorkerInfo | None = None
 
     # ---- lifecycle ----
     def close(self) -> None:
         self._channel.close()
+        self._control.close()
         for ch in self._artifact_channels.values():
             ch.close()
 
@@ -105,7 +110,7 @@ class BreezeClient:
         return self._artifact_channels[target]
 
     def _channel_for(self, target: str) -> grpc.Channel:
-        return self._channel if target == self.options.target else self._artifact_channel(target)
+        return self._control if target == self.options.target else self._artifact_channel(target)
 
     def sync_clock(self, target: str | None = None, samples: int = clock_exchange.DEFAULT_SAMPLES) -> ClockMapping:
         """Measure (again) how the worker's clock at `target` maps onto ours."""
@@ -127,7 +132,7 @@ class BreezeClient:
         if self._info is None or refresh:
             try:
                 self._info = _convert.worker_info_from_pb(
-                    self._synthesis.GetWorkerInfo(synthesis_pb2.GetWorkerInfoRequest(), **self._kw()))
+                    self._control_synthesis.GetWorkerInfo(synthesis_pb2.GetWorkerInfoRequest(), **self._kw()))
             except grpc.RpcError as err:
                 raise from_rpc_error(err) from None
         return self._info

@@ -30,8 +30,10 @@ def free_port() -> int:
 class ServedWorker:
     """One worker process. Fixed ports (picked free once) so a restart comes back on the same address."""
 
-    def __init__(self, artifact_dir: Path, *args: str, port: int | None = None, artifact_port: int | None = None):
+    def __init__(self, artifact_dir: Path, *args: str, port: int | None = None, artifact_port: int | None = None,
+                 host: str = "127.0.0.1"):
         self.artifact_dir = artifact_dir
+        self.host = host
         self.args = list(args)
         self.port = port or free_port()
         self.artifact_port = artifact_port or free_port()
@@ -41,15 +43,16 @@ class ServedWorker:
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def artifact_target(self) -> str:
-        return f"127.0.0.1:{self.artifact_port}"
+        return f"{self.host}:{self.artifact_port}"
 
     def start(self, timeout_s: float = 180) -> "ServedWorker":
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--port", str(self.port),
+            [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--host", self.host,
+             "--metrics-host", "127.0.0.1", "--port", str(self.port),
              "--artifact-port", str(self.artifact_port), "--artifact-dir", str(self.artifact_dir),
              "--metrics-port", str(self.metrics_port), *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -106,3 +109,21 @@ class ServedWorker:
                 return True
             time.sleep(0.05)
         return False
+
+
+def start_all(workers: list[ServedWorker], timeout_s: float = 300) -> None:
+    """Start several workers at once (each loads and warms its model in its own process)."""
+    errors: list[BaseException] = []
+
+    def start(worker: ServedWorker) -> None:
+        try:
+            worker.start(timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 10)
+    assert not errors, errors

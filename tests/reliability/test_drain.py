@@ -1,15 +1,18 @@
 """SIGTERM drains in order, against a real worker process and a real signal: NOT_SERVING and new synthesis
-refused (UNAVAILABLE, queued requests too), running jobs finish within --grace-s, the artifact port serves
---artifact-grace-s longer so the finished job can be fetched, then the worker exits 0."""
+refused (UNAVAILABLE, queued requests too; the SDK's health-checked channel does not send it new jobs at
+all), running jobs finish within --grace-s, the artifact port serves --artifact-grace-s longer so the
+finished job can be fetched, then the worker exits 0."""
 
 from __future__ import annotations
 
 import signal
 import time
 
+import grpc
 import pytest
 
 from breeze_client.errors import Unavailable
+from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 from breeze_client.sdk import BreezeClient
 from served import ServedWorker
 from streams import StreamInThread
@@ -37,15 +40,32 @@ def test_sigterm_finishes_running_jobs_and_keeps_their_artifacts_fetchable(tmp_p
             running = StreamInThread(client, "A job that is running when the signal comes.", max_frames=150,
                                      seed=1, temperature=0.0)
             running.wait_for(2)
+            # the worker's own answers, as a client without retries or health checking sees them
+            plain = grpc.insecure_channel(worker.target)
+            stub = synthesis_pb2_grpc.SynthesisStub(plain)
+            raw_queued = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="Waiting for a slot.", max_frames=4),
+                                         timeout=60)
             queued = StreamInThread(client, "A job still waiting for a slot.", max_frames=4, seed=2)
-            time.sleep(0.3)
+            _wait(lambda: worker.metrics()["breeze_queued_requests"] == 2)
             worker.signal(signal.SIGTERM)
             _wait(lambda: _health(client) == "NOT_SERVING")
-            with pytest.raises(Unavailable, match="shutting down; retry on another worker"):
+            with pytest.raises(grpc.RpcError) as refused:
+                for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="Too late.", max_frames=2), timeout=30):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down; retry on another worker" in refused.value.details()
+            with pytest.raises(grpc.RpcError) as ended:
+                for _ in raw_queued:
+                    pass
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE and "had not started" in ended.value.details()
+            plain.close()
+            # the SDK watches the worker's health: it does not send it new jobs, and its retry of the queued job
+            # (refused before JobStarted) finds no other worker: both end UNAVAILABLE, within their deadline
+            with pytest.raises(Unavailable, match="every worker the target resolves to reports NOT_SERVING"):
                 client.synthesize("Too late.", max_frames=2)
             queued.finish()
             assert queued.error is not None and queued.error.code == "UNAVAILABLE"
-            assert "had not started" in queued.error.message
+            assert "reports NOT_SERVING" in queued.error.message
 
             result = running.finish()
             assert running.error is None and result.artifact is not None  # it ran to its end

@@ -133,6 +133,9 @@ class ServerSettings:
     metrics_port: int | None = None  # Prometheus text on GET /metrics (+ /healthz); None: off
     metrics_host: str | None = None  # address of the metrics listener (None: the same as host)
     advertised_artifact_address: str | None = None  # host:port clients use for artifacts (None: host:artifact_port)
+    # the synthesis port asks each client connection to reconnect after this long (streams in flight finish
+    # first), so a client of a fleet address resolves it again and finds workers added since; 0: never
+    max_connection_age_s: float = 300.0
 
     def validate(self) -> None:
         for name in ("port", "artifact_port"):
@@ -154,6 +157,8 @@ class ServerSettings:
                 "the worker. Set a bearer token (BREEZE_SERVER_AUTH_TOKEN) and TLS (--tls-cert/--tls-key), or "
                 "require client certificates (--tls-client-ca); or listen on 127.0.0.1; or pass "
                 "--allow-insecure to serve an open worker on purpose")
+        if self.max_connection_age_s < 0:
+            raise ValueError(f"--max-connection-age-s must be >= 0 (0: never), not {self.max_connection_age_s}")
         if self.grace_s < 0 or self.artifact_grace_s < 0:
             raise ValueError("--grace-s and --artifact-grace-s must be >= 0")
         if self.max_stream_buffer_bytes < 64 * 1024:

@@ -57,6 +57,9 @@ FLAGS: list[tuple[str, str, str, str]] = [
     ("server", "artifact_port", "--artifact-port", "Artifacts port (0 = any free port)"),
     ("server", "advertised_artifact_address", "--advertise-artifact-address",
      "host:port that clients should use for artifacts (default: host:artifact-port)"),
+    ("server", "max_connection_age_s", "--max-connection-age-s",
+     "seconds after which a client connection to the synthesis port is asked to reconnect (its streams finish "
+     "first), so clients of a fleet address resolve it again and find new workers; 0 = never"),
     ("server", "auth_token", "--token", "require 'authorization: Bearer TOKEN' on every call but health "
                                         "(prefer the environment variable BREEZE_SERVER_AUTH_TOKEN)"),
     ("server", "allow_insecure", "--allow-insecure", "serve on a non-loopback --host with neither a token nor "

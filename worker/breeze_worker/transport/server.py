@@ -217,8 +217,10 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     health_servicer = health.aio.HealthServicer()
     clock = ClockServicer()
 
-    synthesis_server = grpc.aio.server(interceptors=interceptors,
-                                       options=_options(receive_cap(s.max_request_bytes), 64 * 1024 * 1024))
+    synthesis_options = _options(receive_cap(s.max_request_bytes), 64 * 1024 * 1024)
+    if s.max_connection_age_s > 0:  # GOAWAY after this age; with no age grace set, running streams finish
+        synthesis_options.append(("grpc.max_connection_age_ms", int(s.max_connection_age_s * 1000)))
+    synthesis_server = grpc.aio.server(interceptors=interceptors, options=synthesis_options)
     artifact_server = grpc.aio.server(interceptors=interceptors,
                                       options=_options(_ARTIFACT_REQUEST_BYTES, MAX_MESSAGE_BYTES))
     synthesis_port = _bind(synthesis_server, s.host, s.port, credentials)

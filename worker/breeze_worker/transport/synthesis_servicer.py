@@ -40,6 +40,7 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
     def __init__(self, engine, artifact_endpoint: str, info: Callable[[], synthesis_pb2.WorkerInfo], *,
                  max_request_bytes: int | None = None, max_stream_buffer_bytes: int = 16 * 1024 * 1024) -> None:
         self._engine = engine
+        self._metrics = getattr(engine, "metrics", None)  # counts the messages written (an engine double may have none)
         self._artifact_endpoint = artifact_endpoint
         self._info = info
         self._max_request_bytes = max_request_bytes
@@ -56,7 +57,8 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
 
             async def write(event) -> None:
                 await context.write(convert.event_to_pb(event, self._artifact_endpoint))
-                self._engine.metrics.message_sent()
+                if self._metrics is not None:
+                    self._metrics.message_sent()
 
             await relay(events, write, self._max_stream_buffer_bytes)
 
