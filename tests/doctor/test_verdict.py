@@ -2,7 +2,7 @@
 
 The projection is checked against measurements it was not fitted to where the repository has them: applied
 to the H200 with its measured copy bandwidth it must give back the recorded batch-1 and batched figures, and
-the T4's batch-1 figure must equal the README's run-34 projection (bytes / 320 GB/s + measured overhead)."""
+the T4's batch-1 figure must equal the run-34 projection in docs/performance.md (bytes / 320 GB/s + measured overhead)."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def test_a_restart_after_kill_9_mid_write_sweeps_the_temp_file(tmp_path):
 
 
 def test_eio_while_writing_costs_that_artifact_only(tmp_path):
-    """EIO through the test-only setting (no real EIO source on this machine: see the README)."""
+    """EIO through the test-only setting (no real EIO source on this machine: see docs/operations.md)."""
     worker = ServedWorker(tmp_path, "--max-active-streams", "2", "--fault-eio-after-bytes", "40000").start()
     try:
         with BreezeClient(worker.target, timeout_s=300) as client:
