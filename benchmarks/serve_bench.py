@@ -122,8 +122,9 @@ class Worker:
         self.log.close()
 
 
-def _single_requests(target: str, count: int, frames: int) -> list[float]:
-    """TTFA (ms, client side) of `count` single plain requests one after the other."""
+def _single_requests(target: str, count: int, frames: int) -> list[tuple[float, float]]:
+    """(client TTFA, worker TTFA) in ms of `count` single plain requests one after the other, on one channel:
+    the first includes the channel's connection set-up, which the worker's own figure does not."""
     from breeze_client.sdk import BreezeClient
     from breeze_client.types import SynthesisRequest
 
@@ -132,7 +133,7 @@ def _single_requests(target: str, count: int, frames: int) -> list[float]:
         for i in range(count):
             result = client.synthesize(SynthesisRequest(text="Hello from the serve benchmark.", seed=100 + i,
                                                         max_frames=frames))
-            out.append(result.timing.ttfa_ms)
+            out.append((result.timing.ttfa_ms, result.stats.ttfa_s * 1e3))
     return out
 
 
@@ -287,10 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc["startup"]["cold"] = worker.start(args.startup_timeout)
         save()
-        ttfa = _single_requests(worker.target, args.single_requests, frames=4)
+        pairs = _single_requests(worker.target, args.single_requests, frames=4)
+        ttfa, worker_ttfa = [p[0] for p in pairs], [p[1] for p in pairs]
         steady = statistics.median(ttfa[1:]) if len(ttfa) > 1 else None
+        worker_steady = statistics.median(worker_ttfa[1:]) if len(worker_ttfa) > 1 else None
         doc["first_request"] = {"first_ttfa_ms": ttfa[0], "steady_ttfa_ms_median": steady,
-                                "ratio": ttfa[0] / steady if steady else None, "all_ttfa_ms": ttfa}
+                                "ratio": ttfa[0] / steady if steady else None, "all_ttfa_ms": ttfa,
+                                "worker_first_ttfa_ms": worker_ttfa[0], "worker_steady_ttfa_ms_median": worker_steady,
+                                "worker_ratio": worker_ttfa[0] / worker_steady if worker_steady else None}
         save()
         for c in args.concurrency:
             cpu0, m0 = worker.cpu_s(), worker.metrics()

@@ -25,7 +25,8 @@ def test_serve_bench_on_the_cpu(tmp_path):
         startup = doc["startup"][phase]
         assert 0 < startup["load_s"] <= startup["engine_ready_s"] <= startup["process_start_to_serving_s"]
     first = doc["first_request"]
-    assert len(first["all_ttfa_ms"]) == 2 and first["ratio"] > 0
+    assert len(first["all_ttfa_ms"]) == 2 and first["ratio"] > 0 and first["worker_ratio"] > 0
+    assert first["worker_first_ttfa_ms"] <= first["first_ttfa_ms"]  # the worker's own figure excludes the wire
     four = doc["load"]["4"]
     assert four["requests"] == 4 and four["failed"] == 0
     assert four["kinds"] == {"plain": 2, "cfg": 1, "clone+cfg": 1}  # half CFG, a quarter cloning
