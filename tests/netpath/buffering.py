@@ -18,14 +18,14 @@ import argparse
 import asyncio
 import functools
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import grpc
+
+from netpath.child import start_reporting_child
 
 STREAMING = ("/breeze.tts.v1.Artifacts/Fetch", "/breeze.tts.v1.Synthesis/Synthesize")
 _OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -89,14 +89,8 @@ class BufferingProxy:
         self.calls: list[dict] = []
 
     def __enter__(self) -> "BufferingProxy":
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                            os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line:
-            self.__exit__()
-            raise RuntimeError(f"the buffering proxy failed to start (exit {self.proc.returncode})")
-        self.address = json.loads(line)["address"]
+        self.proc, ready = start_reporting_child(self.args, "buffering proxy")
+        self.address = ready["address"]
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 from contextlib import ExitStack
-from pathlib import Path
 
+from netpath.child import start_reporting_child
 from netpath.netns import VethLink
 from netpath.proxy import DelayProxy, ProxyThread
 
@@ -75,14 +74,8 @@ class PathProcess:
         return "".join(out)
 
     def __enter__(self) -> "PathProcess":
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                            os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line:
-            self.__exit__()
-            raise RuntimeError(f"the path process failed to start (exit {self.proc.returncode})")
-        self.info = json.loads(line)
+        self.proc, ready = start_reporting_child(self.args, "path process")
+        self.info = ready
         return self
 
     def __exit__(self, *exc) -> None:
