@@ -7,7 +7,8 @@ Each step runs in a process of its own under its own time limit (`--limit STEP=S
 or runs out of time is recorded and the next one runs. Each step's file is written as soon as the step ends,
 so a call cut short by its host keeps the steps it finished. DIR receives `<step>.json` for each step (the command,
 exit status, seconds, whether it timed out, the tool's own JSON under "result", and the end of its output) and
-`summary.json` (the GPU, driver, torch and Triton versions, Python, date and commit, each step's outcome).
+`summary.json` (the GPU, driver, torch and Triton versions, Python, date and commit, each step's outcome); each
+step's file also carries them under "meta".
 Exits 1 if any step failed.
 
 Steps (what each measures is in its tool's docstring):
@@ -93,7 +94,7 @@ STEPS = {step.name: step for step in (
     Step("sweep-throughput", 300), Step("kernel-check", 150), Step("serve-smoke", 240), Step("retrieval", 240))}
 
 
-def run_step(step: Step, args: argparse.Namespace, out: Path) -> dict:
+def run_step(step: Step, args: argparse.Namespace, out: Path, meta: dict) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"device-run-{step.name}-"))
     result_path = work / "result.json"
     argv, env = step.command(args, result_path, work)
@@ -111,7 +112,7 @@ def run_step(step: Step, args: argparse.Namespace, out: Path) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
     seconds = time.perf_counter() - t0
-    record = {"step": step.name, "argv": argv, "environment": env, "returncode": proc.returncode,
+    record = {"step": step.name, "meta": meta, "argv": argv, "environment": env, "returncode": proc.returncode,
               "timed_out": timed_out, "limit_s": limit, "seconds": seconds,
               "result": _load(result_path), "output_tail": (output or "")[-OUTPUT_TAIL:]}
     if step.name == "gpu-tests":
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device run: {meta['gpu'] or args.device} (driver {meta['driver']}), torch {meta['torch']}, "
           f"triton {meta['triton']}, commit {meta['commit']}", flush=True)
     t0 = time.perf_counter()
-    records = [run_step(STEPS[name], args, args.out) for name in names]
+    records = [run_step(STEPS[name], args, args.out, meta) for name in names]
     summary = {"meta": meta, "device": args.device, "size": args.size, "seconds": time.perf_counter() - t0,
                "steps": [{k: r[k] for k in ("step", "ok", "returncode", "timed_out", "seconds")} | {
                    "file": f"{r['step']}.json"} for r in records],

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv for this checkout (idempotent): Python >= 3.11, CPU torch 2.13.0 first, then the project.
+# Set up .venv for this checkout (idempotent): Python >= 3.11, the CPU build of torch first, then the project,
+# both at the versions constraints/cpu.txt pins.
 # Usage: scripts/install.sh [--dev | --client]
 #   (none)    the worker and the client: pip install -e ".[worker]"
 #   --dev     also the test tools (pytest, grpcio-tools, import-linter): pip install -e ".[worker,dev]"
@@ -52,22 +53,24 @@ fi
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet)
 
-if [[ -n "$extra" ]] \
-   && ! .venv/bin/python -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2.13.0"))' 2>/dev/null
+constraints=constraints/cpu.txt
+torch_pin="$(grep -E '^torch==' "$constraints")"
+if [[ -n "$extra" ]] && ! .venv/bin/python -c \
+     'import sys, torch; sys.exit(torch.__version__.split("+")[0] != sys.argv[1])' "${torch_pin#torch==}" 2>/dev/null
 then
-  echo "install: torch 2.13.0 (CPU build)"
+  echo "install: $torch_pin (CPU build)"
   if [[ -n "${BREEZE_TORCH_INDEX:-}" ]]; then
-    "${pip[@]}" torch==2.13.0 --index-url "$BREEZE_TORCH_INDEX"
+    "${pip[@]}" -c "$constraints" torch --index-url "$BREEZE_TORCH_INDEX"
   else
     # a local wheel directory (pip's find-links) first; else the package index pip is configured with
-    "${pip[@]}" --no-index torch==2.13.0 2>/dev/null || "${pip[@]}" torch==2.13.0
+    "${pip[@]}" --no-index -c "$constraints" torch 2>/dev/null || "${pip[@]}" -c "$constraints" torch
   fi
 fi
 
 # the project (editable); re-run only when pyproject.toml changed since the last install
 stamp=".venv/.breeze-installed${extra:-[client]}"
-if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
+if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" || "$constraints" -nt "$stamp" ]]; then
   echo "install: breeze-tts-serving${extra}"
-  "${pip[@]}" -e ".${extra}"
+  "${pip[@]}" -c "$constraints" -e ".${extra}"
   touch "$stamp"
 fi
