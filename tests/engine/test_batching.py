@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import EndReason, SynthesisRequest

@@ -123,19 +123,22 @@ def test_a_failed_compile_falls_back_to_the_uncompiled_step(codec, caplog):
 
 
 def test_compile_follows_the_codec_compile_setting(codec, monkeypatch):
-    """None: the setting (environment variable, or --codec-compile through the runtime and the pool)."""
+    """Off unless asked for: the batch, the pool and the runtime take the `codec_compile` setting explicitly
+    (--codec-compile or BREEZE_ENGINE_CODEC_COMPILE, read by the command); the environment is not consulted."""
+    from breeze_worker.engine.codec_graphs import SlotPool
+
     compiles = []
     monkeypatch.setattr(SlotBatch, "_compile", lambda self: compiles.append(self.rows))
-    monkeypatch.delenv("BREEZE_ENGINE_CODEC_COMPILE", raising=False)
+    monkeypatch.setenv("BREEZE_ENGINE_CODEC_COMPILE", "1")  # read by the command's settings, not here
     assert not SlotBatch(codec.decoder, 1, use_graphs=False).compile and compiles == []
-    monkeypatch.setenv("BREEZE_ENGINE_CODEC_COMPILE", "1")
-    assert SlotBatch(codec.decoder, 2, use_graphs=False).compile and compiles == [2]
-    assert not SlotBatch(codec.decoder, 4, use_graphs=False, compile=False).compile and compiles == [2]
+    assert SlotBatch(codec.decoder, 2, use_graphs=False, compile=True).compile and compiles == [2]
+    assert not SlotPool(codec.decoder).compile and SlotPool(codec.decoder, compile=True).compile
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert settings_from_args(parser.parse_args([]), environ={}).engine.codec_compile is False
     assert settings_from_args(parser.parse_args(["--codec-compile"]), environ={}).engine.codec_compile is True
+    assert settings_from_args(parser.parse_args([]), environ=None).engine.codec_compile is True  # the process's
 
 
 def test_the_pool_builds_batches_as_asked(monkeypatch):

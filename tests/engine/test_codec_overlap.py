@@ -116,8 +116,7 @@ def test_overlap_changes_no_sample(tmp_path, monkeypatch):
         assert len(got) == len(want) and all(torch.equal(x, y) for x, y in zip(got, want))
 
 
-def test_overlap_setting(monkeypatch):
-    from breeze_worker.bench.concurrency import codec_overlap_default
+def test_overlap_setting():
     from breeze_worker.commands.serve import add_arguments, settings_from_args
     from breeze_worker.model.codec import tiny_codec
 
@@ -126,10 +125,8 @@ def test_overlap_setting(monkeypatch):
     assert settings_from_args(parser.parse_args([]), {}).engine.codec_overlap is False  # serial by default
     assert settings_from_args(parser.parse_args(["--codec-overlap"]), {}).engine.codec_overlap is True
     assert settings_from_args(parser.parse_args([]), {"BREEZE_ENGINE_CODEC_OVERLAP": "1"}).engine.codec_overlap
-    monkeypatch.setenv("BREEZE_ENGINE_CODEC_OVERLAP", "1")  # the benches do what the worker would
-    assert codec_overlap_default() is True
-    monkeypatch.delenv("BREEZE_ENGINE_CODEC_OVERLAP")
-    assert codec_overlap_default() is False
+    assert not settings_from_args(parser.parse_args(["--no-codec-overlap"]),
+                                  {"BREEZE_ENGINE_CODEC_OVERLAP": "1"}).engine.codec_overlap
     assert CodecRows(tiny_codec(seed=0), overlap=True).stream is None  # no CUDA stream on the CPU
 
 

@@ -101,9 +101,9 @@ def _case(kind: str, seed: int, vocab: int = 2051, extreme: bool = False) -> dic
 
 def _frames_case(cfg: bool, top_p: float | None) -> dict:
     """The kernel inside the fast path's frame step (tiny model, FP32): the eager reference's frames."""
+    from breeze_worker.config import FastPathSettings
     from breeze_worker.engine.eager import EagerFrameGenerator
     from breeze_worker.engine.fastpath.generator import FastFrameGenerator
-    from breeze_worker.engine.fastpath.settings import FastPathSettings
     from breeze_worker.engine.request import resolve_request
     from breeze_worker.engine.types import SamplingOverrides, SynthesisRequest
     from breeze_worker.model.tiny import tiny_model

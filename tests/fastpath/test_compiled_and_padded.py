@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath import fused, layers
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import FrameRunner, acquire_runner, clear_runners, release_runner
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 
 # compiled with Dynamo's tracing and functionalization but no code generation (the CPU has no Triton kernels)
 COMPILED = FastPathSettings(compile="on", compile_backend="aot_eager")

@@ -10,9 +10,9 @@ import importlib.util
 import pytest
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.fastpath import forms, fused
 from breeze_worker.engine.fastpath.compiled import compile_wanted, sampling_kernel_wanted
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 

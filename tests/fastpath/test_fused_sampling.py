@@ -66,8 +66,8 @@ def test_the_runner_serves_with_the_sampler_its_settings_name(model, monkeypatch
     import pytest
     import torch
 
+    from breeze_worker.config import FastPathSettings
     from breeze_worker.engine.fastpath.graph import FrameRunner
-    from breeze_worker.engine.fastpath.settings import FastPathSettings
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cpu = torch.device("cpu")

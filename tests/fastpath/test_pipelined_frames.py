@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import clear_runners
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import FrameStep
 from breeze_worker.engine.types import EndReason
 from breeze_worker.errors import NumericalError

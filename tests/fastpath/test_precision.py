@@ -50,7 +50,7 @@ def test_codec_tf32_setting_comes_from_the_worker_settings():
 
     assert WorkerSettings.from_env({}).engine.codec_tf32 is True  # PyTorch's own default for cuDNN
     assert WorkerSettings.from_env({"BREEZE_ENGINE_CODEC_TF32": "0"}).engine.codec_tf32 is False
-    with pytest.raises(ValueError, match="BREEZE_ENGINE_CODEC_TF32='maybe' is not a valid bool"):
+    with pytest.raises(ValueError, match=r"BREEZE_ENGINE_CODEC_TF32='maybe' \(--codec-tf32\): 'maybe' is not a switch"):
         WorkerSettings.from_env({"BREEZE_ENGINE_CODEC_TF32": "maybe"})
     assert configure_codec_convolutions(torch.device("cpu"), True) is False  # the CPU has no cuDNN convolutions
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import clear_runners
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import projected_codes
 
 

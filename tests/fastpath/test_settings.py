@@ -1,18 +1,18 @@
-"""The fast path's settings come from the worker's one configuration surface (breeze_worker/config.py reads the
-environment, under the variable names the fast path always had) and reach the steps explicitly: the runtime's
-batched stepper, its bucket views and the batch-1 generator all carry the same `FastPathSettings`."""
+"""The fast path's settings are a section of the worker's one configuration surface (breeze_worker/config.py
+reads the environment, under the variable names the fast path always had) and reach the steps explicitly: the
+runtime's batched stepper, its bucket views and the batch-1 generator all carry the same `FastPathSettings`."""
 
 from __future__ import annotations
 
 import pytest
 
-from breeze_worker.config import EngineSettings, WorkerSettings
-from breeze_worker.engine.fastpath.fused import KernelSettings
-from breeze_worker.engine.fastpath.settings import FastPathSettings
+from breeze_worker.config import EngineSettings, FastPathSettings, KernelSettings, SettingsError, WorkerSettings
+from breeze_worker.engine.fastpath import fused
 
 
 def test_the_defaults_are_the_served_ones():
-    assert FastPathSettings.from_engine(EngineSettings()) == FastPathSettings()
+    assert WorkerSettings.from_env({}).engine.fastpath == EngineSettings().fastpath == FastPathSettings()
+    assert fused.KernelSettings is KernelSettings and fused.DEFAULT_KERNELS == KernelSettings()
     d = FastPathSettings()
     assert (d.compile, d.compile_backend, d.form, d.tune, d.sampler) == ("auto", "inductor", "auto", False, "auto")
     assert d.read_overlap and not d.pipeline and d.kernels == KernelSettings(chained=True, plans={}, use_triton=True)
@@ -23,34 +23,54 @@ def test_every_variable_is_read_by_the_worker_settings():
            "BREEZE_FASTPATH_FORM": "GEMM", "BREEZE_FASTPATH_TUNE": "on", "BREEZE_FASTPATH_SAMPLER": "torch",
            "BREEZE_FASTPATH_READ_OVERLAP": "off", "BREEZE_FASTPATH_PIPELINE": "yes", "BREEZE_FUSED_PDL": "off",
            "BREEZE_FUSED_CONFIG": '{"sample": {"num_warps": 4}, "norm_gate_up@2048": {"block_n": 1}}'}
-    engine = WorkerSettings.from_env(env).engine
-    engine.validate()
-    got = FastPathSettings.from_engine(engine)
+    got = WorkerSettings.from_env(env).validate().engine.fastpath
     assert got == FastPathSettings(compile="on", compile_backend="aot_eager", form="gemm", tune=True, sampler="torch",
                                    read_overlap=False, pipeline=True,
                                    kernels=KernelSettings(chained=False, plans={"sample": {"num_warps": 4},
                                                                                 "norm_gate_up@2048": {"block_n": 1}}))
     # the launch-plan overrides reach the plans, by kernel and by kernel and width
-    from breeze_worker.engine.fastpath import fused
-
     assert fused.plan("sample", 2051, got.kernels)["num_warps"] == 4 and fused.plan("sample", 2051)["num_warps"] == 8
     assert fused.plan("norm_gate_up", 2048, got.kernels)["block_n"] == 1
     assert fused.plan("norm_gate_up", 1024, got.kernels) == fused.plan("norm_gate_up", 1024)
     # the names of the engine's own settings are unchanged
-    assert WorkerSettings.from_env({"BREEZE_ENGINE_FASTPATH_FORM": "gemm"}).engine.fastpath_form == "auto"
+    assert WorkerSettings.from_env({"BREEZE_ENGINE_FASTPATH_FORM": "gemm"}).engine.fastpath.form == "auto"
 
 
 @pytest.mark.parametrize("name, value, message", [
-    ("BREEZE_FASTPATH_FORM", "fused+mlp", "BREEZE_FASTPATH_FORM"),  # a removed form
-    ("BREEZE_FASTPATH_COMPILE", "sometimes", "BREEZE_FASTPATH_COMPILE"),
-    ("BREEZE_FASTPATH_SAMPLER", "fastest", "BREEZE_FASTPATH_SAMPLER"),
-    ("BREEZE_FUSED_CONFIG", "{not json", "BREEZE_FUSED_CONFIG is not valid JSON"),
-    ("BREEZE_FUSED_CONFIG", '{"sample": 4}', "BREEZE_FUSED_CONFIG must be a JSON object"),
-    ("BREEZE_FASTPATH_TUNE", "maybe", "BREEZE_FASTPATH_TUNE"),
+    ("BREEZE_FASTPATH_FORM", "fused+mlp", r"--fastpath-form \(BREEZE_FASTPATH_FORM\) must be auto, .*gemm, not "
+                                          "'fused\\+mlp'"),  # a removed form
+    ("BREEZE_FASTPATH_COMPILE", "sometimes", r"--fastpath-compile \(BREEZE_FASTPATH_COMPILE\) must be auto, on or "
+                                             "off, not 'sometimes'"),
+    ("BREEZE_FASTPATH_SAMPLER", "fastest", r"--fastpath-sampler \(BREEZE_FASTPATH_SAMPLER\) must be"),
+    ("BREEZE_FUSED_CONFIG", "{not json", r"BREEZE_FUSED_CONFIG='\{not json' \(--fused-plans\): is not valid JSON"),
+    ("BREEZE_FUSED_CONFIG", '{"sample": 4}', r"BREEZE_FUSED_CONFIG=.* \(--fused-plans\): must be a JSON object"),
+    ("BREEZE_FASTPATH_TUNE", "maybe", r"BREEZE_FASTPATH_TUNE='maybe' \(--fastpath-tune\): 'maybe' is not a switch"),
+    ("BREEZE_FASTPATH_COMPILE_BACKEND", " ", None),  # an empty variable is an unset one
 ])
-def test_bad_values_say_which_variable_to_change(name, value, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_values_say_which_variable_and_flag_to_change(name, value, message):
+    if message is None:
+        assert WorkerSettings.from_env({name: value}).engine.fastpath == FastPathSettings()
+        return
+    with pytest.raises(SettingsError, match=message):
         WorkerSettings.from_env({name: value}).validate()
+
+
+def test_settings_made_in_code_are_checked_too():
+    with pytest.raises(SettingsError, match=r"--fastpath-form \(BREEZE_FASTPATH_FORM\) must be"):
+        FastPathSettings(form="fused+chain")
+    with pytest.raises(SettingsError, match=r"--fastpath-compile-backend \(BREEZE_FASTPATH_COMPILE_BACKEND\) is empty"):
+        FastPathSettings(compile_backend="")
+    with pytest.raises(SettingsError, match=r"--fused-plans \(BREEZE_FUSED_CONFIG\) must map kernel names"):
+        KernelSettings(plans={"sample": 4})
+    with pytest.raises(SettingsError, match=r"--fused-chained \(BREEZE_FUSED_PDL\) must be true or false"):
+        KernelSettings(chained="no")
+
+
+def test_the_form_names_are_the_live_forms():
+    from breeze_worker.config import FORM_NAMES
+    from breeze_worker.engine.fastpath.forms import FORMS
+
+    assert set(FORM_NAMES) == set(FORMS)
 
 
 def test_settings_are_frozen_and_hashable_keys():
@@ -66,11 +86,11 @@ def test_the_runtime_passes_its_settings_down(monkeypatch):
     and views, and the batch-1 generator carry those settings (here: the torch sampler, uncompiled, on the CPU)."""
     from breeze_worker.engine.runtime import Runtime
 
-    engine = EngineSettings(device="cpu", fast_path="fast", max_active_streams=2, fastpath_sampler="torch",
-                            fastpath_compile="off", fastpath_pipeline=True, fused_chained=False)
+    fastpath = FastPathSettings(sampler="torch", compile="off", pipeline=True, kernels=KernelSettings(chained=False))
+    engine = EngineSettings(device="cpu", fast_path="fast", max_active_streams=2, fastpath=fastpath)
     runtime = Runtime.load(engine)
     want = runtime.fastpath
-    assert want == FastPathSettings.from_engine(engine) and want.pipeline and not want.kernels.chained
+    assert want is fastpath and want.pipeline and not want.kernels.chained
     stepper = runtime.stepper
     assert stepper.step_buffers.settings is want and stepper.step_buffers.kernels is want.kernels
     assert all(view.settings is want for view in stepper.graphs.views.values())

@@ -23,9 +23,9 @@ from gpu_support import release_device_memory
 
 from breeze_worker.bench.models import random_model
 from breeze_worker.bench.runner import make_request, mask_end_of_speech
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.precision import make_policy
 from breeze_worker.engine.types import EndReason
 

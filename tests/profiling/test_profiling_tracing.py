@@ -114,7 +114,7 @@ def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_
 @pytest.mark.parametrize("path", ["fast"])
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_fast_path_trace_places_setup_and_frames(tiny_with_codec, path, overlap):
-    from breeze_worker.engine.fastpath.settings import FastPathSettings
+    from breeze_worker.config import FastPathSettings
 
     request = make_request(tiny_with_codec, "hello there", False, 2, 3)
     tracer = tracing.Tracer()

@@ -1,105 +1,367 @@
-"""Typed, validated worker settings: the one source of configuration.
+"""Typed, validated settings of the worker, the engine and the fast path: the one source of configuration.
 
-`WorkerSettings.from_env()` is where the worker's settings are read from the environment (never at import
-time); CLI flags override them. Each validation message says what to change. The fast path's settings are
-`EngineSettings` fields read from their own variables (`BREEZE_FASTPATH_*`, `BREEZE_FUSED_*`, field metadata
-"env"); the engine turns them into its typed `FastPathSettings` (engine/fastpath/settings.py).
+Each setting is a field of a frozen dataclass declared with `setting(default, help, ...)`: its type (the
+annotation), its default, its checks (choices, bounds) and its help text. Everything else comes from that field:
+- its environment variable BREEZE_<SECTION>_<FIELD> (BREEZE_ENGINE_DEVICE, BREEZE_FASTPATH_FORM), or the one the
+  field names (the fused kernels' BREEZE_FUSED_PDL and BREEZE_FUSED_CONFIG), read only by `WorkerSettings.load`
+  and `from_env`, called by the commands (never at import time);
+- its `breeze-worker serve` flag, --<field> with dashes after the section's flag prefix unless the field names
+  its own (--model, --token); booleans also get a --no-... form. commands/serve.py builds the parser from
+  `setting_fields`;
+- its validation message, which names the flag and the variable to change.
+The settings are passed down explicitly (`Engine(settings.engine, store)`; the runtime hands
+`settings.engine.fastpath` to the fast path); no other module reads the environment.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import ipaddress
+import json
 import os
-from dataclasses import dataclass, field, fields, replace
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 ENV_PREFIX = "BREEZE_"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """A setting whose value cannot be used; the message names its flag and its environment variable."""
+
+
+@dataclass(frozen=True, eq=False)
+class Setting:
+    """What a settings field declares besides its type and default."""
+
+    help: str
+    flag: str = ""  # default: --<section flag prefix><field name, dashes>
+    env: str = ""  # default: BREEZE_<SECTION>_<FIELD NAME>
+    choices: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)  # other spellings of a choice (env and flag)
+    at_least: float | None = None
+    at_most: float | None = None
+    positive: bool = False
+    parse: Callable[[str], Any] | None = None  # text -> value, for a value that is not a plain type
+    hidden: bool = False  # accepted, but left out of --help (the test-only faults)
+    metavar: str = ""
+
+
+def setting(default: Any, help: str, **declared: Any) -> Any:
+    """A settings field: `default`, the `help` text, and what `Setting` declares."""
+    meta = {"setting": Setting(help=help, **declared)}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type) -> Any:
+    """A nested settings section (its own variables and flags, with its own prefixes)."""
+    return field(default_factory=cls, metadata={"section": True})
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    model_dir: Path | None = None  # None: the tiny embedded default (its audio is not speech)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16-mixed
-    force_precision: bool = False  # allow bf16 on a device without native bf16 (emulated, slow)
-    fast_path: str = "auto"  # auto | eager | fast   (auto: fast on CUDA, eager on CPU)
-    max_active_streams: int = 8  # streams decoding at once
-    max_queue: int = 32  # requests waiting for a slot
-    max_queue_wait_s: float = 30.0  # a request waiting longer gets RESOURCE_EXHAUSTED
-    max_text_chars: int = 2000
-    max_reference_seconds: float = 30.0
-    min_reference_seconds: float = 1.0  # shorter reference audio is refused (too little speech to clone)
-    reference_cache_entries: int = 64
-    # the codec's convolutions in TF32 where the device has it (compute capability >= 8.0); else true FP32
-    # TF32 convolutions in the codec where the device has them (compute capability >= 8.0), as PyTorch's own
-    # default does for cuDNN (so the reference code run with PyTorch's defaults); 0: strict FP32
-    codec_tf32: bool = True
-    # the codec's batched step through torch.compile (Inductor), so its small element-wise kernels fuse; each
-    # slot bucket compiles once, at warm-up, before its CUDA graph is captured (engine/codec_graphs.py)
-    codec_compile: bool = False
-    # decode a step's audio on a CUDA stream of its own and read it during the next step (off by default: on
-    # an H200 it stalled 16-stream bursts for ~8.7 s at a time; docs/performance.md)
-    codec_overlap: bool = False
-    # the fast path (engine/fastpath/settings.py FastPathSettings says what each does), each from its own variable
-    fastpath_compile: str = field(default="auto", metadata={"env": "BREEZE_FASTPATH_COMPILE"})  # auto | on | off
-    fastpath_compile_backend: str = field(default="inductor", metadata={"env": "BREEZE_FASTPATH_COMPILE_BACKEND"})
-    fastpath_form: str = field(default="auto", metadata={"env": "BREEZE_FASTPATH_FORM"})  # auto | a layer form
-    fastpath_tune: bool = field(default=False, metadata={"env": "BREEZE_FASTPATH_TUNE"})
-    fastpath_sampler: str = field(default="auto", metadata={"env": "BREEZE_FASTPATH_SAMPLER"})  # auto|kernel|torch
-    fastpath_read_overlap: bool = field(default=True, metadata={"env": "BREEZE_FASTPATH_READ_OVERLAP"})
-    fastpath_pipeline: bool = field(default=False, metadata={"env": "BREEZE_FASTPATH_PIPELINE"})
-    fused_chained: bool = field(default=True, metadata={"env": "BREEZE_FUSED_PDL"})  # chained kernel launches
-    fused_plans: str = field(default="", metadata={"env": "BREEZE_FUSED_CONFIG"})  # launch-plan overrides, JSON
+class SettingField:
+    """One setting as the environment, the CLI and the checks see it."""
+
+    path: tuple[str, ...]  # attribute path from WorkerSettings, e.g. ("engine", "fastpath", "form")
+    kind: type  # bool | int | float | str | Path | Mapping
+    optional: bool  # None is a valid value (an empty variable gives None)
+    default: Any
+    spec: Setting
+    env: str
+    flag: str
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def dest(self) -> str:  # the argparse destination
+        return "__".join(self.path)
+
+    @property
+    def label(self) -> str:
+        return f"{self.flag} ({self.env})"
+
+    def convert(self, text: str) -> Any:
+        """The value `text` (from a variable or a flag) stands for; SettingsError says why not, unnamed."""
+        raw = text.strip()
+        if self.optional and raw == "":
+            return None
+        if self.spec.parse is not None:
+            return self.spec.parse(raw)
+        if self.kind is bool:
+            if raw.lower() in _TRUE:
+                return True
+            if raw.lower() in _FALSE:
+                return False
+            raise SettingsError(f"{text!r} is not a switch: use one of {', '.join(_TRUE + _FALSE)}")
+        if self.kind is int:
+            try:
+                return int(raw)
+            except ValueError:
+                raise SettingsError(f"{text!r} is not a whole number") from None
+        if self.kind is float:
+            try:
+                return float(raw)
+            except ValueError:
+                raise SettingsError(f"{text!r} is not a number") from None
+        if self.kind is Path:
+            return Path(raw)
+        if self.spec.choices:
+            raw = raw.lower()
+            return self.spec.aliases.get(raw, raw)
+        return raw
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` for this setting (None: nothing)."""
+        s = self.spec
+        if value is None:
+            return None if self.optional else "must be set"
+        if self.kind is bool and not isinstance(value, bool):
+            return f"must be true or false, not {value!r}"
+        if self.kind in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    (self.kind is int and not isinstance(value, int)):
+                return f"must be {'a whole number' if self.kind is int else 'a number'}, not {value!r}"
+            if s.at_least is not None and value < s.at_least:
+                return f"must be at least {s.at_least:g}, not {value:g}"
+            if s.at_most is not None and value > s.at_most:
+                return f"must be at most {s.at_most:g}, not {value:g}"
+            if s.positive and not value > 0:
+                return f"must be positive, not {value:g}"
+        if self.kind is str and not isinstance(value, str):
+            return f"must be text, not {value!r}"
+        if self.kind is Path and not isinstance(value, (str, os.PathLike)):
+            return f"must be a path, not {value!r}"
+        if s.choices and value not in s.choices:
+            return f"must be {_one_of(s.choices)}, not {value!r}"
+        return None
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
+
+
+def _kind(annotation: Any) -> tuple[Any, bool]:
+    """(the type, whether None is allowed) of a field annotation such as `Path | None`."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _kind(args[0])[0], len(args) < len(typing.get_args(annotation))
+    return typing.get_origin(annotation) or annotation, False
+
+
+@functools.cache
+def setting_fields(cls: type, path: tuple[str, ...] = ()) -> tuple[SettingField, ...]:
+    """Every setting of the section `cls` and its nested sections, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    out: list[SettingField] = []
+    for f in dataclasses.fields(cls):
+        kind, optional = _kind(hints[f.name])
+        if f.metadata.get("section"):
+            out.extend(setting_fields(kind, path + (f.name,)))
+            continue
+        spec = f.metadata.get("setting")
+        if spec is None:  # a library-only field (no variable, no flag)
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        env = spec.env or f"{cls.ENV_PREFIX}{f.name.upper()}"
+        flag = spec.flag or f"--{cls.FLAG_PREFIX}{f.name.replace('_', '-')}"
+        out.append(SettingField(path + (f.name,), kind, optional, default, spec, env, flag))
+    return tuple(out)
+
+
+class _Section:
+    """What every settings section shares: its fields are checked when it is made."""
+
+    ENV_PREFIX: ClassVar[str]
+    FLAG_PREFIX: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in setting_fields(type(self)):
+            if len(f.path) == 1:  # nested sections checked themselves
+                problem = f.problem(getattr(self, f.name))
+                if problem:
+                    raise SettingsError(f"{f.label} {problem}")
 
     def validate(self) -> None:
-        if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
-        if self.precision not in ("auto", "fp32", "bf16", "fp16-mixed"):
-            raise ValueError(f"precision must be auto, fp32, bf16 or fp16-mixed, not {self.precision!r}")
-        if self.fast_path not in ("auto", "eager", "fast"):
-            raise ValueError(f"fast_path must be auto, eager or fast, not {self.fast_path!r}")
-        for name in ("max_active_streams", "max_queue", "max_text_chars", "reference_cache_entries"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        if self.max_queue_wait_s <= 0 or self.max_reference_seconds <= 0:
-            raise ValueError("max_queue_wait_s and max_reference_seconds must be positive")
-        if not 0 <= self.min_reference_seconds <= self.max_reference_seconds:
-            raise ValueError(f"min_reference_seconds must be in 0..max_reference_seconds "
-                             f"({self.max_reference_seconds:g}), not {self.min_reference_seconds:g}")
+        """The checks across fields and against the host (a directory that must exist)."""
+
+    def with_changes(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def _field(cls: type, name: str) -> SettingField:
+    return next(f for f in setting_fields(cls) if f.path == (name,))
+
+
+# ---- the fast path ----
+
+COMPILE_MODES = ("auto", "on", "off")
+SAMPLERS = ("auto", "kernel", "torch")
+# the live layer forms (engine/fastpath/forms.py FORMS; tests/fastpath/test_form_selector.py keeps them equal)
+FORM_NAMES = ("fused+chain+all", "gemm+attention", "units+attn", "gemm")
+
+
+def parse_plans(text: str) -> dict:
+    """Launch-plan overrides from JSON text: {kernel or kernel@width: {setting: value}} (empty text: none)."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"is not valid JSON ({exc})") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise SettingsError("must be a JSON object of kernel name -> {setting: value}")
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class KernelSettings(_Section):
+    """How the fused Triton kernels (engine/fastpath/fused.py) launch; a FrameStep passes its settings' own."""
+
+    ENV_PREFIX: ClassVar[str] = "BREEZE_FUSED_"
+    FLAG_PREFIX: ClassVar[str] = "fused-"
+    chained: bool = setting(True, "chained kernel launches (programmatic dependent launch) where the device has "
+                                  "them", env="BREEZE_FUSED_PDL")
+    plans: Mapping[str, Mapping[str, Any]] = setting(
+        {}, "launch-plan overrides by kernel (norm_gate_up) or kernel and input width (norm_gate_up@2048), as "
+            "JSON: {kernel: {setting: value}}, on top of the fixed plans; for measurements",
+        env="BREEZE_FUSED_CONFIG", parse=parse_plans, metavar="JSON")
+    # False: every stage runs its torch form even where the kernels could run (the kernels' reference; tests)
+    use_triton: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.plans, Mapping) or not all(isinstance(v, Mapping) for v in self.plans.values()):
+            raise SettingsError(f"{_field(KernelSettings, 'plans').label} must map kernel names to settings")
+
+    def _key(self) -> tuple:
+        return self.chained, json.dumps(self.plans, sort_keys=True), self.use_triton
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KernelSettings) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+@dataclass(frozen=True)
+class FastPathSettings(_Section):
+    """The fast path's settings (engine/fastpath/): frozen, hashable, passed to the stepper, the batch-1
+    generator, their runners and graphs and each FrameStep. Library callers that pass none get these defaults,
+    which are what the worker serves with when nothing is set."""
+
+    ENV_PREFIX: ClassVar[str] = "BREEZE_FASTPATH_"
+    FLAG_PREFIX: ClassVar[str] = "fastpath-"
+    compile: str = setting("auto", "torch.compile of the frame step's units: auto (on CUDA when Triton is "
+                                   "importable), on or off", choices=COMPILE_MODES,
+                           aliases={**{t: "on" for t in _TRUE}, **{f: "off" for f in _FALSE}})
+    compile_backend: str = setting("inductor", "torch.compile backend (aot_eager traces without generating code)",
+                                   metavar="BACKEND")
+    form: str = setting("auto", "the compiled layers' form: auto (chosen by the step's row count) or one of "
+                                + ", ".join(FORM_NAMES), choices=("auto",) + FORM_NAMES)
+    tune: bool = setting(False, "Inductor's coordinate-descent tuning of its reductions (chosen by timing, so a "
+                                "seed's audio may differ between processes that do not share Inductor's cache)")
+    sampler: str = setting("auto", "who draws each position's codes: auto (the Triton sampling kernel where it "
+                                   "runs: CUDA), kernel or torch", choices=SAMPLERS)
+    read_overlap: bool = setting(True, "the batch-1 runner queues the next frame's backbone step before the "
+                                       "frame's host read")
+    pipeline: bool = setting(False, "the batch-1 generator keeps one frame in flight (each frame's audio comes "
+                                    "one frame later)")
+    kernels: KernelSettings = section(KernelSettings)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.compile_backend.strip():
+            raise SettingsError(f"{_field(FastPathSettings, 'compile_backend').label} is empty: use inductor")
+
+
+# ---- the worker's sections ----
+
+
+@dataclass(frozen=True)
+class EngineSettings(_Section):
+    ENV_PREFIX: ClassVar[str] = "BREEZE_ENGINE_"
+    model_dir: Path | None = setting(None, "Breeze TTS 2 checkpoint directory (default: the tiny embedded model, "
+                                           "whose audio is NOT speech)", flag="--model", metavar="DIR")
+    device: str = setting("auto", "auto, cpu, cuda or cuda:N")
+    precision: str = setting("auto", "auto, fp32, bf16 or fp16-mixed",
+                             choices=("auto", "fp32", "bf16", "fp16-mixed"))
+    force_precision: bool = setting(False, "run --precision bf16 even where the device only emulates it (slow; "
+                                           "refused otherwise)")
+    fast_path: str = setting("auto", "auto (fast on CUDA, eager on the CPU), eager or fast",
+                             choices=("auto", "eager", "fast"))
+    max_active_streams: int = setting(8, "streams decoding at once", at_least=1)
+    max_queue: int = setting(32, "requests waiting for a slot", at_least=1)
+    max_queue_wait_s: float = setting(30.0, "longest wait for a slot, seconds (longer: RESOURCE_EXHAUSTED)",
+                                      positive=True)
+    max_text_chars: int = setting(2000, "longest accepted text, characters", at_least=1)
+    max_reference_seconds: float = setting(30.0, "longest accepted reference audio, seconds", positive=True)
+    min_reference_seconds: float = setting(1.0, "shortest accepted reference audio, seconds (less is too little "
+                                                "speech to clone)", at_least=0)
+    reference_cache_entries: int = setting(64, "encoded references kept in memory", at_least=1)
+    codec_tf32: bool = setting(True, "TF32 convolutions in the codec where the device has them (compute "
+                                     "capability >= 8.0), as PyTorch's own default for cuDNN; off: strict FP32")
+    codec_compile: bool = setting(False, "compile the codec's batched step with torch.compile (Inductor) at "
+                                         "warm-up, each slot bucket once, before its CUDA graph (slower start)")
+    codec_overlap: bool = setting(False, "decode each step's audio on its own CUDA stream while the next step "
+                                         "runs (experimental: multi-second stalls were seen at 16 streams)")
+    fastpath: FastPathSettings = section(FastPathSettings)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise SettingsError(f"{_field(EngineSettings, 'device').label} must be auto, cpu, cuda or cuda:N, "
+                                f"not {self.device!r}")
+
+    def validate(self) -> None:
+        if not self.min_reference_seconds <= self.max_reference_seconds:
+            raise SettingsError(
+                f"{_field(EngineSettings, 'min_reference_seconds').label} must be at most "
+                f"{_field(EngineSettings, 'max_reference_seconds').label} ({self.max_reference_seconds:g}), "
+                f"not {self.min_reference_seconds:g}")
         if self.model_dir is not None and not Path(self.model_dir).is_dir():
-            raise ValueError(f"model directory {self.model_dir} does not exist: pass a checkpoint directory")
-        from breeze_worker.engine.fastpath.settings import FastPathSettings
-
-        FastPathSettings.from_engine(self)  # the fast-path fields: raises with what to change
+            raise SettingsError(f"{_field(EngineSettings, 'model_dir').label}: {self.model_dir} is not a "
+                                "directory: pass a Breeze TTS 2 checkpoint directory")
 
 
 @dataclass(frozen=True)
-class ArtifactSettings:
-    directory: Path = Path("artifacts")
-    max_age_s: float = 24 * 3600.0  # artifacts older than this are deleted
-    max_total_bytes: int = 10 * 1024**3  # oldest artifacts are deleted beyond this total
-    # free space kept on the artifact disk: below it the oldest artifacts (past min_keep_s) are evicted, and a
-    # job that still cannot have it streams its audio without an artifact (the store reports itself degraded)
-    min_free_bytes: int = 256 * 1024**2
-    min_keep_s: float = 300.0  # eviction for free space never takes an artifact younger than this
-    # test-only fault injection (diagnosis and storage-fault tests): delays in seconds, 0 = off; an artifact
-    # write that would take its file past fault_eio_after_bytes fails with EIO (0 = off)
-    fault_commit_delay_s: float = 0.0
-    fault_first_byte_delay_s: float = 0.0
-    fault_eio_after_bytes: int = 0
-    # test-only: the commit's fsync (write) and each Fetch read take as long as a volume moving this many
-    # bytes/s would (0 = off); the diagnosis tests use them where no cgroup I/O limit can throttle a real volume
-    fault_storage_write_bytes_per_s: float = 0.0
-    fault_storage_read_bytes_per_s: float = 0.0
-
-    def validate(self) -> None:
-        if self.max_age_s <= 0 or self.max_total_bytes <= 0:
-            raise ValueError("artifact retention limits must be positive")
-        if self.min_free_bytes < 0 or self.min_keep_s < 0:
-            raise ValueError("min_free_bytes and min_keep_s must be >= 0 (0 turns the free-space headroom off)")
-        if min(self.fault_commit_delay_s, self.fault_first_byte_delay_s, self.fault_eio_after_bytes,
-               self.fault_storage_write_bytes_per_s, self.fault_storage_read_bytes_per_s) < 0:
-            raise ValueError("fault settings must be >= 0")
+class ArtifactSettings(_Section):
+    ENV_PREFIX: ClassVar[str] = "BREEZE_ARTIFACTS_"
+    FLAG_PREFIX: ClassVar[str] = "artifact-"
+    directory: Path = setting(Path("artifacts"), "where WAV artifacts are written", flag="--artifact-dir",
+                              metavar="DIR")
+    max_age_s: float = setting(24 * 3600.0, "artifacts older than this many seconds are deleted", positive=True)
+    max_total_bytes: int = setting(10 * 1024**3, "the oldest artifacts are deleted beyond this total",
+                                   flag="--artifact-max-bytes", positive=True)
+    min_free_bytes: int = setting(256 * 1024**2, "free space kept on the artifact disk: the oldest artifacts are "
+                                                 "evicted to keep it, and a job that cannot have it streams "
+                                                 "without an artifact (the store reports itself degraded; 0: off)",
+                                  at_least=0)
+    min_keep_s: float = setting(300.0, "eviction for free space never takes an artifact younger than this many "
+                                       "seconds", at_least=0)
+    # test-only fault injection (the diagnosis and storage-fault tests): 0 = off; hidden from --help
+    fault_commit_delay_s: float = setting(0.0, "delay each artifact commit by this many seconds", at_least=0,
+                                          flag="--fault-commit-delay-s", hidden=True)
+    fault_first_byte_delay_s: float = setting(0.0, "delay each fetch's first byte by this many seconds",
+                                              at_least=0, flag="--fault-first-byte-delay-s", hidden=True)
+    fault_eio_after_bytes: int = setting(0, "fail an artifact write with EIO that would take its file past this "
+                                            "many bytes", at_least=0, flag="--fault-eio-after-bytes", hidden=True)
+    # the commit's fsync and each fetch read take as long as a volume moving this many bytes/s would (where no
+    # cgroup I/O limit can throttle a real volume)
+    fault_storage_write_bytes_per_s: float = setting(0.0, "artifact writes as slow as a volume of this many "
+                                                          "bytes/s", at_least=0,
+                                                     flag="--fault-storage-write-bytes-per-s", hidden=True)
+    fault_storage_read_bytes_per_s: float = setting(0.0, "artifact reads as slow as a volume of this many bytes/s",
+                                                    at_least=0, flag="--fault-storage-read-bytes-per-s",
+                                                    hidden=True)
 
 
 def is_loopback(host: str) -> bool:
@@ -114,56 +376,58 @@ def is_loopback(host: str) -> bool:
 
 
 @dataclass(frozen=True)
-class ServerSettings:
-    host: str = "127.0.0.1"
-    port: int = 50051  # Synthesize (0 = pick a free port)
-    artifact_port: int = 50052  # Artifacts (0 = pick a free port)
-    auth_token: str | None = None  # if set, every call needs `authorization: Bearer <token>`
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None  # if set, clients must present a certificate signed by this CA (mTLS)
-    # serve on a non-loopback host with neither a token nor client certificates (refused without it)
-    allow_insecure: bool = False
-    max_request_bytes: int = 16 * 1024 * 1024  # largest accepted request message
-    grace_s: float = 5.0  # on SIGTERM, running jobs get this long to finish
-    artifact_grace_s: float = 10.0  # then the artifact port serves this long more, so finished jobs can be fetched
-    # audio of one stream waiting for a client that reads slower than it is generated; past it the stream ends
-    # with RESOURCE_EXHAUSTED and the job runs on to commit its artifact
-    max_stream_buffer_bytes: int = 16 * 1024 * 1024
-    metrics_port: int | None = None  # Prometheus text on GET /metrics (+ /healthz); None: off
-    metrics_host: str | None = None  # address of the metrics listener (None: the same as host)
-    advertised_artifact_address: str | None = None  # host:port clients use for artifacts (None: host:artifact_port)
-    # the synthesis port asks each client connection to reconnect after this long (streams in flight finish
-    # first), so a client of a fleet address resolves it again and finds workers added since; 0: never
-    max_connection_age_s: float = 300.0
+class ServerSettings(_Section):
+    ENV_PREFIX: ClassVar[str] = "BREEZE_SERVER_"
+    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 for all interfaces; anything but loopback "
+                                     "needs a token or client certificates)")
+    port: int = setting(50051, "Synthesize port (0: any free port)", at_least=0, at_most=65535)
+    artifact_port: int = setting(50052, "Artifacts port (0: any free port)", at_least=0, at_most=65535)
+    advertised_artifact_address: str | None = setting(
+        None, "host:port that clients should use for artifacts (default: host:artifact-port)",
+        flag="--advertise-artifact-address", metavar="HOST:PORT")
+    max_connection_age_s: float = setting(
+        300.0, "seconds after which a client connection to the synthesis port is asked to reconnect (its streams "
+               "finish first), so clients of a fleet address resolve it again and find new workers; 0: never",
+        at_least=0)
+    auth_token: str | None = setting(None, "require 'authorization: Bearer TOKEN' on every call but health "
+                                           "(prefer the environment variable)", flag="--token", metavar="TOKEN")
+    allow_insecure: bool = setting(False, "serve on a non-loopback --host with neither a token nor client "
+                                          "certificates (refused otherwise)")
+    metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and /healthz) of this port "
+                                             "(default: off)", at_least=0, at_most=65535, metavar="PORT")
+    metrics_host: str | None = setting(None, "address the metrics listener binds (default: the --host value)",
+                                       metavar="HOST")
+    tls_cert: Path | None = setting(None, "PEM certificate chain (TLS on both ports; needs --tls-key)",
+                                    metavar="PEM")
+    tls_key: Path | None = setting(None, "PEM private key", metavar="PEM")
+    tls_client_ca: Path | None = setting(None, "PEM CA certificate(s): require client certificates signed by it on "
+                                               "both ports (mutual TLS; needs --tls-cert)", metavar="PEM")
+    max_request_bytes: int = setting(16 * 1024 * 1024, "largest accepted request message, bytes", at_least=1)
+    grace_s: float = setting(5.0, "seconds running jobs get to finish on SIGTERM", at_least=0)
+    artifact_grace_s: float = setting(10.0, "seconds the artifact port serves on after the running jobs ended on "
+                                            "SIGTERM (so their artifacts can be fetched)", at_least=0)
+    max_stream_buffer_bytes: int = setting(
+        16 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than real time; past it "
+                          "the stream ends (RESOURCE_EXHAUSTED) and the job runs on for its artifact",
+        at_least=64 * 1024)
 
     def validate(self) -> None:
-        for name in ("port", "artifact_port"):
-            v = getattr(self, name)
-            if not 0 <= v <= 65535:
-                raise ValueError(f"{name} must be in 0..65535, not {v}")
+        label = {f.name: f.label for f in setting_fields(ServerSettings)}
         if self.port == self.artifact_port and self.port != 0:
-            raise ValueError("the artifact channel needs its own port: --artifact-port must differ from --port")
+            raise SettingsError(f"the artifact channel needs its own port: {label['artifact_port']} must differ "
+                                f"from {label['port']}")
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("TLS needs both --tls-cert and --tls-key")
+            raise SettingsError(f"TLS needs both {label['tls_cert']} and {label['tls_key']}")
         if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ValueError("--tls-client-ca (client certificates) needs TLS: add --tls-cert and --tls-key")
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be in 0..65535, not {self.metrics_port}")
+            raise SettingsError(f"{label['tls_client_ca']} (client certificates) needs TLS: add "
+                                f"{label['tls_cert']} and {label['tls_key']}")
         if not self.listens_on_loopback and not self.auth_token and self.tls_client_ca is None \
                 and not self.allow_insecure:
-            raise ValueError(
+            raise SettingsError(
                 f"refusing to listen on {self.host} without authentication: anyone who can reach it could use "
-                "the worker. Set a bearer token (BREEZE_SERVER_AUTH_TOKEN) and TLS (--tls-cert/--tls-key), or "
-                "require client certificates (--tls-client-ca); or listen on 127.0.0.1; or pass "
-                "--allow-insecure to serve an open worker on purpose")
-        if self.max_connection_age_s < 0:
-            raise ValueError(f"--max-connection-age-s must be >= 0 (0: never), not {self.max_connection_age_s}")
-        if self.grace_s < 0 or self.artifact_grace_s < 0:
-            raise ValueError("--grace-s and --artifact-grace-s must be >= 0")
-        if self.max_stream_buffer_bytes < 64 * 1024:
-            raise ValueError(f"--max-stream-buffer-bytes must be at least 65536 (a few frames of audio), "
-                             f"not {self.max_stream_buffer_bytes}")
+                f"the worker. Set a bearer token ({label['auth_token']}) and TLS ({label['tls_cert']}, "
+                f"{label['tls_key']}), or require client certificates ({label['tls_client_ca']}); or listen on "
+                f"127.0.0.1; or pass {label['allow_insecure']} to serve an open worker on purpose")
 
     @property
     def listens_on_loopback(self) -> bool:
@@ -172,48 +436,53 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
-    server: ServerSettings = field(default_factory=ServerSettings)
+    engine: EngineSettings = section(EngineSettings)
+    artifacts: ArtifactSettings = section(ArtifactSettings)
+    server: ServerSettings = section(ServerSettings)
 
-    def validate(self) -> "WorkerSettings":
+    def validate(self) -> WorkerSettings:
+        """The checks across fields and against the host, of every section; returns self."""
         self.engine.validate()
+        self.engine.fastpath.validate()
         self.artifacts.validate()
         self.server.validate()
         return self
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "WorkerSettings":
-        """Read BREEZE_<SECTION>_<FIELD> variables (e.g. BREEZE_ENGINE_DEVICE=cuda:0), or the variable a
-        field's metadata names (the fast path's: BREEZE_FASTPATH_*, BREEZE_FUSED_*)."""
-        env = dict(os.environ if environ is None else environ)
-        sections = {}
-        for section_name, section in (("engine", EngineSettings()), ("artifacts", ArtifactSettings()),
-                                      ("server", ServerSettings())):
-            changes = {}
-            for f in fields(section):
-                key = f.metadata.get("env") or f"{ENV_PREFIX}{section_name.upper()}_{f.name.upper()}"
-                if key in env:
-                    changes[f.name] = _parse(env[key], getattr(section, f.name), f.type, key)
-            sections[section_name] = replace(section, **changes)
-        return cls(**sections)
+    def load(cls, environ: Mapping[str, str] | None = None,
+             overrides: Mapping[str, Any] | None = None) -> WorkerSettings:
+        """The settings: each field from `overrides` (by `SettingField.dest`, e.g. the serve flags), else its
+        environment variable (`environ`; None: the process environment), else its default. Not yet
+        `validate`d across fields; a bad value raises SettingsError naming the flag and the variable."""
+        env = os.environ if environ is None else environ
+        given = dict(overrides or {})
+        values: dict[tuple[str, ...], Any] = {}
+        for f in setting_fields(cls):
+            if given.get(f.dest) is not None:
+                values[f.path] = given[f.dest]
+            elif f.env in env and (env[f.env].strip() or f.optional):  # empty: unset, or None where allowed
+                try:
+                    values[f.path] = f.convert(env[f.env])
+                except SettingsError as exc:
+                    raise SettingsError(f"{f.env}={env[f.env]!r} ({f.flag}): {exc}") from None
+        return _build(cls, (), values)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        """The settings the environment gives (BREEZE_ENGINE_DEVICE=cuda:0, BREEZE_FASTPATH_FORM=gemm, ...)."""
+        return cls.load(environ)
 
 
-def _parse(raw: str, default, type_name, key: str):
-    text = str(type_name)
-    try:
-        if "Path" in text:
-            return Path(raw) if raw else None
-        if "bool" in text:
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if "int" in text and "float" not in text:
-            return int(raw)
-        if "float" in text:
-            return float(raw)
-        return raw or (None if default is None else raw)
-    except ValueError:
-        raise ValueError(f"environment variable {key}={raw!r} is not a valid {text}") from None
+def _build(cls: type, path: tuple[str, ...], values: dict[tuple[str, ...], Any]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("section"):
+            kwargs[f.name] = _build(typing.get_type_hints(cls)[f.name], path + (f.name,), values)
+        elif path + (f.name,) in values:
+            kwargs[f.name] = values[path + (f.name,)]
+    return cls(**kwargs)
+
+
+def recorded_commit(environ: Mapping[str, str] | None = None) -> str | None:
+    """The commit a bench records when none is passed: $BREEZE_COMMIT (set by the device runner)."""
+    return (os.environ if environ is None else environ).get("BREEZE_COMMIT") or None

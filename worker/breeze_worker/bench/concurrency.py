@@ -27,9 +27,8 @@ import torch
 
 from breeze_worker.bench.measure import peak_memory_bytes, reset_peak_memory, synchronize
 from breeze_worker.bench.runner import INSTRUCTION
-from breeze_worker.config import WorkerSettings
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
@@ -94,21 +93,15 @@ class _StepClock:
         return [1000 * (m[j] - m[i]) for m in self.steps]
 
 
-def codec_overlap_default() -> bool:
-    """What the worker does with its settings from the environment (BREEZE_ENGINE_CODEC_OVERLAP)."""
-    return WorkerSettings.from_env().engine.codec_overlap
-
-
 def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.device,
-              overlap: bool | None = None, stall_dump_s: float | None = None) -> dict:
+              overlap: bool = False, stall_dump_s: float | None = None) -> dict:
     """All requests join at once; step until all ended, in the engine's order (engine/scheduler.py): a
     step's codec call is launched after its frames are read and its audio is read during the next step
-    (`overlap`; None: as the worker's `codec_overlap` setting says), or at once. Returns
+    (`overlap`: the worker's `codec_overlap` setting), or at once. Returns
     frames per stream and timings: per step the host wall time (`step_times_s`), the language model's
     part (`lm_ms`: CUDA events around the stepper's work on its stream) and the codec's
     (`codec_ms`: events on the codec's own stream). `stall_dump_s`: a step (or the join) still running after
     that many seconds dumps every thread's stack to stderr (faulthandler), to say where a stall sits."""
-    overlap = codec_overlap_default() if overlap is None else overlap
     rows = CodecRows(codec, overlap=overlap) if codec is not None else None
     keys = list(range(len(requests)))
     frames: dict[int, list] = {k: [] for k in keys}
@@ -198,14 +191,14 @@ def _median(values: list[float]) -> float | None:
 def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: list[int], *, frames: int,
                         seed: int, stepper: BatchedStepper | None = None, lm_only: bool = True,
                         compare_overlap: bool = False, on_row=None, stall_dump_s: float | None = None,
-                        settings: FastPathSettings | None = None) -> list[dict]:
+                        settings: FastPathSettings | None = None, codec_overlap: bool = False) -> list[dict]:
     """One row per N (see the module doc). `lm_only`: also time N streams without the codec.
-    `stall_dump_s`: see `run_burst`.
+    `stall_dump_s`: see `run_burst`. `codec_overlap`: the worker's setting, how each burst runs its codec;
     `compare_overlap`: also run each burst with the codec overlap the other way round (`other_overlap`).
     `on_row(rows)` is called after each N (the command rewrites its JSON, so a run cut short keeps what it
     measured). `settings`: the fast path's, for a stepper built here."""
     stepper = stepper if stepper is not None else BatchedStepper(model, max(concurrency), device, settings=settings)
-    overlap = codec_overlap_default()
+    overlap = codec_overlap
     rows = []
     for n in concurrency:
         requests = stream_requests(model, n, frames, seed)

@@ -16,9 +16,9 @@ import torch
 
 from breeze_worker.bench.measure import (SyncCounter, gpu_busy_fraction, now, peak_memory_bytes,
                                          reset_peak_memory)
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.codec_rows import CodecRows
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel

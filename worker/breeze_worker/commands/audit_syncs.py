@@ -39,9 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def audit(args: argparse.Namespace) -> dict:
     """Run the audit the flags describe; the JSON document (`breeze-audit-syncs/1`)."""
+    from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.profiling.audit import SCHEMA, audit_path
-    from breeze_worker.profiling.setup import fastpath_settings, load_model, make_request
+    from breeze_worker.profiling.setup import load_model, make_request
 
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be 0 or more host syncs per frame, not {args.budget}")
@@ -49,10 +50,11 @@ def audit(args: argparse.Namespace) -> dict:
         raise ValueError(f"--frames must be at least 1, not {args.frames}")
     paths = parse_paths(args.path)
     device = pick_device(args.device)
-    configure_codec_convolutions(device)  # as the worker serves
+    served = WorkerSettings.from_env().engine  # what the worker would serve with (its environment)
+    configure_codec_convolutions(device, served.codec_tf32)
     model = load_model(args, device)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
-    settings = fastpath_settings()  # as the worker serves
+    settings = served.fastpath
     doc = {
         "schema": SCHEMA,
         "meta": {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(

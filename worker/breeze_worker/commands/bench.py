@@ -12,7 +12,6 @@ import argparse
 import datetime
 from dataclasses import replace
 import logging
-import os
 import platform
 
 import torch
@@ -44,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--check", action="store_true", help="also check fast frames == eager frames (FP32 only)")
     parser.add_argument("--agreement", default="", help="policies to compare against fp32 (e.g. fp16-mixed,bf16)")
-    parser.add_argument("--commit", default=os.environ.get("BREEZE_COMMIT"), help="commit id to record")
+    parser.add_argument("--commit", default=None, help="commit id to record (default: $BREEZE_COMMIT)")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
     parser.add_argument("--trace", default=None, metavar="FILE.json",
                         help="Chrome / Perfetto trace of every variant's first timed request and its sync count run")
@@ -59,13 +58,15 @@ def run(args: argparse.Namespace) -> int:
 
         return bench_concurrency.run(args)
     from breeze_worker.bench.models import checkpoint_model, random_model
+    from breeze_worker.config import WorkerSettings, recorded_commit
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
-    from breeze_worker.profiling.setup import fastpath_settings
 
     device = pick_device(args.device)
-    codec_tf32 = configure_codec_convolutions(device)  # as the worker serves
-    fastpath = fastpath_settings()  # as the worker serves (its environment); a path may name form and sampler
+    served = WorkerSettings.from_env().engine  # what the worker would serve with (its environment)
+    codec_tf32 = configure_codec_convolutions(device, served.codec_tf32)
+    fastpath = served.fastpath  # a path may name its own form and sampler
+    args.commit = args.commit or recorded_commit()
     torch.manual_seed(args.seed)
     tracer = None
     if args.trace:

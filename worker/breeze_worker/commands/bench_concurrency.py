@@ -29,7 +29,7 @@ import torch
 from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.measure import device_name, software_versions
 from breeze_worker.bench.runner import mask_end_of_speech
-from breeze_worker.config import WorkerSettings
+from breeze_worker.config import WorkerSettings, recorded_commit
 
 log = logging.getLogger("breeze_worker.bench")
 
@@ -67,10 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from breeze_worker.engine.batching import BatchedStepper
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
-    from breeze_worker.profiling.setup import fastpath_settings
 
     device = pick_device(args.device)
-    codec_tf32 = configure_codec_convolutions(device)  # as the worker serves
+    served = WorkerSettings.from_env().engine  # what the worker would serve with (its environment)
+    codec_tf32 = configure_codec_convolutions(device, served.codec_tf32)
+    args.commit = args.commit or recorded_commit()
     levels = [int(n) for n in str(args.concurrency).split(",") if n]
     modes = [m.strip() for m in str(args.agreement_prefill).split(",") if m.strip()]
     unknown = [m for m in modes if m not in ("batched", "per-stream")]
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     shapes = (sweep.sweep_shapes(max_streams, levels, args.agreement_streams) if args.batch_shapes == "sweep"
               else None)
     t0 = time.perf_counter()
-    fastpath = fastpath_settings()  # as the worker serves (its environment)
+    fastpath = served.fastpath
     stepper = BatchedStepper(model, max_streams, device, shapes=shapes, settings=fastpath)
     build_s = time.perf_counter() - t0
     stats = stepper.stats()
@@ -104,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
                  "max_streams": stepper.max_streams, "graphs": stats["graphs"],
                  "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
                  "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
-                 "stepper": stats, "codec": model.codec is not None, "codec_overlap": sweep.codec_overlap_default(),
-                 "codec_tf32": codec_tf32, "codec_compile": WorkerSettings.from_env().engine.codec_compile},
+                 "stepper": stats, "codec": model.codec is not None, "codec_overlap": served.codec_overlap,
+                 "codec_tf32": codec_tf32, "codec_compile": served.codec_compile},
     }
 
     def save(rows=None) -> None:
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
                                             stepper=stepper, compare_overlap=args.compare_overlap,
-                                            on_row=save,
+                                            codec_overlap=served.codec_overlap, on_row=save,
                                             stall_dump_s=args.stall_dump_s or None)
     print(sweep.table(doc["rows"]), flush=True)
     batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)

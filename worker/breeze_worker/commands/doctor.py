@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace, spec, config, subject_class, host_price: float | None,
             prices: dict[str, float], started: float) -> int:
+    from breeze_worker.config import WorkerSettings
     from breeze_worker.doctor import facts as device_facts
     from breeze_worker.doctor import report
     from breeze_worker.doctor.figures import class_of_device
@@ -116,7 +117,7 @@ def _doctor(args: argparse.Namespace, spec, config, subject_class, host_price: f
         return EXIT_USAGE
     if device.type == "cuda":
         facts = device_facts.cuda_facts(device, smi)
-        configure_codec_convolutions(device)  # as the worker serves
+        configure_codec_convolutions(device, WorkerSettings.from_env().engine.codec_tf32)  # as the worker serves
         policy = policy_for(facts.capability)
         options = MeasureOptions(frames=args.frames, budget_s=args.budget_s, allow_busy=args.allow_busy)
         measured, missing = measure(device, spec, policy, busy_reasons=facts.busy_reasons, options=options)

@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> dict:
+    from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.profiling.precision import POLICIES, SCHEMA, precision_check
     from breeze_worker.profiling.setup import load_model, make_request
@@ -47,7 +48,7 @@ def check(args: argparse.Namespace) -> dict:
     if args.massive_activation is not None and not args.massive_activation > 0:
         raise ValueError(f"--massive-activation must be positive, not {args.massive_activation}")
     device = pick_device(args.device)
-    configure_codec_convolutions(device)  # as the worker serves
+    configure_codec_convolutions(device, WorkerSettings.from_env().engine.codec_tf32)  # as the worker serves
     model = load_model(args, device, precision="fp32")
     injected = None
     if args.massive_activation is not None:

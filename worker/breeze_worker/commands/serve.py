@@ -1,8 +1,8 @@
 """`breeze-worker serve`: load the model once, serve Synthesize and the artifact channel until SIGTERM.
 
-Flags are generated from the typed settings in `breeze_worker.config` (defaults shown come from there,
-environment variables BREEZE_<SECTION>_<FIELD> are read first and flags override them). When both
-servers listen and the model is warm, one line goes to stdout:
+Every flag is generated from a field of the typed settings in `breeze_worker.config` (its help, default and
+environment variable, BREEZE_<SECTION>_<FIELD>, come from there; a flag overrides its variable; a switch
+--x has its --no-x). When both servers listen and the model is warm, one line goes to stdout:
     breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...
 The test-only faults (--fault-*, BREEZE_ARTIFACTS_FAULT_*) are hidden from --help; when one is
 non-zero the worker logs a WARNING at startup and the ready line ends with `TEST FAULTS ON: ...`.
@@ -20,107 +20,64 @@ import asyncio
 import logging
 import signal
 import sys
-from dataclasses import fields, replace
-from pathlib import Path
 
-from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
+from breeze_worker.config import SettingField, SettingsError, WorkerSettings, setting_fields
 from breeze_worker.errors import BreezeError
 
 log = logging.getLogger("breeze_worker.serve")
 
-_SECTIONS = {"engine": EngineSettings, "artifacts": ArtifactSettings, "server": ServerSettings}
-# (section, field, flag, help); the type and the default come from the settings dataclass
-FLAGS: list[tuple[str, str, str, str]] = [
-    ("engine", "model_dir", "--model", "Breeze TTS 2 checkpoint directory (default: the tiny embedded model, "
-                                       "whose audio is NOT speech)"),
-    ("engine", "device", "--device", "auto | cpu | cuda | cuda:N"),
-    ("engine", "precision", "--precision", "auto | fp32 | bf16 | fp16-mixed"),
-    ("engine", "fast_path", "--fast-path", "auto | eager | fast"),
-    ("engine", "max_active_streams", "--max-active-streams", "streams decoding at once"),
-    ("engine", "max_queue", "--max-queue", "requests waiting for a slot"),
-    ("engine", "max_queue_wait_s", "--max-queue-wait-s", "longest wait for a slot, seconds"),
-    ("engine", "max_text_chars", "--max-text-chars", "longest accepted text"),
-    ("engine", "force_precision", "--force-precision", "run --precision bf16 even where the device only "
-                                                       "emulates it (slow; refused otherwise)"),
-    ("engine", "max_reference_seconds", "--max-reference-seconds", "longest accepted reference audio"),
-    ("engine", "min_reference_seconds", "--min-reference-seconds", "shortest accepted reference audio"),
-    ("engine", "reference_cache_entries", "--reference-cache-entries", "encoded references kept in memory"),
-    ("engine", "codec_tf32", "--codec-tf32", "TF32 convolutions in the codec where the device has them "
-                                             "(compute capability >= 8.0), as PyTorch's default; on by default "
-                                             "(BREEZE_ENGINE_CODEC_TF32=0: strict FP32)"),
-    ("engine", "codec_compile", "--codec-compile", "compile the codec's batched step with torch.compile "
-                                                   "(Inductor) at warm-up, each slot bucket once (slower start)"),
-    ("engine", "codec_overlap", "--codec-overlap", "decode each step's audio on its own CUDA stream while the "
-                                                   "next step runs (experimental: stalls seen at 16 streams)"),
-    ("server", "host", "--host", "address to listen on (0.0.0.0 for all interfaces)"),
-    ("server", "port", "--port", "Synthesize port (0 = any free port)"),
-    ("server", "artifact_port", "--artifact-port", "Artifacts port (0 = any free port)"),
-    ("server", "advertised_artifact_address", "--advertise-artifact-address",
-     "host:port that clients should use for artifacts (default: host:artifact-port)"),
-    ("server", "max_connection_age_s", "--max-connection-age-s",
-     "seconds after which a client connection to the synthesis port is asked to reconnect (its streams finish "
-     "first), so clients of a fleet address resolve it again and find new workers; 0 = never"),
-    ("server", "auth_token", "--token", "require 'authorization: Bearer TOKEN' on every call but health "
-                                        "(prefer the environment variable BREEZE_SERVER_AUTH_TOKEN)"),
-    ("server", "allow_insecure", "--allow-insecure", "serve on a non-loopback --host with neither a token nor "
-                                                     "client certificates (refused otherwise)"),
-    ("server", "metrics_port", "--metrics-port", "serve Prometheus metrics on GET /metrics of this port "
-                                                 "(off by default)"),
-    ("server", "metrics_host", "--metrics-host", "address the metrics listener binds (default: the --host value)"),
-    ("server", "tls_cert", "--tls-cert", "PEM certificate chain (TLS on both ports; needs --tls-key)"),
-    ("server", "tls_key", "--tls-key", "PEM private key"),
-    ("server", "tls_client_ca", "--tls-client-ca", "PEM CA certificate(s): require client certificates signed "
-                                                   "by it on both ports (mutual TLS; needs --tls-cert)"),
-    ("server", "max_request_bytes", "--max-request-bytes", "largest accepted request message"),
-    ("server", "grace_s", "--grace-s", "seconds running jobs get to finish on SIGTERM"),
-    ("server", "artifact_grace_s", "--artifact-grace-s", "seconds the artifact port serves on after the running "
-                                                         "jobs ended on SIGTERM (so their artifacts can be fetched)"),
-    ("server", "max_stream_buffer_bytes", "--max-stream-buffer-bytes",
-     "audio bytes one stream may hold for a client that reads slower than real time; past it the stream ends "
-     "(RESOURCE_EXHAUSTED) and the job runs on for its artifact"),
-    ("artifacts", "directory", "--artifact-dir", "where WAV artifacts are written"),
-    ("artifacts", "max_age_s", "--artifact-max-age-s", "artifacts older than this are deleted"),
-    ("artifacts", "max_total_bytes", "--artifact-max-bytes", "oldest artifacts are deleted beyond this total"),
-    ("artifacts", "min_free_bytes", "--artifact-min-free-bytes",
-     "free space kept on the artifact disk: the oldest artifacts are evicted to keep it, and a job that cannot "
-     "have it streams without an artifact (0 = off)"),
-    ("artifacts", "min_keep_s", "--artifact-min-keep-s", "eviction for free space never takes an artifact younger "
-                                                         "than this"),
-    ("artifacts", "fault_commit_delay_s", "--fault-commit-delay-s", argparse.SUPPRESS),  # test-only
-    ("artifacts", "fault_first_byte_delay_s", "--fault-first-byte-delay-s", argparse.SUPPRESS),  # test-only
-    ("artifacts", "fault_eio_after_bytes", "--fault-eio-after-bytes", argparse.SUPPRESS),  # test-only
-    ("artifacts", "fault_storage_write_bytes_per_s", "--fault-storage-write-bytes-per-s", argparse.SUPPRESS),
-    ("artifacts", "fault_storage_read_bytes_per_s", "--fault-storage-read-bytes-per-s", argparse.SUPPRESS),
-]
+_GROUPS = {"engine": "engine", "fastpath": "fast path (measurement and tuning)", "server": "server",
+           "artifacts": "artifacts"}
 
 
-def _field_type(section: str, name: str):
-    default = {f.name: f for f in fields(_SECTIONS[section])}[name]
-    text = str(default.type)
-    if text == "bool":
-        return bool
-    if "Path" in text:
-        return Path
-    if "float" in text:
-        return float
-    if "int" in text:
-        return int
-    return str
+def _group_of(f: SettingField) -> str:
+    return _GROUPS[f.path[1] if f.path[0] == "engine" and len(f.path) > 2 else f.path[0]]
+
+
+def _help(f: SettingField) -> str:
+    if f.spec.hidden:
+        return argparse.SUPPRESS
+    if f.default is None or f.default == {}:
+        text = f"{f.spec.help} (env {f.env})"
+    else:
+        default = ("on" if f.default else "off") if f.kind is bool else f.default
+        text = f"{f.spec.help} (default: {default}; env {f.env})"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def _metavar(f: SettingField) -> str:
+    if f.spec.metavar:
+        return f.spec.metavar
+    if f.spec.choices:
+        return "{" + ",".join(f.spec.choices) + "}"
+    if f.kind in (int, float):
+        return "SECONDS" if f.name.endswith(("_s", "_seconds")) else "N"
+    return f.name.split("_")[-1].upper()
+
+
+def _converter(f: SettingField):
+    def convert(text: str):
+        try:
+            return f.convert(text)
+        except SettingsError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (the variable: {f.env})") from None
+
+    return convert
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for section, name, flag, help_text in FLAGS:
-        default = getattr(_SECTIONS[section](), name)
-        if help_text is not argparse.SUPPRESS:
-            help_text = f"{help_text} (default: {default})" if default is not None else help_text
-        kind = _field_type(section, name)
-        if kind is bool:  # a switch: present = True; absent = the environment's value or the default
-            parser.add_argument(flag, dest=f"{section}__{name}", action="store_const", const=True, default=None,
-                                help=help_text)
-            continue
-        metavar = "DIR" if kind is Path and "dir" in name + flag else flag.lstrip("-").split("-")[-1].upper()
-        parser.add_argument(flag, dest=f"{section}__{name}", type=kind, default=None, help=help_text,
-                            metavar=metavar)
+    """One flag per setting of `WorkerSettings` (breeze_worker/config.py): its help, its default and its
+    variable come from the field; absent flags leave the variable's value or the default."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in setting_fields(WorkerSettings):
+        title = _group_of(f)
+        group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
+        if f.kind is bool:  # --flag / --no-flag; absent: None
+            group.add_argument(f.flag, dest=f.dest, action=argparse.BooleanOptionalAction, default=None,
+                               help=_help(f))
+        else:
+            group.add_argument(f.flag, dest=f.dest, type=_converter(f), default=None, metavar=_metavar(f),
+                               help=_help(f))
 
 
 def active_faults(settings: WorkerSettings) -> str:
@@ -132,15 +89,10 @@ def active_faults(settings: WorkerSettings) -> str:
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> WorkerSettings:
-    """Environment first, flags over it; validated (ValueError says what to change)."""
-    settings = WorkerSettings.from_env(environ)
-    changes: dict[str, dict] = {s: {} for s in _SECTIONS}
-    for section, name, _, _ in FLAGS:
-        value = getattr(args, f"{section}__{name}", None)
-        if value is not None:
-            changes[section][name] = value
-    settings = WorkerSettings(**{s: replace(getattr(settings, s), **changes[s]) for s in _SECTIONS})
-    return settings.validate()
+    """Each setting from its flag, else its environment variable (`environ`; None: the process's), else its
+    default; validated (SettingsError, a ValueError, names the flag and the variable to change)."""
+    overrides = {f.dest: getattr(args, f.dest, None) for f in setting_fields(WorkerSettings)}
+    return WorkerSettings.load(environ, overrides).validate()
 
 
 async def serve(settings: WorkerSettings) -> int:

@@ -28,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.engine.tracing import Tracer
-    from breeze_worker.profiling.setup import fastpath_settings, frame_source, load_model, make_request
+    from breeze_worker.profiling.setup import frame_source, load_model, make_request
     from breeze_worker.profiling.trace import summarize, table, trace_request
 
     torch.set_grad_enabled(False)
@@ -38,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
         if args.frames < 1:
             raise ValueError(f"--frames must be at least 1, not {args.frames}")
         device = pick_device(args.device)
-        configure_codec_convolutions(device)  # as the worker serves
+        served = WorkerSettings.from_env().engine  # what the worker would serve with (its environment)
+        configure_codec_convolutions(device, served.codec_tf32)
         model = load_model(args, device)
         request = make_request(model, args.text, args.cfg, args.frames, args.seed)
-        settings = fastpath_settings()  # as the worker serves
+        settings = served.fastpath
         for _ in frame_source(args.path, model, request, device, settings=settings):  # warm-up, untraced
             pass
         tracer = Tracer(nvtx=device.type == "cuda")  # NVTX ranges too, for Nsight Systems

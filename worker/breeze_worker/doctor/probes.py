@@ -235,8 +235,8 @@ def probe_startup(model, device: torch.device, load_info: dict, engine: dict) ->
 def _cache_only_stepper_bytes(model, device: torch.device, slots: int) -> int:
     """Device memory a stepper of `slots` stream slots allocates without graphs or compilation: its caches
     and per-stream buffers."""
+    from breeze_worker.config import FastPathSettings
     from breeze_worker.engine.batching import BatchedStepper
-    from breeze_worker.engine.fastpath.settings import FastPathSettings
 
     release(device)
     before = _allocated(device)

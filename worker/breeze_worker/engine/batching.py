@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batch_graphs import ShapeGraphs
-from breeze_worker.engine.prompt import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.compiled import compile_wanted
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
+from breeze_worker.engine.prompt import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -92,7 +92,7 @@ class BatchedStepper:
                  use_graphs: bool | None = None, batch_joins: bool | None = None, buckets: bool | None = None,
                  eos_masked: bool = False, shapes: list[tuple[int, int]] | None = None,
                  settings: FastPathSettings | None = None):
-        """`settings`: the fast path's (engine/fastpath/settings.py; None: the defaults): whether the bucket
+        """`settings`: the fast path's (config.py FastPathSettings; None: the defaults): whether the bucket
         shapes compile (`compile_wanted`), their forms, the sampler and the kernels' launch settings. `shapes`:
         the buckets to build (default `bucket_shapes(max_streams)`; the bench passes the subset its workloads
         land in)."""

@@ -43,7 +43,6 @@ from collections.abc import Callable
 
 import torch
 
-from breeze_worker.config import WorkerSettings
 from breeze_worker.engine.fastpath.graph import run_on_side_stream
 from breeze_worker.model.codec.layers import TwoFormConvolution
 from breeze_worker.model.codec.streaming import DecoderStreamState
@@ -147,14 +146,14 @@ class SlotBatch:
     """A static streaming state of `rows` slots, its codes input, and the step decoding all slots at once."""
 
     def __init__(self, decoder, rows: int, use_graphs: bool | None = None, *, benchmark: bool = True,
-                 tf32: bool | None = None, tune: bool = True, compile: bool | None = None,
+                 tf32: bool | None = None, tune: bool = True, compile: bool = False,
                  compile_backend: str | Callable = "inductor"):
         """`benchmark`: cuDNN benchmark mode for the warm-up and capture; `tf32`: TF32 convolutions in the
         captured graph (None: the process's `torch.backends.cudnn.allow_tf32`, which the runtime sets from
         the `codec_tf32` setting, engine/runtime.py `configure_codec_convolutions`); `tune`: choose each
         convolution's form by measurement before capture (`tune_convolutions`; `conv_tuning` keeps the
         report). These three matter on CUDA only. `compile`: the step through `torch.compile`, here, before
-        any capture (None: the `codec_compile` setting; `compiled` says whether it is, `compile_s` how long
+        any capture (the `codec_compile` setting, off by default; `compiled` says whether it is, `compile_s` how long
         compiling took, apart from `capture_s`); `compile_backend`: torch.compile's backend (the CPU tests
         trace with "aot_eager", which generates no code)."""
         self.decoder = decoder
@@ -162,7 +161,7 @@ class SlotBatch:
         self.benchmark = benchmark
         self.tf32 = tf32
         self.tune = tune
-        self.compile = WorkerSettings.from_env().engine.codec_compile if compile is None else compile
+        self.compile = compile
         self.compile_backend = compile_backend
         self.conv_tuning: list[dict] = []
         self.device = decoder.device
@@ -283,10 +282,10 @@ class SlotBatch:
 
 class SlotPool:
     """Built `SlotBatch`es of one codec decoder, free ones by row count; `acquire` builds (and captures)
-    one when none is free. Thread-safe. `compile`: what every batch it builds is given (None: the
-    `codec_compile` setting from the environment; the runtime passes the setting it was started with)."""
+    one when none is free. Thread-safe. `compile`: what every batch it builds is given (the
+    `codec_compile` setting the runtime was started with)."""
 
-    def __init__(self, decoder, compile: bool | None = None):
+    def __init__(self, decoder, compile: bool = False):
         self.decoder = decoder
         self.device = decoder.device
         self.compile = compile
@@ -322,10 +321,10 @@ _POOLS_LOCK = threading.Lock()
 
 def pool_for(codec, compile: bool | None = None) -> SlotPool:
     """The pool of `codec` (a new one if the codec moved to another device, or if `compile` is given and is
-    not the pool's: its batches were built the other way). `compile` None: the pool as it is."""
+    not the pool's: its batches were built the other way). `compile` None: the pool as it is (a new pool: uncompiled)."""
     with _POOLS_LOCK:
         pool = _POOLS.get(codec)
         if (pool is None or pool.decoder is not codec.decoder or pool.device != codec.device
                 or (compile is not None and pool.compile != compile)):
-            pool = _POOLS[codec] = SlotPool(codec.decoder, compile=compile)
+            pool = _POOLS[codec] = SlotPool(codec.decoder, compile=bool(compile))
         return pool

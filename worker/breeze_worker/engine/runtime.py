@@ -13,8 +13,7 @@ import time
 
 import torch
 
-from breeze_worker.config import EngineSettings, WorkerSettings
-from breeze_worker.engine.fastpath.settings import FastPathSettings
+from breeze_worker.config import EngineSettings, FastPathSettings
 from breeze_worker.engine.types import PcmEncoding, ResolvedRequest, SamplingParams, Template
 
 log = logging.getLogger(__name__)
@@ -34,17 +33,15 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def configure_codec_convolutions(device: torch.device, tf32: bool | None = None) -> bool:
+def configure_codec_convolutions(device: torch.device, tf32: bool) -> bool:
     """Process-wide: the codec's cuDNN convolutions in true FP32, or TF32 where `tf32` (the `codec_tf32`
-    setting; None: as the worker's settings from the environment say) asks for it and the device has it
-    (engine/precision.py `codec_tf32_wanted`). The worker and every bench call this, so a bench measures
-    what the worker serves. Returns whether TF32 is on."""
+    setting) asks for it and the device has it (engine/precision.py `codec_tf32_wanted`). The worker and every
+    bench call this with their settings, so a bench measures what the worker serves. Returns whether TF32
+    is on."""
     from breeze_worker.engine.precision import codec_tf32_wanted, device_capability
 
     if device.type != "cuda":
         return False
-    if tf32 is None:
-        tf32 = WorkerSettings.from_env().engine.codec_tf32
     torch.backends.cudnn.allow_tf32 = codec_tf32_wanted(device_capability(device), tf32)
     if torch.backends.cudnn.allow_tf32:
         log.info("codec convolutions in TF32 (codec_tf32 setting)")
@@ -55,7 +52,7 @@ class Runtime:
     """The loaded model, codec and decode path for one worker process."""
 
     def __init__(self, model, device: torch.device, decode_path: str, description: str,
-                 codec_compile: bool | None = None, fastpath: FastPathSettings | None = None):
+                 codec_compile: bool = False, fastpath: FastPathSettings | None = None):
         self.model = model  # breeze_worker.model.loaded.LoadedModel
         self.codec = model.codec
         self.device = device
@@ -64,8 +61,8 @@ class Runtime:
         self.sample_rate = int(self.codec.sample_rate)
         self.warmup_s = 0.0
         self.stepper = None  # built by `load` (or on first `stepper_for`)
-        self.codec_compile = codec_compile  # the `codec_compile` setting (None: as the environment says)
-        self.fastpath = fastpath or FastPathSettings()  # the fast path's settings (from EngineSettings)
+        self.codec_compile = codec_compile  # the `codec_compile` setting
+        self.fastpath = fastpath or FastPathSettings()  # the fast path's settings (EngineSettings.fastpath)
 
     @property
     def is_tiny_default(self) -> bool:
@@ -95,7 +92,7 @@ class Runtime:
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"
         runtime = cls(model, device, decode_path, description, codec_compile=settings.codec_compile,
-                      fastpath=FastPathSettings.from_engine(settings))
+                      fastpath=settings.fastpath)
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
         runtime.stepper_for(settings.max_active_streams)

@@ -72,14 +72,6 @@ def load_model(args: argparse.Namespace, device: torch.device, precision: str | 
     return random_model(args.size, args.seed, device, policy)
 
 
-def fastpath_settings():
-    """The fast path's settings as the worker would serve with them (its environment, breeze_worker/config.py)."""
-    from breeze_worker.config import WorkerSettings
-    from breeze_worker.engine.fastpath.settings import FastPathSettings
-
-    return FastPathSettings.from_engine(WorkerSettings.from_env().engine)
-
-
 def make_request(model: LoadedModel, text: str, cfg: bool, frames: int, seed: int) -> ResolvedRequest:
     req = SynthesisRequest(text=text, instruction=INSTRUCTION if cfg else None, cfg_scale=2.0 if cfg else None,
                            seed=seed, max_frames=frames)
@@ -89,7 +81,7 @@ def make_request(model: LoadedModel, text: str, cfg: bool, frames: int, seed: in
 def frame_source(path: str, model: LoadedModel, request: ResolvedRequest, device: torch.device,
                  mask_eos: bool = True, settings=None):
     """An eager or fast frame generator (iterator of int64 [16] frames with `.timings`); `settings`: the fast
-    path's (engine/fastpath/settings.py FastPathSettings; None: the defaults)."""
+    path's (breeze_worker/config.py FastPathSettings; None: the defaults)."""
     if mask_eos:
         from breeze_worker.bench.runner import mask_end_of_speech
 

@@ -2,7 +2,7 @@
 
 The compiled code runs inside OUR CUDA graphs (fastpath/graph.py): Inductor is used without its own
 CUDA graphs (mode "default"), compiled with `fullgraph=True, dynamic=False` during the runner's warm-up,
-before capture. What is compiled and how follows the step's `FastPathSettings` (fastpath/settings.py):
+before capture. What is compiled and how follows the step's `FastPathSettings` (breeze_worker/config.py):
 
 - `compile`: `auto` (compile on CUDA when Triton is importable), `on`, `off` (`compile_wanted`).
 - `compile_backend`: `inductor`; `aot_eager` traces without generating code (the CPU tests of the tracing).
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from breeze_worker.engine.fastpath.settings import FastPathSettings
+    from breeze_worker.config import FastPathSettings
 
 log = logging.getLogger(__name__)
 

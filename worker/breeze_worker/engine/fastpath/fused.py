@@ -31,8 +31,8 @@ Inductor's persistent reductions.
 Numerics follow the units form stage by stage: FP32 accumulation, each projection's input rounded to the
 weight's dtype, its output to the residual stream's dtype. Launch settings are fixed per shape by `plan`
 (not timed at start-up): the summation order, hence the rounding, must not change between processes, or
-a seed would not give the same audio after a restart. `BREEZE_FUSED_CONFIG` overrides them for
-measurements.
+a seed would not give the same audio after a restart. `KernelSettings.plans` (BREEZE_FUSED_CONFIG)
+overrides them for measurements.
 
 The kernels themselves are in fastpath/fused_kernels.py; this module holds their launch plans, the
 functions that launch them and the same stages in torch. Without Triton, or off CUDA (CI), each stage runs
@@ -42,15 +42,12 @@ that torch computation; `TRITON_INTERPRET=1` runs the kernels themselves on CPU 
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from breeze_worker.config import KernelSettings  # how the kernels launch (BREEZE_FUSED_PDL, BREEZE_FUSED_CONFIG)
 from breeze_worker.engine.fastpath.fused_kernels import _HAS_GDC, _triton
 from breeze_worker.engine.fastpath.layers import attend_rows, rotate, write_cache
 
@@ -63,29 +60,6 @@ if _triton is not None:  # the kernels (fastpath/fused_kernels.py) these functio
 MAX_ROWS = 8
 _TILE_BUDGET = 8192  # FP32 weight-tile elements per program (64 registers a thread at 4 warps)
 _MAX_WIDTH = 4096  # the norm kernels hold a whole input row
-
-
-@dataclass(frozen=True, eq=False)
-class KernelSettings:
-    """How this module's kernels launch, passed by the caller (a FrameStep passes its settings' own; the
-    defaults are what the worker serves with)."""
-
-    # chained launches (programmatic dependent launch, `pdl`) where the device has them (BREEZE_FUSED_PDL)
-    chained: bool = True
-    # launch-plan overrides by kernel ("norm_gate_up") or kernel and input width ("norm_gate_up@2048"), on top
-    # of `plan`'s fixed settings: for measurements (BREEZE_FUSED_CONFIG); read-only
-    plans: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # False: every stage runs its torch form even where the kernels could run (the kernels' reference)
-    use_triton: bool = True
-
-    def _key(self) -> tuple:
-        return self.chained, json.dumps(self.plans, sort_keys=True), self.use_triton
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, KernelSettings) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
 
 
 DEFAULT_KERNELS = KernelSettings()

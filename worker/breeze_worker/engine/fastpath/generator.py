@@ -30,12 +30,12 @@ import time
 
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
-from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
+from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
 from breeze_worker.errors import NumericalError

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted, sampling_kernel_wanted
 from breeze_worker.engine.fastpath.forms import LayerForm, fallback_of, select_form
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 

@@ -36,13 +36,13 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath import fused, fused_sampling
 from breeze_worker.engine.fastpath.compiled import sampling_kernel_wanted
 from breeze_worker.engine.fastpath.forms import GEMM, LayerForm, select_form
 from breeze_worker.engine.fastpath.layers import (PLAIN_UNITS, LayerUnits, PackedLayer, linear, rms_norm,
                                                   small_rows_linear)
-from breeze_worker.engine.fastpath.settings import FastPathSettings
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
