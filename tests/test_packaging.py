@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -43,8 +44,14 @@ def test_the_version_comes_from_the_package_metadata():
 
 
 def test_the_wheel_carries_the_typing_markers_and_the_stubs(tmp_path):
+    source = tmp_path / "source"  # a copy: setuptools writes build/ and *.egg-info beside what it builds
+    for name in ("pyproject.toml", "README.md"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    for name in ("protos", "worker", "client"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(tmp_path), str(ROOT)], check=True, cwd=tmp_path)
+                    "--wheel-dir", str(tmp_path), str(source)], check=True, cwd=tmp_path)
     (wheel,) = tmp_path.glob("breeze_tts_serving-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for marker in ("breeze_client/py.typed", "breeze_worker/py.typed", "breeze_tts_proto/py.typed",
