@@ -72,7 +72,7 @@ def commit(explicit: str | None = None) -> dict:
 def describe(explicit_commit: str | None = None) -> dict:
     """The environment record every tool's JSON carries under "meta"."""
     listed = gpus()
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             **commit(explicit_commit),
             "gpu": listed[0]["name"] if listed else None, "driver": listed[0]["driver"] if listed else None,
             "gpus": listed, "torch": _version("torch"), "triton": _version("triton"),

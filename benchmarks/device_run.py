@@ -69,8 +69,8 @@ class Step:
                     "-p", "no:cacheprovider", f"--junitxml={work / 'junit.xml'}", *args.pytest_arg]
             return argv, {"BREEZE_GPU_FIGURES": str(work / "figures")}
         if self.name == "engine-bench":
-            return bench + ["--precision", args.precision, "--cfg", "off,on", "--paths", "eager,fast", "--eager-frames", "8",
-                            "--repeats", "3"], {}
+            return bench + ["--precision", args.precision, "--cfg", "off,on", "--paths", "eager,fast",
+                            "--eager-frames", "8", "--repeats", "3"], {}
         if self.name == "engine-bench-fp16":
             return bench + ["--precision", "fp16-mixed", "--force-precision", "--cfg", "on", "--paths", "eager,fast",
                             "--eager-frames", "8", "--repeats", "3"], {}
@@ -78,7 +78,8 @@ class Step:
             return sweep + ["--concurrency", args.levels, "--batch1", "--agreement-streams", "8",
                             "--agreement-prefill", "batched,per-stream"], {}
         if self.name == "sweep-throughput":
-            return sweep + ["--concurrency", "32"], {"BREEZE_ENGINE_CODEC_TF32": "1", "BREEZE_ENGINE_CODEC_COMPILE": "1"}
+            return sweep + ["--concurrency", "32"], {"BREEZE_ENGINE_CODEC_TF32": "1",
+                                                     "BREEZE_ENGINE_CODEC_COMPILE": "1"}
         if self.name == "kernel-check":
             return [py, str(HERE / "kernel_check.py"), "--device", args.device, "--size", args.size,
                     "--json", str(result), *common], {}

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         loop.update(target_s=LOOPBACK_TARGET_S, passed=loop["retrieval_s_median"] <= LOOPBACK_TARGET_S)
         report["loopback"] = loop
         print(f"loopback: generation done -> 3 files on disk {loop['retrieval_s_median'] * 1e3:.1f} ms "
-              f"±{loop['retrieval_uncertainty_s'] * 1e3:.2f} ms median (max {loop['retrieval_s_max'] * 1e3:.1f} ms, {loop['total_bytes']} bytes); target <= "
+              f"±{loop['retrieval_uncertainty_s'] * 1e3:.2f} ms median (max {loop['retrieval_s_max'] * 1e3:.1f} ms, "
+              f"{loop['total_bytes']} bytes); target <= "
               f"{LOOPBACK_TARGET_S * 1e3:.0f} ms: {'PASS' if loop['passed'] else 'MISS'}; dominant phase "
               f"{loop['verdict']['title']} (cause: {loop['verdict']['cause']})")
         if args.skip_wan or os.geteuid() != 0:

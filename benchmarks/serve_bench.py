@@ -161,8 +161,10 @@ def _summary(doc: dict, cpu_s: float) -> dict:
         "requests": label["requests"], "failed": label["attempted"] - label["requests"], "errors": label["errors"],
         "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
         "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _pct([r["ttfa_ms"] for r in requests], 95),
-        "rtf_per_stream_max": max(rtfs) if rtfs else None, "rtf_per_stream_mean": statistics.fmean(rtfs) if rtfs else None,
-        "inter_chunk_gap_ms_p99": gap_p99, "inter_chunk_gap_frames_p99": gap_p99 / (FRAME_S * 1e3) if gap_p99 else None,
+        "rtf_per_stream_max": max(rtfs) if rtfs else None,
+        "rtf_per_stream_mean": statistics.fmean(rtfs) if rtfs else None,
+        "inter_chunk_gap_ms_p99": gap_p99,
+        "inter_chunk_gap_frames_p99": gap_p99 / (FRAME_S * 1e3) if gap_p99 else None,
         "worker_cpu_s": cpu_s, "worker_cpu_s_per_audio_s": cpu_s / audio if audio else None,
         "kinds": doc["meta"].get("request_kinds"),
     }
@@ -208,7 +210,7 @@ def _engine_bench(args: argparse.Namespace, out_dir: Path) -> dict:
 
 
 def _meta(args: argparse.Namespace) -> dict:
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "python": platform.python_version(), "host": platform.node(), "argv": sys.argv[1:],
             "commit": args.commit or os.environ.get("BREEZE_COMMIT")}
     if not meta["commit"]:

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from netpath.netns import VethLink, in_netns, namespaces
 from netpath.proxy import DelayProxy, ProxyThread
 

@@ -9,12 +9,11 @@ the health service names the worker reports, the autoscaler's metrics are gauges
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import shlex
 from pathlib import Path
-
-import copy
 
 import kubernetes_validate
 import pytest

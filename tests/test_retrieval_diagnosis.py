@@ -21,6 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
+from netpath.netns import VethLink, namespaces
+from netpath.proxy import DelayProxy, ProxyThread
+from netpath.worker import InProcessWorker
+from test_retrieval_report import check_report_renders
 
 from breeze_client import cli
 from breeze_client.diagnose import DiagnoseSettings, FetchConfig, run_diagnosis, sweep_configs, with_concurrency
@@ -29,10 +33,6 @@ from breeze_client.sdk import BreezeClient
 from breeze_client.verdict import HEALTHY_BUDGET_S
 from breeze_worker.commands.serve import active_faults
 from breeze_worker.config import WorkerSettings
-from netpath.netns import VethLink, namespaces
-from netpath.proxy import DelayProxy, ProxyThread
-from netpath.worker import InProcessWorker
-from test_retrieval_report import check_report_renders
 
 FRAMES = 12  # 0.96 s of 24 kHz s16le audio per job: 46,124 bytes
 DELAY = 0.4  # seconds injected into one phase
@@ -63,7 +63,8 @@ def clean_faults(worker):
     worker.set_faults()
 
 
-def diagnose_jobs(worker, *, artifact_target=None, jobs=2, frames=FRAMES, configs=(FetchConfig(),), **kw):
+def diagnose_jobs(worker, *, artifact_target=None, jobs=2, frames=FRAMES, configs=None, **kw):
+    configs = configs or (FetchConfig(),)
     dest_factory = kw.pop("dest_factory", None)
     if kw.get("out_dir") is None:
         with tempfile.TemporaryDirectory(prefix="breeze-fetched-", dir=RAM_DIR) as out_dir:

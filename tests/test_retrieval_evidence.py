@@ -7,11 +7,11 @@ edges: the same phase length gets a different cause when the evidence inside it 
 import dataclasses
 
 import pytest
+from test_retrieval_phases import MS, SIZE, make_timeline
 
 from breeze_client.clockcheck import MAX_DRIFT_PPM, Exchange, Group, check
 from breeze_client.phases import phase_times, summarize_phases, total_ns
 from breeze_client.verdict import diagnose
-from test_retrieval_phases import MS, SIZE, make_timeline
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

@@ -6,8 +6,8 @@ the fix. The faults:
   throttle or v2 io.max, `netpath.cgroups`), under the worker's artifacts (slow writes: the minutes-scale
   case, diagnosed in one run; slow reads: an existing artifact whose pages were dropped) or under the
   client's files. Where no cgroup can limit a loop device, the worker's test-only
-  fault_storage_{read,write}_bytes_per_s and a client file whose writes sleep stand in; `STORAGE_FAULT` says which ran (it is recorded as a
-  test property, and printed with -s);
+  fault_storage_{read,write}_bytes_per_s and a client file whose writes sleep stand in; `STORAGE_FAULT` says
+  which ran (it is recorded as a test property, and printed with -s);
 - a buffering gRPC proxy (its own process) behind a tbf-limited veth pair;
 - a client whose HTTP/2 stream window is fixed small, over a delaying proxy;
 - a client process starved of CPU by a cgroup CPU quota (without one: sharing one CPU at nice 10 with a
@@ -28,12 +28,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from breeze_client import cli
-from breeze_client.diagnose import DiagnoseSettings, FetchConfig, format_text, run_diagnosis
-from breeze_client.phases import delivery_rate, phase_times, transfer_rate, waited_ns
-from breeze_client.report import write_report
-from breeze_client.sdk import BreezeClient
 from netpath.buffering import BufferingProxy
 from netpath.cgroups import Cgroup, CpuContention, LoopVolume, cpu_limit_support, io_limit_support
 from netpath.client_proc import ClientProcess
@@ -41,8 +35,14 @@ from netpath.fakeclock import SHIM_DIR, FakeClock
 from netpath.pathd import PathProcess
 from netpath.proxy import DelayProxy, ProxyThread
 from netpath.worker import InProcessWorker, WorkerProcess
-from test_retrieval_diagnosis import CALL_TIMEOUT_S, RAM_DIR, diagnose_jobs, worker  # noqa: F401 (fixture)
+from test_retrieval_diagnosis import CALL_TIMEOUT_S, RAM_DIR, diagnose_jobs, worker  # noqa: F401 (the fixture)
 from test_retrieval_report import VERDICT_COLORS, check_report_renders
+
+from breeze_client import cli
+from breeze_client.diagnose import DiagnoseSettings, FetchConfig, format_text, run_diagnosis
+from breeze_client.phases import delivery_rate, phase_times, transfer_rate, waited_ns
+from breeze_client.report import write_report
+from breeze_client.sdk import BreezeClient
 
 STORAGE_FAULT = io_limit_support() or "test-only fault settings (no cgroup I/O limit here)"
 CPU_FAULT = cpu_limit_support() or "a busy loop on the same CPU at nice 10 (no cgroup CPU limit here)"

@@ -9,13 +9,21 @@ import pytest
 from breeze_client._receive import FetchReceiver
 from breeze_client.clock import ClockMapping
 from breeze_client.diagnose import with_concurrency
-from breeze_tts_proto.v1 import artifacts_pb2, common_pb2
-
 from breeze_client.phases import (
-    EVENTS, PHASES, PHASE_NAMES, SERVER_EVENTS, format_phase_value, map_timeline, percentile, phase_times,
-    summarize_phases, total_ns, transfer_rate,
+    EVENTS,
+    PHASE_NAMES,
+    PHASES,
+    SERVER_EVENTS,
+    format_phase_value,
+    map_timeline,
+    percentile,
+    phase_times,
+    summarize_phases,
+    total_ns,
+    transfer_rate,
 )
 from breeze_client.verdict import HEALTHY_BUDGET_S, diagnose
+from breeze_tts_proto.v1 import artifacts_pb2, common_pb2
 
 MS = 1_000_000
 BASE = 1_700_000_000_000_000_000
@@ -189,7 +197,9 @@ def test_existing_artifacts_say_generation_done_is_unknown():
 
 def test_concurrency_counts_the_fetches_that_overlapped():
     a, b, c = (make_timeline(x) for x in "abc")
-    shift = lambda t, ms: dataclasses.replace(t, events={k: v + int(ms * MS) for k, v in t.events.items()})
+    def shift(t, ms):
+        return dataclasses.replace(t, events={k: v + int(ms * MS) for k, v in t.events.items()})
+
     out = with_concurrency([a, shift(b, 1.0), shift(c, 100.0)])  # a and b overlap, c comes later
     assert [t.parallel for t in out] == [2, 2, 1]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from test_retrieval_phases import make_timeline
 
 from breeze_client.phases import PHASES
-from breeze_client.report import COLORS, LABEL_W, PLOT_W, SEVERITY_COLORS as VERDICT_COLORS, render_report, write_report
+from breeze_client.report import COLORS, LABEL_W, PLOT_W, render_report, write_report
+from breeze_client.report import SEVERITY_COLORS as VERDICT_COLORS
 from breeze_client.verdict import diagnose
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

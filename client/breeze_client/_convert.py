@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from breeze_tts_proto.v1 import artifacts_pb2, common_pb2, synthesis_pb2
 from breeze_client.clock import ClockMapping
-from breeze_client.types import (ArtifactRef, CommitTiming, JobInfo, JobStats, SamplingParams, StageTimes,
-                                 SynthesisRequest,
-                                 WorkerInfo)
+from breeze_client.types import (
+    ArtifactRef,
+    CommitTiming,
+    JobInfo,
+    JobStats,
+    SamplingParams,
+    StageTimes,
+    SynthesisRequest,
+    WorkerInfo,
+)
+from breeze_tts_proto.v1 import artifacts_pb2, common_pb2, synthesis_pb2
 
 ENCODINGS = {"s16le": common_pb2.PCM_ENCODING_S16LE, "f32le": common_pb2.PCM_ENCODING_F32LE}
 ENCODING_NAMES = {v: k for k, v in ENCODINGS.items()}

@@ -16,12 +16,19 @@ from typing import BinaryIO
 
 import zstandard
 
-from breeze_tts_proto.v1 import artifacts_pb2, synthesis_pb2
 from breeze_client import _convert, hostcpu
 from breeze_client.clock import ClockMapping
 from breeze_client.errors import IntegrityError, ProtocolError
-from breeze_client.types import (AudioChunk, ChunkTiming, FetchResult, FetchTiming, JobInfo, SynthesisResult,
-                                 SynthesisTiming)
+from breeze_client.types import (
+    AudioChunk,
+    ChunkTiming,
+    FetchResult,
+    FetchTiming,
+    JobInfo,
+    SynthesisResult,
+    SynthesisTiming,
+)
+from breeze_tts_proto.v1 import artifacts_pb2, synthesis_pb2
 
 
 class SynthesisReceiver:

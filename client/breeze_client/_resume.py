@@ -16,7 +16,7 @@ own retry policy for Fetch has already tried, and the caller should hear about i
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator, BinaryIO
+from typing import BinaryIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2
-from breeze_tts_proto.v1 import synthesis_pb2_grpc
-from breeze_client import _convert, clock as clock_exchange
+from breeze_client import _convert
+from breeze_client import clock as clock_exchange
 from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, fixed_stream_window, open_aio_channel
@@ -28,6 +28,7 @@ from breeze_client.clock import ClockMapping
 from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
 from breeze_client.sdk import HEALTH_NAMES, make_request
 from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisRequest, SynthesisResult, WorkerInfo
+from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2, synthesis_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class AsyncSynthesisStream(StreamHandle):
             self._hang_up_unless_done()
         self._result = self._receiver.result()
 
-    async def __aenter__(self) -> "AsyncSynthesisStream":
+    async def __aenter__(self) -> AsyncSynthesisStream:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -79,7 +80,7 @@ class AsyncBreezeClient:
         for ch in self._artifact_channels.values():
             await ch.close()
 
-    async def __aenter__(self) -> "AsyncBreezeClient":
+    async def __aenter__(self) -> AsyncBreezeClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -210,7 +211,7 @@ class AsyncBreezeClient:
                 try:  # wait for the artifact channel to connect again, within the time left
                     await asyncio.wait_for(self._channel_for(target).channel_ready(),
                                            max(policy.time_left_s(), 0.01))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise policy.timed_out(receiver.position) from None
                 receiver.resumed()
             return receiver.finish(verify)

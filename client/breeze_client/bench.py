@@ -248,7 +248,7 @@ def run_bench(make_client: Callable[[], BreezeClient], labels: list[str], *, war
         for c in clients:
             c.clock()  # the clock exchange happens before any timed call
         doc = {"schema": SCHEMA, "meta": {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "target": clients[0].options.target, "worker_model": info.model_description,
             "worker_is_tiny_default": info.is_tiny_default, "worker_version": info.version,
             "concurrency": concurrency, "warmup": warmup, "iterations": iterations, "seed": seed,

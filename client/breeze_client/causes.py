@@ -16,7 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from breeze_client.phases import (
-    PhaseTime, Timeline, delivery_rate, fetch_ns, format_seconds, transfer_bytes, transfer_rate, write_rate,
+    PhaseTime,
+    Timeline,
+    delivery_rate,
+    fetch_ns,
+    format_seconds,
+    transfer_bytes,
+    transfer_rate,
+    write_rate,
 )
 
 DEFAULT_HTTP2_WINDOW = 64 * 1024  # gRPC's initial HTTP/2 stream window before BDP probing grows it

@@ -92,7 +92,7 @@ class ConnectionOptions:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         return {"metadata": self.metadata, "timeout": timeout}
 
-    def with_target(self, target: str) -> "ConnectionOptions":
+    def with_target(self, target: str) -> ConnectionOptions:
         return replace(self, target=target)
 
 

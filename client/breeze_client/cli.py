@@ -1,9 +1,9 @@
 """`breeze-client`: one entry point, one module per subcommand under `breeze_client.commands`.
 
 Every subcommand gets the same connection flags (--target, --artifact-target, --tls-ca, --tls,
---tls-server-name, --tls-cert, --tls-key, --token, --timeout) and --json. A subcommand module defines `add_arguments(parser)`
-and `run(args, options) -> int`; to add one, write the module and add a line to COMMANDS. A failed call
-prints `error: CODE: message` on stderr and exits 1; Ctrl-C prints `interrupted` and exits 130.
+--tls-server-name, --tls-cert, --tls-key, --token, --timeout) and --json. A subcommand module defines
+`add_arguments(parser)` and `run(args, options) -> int`; to add one, write the module and add a line to
+COMMANDS. A failed call prints `error: CODE: message` on stderr and exits 1; Ctrl-C prints `interrupted` and exits 130.
 """
 
 from __future__ import annotations

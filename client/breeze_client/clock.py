@@ -9,8 +9,8 @@ smallest round trip is kept: its uncertainty is the smallest.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from breeze_tts_proto.v1 import clock_pb2
 

@@ -22,8 +22,8 @@ Pure functions over integers: no I/O, no gRPC.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 MAX_DRIFT_PPM = 500.0  # the fastest a disciplined clock slews (ntpd's and chrony's default limit)
 
@@ -59,13 +59,13 @@ class Group:
     lows: list[tuple[int, str]] = field(default_factory=list)  # offset >= value
     highs: list[tuple[int, str]] = field(default_factory=list)  # offset <= value
 
-    def before(self, worker_ns: int | None, client_ns: int | None, why: str) -> "Group":
+    def before(self, worker_ns: int | None, client_ns: int | None, why: str) -> Group:
         """The worker event happened before the client event: offset >= worker - client."""
         if worker_ns and client_ns:
             self.lows.append((int(worker_ns) - int(client_ns), why))
         return self
 
-    def after(self, worker_ns: int | None, client_ns: int | None, why: str) -> "Group":
+    def after(self, worker_ns: int | None, client_ns: int | None, why: str) -> Group:
         """The worker event happened after the client event: offset <= worker - client."""
         if worker_ns and client_ns:
             self.highs.append((int(worker_ns) - int(client_ns), why))

@@ -23,18 +23,29 @@ import dataclasses
 import logging
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
+from typing import BinaryIO
 
-from breeze_client.phases import (
-    LAST_BYTE_RECEIVED, PHASES, REQUEST_SENT, Timeline, delivery_rate, fetch_ns, format_phase_value,
-    format_seconds, phase_times, phases_dict, summarize, transfer_rate,
-)
 from breeze_client.clock import ClockMapping
 from breeze_client.clockcheck import Exchange
 from breeze_client.evidence import build_timeline, exchange_from
+from breeze_client.phases import (
+    LAST_BYTE_RECEIVED,
+    PHASES,
+    REQUEST_SENT,
+    Timeline,
+    delivery_rate,
+    fetch_ns,
+    format_phase_value,
+    format_seconds,
+    phase_times,
+    phases_dict,
+    summarize,
+    transfer_rate,
+)
 from breeze_client.types import ArtifactRef, FetchResult, SynthesisResult
 from breeze_client.verdict import Diagnosis, diagnose
 
@@ -302,7 +313,7 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
             tmp.cleanup()
 
 
-def _clock_line(run: "DiagnoseRun") -> str:
+def _clock_line(run: DiagnoseRun) -> str:
     statuses = [t.clock_status for t in run.timelines]
     unc = max((t.clock_uncertainty_ns for t in run.timelines), default=0) / 1e9
     if all(st == "ok" for st in statuses):

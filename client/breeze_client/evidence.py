@@ -15,7 +15,7 @@ audio's send and arrival spans, the fixed stream window. Pure functions of the S
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from breeze_client.clock import ClockMapping
 from breeze_client.clockcheck import ClockCheck, Exchange, Group, check

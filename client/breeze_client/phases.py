@@ -39,8 +39,8 @@ I/O, no gRPC.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 # ---- events, in order ----
 GENERATION_DONE = "generation_done"  # worker: the engine produced the job's last frame

@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import html
 import json
+import string
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from breeze_client.phases import (
-    PHASES, Timeline, delivery_rate, format_phase_value, format_seconds, phase_times, transfer_rate, waited_ns,
+    PHASES,
+    Timeline,
+    delivery_rate,
+    format_phase_value,
+    format_seconds,
+    phase_times,
+    transfer_rate,
+    waited_ns,
 )
 from breeze_client.verdict import Diagnosis
 
@@ -32,18 +40,18 @@ COLORS = {
 SEVERITY_COLORS = {"ok": "#1e8449", "unknown": "#d68910", "fault": "#b03a2e"}  # the verdict box's border
 ROW_H, LABEL_W, PLOT_W, PAD = 18, 170, 640, 8
 
-_CSS = """
+_CSS = string.Template("""
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:24px 0 8px}
 table{border-collapse:collapse} td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child{text-align:left}
 .verdict{border-left:5px solid;padding:8px 14px;max-width:900px}
-.verdict.fault{border-left-color:%(fault)s;background:#fbeeee} .verdict.ok{border-left-color:%(ok)s;background:#eef8f0}
-.verdict.unknown{border-left-color:%(unknown)s;background:#fdf3e7}
+.verdict.fault{border-left-color:$fault;background:#fbeeee} .verdict.ok{border-left-color:$ok;background:#eef8f0}
+.verdict.unknown{border-left-color:$unknown;background:#fdf3e7}
 .verdict ul{margin:4px 0} .muted{color:#777} .swatch{display:inline-block;width:10px;height:10px;margin-right:6px}
 .run{margin:10px 0 18px} .run h3{font-size:14px;margin:0 0 4px;font-weight:600}
 svg text{font:11px system-ui,sans-serif}
-""" % SEVERITY_COLORS
+""").substitute(SEVERITY_COLORS)
 
 _JS = """
 (function(){

@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2
-from breeze_tts_proto.v1 import synthesis_pb2_grpc
-from breeze_client import _convert, clock as clock_exchange
+from breeze_client import _convert
+from breeze_client import clock as clock_exchange
 from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, fixed_stream_window, open_channel
 from breeze_client.clock import ClockMapping
 from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
 from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisRequest, SynthesisResult, WorkerInfo
+from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2, synthesis_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class SynthesisStream(StreamHandle):
             self._hang_up_unless_done()
         self._result = self._receiver.result()
 
-    def __enter__(self) -> "SynthesisStream":
+    def __enter__(self) -> SynthesisStream:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -90,7 +91,7 @@ class BreezeClient:
         for ch in self._artifact_channels.values():
             ch.close()
 
-    def __enter__(self) -> "BreezeClient":
+    def __enter__(self) -> BreezeClient:
         return self
 
     def __exit__(self, *exc) -> None:

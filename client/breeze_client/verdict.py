@@ -15,12 +15,19 @@ runs, the cause is `clock_broken`, never "healthy".
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from breeze_client.causes import classify
 from breeze_client.phases import (
-    PHASES_BY_NAME, PHASE_NAMES, Summary, Timeline, fetch_ns, format_seconds, phase_times, summarize,
+    PHASE_NAMES,
+    PHASES_BY_NAME,
+    Summary,
+    Timeline,
+    fetch_ns,
+    format_seconds,
+    phase_times,
+    summarize,
     summarize_phases,
 )
 

@@ -11,8 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from breeze_worker.engine.codec_graphs import tune_convolutions
-from breeze_worker.model.codec.layers import (CausalConv1d, CausalTransposedConv1d, conv1d_as_gemm,
-                                              conv_transpose1d_as_gemm)
+from breeze_worker.model.codec.layers import (
+    CausalConv1d,
+    CausalTransposedConv1d,
+    conv1d_as_gemm,
+    conv_transpose1d_as_gemm,
+)
 
 TUNABLE = (CausalConv1d, CausalTransposedConv1d)
 

@@ -11,7 +11,8 @@ from breeze_worker.model.codec.encoder import ReferenceEncoder
     [
         # nested layout (transformers > 5.17)
         ("mimi.encoder.encoder_seanet.layers.0.conv.weight", "encoder.encoder.layers.0.conv.weight"),
-        ("mimi.encoder.encoder_transformer.layers.1.mlp.fc1.weight", "encoder.encoder_transformer.layers.1.mlp.fc1.weight"),
+        ("mimi.encoder.encoder_transformer.layers.1.mlp.fc1.weight",
+         "encoder.encoder_transformer.layers.1.mlp.fc1.weight"),
         ("mimi.encoder.downsample.conv.weight", "encoder.downsample.conv.weight"),
         # flat layout (transformers <= 5.17): the checkpoint's own names
         ("mimi.encoder.layers.0.conv.weight", "encoder.encoder.layers.0.conv.weight"),

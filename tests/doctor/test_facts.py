@@ -8,11 +8,22 @@ import stat
 
 import pytest
 
-from breeze_worker.doctor.facts import (APP_FIELDS, BUSY_MEMORY_BYTES, SMI_FIELDS, SmiSample, cpu_facts,
-                                        device_uuid, judge_busy, match_smi, parse_csv_row, sample_smi)
+from breeze_worker.doctor.facts import (
+    APP_FIELDS,
+    BUSY_MEMORY_BYTES,
+    SMI_FIELDS,
+    SmiSample,
+    cpu_facts,
+    device_uuid,
+    judge_busy,
+    match_smi,
+    parse_csv_row,
+    sample_smi,
+)
 
 # `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` on an idle T4 (fields in SMI_FIELDS order)
-T4_ROW = "GPU-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f, Tesla T4, 535.104.05, P8, 300, 405, 1590, 5001, 0, 0, 15360, 9.85, 70.00, 31"
+T4_ROW = ("GPU-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f, Tesla T4, 535.104.05, P8, 300, 405, 1590, 5001, 0, 0, 15360, "
+          "9.85, 70.00, 31")
 A100_ROW = ("GPU-11111111-2222-3333-4444-555555555555, NVIDIA A100-SXM4-80GB, 550.54.15, P0, 1410, 1593, 1410, "
             "1593, 87, 40312, 81920, [N/A], [Not Supported], 55")
 APPS = "4242, 40310, GPU-11111111-2222-3333-4444-555555555555"
@@ -45,7 +56,8 @@ def test_sample_smi_reads_every_gpu_and_process(tmp_path, monkeypatch):
     assert sample.error is None
     assert set(sample.gpus) == {"gpu-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f", "gpu-11111111-2222-3333-4444-555555555555"}
     assert sample.gpus["gpu-5c1e0d2a-7b1f-4e2c-9d4e-0a1b2c3d4e5f"]["clocks.max.sm"] == 1590.0
-    assert sample.apps == [{"pid": 4242.0, "used_memory": 40310.0, "gpu_uuid": "GPU-11111111-2222-3333-4444-555555555555"}]
+    assert sample.apps == [{"pid": 4242.0, "used_memory": 40310.0,
+                            "gpu_uuid": "GPU-11111111-2222-3333-4444-555555555555"}]
 
 
 class _Uuid:  # torch 2.11's device-properties UUID: prints the bare UUID

@@ -2,7 +2,8 @@
 
 The projection is checked against measurements it was not fitted to where the repository has them: applied
 to the H200 with its measured copy bandwidth it must give back the recorded batch-1 and batched figures, and
-the T4's batch-1 figure must equal the run-34 projection in docs/performance.md (bytes / 320 GB/s + measured overhead)."""
+the T4's batch-1 figure must equal the run-34 projection in docs/performance.md (bytes / 320 GB/s + measured
+overhead)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,31 @@ import dataclasses
 
 import pytest
 
-from breeze_worker.doctor.figures import (FRAME_MS, GPU_CLASSES, H200_REFERENCE, STOP_RATIO, BatchedPoint, Figures,
-                                          class_of_device, gpu_class)
-from breeze_worker.doctor.verdict import (HostContext, best_throughput, cost_per_audio_hour, floor_ms,
-                                          project_batched, project_class, rows_for, rtf, stop_condition,
-                                          streams_that_fit, streams_within, verdict, x_realtime)
+from breeze_worker.doctor.figures import (
+    FRAME_MS,
+    GPU_CLASSES,
+    H200_REFERENCE,
+    STOP_RATIO,
+    BatchedPoint,
+    Figures,
+    class_of_device,
+    gpu_class,
+)
+from breeze_worker.doctor.verdict import (
+    HostContext,
+    best_throughput,
+    cost_per_audio_hour,
+    floor_ms,
+    project_batched,
+    project_class,
+    rows_for,
+    rtf,
+    stop_condition,
+    streams_that_fit,
+    streams_within,
+    verdict,
+    x_realtime,
+)
 
 PARAMS = H200_REFERENCE.bytes_per_frame["bf16"] / 2  # weights streamed per frame (bf16: 2 bytes each)
 MODEL = {"bf16": 6_157_603_588, "fp16-mixed": 6_968_011_524}

@@ -10,13 +10,13 @@ import time
 import numpy as np
 import pytest
 import torch
+from engine_helpers import spy_frames_by_seed
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import ArtifactSettings, EngineSettings
 from breeze_worker.engine.service import Engine
 from breeze_worker.engine.types import AudioChunk, JobFinished, JobStarted, PcmEncoding, SynthesisRequest
 from breeze_worker.errors import ResourceExhausted
-from engine_helpers import spy_frames_by_seed
 
 MAX_ACTIVE = 3
 

@@ -19,8 +19,13 @@ import pytest
 import torch
 
 from breeze_worker.commands.serve import add_arguments, settings_from_args
-from breeze_worker.engine.codec_graphs import (SlotBatch, clear_convolution_forms, decode_step, pool_for,
-                                               tune_convolutions)
+from breeze_worker.engine.codec_graphs import (
+    SlotBatch,
+    clear_convolution_forms,
+    decode_step,
+    pool_for,
+    tune_convolutions,
+)
 from breeze_worker.model.codec import tiny_codec
 from breeze_worker.model.codec.layers import TwoFormConvolution
 

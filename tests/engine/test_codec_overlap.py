@@ -11,13 +11,13 @@ import time
 import numpy as np
 import pytest
 import torch
+from engine_helpers import spy_frames_by_seed
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import ArtifactSettings, EngineSettings
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.service import Engine
 from breeze_worker.engine.types import AudioChunk, JobFinished, PcmEncoding, SynthesisRequest
-from engine_helpers import spy_frames_by_seed
 
 
 def _engine(tmp_path, overlap: str) -> Engine:

@@ -14,8 +14,7 @@ import torch
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import ArtifactSettings, EngineSettings
-from breeze_worker.engine.sampling import (RowSampling, exponential_noise, noise_hash, sample_rows,
-                                           uniform_open)
+from breeze_worker.engine.sampling import RowSampling, exponential_noise, noise_hash, sample_rows, uniform_open
 from breeze_worker.engine.service import Engine
 from breeze_worker.engine.types import AudioChunk, EndReason, JobFinished, SynthesisRequest
 from breeze_worker.errors import CodeOutOfRange

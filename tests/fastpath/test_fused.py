@@ -5,6 +5,7 @@ before Triton is imported, hence the subprocess; Triton is a dev dependency (pyp
 
 from __future__ import annotations
 
+
 def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_check):
     cases = interpreter_check("fused_interpreter_check.py")
     assert len(cases) == 7 and all(c["ok"] for c in cases)

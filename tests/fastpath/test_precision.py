@@ -9,9 +9,16 @@ import pytest
 import torch
 
 from breeze_worker.bench.agreement import first_frame_logits
-from breeze_worker.engine.precision import (HalfLinear, UnsupportedPrecision, apply_policy, codec_tf32_wanted,
-                                            find_overflowing_layers, make_policy, policy_for_capability,
-                                            resolve_policy)
+from breeze_worker.engine.precision import (
+    HalfLinear,
+    UnsupportedPrecision,
+    apply_policy,
+    codec_tf32_wanted,
+    find_overflowing_layers,
+    make_policy,
+    policy_for_capability,
+    resolve_policy,
+)
 from breeze_worker.model.tiny import tiny_model
 
 

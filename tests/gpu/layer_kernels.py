@@ -11,8 +11,9 @@ model's own layers (model/lm) as their reference.
 
 The reference is the model's `DecoderLayer` over all positions at once with a causal mask (no cache), in the
 layer's dtype, and again in FP32 on the same (rounded) weights; errors are of what the layers add to their
-input (the residual stream would hide most of a layer's error behind the input it carries). On a CUDA device the kernels run; on the CPU
-the same functions run their torch stages, which checks this composition itself (tests/gpu, unmarked tests).
+input (the residual stream would hide most of a layer's error behind the input it carries). On a CUDA device
+the kernels run; on the CPU the same functions run their torch stages, which checks this composition itself
+(tests/gpu, unmarked tests).
 """
 
 from __future__ import annotations

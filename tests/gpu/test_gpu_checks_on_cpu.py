@@ -15,7 +15,6 @@ import math
 
 import pytest
 import torch
-
 from layer_kernels import check_backbone, check_depth, check_depth_head, seeded_layers
 from policy_agreement import measure
 from test_gpu_sampling import escaped_draws

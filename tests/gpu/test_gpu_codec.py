@@ -15,7 +15,6 @@ import math
 
 import pytest
 import torch
-
 from gpu_support import release_device_memory
 
 from breeze_worker.bench.models import decoder_only_codec

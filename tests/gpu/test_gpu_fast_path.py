@@ -18,7 +18,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from gpu_support import release_device_memory
 
 from breeze_worker.bench.models import random_model

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from gpu_support import release_device_memory
-from layer_kernels import DEPTH_SLOTS, check_backbone, check_depth, check_depth_head, run_depth_frame, \
-    seeded_layers, stale_caches
+from layer_kernels import (
+    DEPTH_SLOTS,
+    check_backbone,
+    check_depth,
+    check_depth_head,
+    run_depth_frame,
+    seeded_layers,
+    stale_caches,
+)
 
 from breeze_worker.engine.fastpath import fused
 from breeze_worker.model.lm.config import BreezeConfig

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from gpu_support import release_device_memory
 from policy_agreement import measure
 

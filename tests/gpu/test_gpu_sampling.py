@@ -18,7 +18,6 @@ import asyncio
 
 import pytest
 import torch
-
 from gpu_support import release_device_memory
 
 from breeze_worker.engine.fastpath import fused_sampling

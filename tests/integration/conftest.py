@@ -8,10 +8,10 @@ up to 256 KiB so the oversized-request test stays small.
 from __future__ import annotations
 
 import pytest
+from worker_helpers import MAX_REQUEST_BYTES, RunningWorker, WorkerThread
 
 from breeze_client.sdk import BreezeClient
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
-from worker_helpers import MAX_REQUEST_BYTES, RunningWorker, WorkerThread
 
 
 @pytest.fixture(scope="session")

@@ -54,7 +54,7 @@ class ServedWorker:
     def stderr_bytes(self) -> int:
         return sum(len(line.encode()) for line in self.stderr_lines())
 
-    def __enter__(self) -> "ServedWorker":
+    def __enter__(self) -> ServedWorker:
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=ENV)
         threading.Thread(target=self._drain, daemon=True).start()

@@ -103,7 +103,7 @@ class TcpProxy:
 
         await asyncio.gather(pump(client_r, target_w, None), pump(target_r, client_w, limit))
 
-    def __enter__(self) -> "TcpProxy":
+    def __enter__(self) -> TcpProxy:
         self._thread.start()
         self._started.wait(10)
         return self

@@ -6,11 +6,11 @@ import hashlib
 import time
 
 import pytest
+from tcp_proxy import TcpProxy
+from worker_helpers import assert_still_serving
 
 from breeze_client.aio import AsyncBreezeClient
 from breeze_client.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
-from worker_helpers import assert_still_serving
-from tcp_proxy import TcpProxy
 
 
 @pytest.fixture(scope="module")

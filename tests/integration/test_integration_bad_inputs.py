@@ -11,11 +11,11 @@ import re
 
 import grpc
 import pytest
+from worker_helpers import MAX_REQUEST_BYTES, assert_still_serving
 
 from breeze_client.errors import InvalidArgument, NotFound, RequestTooLarge
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 from breeze_worker.transport.server import receive_cap
-from worker_helpers import MAX_REQUEST_BYTES, assert_still_serving
 
 CASES = {
     "empty text": (dict(text=""), "text"),

@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from worker_helpers import MAX_REQUEST_BYTES, WorkerThread
 
 from breeze_client.sdk import BreezeClient
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
-from worker_helpers import MAX_REQUEST_BYTES, WorkerThread
 
 REQUESTS = [
     dict(text="Hello there.", seed=1, max_frames=6, instruction="calm", cfg_scale=2.0),

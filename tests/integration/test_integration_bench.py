@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from worker_helpers import WorkerThread
 
 from breeze_client.cli import main as client_main
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
-from worker_helpers import WorkerThread
 
 STAT_KEYS = {"mean", "stddev", "min", "max"}
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 
-from breeze_client.aio import AsyncBreezeClient
 from worker_helpers import assert_still_serving
+
+from breeze_client.aio import AsyncBreezeClient
 
 
 def _long_job_frames(client) -> tuple[float, int]:
@@ -37,7 +38,7 @@ def test_cancel_mid_stream_frees_the_slot(client, worker):
     frames = max(60, int(8.0 / per_frame_s))  # the abandoned job would run >= ~8 s more
     stream = client.stream("A long text that the caller abandons.", max_frames=frames, seed=2, temperature=0.0)
     seen = 0
-    for chunk in stream:
+    for _chunk in stream:
         seen += 1
         if seen == 2:
             stream.cancel()

@@ -15,12 +15,12 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from served_worker import ENV, ServedWorker, worker_command
+from tcp_proxy import TcpProxy
 
 from breeze_client.errors import InvalidArgument
 from breeze_client.sdk import BreezeClient
 from breeze_tts_proto.v1 import synthesis_pb2
-from served_worker import ENV, ServedWorker, worker_command
-from tcp_proxy import TcpProxy
 
 TOKEN = "s3cret-token"
 FORGED = "evil\n2026-01-01 00:00:00,000 ERROR breeze_worker.serve forged record"

@@ -88,7 +88,7 @@ class BufferingProxy:
         self.address = ""
         self.calls: list[dict] = []
 
-    def __enter__(self) -> "BufferingProxy":
+    def __enter__(self) -> BufferingProxy:
         self.proc, ready = start_reporting_child(self.args, "buffering proxy")
         self.address = ready["address"]
         return self

@@ -85,7 +85,7 @@ class Cgroup:
         self.path = root / f"breeze-test-{os.getpid()}-{next(_counter)}"
         self._origins: dict[int, Path] = {}
 
-    def __enter__(self) -> "Cgroup":
+    def __enter__(self) -> Cgroup:
         if self.version == "v2":  # the root may enable any controller for its children
             subtree = self.root / "cgroup.subtree_control"
             if self.controller not in subtree.read_text().split():
@@ -169,7 +169,7 @@ class LoopVolume:
         self.mountpoint = Path(self._tmp.name) / "mnt"
         self.device = ""
 
-    def __enter__(self) -> "LoopVolume":
+    def __enter__(self) -> LoopVolume:
         try:
             with open(self.image, "wb") as f:
                 f.truncate(self.size_mb * 1024 * 1024)
@@ -212,7 +212,7 @@ class CpuContention:
     def _threads(self) -> list[int]:
         return [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
 
-    def __enter__(self) -> "CpuContention":
+    def __enter__(self) -> CpuContention:
         import sys
 
         cpu = max(os.sched_getaffinity(self.pid))

@@ -51,7 +51,7 @@ class ClientProcess:
         self.proc: subprocess.Popen | None = None
         self.pid = 0
 
-    def __enter__(self) -> "ClientProcess":
+    def __enter__(self) -> ClientProcess:
         root = Path(__file__).resolve().parents[2]
         path = [str(root / "tests")] + [str(root / d) for d in ("client", "protos")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))

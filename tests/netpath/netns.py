@@ -76,7 +76,7 @@ class VethLink:
     server_addr: str = ""
     _made: list[str] = field(default_factory=list)
 
-    def __enter__(self) -> "VethLink":
+    def __enter__(self) -> VethLink:
         require_root_and_iproute2()
         n = next(_counter)
         subnet = f"10.{200 + (os.getpid() % 50)}.{(n * 4) % 256}"

@@ -73,7 +73,7 @@ class PathProcess:
             out.append(f"# {side[:-3]} side ({self.info[side]})\n{result.stdout or result.stderr}")
         return "".join(out)
 
-    def __enter__(self) -> "PathProcess":
+    def __enter__(self) -> PathProcess:
         self.proc, ready = start_reporting_child(self.args, "path process")
         self.info = ready
         return self

@@ -104,7 +104,7 @@ class DelayProxy:
         try:
             c_writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             u_reader, u_writer = await self._connect_upstream()
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             log.warning("proxy: upstream %s unreachable: %s", self.upstream, exc)
             c_writer.transport.abort()
             self._tasks.discard(task)
@@ -187,7 +187,7 @@ class ProxyThread:
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
 
-    def __enter__(self) -> "ProxyThread":
+    def __enter__(self) -> ProxyThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="netpath-proxy", daemon=True)
         self._thread.start()

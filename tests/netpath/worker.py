@@ -64,7 +64,7 @@ class InProcessWorker:
             fault_storage_read_bytes_per_s=storage_read_bytes_per_s,
             fault_storage_write_bytes_per_s=storage_write_bytes_per_s)
 
-    def __enter__(self) -> "InProcessWorker":
+    def __enter__(self) -> InProcessWorker:
         self._thread.start()
         try:
             self._call(self._start())
@@ -106,7 +106,7 @@ class WorkerProcess:
         self.proc = None
         self.target = self.artifact_target = ""
 
-    def __enter__(self) -> "WorkerProcess":
+    def __enter__(self) -> WorkerProcess:
         import os
         import subprocess
         import sys

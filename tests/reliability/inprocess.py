@@ -42,7 +42,7 @@ class InProcessWorker:
         await self.servers.stop(0.5)
         await self.engine.stop()
 
-    def __enter__(self) -> "InProcessWorker":
+    def __enter__(self) -> InProcessWorker:
         self._thread.start()
         self._call(self._start())
         return self

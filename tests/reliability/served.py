@@ -49,7 +49,7 @@ class ServedWorker:
     def artifact_target(self) -> str:
         return f"{self.host}:{self.artifact_port}"
 
-    def start(self, timeout_s: float = 180) -> "ServedWorker":
+    def start(self, timeout_s: float = 180) -> ServedWorker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--host", self.host,
              "--metrics-host", "127.0.0.1", "--port", str(self.port),

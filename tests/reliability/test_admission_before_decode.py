@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
+from inprocess import InProcessWorker
+from streams import StreamInThread
 
 from breeze_client.errors import InvalidArgument, ResourceExhausted
 from breeze_client.sdk import BreezeClient
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
-from inprocess import InProcessWorker
-from streams import StreamInThread
 
 
 @pytest.fixture(scope="module")

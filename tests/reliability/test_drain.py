@@ -10,12 +10,12 @@ import time
 
 import grpc
 import pytest
-
-from breeze_client.errors import Unavailable
-from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
-from breeze_client.sdk import BreezeClient
 from served import ServedWorker
 from streams import StreamInThread
+
+from breeze_client.errors import Unavailable
+from breeze_client.sdk import BreezeClient
+from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 
 
 def _wait(predicate, timeout_s: float = 30) -> None:

@@ -19,9 +19,10 @@ import socket
 import time
 from collections import Counter
 
-from breeze_client.sdk import BreezeClient
 from served import ServedWorker, start_all
 from streams import StreamInThread
+
+from breeze_client.sdk import BreezeClient
 
 LONG = dict(max_frames=60, temperature=0.0)  # long enough to still be streaming when the fault comes
 SHORT = dict(max_frames=4)

@@ -22,7 +22,6 @@ import time
 from collections import Counter
 
 import pytest
-
 from served import ENV, ServedWorker, free_port, start_all
 
 pytestmark = pytest.mark.root

@@ -7,11 +7,11 @@ import hashlib
 import time
 
 import pytest
-
-from breeze_client.sdk import BreezeClient
 from disk import fill, small_tmpfs
 from served import ServedWorker
 from streams import StreamInThread
+
+from breeze_client.sdk import BreezeClient
 
 pytestmark = pytest.mark.root
 MIB = 1024 * 1024

@@ -9,10 +9,10 @@ import time
 
 import grpc
 import pytest
+from served import ServedWorker
 
 from breeze_client.sdk import BreezeClient
 from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, synthesis_pb2, synthesis_pb2_grpc
-from served import ServedWorker
 
 BOUND = 64 * 1024
 

@@ -19,13 +19,13 @@ import grpc
 import numpy as np
 import pytest
 import soundfile as sf
+from disk import fill, small_tmpfs
+from served import ServedWorker
+from streams import StreamInThread
 
 from breeze_client.errors import BreezeClientError, NotFound
 from breeze_client.sdk import BreezeClient
 from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc
-from disk import fill, small_tmpfs
-from served import ServedWorker
-from streams import StreamInThread
 
 pytestmark = pytest.mark.root
 MIB = 1024 * 1024

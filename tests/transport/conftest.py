@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest_asyncio
+from fake_engine import FakeEngine
+from transport_helpers import worker_settings
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.transport.server import create_server
-from fake_engine import FakeEngine
-from transport_helpers import worker_settings
 
 
 @pytest_asyncio.fixture

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from fake_engine import FakeEngine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from transport_helpers import worker_settings
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.transport.server import create_server
-from fake_engine import FakeEngine
-from transport_helpers import worker_settings
 
 NOT_UTF8 = b"\x0a\x02\xff\xfe"  # field 1 (a string in every request used here), two bytes that are not UTF-8
 

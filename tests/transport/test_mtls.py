@@ -14,14 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fake_engine import FakeEngine
+from transport_helpers import worker_settings
 
 from breeze_client.aio import AsyncBreezeClient
 from breeze_client.channel import ConnectionOptions
 from breeze_client.errors import BreezeClientError, Unauthenticated
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.transport.server import create_server
-from fake_engine import FakeEngine
-from transport_helpers import worker_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,16 +9,16 @@ import subprocess
 
 import grpc
 import pytest
+from fake_engine import FakeEngine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from transport_helpers import worker_settings
 
 from breeze_client.aio import AsyncBreezeClient
 from breeze_client.errors import Internal, InvalidArgument, Unauthenticated
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.transport.server import create_server
-from transport_helpers import worker_settings
-from fake_engine import FakeEngine
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -18,7 +18,7 @@ import json
 import logging
 import re
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 FORMATS = ("text", "json")
 FIELDS = ("job_id", "request_id", "method", "peer")
@@ -28,7 +28,7 @@ MAX_TRACEBACK_LINES = 200
 
 _JOB_ID = re.compile(r"job-[0-9a-f]{24}")  # engine.service.new_job_id()
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-_fields: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("breeze_log_fields", default={})
+_fields: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("breeze_log_fields")
 
 
 def clip(value: object, limit: int = MAX_FIELD_CHARS) -> str:
@@ -54,14 +54,14 @@ def bind(**fields: object) -> None:
     unknown = set(fields) - set(FIELDS)
     if unknown:
         raise ValueError(f"unknown log fields {sorted(unknown)}: use {FIELDS}")
-    current = dict(_fields.get())
+    current = dict(_fields.get({}))
     current.update({k: clip(v) for k, v in fields.items() if v not in (None, "")})
     _fields.set(current)
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, str]:
     """The record's per-call fields: `extra=` values first, then the context, then a job id named in its args."""
-    found = dict(_fields.get())
+    found = dict(_fields.get({}))
     for name in FIELDS:
         value = getattr(record, name, None)
         if value:
@@ -110,7 +110,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": clip(record.getMessage(), MAX_MESSAGE_CHARS),

@@ -18,7 +18,6 @@ from breeze_client.diagnose import DEFAULT_TEXT, DiagnoseSettings, format_text, 
 from breeze_client.report import write_report
 from breeze_client.sdk import BreezeClient
 
-
 MAX_CHUNK_BYTES = 4 * 1024 * 1024  # the worker's limit per Fetch chunk
 
 

@@ -31,7 +31,7 @@ class FakeClock:
         """Environment for the worker subprocess (with SHIM_DIR first on its PYTHONPATH): the file to read."""
         return {"BREEZE_TEST_CLOCK_FILE": str(self.path)}
 
-    def __enter__(self) -> "FakeClock":
+    def __enter__(self) -> FakeClock:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -74,7 +74,7 @@ class ArtifactWriter:
     A writer created unavailable (`unavailable=` reason) writes nothing at all.
     """
 
-    def __init__(self, store: "ArtifactStore", artifact_id: str, job_id: str, sample_rate: int,
+    def __init__(self, store: ArtifactStore, artifact_id: str, job_id: str, sample_rate: int,
                  encoding: PcmEncoding, *, unavailable: str | None = None) -> None:
         self.artifact_id = artifact_id
         self.job_id = job_id
@@ -200,7 +200,7 @@ class ArtifactWriter:
     def _remove_temp(self) -> None:
         self._store._remove_quietly(self._temp_path)
 
-    def __enter__(self) -> "ArtifactWriter":
+    def __enter__(self) -> ArtifactWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

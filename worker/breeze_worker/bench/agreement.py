@@ -11,8 +11,8 @@ import copy
 
 import torch
 
-from breeze_worker.engine.prompt import prepare_prompt_embeddings
 from breeze_worker.engine.precision import apply_policy, find_overflowing_layers, make_policy
+from breeze_worker.engine.prompt import prepare_prompt_embeddings
 from breeze_worker.model.lm.layers import additive_mask
 from breeze_worker.model.loaded import LoadedModel
 

@@ -67,7 +67,7 @@ class SyncCounter:
         return sum(self.counts.values()) if self.counts else None
 
     @contextlib.contextmanager
-    def counting(self) -> Iterator["SyncCounter"]:
+    def counting(self) -> Iterator[SyncCounter]:
         from breeze_worker.engine.syncaudit import SyncDetector
 
         if self.device.type != "cuda":

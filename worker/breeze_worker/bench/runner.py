@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from breeze_worker.bench.measure import (SyncCounter, gpu_busy_fraction, now, peak_memory_bytes,
-                                         reset_peak_memory)
+from breeze_worker.bench.measure import SyncCounter, gpu_busy_fraction, now, peak_memory_bytes, reset_peak_memory
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.codec_rows import CodecRows

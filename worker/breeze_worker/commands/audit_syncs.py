@@ -19,8 +19,13 @@ import sys
 import torch
 
 from breeze_worker.errors import BreezeError
-from breeze_worker.profiling.setup import (add_model_arguments, add_request_arguments, device_meta, parse_paths,
-                                           write_json)
+from breeze_worker.profiling.setup import (
+    add_model_arguments,
+    add_request_arguments,
+    device_meta,
+    parse_paths,
+    write_json,
+)
 
 log = logging.getLogger("breeze_worker.audit_syncs")
 
@@ -57,7 +62,7 @@ def audit(args: argparse.Namespace) -> dict:
     settings = served.fastpath
     doc = {
         "schema": SCHEMA,
-        "meta": {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+        "meta": {**device_meta(device), "date": datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"), "model": args.model or f"random-{args.size}", "precision": str(model.dtype),
                  "frames": args.frames, "cfg": bool(args.cfg), "seed": args.seed, "budget": args.budget},
         "paths": [],

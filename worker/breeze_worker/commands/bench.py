@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from dataclasses import replace
 import logging
 import platform
+from dataclasses import replace
 
 import torch
 
 from breeze_worker.bench import report
 from breeze_worker.bench.measure import copy_bandwidth, device_name, software_versions
-from breeze_worker.bench.runner import (frames_equal, instrument_variant, make_request, mask_end_of_speech,
-                                        time_variant)
+from breeze_worker.bench.runner import frames_equal, instrument_variant, make_request, mask_end_of_speech, time_variant
 
 log = logging.getLogger("breeze_worker.bench")
 
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     doc: dict = {
         "schema": report.SCHEMA,
         "meta": {"device": device_name(device), "device_type": device.type, "codec_tf32": codec_tf32,
-                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                  "commit": args.commit, **software_versions(device), "python": platform.python_version(),
                  "model": args.model or f"random-{args.size}", "frames": args.frames, "seed": args.seed,
                  "capacity": args.capacity, "eager_frames": args.eager_frames, "repeats": args.repeats},

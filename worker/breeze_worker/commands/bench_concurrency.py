@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --agreement-streams: joiners' prefill modes to measure, comma list of batched "
                              "(one text-encoder call and prefill for all joiners) and per-stream (each on its own)")
     parser.add_argument("--batch1-ms", type=float, default=None,
-                        help="with --concurrency: the fast path's batch-1 ms per frame to compare the 1-stream row with")
+                        help="with --concurrency: the fast path's batch-1 ms per frame to compare the 1-stream "
+                             "row with")
     parser.add_argument("--batch1", action="store_true",
                         help="with --concurrency: measure the batch-1 fast path (CFG on, no codec) on the same model "
                              "and compare the 1-stream row with it (overrides --batch1-ms)")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     doc = {
         "schema": "breeze-bench-concurrency/2",
         "meta": {"device": device_name(device), "device_type": device.type,
-                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                  "commit": args.commit, **software_versions(device), "python": platform.python_version(),
                  "model": args.model or f"random-{args.size}", "precision": policy.name, "frames": args.frames,
                  "seed": args.seed, "capacity": model.generation_defaults.max_sequence,

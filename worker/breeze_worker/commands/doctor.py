@@ -30,8 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint directory (default: the architecture at --size with seeded random weights)")
     parser.add_argument("--size", default="full", choices=("full", "mid", "tiny"),
                         help="random-weight model size without --model (full = the released architecture)")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: the first GPU, else the CPU)")
-    parser.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON (schema breeze-doctor/1)")
+    parser.add_argument("--device", default="auto",
+                        help="auto | cpu | cuda | cuda:N (auto: the first GPU, else the CPU)")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="write the report as JSON (schema breeze-doctor/1)")
     parser.add_argument("--price-per-hour", default=None, metavar="X|CLASS=X,...",
                         help="hourly price of this host's GPU (a number), and/or of GPU classes for the cost table "
                              "(T4=0.526,L4=0.80,...)")
@@ -128,7 +130,7 @@ def _doctor(args: argparse.Namespace, spec, config, subject_class, host_price: f
     fig, subject, context = _subject(facts, measured, policy, config, subject_class)
     if host_price is None and fig is not None:
         host_price = prices.get(fig.device) or prices.get(getattr(class_of_device(facts.name), "name", ""))
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": args.commit, "model": spec.label, "seed": spec.seed, "device_requested": args.device,
             "budget_s": args.budget_s, "frames": args.frames, "elapsed_s": time.perf_counter() - started,
             "writes": "only --json; compiler caches went to a temporary directory, removed"}

@@ -57,7 +57,7 @@ def check(args: argparse.Namespace) -> dict:
         injected = inject_massive_activation(model, args.massive_activation)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
     result = precision_check(model, request, policies, top_k=args.top_k)
-    meta = {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    meta = {**device_meta(device), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "model": args.model or f"random-{args.size}", "reference": "fp32", "cfg": bool(args.cfg),
             "cfg_scale": request.cfg_scale, "seed": args.seed, "text": args.text,
             "teacher": "the FP32 model's own frames (eager path, end of speech masked)",

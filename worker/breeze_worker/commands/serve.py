@@ -174,7 +174,7 @@ async def _drain(settings: WorkerSettings, engine, servers, *, served: bool, hur
                  "(signal again to stop now)", s.artifact_grace_s)
         try:
             await asyncio.wait_for(hurry.wait(), s.artifact_grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     await servers.stop_artifacts(1.0)
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     except (BreezeError, ValueError) as exc:  # a bad flag, checkpoint or request: one line, usage exit
         print(f"breeze-worker trace: {exc}", file=sys.stderr)
         return 2
-    meta = {**device_meta(device), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    meta = {**device_meta(device), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "model": args.model or f"random-{args.size}", "precision": str(model.dtype), "path": args.path,
             "frames": frames, "cfg": bool(args.cfg), "sync_marks": not args.no_sync_marks}
     tracer.write(args.trace, meta)

@@ -10,11 +10,27 @@ from pathlib import Path
 
 from breeze_worker.doctor import footprint
 from breeze_worker.doctor.facts import DeviceFacts
-from breeze_worker.doctor.figures import (FRAME_MS, GPU_CLASSES, H200_REFERENCE, RTF_TARGET, STOP_RATIO,
-                                          Figures, ReferenceRun, class_of_device)
+from breeze_worker.doctor.figures import (
+    FRAME_MS,
+    GPU_CLASSES,
+    H200_REFERENCE,
+    RTF_TARGET,
+    STOP_RATIO,
+    Figures,
+    ReferenceRun,
+    class_of_device,
+)
 from breeze_worker.doctor.probes import PROBES
-from breeze_worker.doctor.verdict import (HostContext, Verdict, class_row, floor_ms, policy_for, project_batched,
-                                          project_class, verdict)
+from breeze_worker.doctor.verdict import (
+    HostContext,
+    Verdict,
+    class_row,
+    floor_ms,
+    policy_for,
+    project_batched,
+    project_class,
+    verdict,
+)
 
 SCHEMA = "breeze-doctor/1"
 
@@ -222,7 +238,8 @@ def _class_lines(doc: dict) -> list[str]:
     rows = doc["projections"]["classes"]
     priced = any(r["price_per_hour"] is not None for r in rows)
     head = (f"{'class':<11}{'policy':<12}{'GB/s':>6}{'floor ms':>9}{'b1 ms':>7}{'b1 x':>6}{'<=0.5':>6}{'slots':>6}"
-            f"{'RT streams':>11}{'x batched':>10}" + (f"{'$/h':>7}{'$/audio h b1':>13}{'batched':>9}" if priced else ""))
+            f"{'RT streams':>11}{'x batched':>10}"
+            + (f"{'$/h':>7}{'$/audio h b1':>13}{'batched':>9}" if priced else ""))
     lines = ["projected per GPU class (not measured here; `--price-per-hour CLASS=PRICE,...` adds the cost):", head]
     for r in rows:
         line = (f"{r['class']:<11}{r['policy']:<12}{r['bandwidth_gb_s']:>6.0f}{_f(r['floor_ms'], '.1f'):>9}"
@@ -245,7 +262,8 @@ def markdown_classes(rows: list[dict]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['class']} | {r['policy']} | {r['bandwidth_gb_s']:.0f} | {r['bytes_per_frame'] / 1e9:.2f} "
-                     f"| {_f(r['floor_ms'], '.1f')} | {_f(r['batch1_ms'], '.1f')} | {_f(r['x_realtime_batch1'], '.2f')} "
+                     f"| {_f(r['floor_ms'], '.1f')} | {_f(r['batch1_ms'], '.1f')} "
+                     f"| {_f(r['x_realtime_batch1'], '.2f')} "
                      f"| {r['streams_rtf_target']} | {_f(r['fits'], 'd')} | {_f(r['realtime_streams'], 'd')} "
                      f"| {_f(r['x_realtime_batched'], '.1f')} |")
     return "\n".join(lines)

@@ -17,9 +17,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from breeze_worker.doctor.figures import (COMPUTE_EFFICIENCY, FRAME_MS, HEADROOM_FRACTION, RTF_TARGET,
-                                          STOP_RATIO, STREAM_LEVELS, BatchedPoint, Figures, GpuClass,
-                                          ReferenceRun)
+from breeze_worker.doctor.figures import (
+    COMPUTE_EFFICIENCY,
+    FRAME_MS,
+    HEADROOM_FRACTION,
+    RTF_TARGET,
+    STOP_RATIO,
+    STREAM_LEVELS,
+    BatchedPoint,
+    Figures,
+    GpuClass,
+    ReferenceRun,
+)
 
 
 def floor_ms(bytes_per_frame: int, bandwidth: float | None) -> float | None:

@@ -17,9 +17,10 @@ streaming.window_mask).
 Compiled step (`compile`; the `codec_compile` setting, off by default): `decode_step` through
 `torch.compile` (Inductor, whole graph, static shapes), so that the eager step's many small element-wise
 kernels fuse: SnakeBeta alone is six (exp, mul, sin, pow, div, add), then the residual adds, the contexts'
-concatenations, LayerNorm and GELU, a large share of an eager step's kernel time. Inductor's default mode, not "reduce-overhead": our graph
-captures the compiled code, which must not capture CUDA graphs of its own. The convolution forms are
-tuned eagerly first and compiled in as chosen (`TwoFormConvolution.gemm_shapes` says why it is a dict).
+concatenations, LayerNorm and GELU, a large share of an eager step's kernel time. Inductor's default mode,
+not "reduce-overhead": our graph captures the compiled code, which must not capture CUDA graphs of its own.
+The convolution forms are tuned eagerly first and compiled in as chosen (`TwoFormConvolution.gemm_shapes` says
+why it is a dict).
 A failed compile is logged and kept in `fallback_reason`, and the batch runs (and captures) the
 uncompiled step.
 
@@ -34,6 +35,7 @@ runtime's warm-up, or by `prepare`) serves every later `CodecRows` (engine/codec
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -97,8 +99,8 @@ def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> 
             library = module.convolve(x, gemm=False)
             gemm = module.convolve(x, gemm=True)
             diff = float((library - gemm).abs().max() / library.abs().max().clamp_min(1e-30))
-            library_us = _time_us(lambda: module.convolve(x, gemm=False), weight.device, repeats)
-            gemm_us = _time_us(lambda: module.convolve(x, gemm=True), weight.device, repeats)
+            library_us = _time_us(functools.partial(module.convolve, x, gemm=False), weight.device, repeats)
+            gemm_us = _time_us(functools.partial(module.convolve, x, gemm=True), weight.device, repeats)
             use = gemm_us < margin * library_us and diff <= 1e-2
             module.set_form(shape, use)
             report.append({"conv": names[module], "shape": list(shape), "library_us": library_us,
@@ -321,7 +323,8 @@ _POOLS_LOCK = threading.Lock()
 
 def pool_for(codec, compile: bool | None = None) -> SlotPool:
     """The pool of `codec` (a new one if the codec moved to another device, or if `compile` is given and is
-    not the pool's: its batches were built the other way). `compile` None: the pool as it is (a new pool: uncompiled)."""
+    not the pool's: its batches were built the other way). `compile` None: the pool as it is (a new pool:
+    uncompiled)."""
     with _POOLS_LOCK:
         pool = _POOLS.get(codec)
         if (pool is None or pool.decoder is not codec.decoder or pool.device != codec.device

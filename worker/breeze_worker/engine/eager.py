@@ -42,7 +42,7 @@ class EagerFrameGenerator:
         self.timings = {"text_encode_s": 0.0, "prefill_s": 0.0, "generate_s": 0.0}
         self._frames = self._run()
 
-    def __iter__(self) -> "EagerFrameGenerator":
+    def __iter__(self) -> EagerFrameGenerator:
         return self
 
     def __next__(self) -> torch.Tensor:

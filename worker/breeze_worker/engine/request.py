@@ -28,6 +28,7 @@ import math
 import os
 import unicodedata
 
+from breeze_worker.engine.prompt import lay_out
 from breeze_worker.engine.types import (
     PcmEncoding,
     ResolvedReference,
@@ -37,7 +38,6 @@ from breeze_worker.engine.types import (
     SynthesisRequest,
     Template,
 )
-from breeze_worker.engine.prompt import lay_out
 from breeze_worker.errors import InvalidRequest
 from breeze_worker.model import prompts
 from breeze_worker.model.loaded import GenerationDefaults

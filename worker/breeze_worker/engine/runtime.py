@@ -69,7 +69,7 @@ class Runtime:
         return bool(self.model.is_tiny_default)
 
     @classmethod
-    def load(cls, settings: EngineSettings) -> "Runtime":
+    def load(cls, settings: EngineSettings) -> Runtime:
         from breeze_worker.engine.precision import choose_policy
 
         device = pick_device(settings.device)

@@ -79,7 +79,7 @@ class RowSampling:
     seed: torch.Tensor  # int64 [R]
 
     @classmethod
-    def from_params(cls, params: list, seeds: list[int], device: torch.device | str) -> "RowSampling":
+    def from_params(cls, params: list, seeds: list[int], device: torch.device | str) -> RowSampling:
         """Build from `SamplingParams`-like objects (temperature, top_k, top_p, repetition_penalty)."""
         return cls(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
@@ -91,7 +91,7 @@ class RowSampling:
             seed=torch.tensor(seeds, dtype=torch.int64, device=device),
         )
 
-    def copy_(self, other: "RowSampling") -> None:
+    def copy_(self, other: RowSampling) -> None:
         """Copy another instance's values into these tensors in place (static buffers for graphs)."""
         for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
             getattr(self, name).copy_(getattr(other, name))

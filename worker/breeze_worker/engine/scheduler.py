@@ -40,8 +40,14 @@ from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import SLOT_GRANTED, Job
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason
-from breeze_worker.errors import (BreezeError, Cancelled, CodeOutOfRange, DeadlineExceeded, ResourceExhausted,
-                                  Unavailable)
+from breeze_worker.errors import (
+    BreezeError,
+    Cancelled,
+    CodeOutOfRange,
+    DeadlineExceeded,
+    ResourceExhausted,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import logging
 import math
 import secrets
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 

@@ -382,7 +382,7 @@ class SyncDetector:
         return "d2h" if src.is_cuda else "h2d"
 
     # ---- activation ----
-    def __enter__(self) -> "SyncDetector":
+    def __enter__(self) -> SyncDetector:
         detector = self
 
         class _Function(TorchFunctionMode):

@@ -53,7 +53,7 @@ class _NoSpan:
 
     __slots__ = ()
 
-    def __enter__(self) -> "_NoSpan":
+    def __enter__(self) -> _NoSpan:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -67,19 +67,19 @@ class _NoSpan:
 
 
 _NO_SPAN = _NoSpan()
-_ACTIVE: "Tracer | None" = None
+_ACTIVE: Tracer | None = None
 
 
 class _Span:
     __slots__ = ("tracer", "name", "args", "start_ns", "thread", "nvtx_id")
 
-    def __init__(self, tracer: "Tracer", name: str, args: dict[str, Any]):
+    def __init__(self, tracer: Tracer, name: str, args: dict[str, Any]):
         self.tracer, self.name, self.args = tracer, name, args
         self.start_ns = 0
         self.thread = 0
         self.nvtx_id = None
 
-    def __enter__(self) -> "_Span":
+    def __enter__(self) -> _Span:
         self.thread = threading.get_ident()
         self.tracer._stack().append(self)
         if self.tracer.nvtx is not None:  # start/end ranges: spans left open across a yield need not nest
@@ -103,7 +103,7 @@ class _SpanSequence:
     """Back-to-back spans of one name (`next()` closes the open one and opens another); for loops whose
     iterations do not line up with a Python block, such as a generator's frames across `yield`."""
 
-    def __init__(self, tracer: "Tracer", name: str):
+    def __init__(self, tracer: Tracer, name: str):
         self.tracer, self.name = tracer, name
         self._open: _Span | None = None
 
@@ -117,7 +117,7 @@ class _SpanSequence:
             self._open.__exit__(None, None, None)
             self._open = None
 
-    def __enter__(self) -> "_SpanSequence":
+    def __enter__(self) -> _SpanSequence:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -168,7 +168,7 @@ class Tracer:
         return [s.name for s in self._stack()]
 
     # ---- activation ----
-    def activate(self) -> "Tracer":
+    def activate(self) -> Tracer:
         global _ACTIVE
         _ACTIVE = self
         return self
@@ -179,7 +179,7 @@ class Tracer:
             _ACTIVE = None
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator["Tracer"]:
+    def recording(self) -> Iterator[Tracer]:
         """Active inside the block (the previously active tracer, if any, is restored after)."""
         previous = _ACTIVE
         self.activate()

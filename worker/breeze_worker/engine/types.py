@@ -91,7 +91,7 @@ class ResolvedReference:
 
     reference_id: str
     transcript: str
-    codes: "np.ndarray"  # int64 [T, 16]
+    codes: np.ndarray  # int64 [T, 16]
     seconds: float
 
 

@@ -31,7 +31,7 @@ class GenerationDefaults:
     frame_rate: float = FRAME_RATE_HZ
 
     @classmethod
-    def from_generation_config(cls, raw: dict[str, Any]) -> "GenerationDefaults":
+    def from_generation_config(cls, raw: dict[str, Any]) -> GenerationDefaults:
         """Read generation_config.json; an absent or null key keeps the official default, a value of the
         wrong type or range is a `CheckpointError` naming the key (it would otherwise fail every request)."""
         if not isinstance(raw, dict):

@@ -196,7 +196,7 @@ def control_tokens(tokenizer: BreezeTokenizer | None = None) -> tuple[str, ...]:
     return tuple(sorted(tokens))
 
 
-_PATTERNS: "weakref.WeakKeyDictionary[BreezeTokenizer, re.Pattern]" = weakref.WeakKeyDictionary()
+_PATTERNS: weakref.WeakKeyDictionary[BreezeTokenizer, re.Pattern] = weakref.WeakKeyDictionary()
 
 
 def _build_pattern(tokens: tuple[str, ...]) -> re.Pattern:

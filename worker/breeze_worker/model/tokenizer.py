@@ -60,7 +60,7 @@ class BreezeTokenizer:
 
     # ---- construction ----
     @classmethod
-    def from_checkpoint(cls, directory: str | Path, config: BreezeConfig) -> "BreezeTokenizer":
+    def from_checkpoint(cls, directory: str | Path, config: BreezeConfig) -> BreezeTokenizer:
         """tokenizer.json, completed by tokenizer_config.json where the checkpoint has one."""
         directory = Path(directory)
         path = directory / "tokenizer.json"
@@ -80,7 +80,7 @@ class BreezeTokenizer:
         return cls(tokenizer, config)
 
     @classmethod
-    def tiny(cls, config: BreezeConfig) -> "BreezeTokenizer":
+    def tiny(cls, config: BreezeConfig) -> BreezeTokenizer:
         return cls(build_tiny_tokenizer(config), config)
 
     # ---- use ----

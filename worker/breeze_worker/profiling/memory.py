@@ -60,7 +60,7 @@ class PeakMemory:
         self.result: dict = {}
         self._scope = "process"
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         reset_gpu_peaks(self.device)
         self._scope = reset_host_peak()
         return self

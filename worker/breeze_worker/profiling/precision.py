@@ -30,8 +30,14 @@ import logging
 import torch
 
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.precision import (FP16_MAX, UnsupportedPrecision, apply_policy, choose_policy,
-                                            find_overflowing_layers, make_policy)
+from breeze_worker.engine.precision import (
+    FP16_MAX,
+    UnsupportedPrecision,
+    apply_policy,
+    choose_policy,
+    find_overflowing_layers,
+    make_policy,
+)
 from breeze_worker.engine.prompt import prepare_prompt_embeddings
 from breeze_worker.model.lm.layers import additive_mask
 from breeze_worker.model.loaded import LoadedModel

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class MetricsServer:
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(data)}\r\n"
                          f"Connection: close\r\n\r\n".encode() + data)
             await asyncio.wait_for(writer.drain(), timeout=READ_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, ConnectionError) as exc:
             log.debug("metrics connection dropped: %s", exc or type(exc).__name__)
         except Exception:  # noqa: BLE001 - a bug in rendering must not end the listener
             log.exception("metrics request failed")

@@ -23,8 +23,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 import breeze_worker
-from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2, clock_pb2_grpc
-from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
+from breeze_tts_proto.v1 import (
+    artifacts_pb2,
+    artifacts_pb2_grpc,
+    clock_pb2,
+    clock_pb2_grpc,
+    synthesis_pb2,
+    synthesis_pb2_grpc,
+)
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import WorkerSettings
 from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, ArtifactServicer

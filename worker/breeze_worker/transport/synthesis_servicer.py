@@ -12,7 +12,7 @@ names the limit and what to change (gRPC's own receive limit sits well above it;
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 

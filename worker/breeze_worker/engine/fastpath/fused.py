@@ -52,10 +52,15 @@ from breeze_worker.engine.fastpath.fused_kernels import _HAS_GDC, _triton
 from breeze_worker.engine.fastpath.layers import attend_rows, rotate, write_cache
 
 if _triton is not None:  # the kernels (fastpath/fused_kernels.py) these functions launch
-    from breeze_worker.engine.fastpath.fused_kernels import (_depth_attention_head_kernel, _depth_attention_kernel,
-                                                             _depth_head_kernel, _down_residual_kernel,
-                                                             _norm_gate_up_kernel, _qk_norm_rope_kernel,
-                                                             _qkv_rope_kernel)
+    from breeze_worker.engine.fastpath.fused_kernels import (
+        _depth_attention_head_kernel,
+        _depth_attention_kernel,
+        _depth_head_kernel,
+        _down_residual_kernel,
+        _norm_gate_up_kernel,
+        _qk_norm_rope_kernel,
+        _qkv_rope_kernel,
+    )
 
 MAX_ROWS = 8
 _TILE_BUDGET = 8192  # FP32 weight-tile elements per program (64 registers a thread at 4 warps)

@@ -79,7 +79,7 @@ class FastFrameGenerator:
         self.fallback_reason = self.compile_fallback_reason = None
         self._frames = self._run()
 
-    def __iter__(self) -> "FastFrameGenerator":
+    def __iter__(self) -> FastFrameGenerator:
         return self
 
     def __next__(self) -> torch.Tensor:

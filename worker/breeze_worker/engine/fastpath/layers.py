@@ -253,7 +253,7 @@ class LayerUnits:
     mlp_out_in_place: Callable
 
     @classmethod
-    def wrapped(cls, wrap: Callable[[Callable], Callable]) -> "LayerUnits":
+    def wrapped(cls, wrap: Callable[[Callable], Callable]) -> LayerUnits:
         return cls(qkv=wrap(layer_qkv), attention_mlp_in=wrap(layer_attention_mlp_in), mlp_out=wrap(layer_mlp_out),
                    attend=wrap(attend_rows), out_mlp_in=wrap(layer_out_mlp_in), norm_qkv=wrap(layer_norm_qkv),
                    mlp_out_in_place=layer_mlp_out_addmm)

@@ -46,7 +46,7 @@ class BackboneCache:
 
     @classmethod
     def allocate(cls, layers: int, rows: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device) -> "BackboneCache":
+                 dtype: torch.dtype, device: torch.device) -> BackboneCache:
         shape = (layers, rows, kv_heads, capacity, head_dim)
         return cls(
             key=torch.zeros(shape, dtype=dtype, device=device),
@@ -107,7 +107,7 @@ class DepthCache:
 
     @classmethod
     def allocate(cls, layers: int, rows: int, kv_heads: int, head_dim: int, positions: int,
-                 dtype: torch.dtype, device: torch.device) -> "DepthCache":
+                 dtype: torch.dtype, device: torch.device) -> DepthCache:
         shape = (layers, rows, kv_heads, positions, head_dim)
         return cls(key=torch.zeros(shape, dtype=dtype, device=device),
                    value=torch.zeros(shape, dtype=dtype, device=device))

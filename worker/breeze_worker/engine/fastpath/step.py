@@ -41,8 +41,14 @@ from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath import fused, fused_sampling
 from breeze_worker.engine.fastpath.compiled import sampling_kernel_wanted
 from breeze_worker.engine.fastpath.forms import GEMM, LayerForm, select_form
-from breeze_worker.engine.fastpath.layers import (PLAIN_UNITS, LayerUnits, PackedLayer, linear, rms_norm,
-                                                  small_rows_linear)
+from breeze_worker.engine.fastpath.layers import (
+    PLAIN_UNITS,
+    LayerUnits,
+    PackedLayer,
+    linear,
+    rms_norm,
+    small_rows_linear,
+)
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
@@ -174,7 +180,7 @@ class FrameStep:
                    eos_masked: bool = False) -> None:
         self.set_streams([StreamSetup(stream, cond_row, uncond_row, cfg_scale, sampling, eos_masked)])
 
-    def set_streams(self, setups: list["StreamSetup"]) -> None:
+    def set_streams(self, setups: list[StreamSetup]) -> None:
         """Every joiner's slot settings in one write per buffer, with no host sync (`put_rows`): a scalar
         assignment into a device tensor waits for the device each time, a dozen times a joiner. `sampling`:
         one row, on the host or the device."""
@@ -417,7 +423,7 @@ class FrameStep:
 
 
     # ---- batching (engine/batching.py): prefix views and freeing rows; additive, host side ----
-    def narrow(self, rows: int, streams: int) -> "FrameStep":
+    def narrow(self, rows: int, streams: int) -> FrameStep:
         """A FrameStep over the first `rows` rows and `streams` streams that SHARES this step's buffers (views,
         no copies): the batched engine captures one graph per (streams, rows) bucket on one static cache.
         Every per-row and per-stream buffer allocated in __init__ must be listed here."""

@@ -22,8 +22,8 @@ method here synchronizes with the device (no `.item()`), so it is safe to use be
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

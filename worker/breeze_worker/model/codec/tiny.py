@@ -19,7 +19,6 @@ from breeze_worker.model.codec.codec import Codec, require_fp32
 from breeze_worker.model.codec.config import CodecConfig, tiny_codec_config
 from breeze_worker.model.codec.loader import CONFIG_FILE, WEIGHTS_FILE, build_codec_modules, checkpoint_tensors
 
-
 _TRANSPOSED = re.compile(r"^decoder\.(upsample\.\d+\.0|decoder\.\d+\.block\.1)\.conv\.weight$")
 
 

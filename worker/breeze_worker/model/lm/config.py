@@ -90,7 +90,8 @@ class BreezeConfig:
     backbone: BackboneConfig
     depth: DepthDecoderConfig
     num_codebooks: int = 16
-    vocab_size: int = 2051  # per-codebook classes of the depth heads and embedding; lm_head has one more (end of speech)
+    # per-codebook classes of the depth heads and embedding; lm_head has one more (end of speech)
+    vocab_size: int = 2051
     codebook_size: int = 2048  # codes the codec can decode; ids codebook_size..vocab_size-1 are reserved
     text_vocab_size: int = 262_158
     audio_token_id: int = 262_144
@@ -125,7 +126,7 @@ class BreezeConfig:
 
     # ---- construction ----
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "BreezeConfig":
+    def from_dict(cls, raw: dict[str, Any]) -> BreezeConfig:
         """Parse an official config.json dict; decoy top-level keys are ignored. A missing key or a value of
         the wrong type is a `CheckpointError` naming the key."""
         try:
@@ -136,7 +137,7 @@ class BreezeConfig:
             raise CheckpointError(f"config.json is malformed: {exc}") from exc
 
     @classmethod
-    def _from_dict(cls, raw: "_Section") -> "BreezeConfig":
+    def _from_dict(cls, raw: _Section) -> BreezeConfig:
         backbone_type = raw.get("backbone_model_type", "qwen3")
         if backbone_type != "qwen3":
             raise CheckpointError(f"config.json backbone_model_type is {backbone_type!r}; only 'qwen3' is supported")
@@ -301,7 +302,7 @@ class BreezeConfig:
 
     # ---- presets ----
     @classmethod
-    def full_size(cls) -> "BreezeConfig":
+    def full_size(cls) -> BreezeConfig:
         """The released Breeze TTS 2 sizes (see docs: ~2.85 B live parameters)."""
         return cls.from_dict(_preset(
             text=dict(vocab_size=262_158, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
@@ -317,7 +318,7 @@ class BreezeConfig:
         ))
 
     @classmethod
-    def tiny(cls) -> "BreezeConfig":
+    def tiny(cls) -> BreezeConfig:
         """The same architecture at toy sizes: 16 codebooks of 2051 classes (the codec's contract), tiny
         transformers, a ~330-token vocabulary, a 6-token sliding window so the window is exercised."""
         return cls.from_dict(_preset(
@@ -337,7 +338,7 @@ class BreezeConfig:
 TINY_BASE_VOCAB = 4 + 256 + 1 + 52 + 1
 
 
-def _text_rope_parameters(te: "_Section") -> dict[str, dict[str, Any]]:
+def _text_rope_parameters(te: _Section) -> dict[str, dict[str, Any]]:
     params = _Section(te.optional_section("rope_parameters") or {}, te.key("rope_parameters"))
     out: dict[str, dict[str, Any]] = {}
     for layer_type, default_theta in (("sliding_attention", 10_000.0), ("full_attention", 1_000_000.0)):
@@ -423,7 +424,7 @@ class _Section:
             raise self._bad(name, value, "a list of strings")
         return tuple(value)
 
-    def section(self, name: str) -> "_Section":
+    def section(self, name: str) -> _Section:
         return _Section(self._value(name, _REQUIRED), self.key(name))
 
     def optional_section(self, name: str) -> dict[str, Any] | None:
