@@ -81,11 +81,13 @@ def compile_unit(fn: Callable, settings: FastPathSettings) -> Callable:
     if key in _compiled:
         return _compiled[key]
     _raise_limits()
-    options = {"fullgraph": True, "dynamic": False, "backend": name}
+    mode: str | None = None
+    options: dict[str, str | int | bool | Callable] | None = None
     if name == "inductor":  # Inductor's own CUDA graphs stay off: ours capture the compiled code
         if tune:  # torch.compile takes `mode` or `options`, not both; "default" mode is these options' base
-            options["options"] = {"coordinate_descent_tuning": True}
+            options = {"coordinate_descent_tuning": True}
         else:
-            options["mode"] = "default"
-    compiled = _compiled[key] = torch.compile(fn, **options)
+            mode = "default"
+    compiled = _compiled[key] = torch.compile(fn, fullgraph=True, dynamic=False, backend=name, mode=mode,
+                                              options=options)
     return compiled

@@ -343,10 +343,11 @@ class DownWorkspace:
     warm-up call before graph capture. One FrameStep owns one and its layers share it (they run one after
     another on one stream); steps that may run concurrently must not share one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, device: torch.device, splits: int, rows: int, n: int, blocks: int):
+    def get(self, device: torch.device, splits: int, rows: int, n: int,
+            blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
         key = (str(device), splits, rows, n, blocks)
         if key not in self._buffers:
             self._buffers[key] = (torch.empty(splits, rows, n, dtype=torch.float32, device=device),

@@ -229,7 +229,7 @@ def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_n
     code = torch.empty(streams, dtype=torch.int64, device=logits.device) if out is None else out
     keep = keep_out if keep_out is not None else code
     write_next = next_table is not None
-    if write_next:
+    if next_table is not None:
         if next_out is None or cond_row is None or uncond_row is None:
             raise ValueError("next_table needs next_out, cond_row and uncond_row")
         if next_table.shape[0] < vocab or next_table.stride(1) != 1 or next_out.stride(-1) != 1:

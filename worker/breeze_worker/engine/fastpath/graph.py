@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from breeze_worker.engine.fastpath.compiled import compile_unit, compile_wanted,
 from breeze_worker.engine.fastpath.forms import LayerForm, fallback_of, select_form
 from breeze_worker.engine.fastpath.static_cache import bucket_for, buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +65,22 @@ class FrameRunner:
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         self.sample_graph: torch.cuda.CUDAGraph | None = None
         self.backbone_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.prefill_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        # per prompt bucket: the graph and its static inputs (embeds, positions, allowed)
+        self.prefill_graphs: dict[int, tuple[torch.cuda.CUDAGraph,
+                                             tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         self.fallback_reason: str | None = None
         self.compile_fallback_reason: str | None = None
         self.warmup_s = 0.0
         self.compile_s = 0.0
-        self._prompt_pool = None
+        self._prompt_pool: _POOL_HANDLE | None = None
         self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []  # launch_frame's readout copies
         self._ring_next = 0
         self.compile_requested = compile_wanted(device, settings)
         # the compiled layers' form (fastpath/forms.py), fixed at creation
-        self.form_requested: LayerForm | None = (select_form(rows, compiled=True, requested=settings.form)
-                                                 if self.compile_requested else None)
+        self.form_requested: LayerForm | None = None
         if self.compile_requested:
-            self._compile()
+            self.form_requested = select_form(rows, compiled=True, requested=settings.form)
+            self._compile(self.form_requested)
         if self.use_graphs:
             self._capture()
 
@@ -88,14 +94,14 @@ class FrameRunner:
             for bucket in buckets_up_to(self.capacity):
                 self.step.backbone_step(bucket)
 
-    def _compile(self) -> None:
-        """Compile the step's units and run them once (compilation happens on first call)."""
+    def _compile(self, form_requested: LayerForm) -> None:
+        """Compile the step's units in `form_requested` and run them once (compilation happens on first call)."""
         t0 = time.perf_counter()
         kernel = self.sampler_requested == "kernel"
-        attempts = [(self.form_requested, kernel)]
+        attempts = [(form_requested, kernel)]
         if kernel:  # the sampling kernel failed to build here: the torch sampler
-            attempts.append((self.form_requested, False))
-        fallback = fallback_of(self.form_requested)
+            attempts.append((form_requested, False))
+        fallback = fallback_of(form_requested)
         if fallback is not None:  # the form's Triton kernels failed: its fallback, without them
             attempts.append((fallback, False))
         for i, (form, sample_kernel) in enumerate(attempts):
@@ -227,9 +233,10 @@ class FrameRunner:
         waits for that copy only, so the device goes on to the backbone step without waiting for the host.
         Its work is in the same order either way; the caller runs `then` itself when this returns False."""
         slot = self.launch_frame()
-        queued = then is not None and self.settings.read_overlap
-        if queued:
+        queued = False
+        if then is not None and self.settings.read_overlap:
             then()
+            queued = True
         return self.read_frame(slot), queued
 
     def launch_frame(self) -> int:

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from breeze_worker.model.lm.layers import DecoderLayer
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -49,10 +53,10 @@ def small_rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y.reshape(*lead, weight.shape[0]).to(x.dtype)
 
 
-def reduce_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+def reduce_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | float,
                      scale: float) -> torch.Tensor:
     """Grouped attention as reductions: q [R, kv, G, T, D], keys/values [R, kv, L, D], additive `mask`
-    broadcastable to [R, 1, 1, T, L] -> [R, kv, G, T, D] in FP32 (softmax in FP32 as everywhere)."""
+    broadcastable to [R, 1, 1, T, L] (0.0: none) -> [R, kv, G, T, D] in FP32 (softmax in FP32 as everywhere)."""
     scores = (q.float()[..., None, :] * keys.float()[:, :, None, None]).sum(-1) * scale  # [R, kv, G, T, L]
     probs = torch.softmax(scores + mask, dim=-1).to(values.dtype).float()
     return (probs[..., None] * values.float()[:, :, None, None]).sum(-2)
@@ -265,7 +269,7 @@ PLAIN_UNITS = LayerUnits.wrapped(lambda fn: fn)
 class PackedLayer:
     """One pre-norm decoder layer (Qwen3 with q/k-norm, or Llama) packed for decoding with a static cache."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: DecoderLayer):
         attn, mlp = layer.self_attn, layer.mlp
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.scale = float(attn.scale)
@@ -275,13 +279,16 @@ class PackedLayer:
         self.qkv = _pack([attn.q_proj, attn.k_proj, attn.v_proj])
         self.gate_up = _pack([mlp.gate_proj, mlp.up_proj])
         self.act = mlp.act
-        self.qk_norm, self.qk_eps = None, 0.0
-        if attn.q_norm is not None:
+        self.qk_norm: torch.Tensor | None = None
+        self.qk_eps = 0.0
+        q_norm, k_norm = attn.q_norm, attn.k_norm
+        if q_norm is not None:
+            assert k_norm is not None  # Attention has both q/k norms or neither
             h, kv, d = self.heads, self.kv_heads, self.head_dim
-            self.qk_eps = attn.q_norm.eps
+            self.qk_eps = q_norm.eps
             # per-head weights of q_norm and k_norm side by side: one normalization for q and k together
-            self.qk_norm = torch.cat([attn.q_norm.weight.detach().expand(h, d),
-                                      attn.k_norm.weight.detach().expand(kv, d)], dim=0)[None, :, None, :]
+            self.qk_norm = torch.cat([q_norm.weight.detach().expand(h, d),
+                                      k_norm.weight.detach().expand(kv, d)], dim=0)[None, :, None, :]
         self.intermediate = mlp.down_proj.in_features
 
     @property
@@ -292,7 +299,8 @@ class PackedLayer:
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """`decode_layer` over this layer's weights."""
+        """`decode_layer` over this layer's weights (only when `decodable`)."""
+        assert self.qkv is not None and self.gate_up is not None, "decode needs packed q/k/v and gate/up"
         return decode_layer(x, cos, sin, k_cache, v_cache, slots, mask, self.w_in, self.qkv, self.qk_norm,
                             self.attn.o_proj.weight, self.w_post, self.gate_up, self.mlp.down_proj.weight,
                             heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, scale=self.scale,

@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
+    _Captured = tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]  # graph, ids, mask, output
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +29,10 @@ TEXT_BUCKETS = (32, 64, 128, 256, 512)
 class TextEncoderGraphs:
     def __init__(self, lm, device: torch.device):
         self.lm, self.device = lm, device
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], _Captured] = {}
         self.failed: set[tuple[int, int]] = set()
         self.lock = threading.Lock()
-        self.pool = None
+        self.pool: _POOL_HANDLE | None = None
 
     def encode_segments(self, segments: list[torch.Tensor]) -> list[torch.Tensor]:
         """Same contract as `BreezeLM.encode_segments`: [len_i, hidden] per 1-D token segment."""
@@ -34,8 +40,10 @@ class TextEncoderGraphs:
             return self.lm.encode_segments(segments)
         longest = max(int(s.numel()) for s in segments)
         bucket = next((b for b in TEXT_BUCKETS if longest <= b), None)
+        if bucket is None:
+            return self.lm.encode_segments(segments)
         key = (len(segments), bucket)
-        if bucket is None or key in self.failed:
+        if key in self.failed:
             return self.lm.encode_segments(segments)
         ids = torch.full((len(segments), bucket), self.lm.config.text_encoder.pad_token_id, dtype=torch.int64)
         mask = torch.zeros((len(segments), bucket), dtype=torch.int64)
@@ -52,7 +60,7 @@ class TextEncoderGraphs:
             graph.replay()
             return [s_out[row, : seg.numel()].clone() for row, seg in enumerate(segments)]
 
-    def _capture(self, key, ids: torch.Tensor, mask: torch.Tensor):
+    def _capture(self, key: tuple[int, int], ids: torch.Tensor, mask: torch.Tensor) -> _Captured | None:
         try:
             s_ids, s_mask = ids.to(self.device), mask.to(self.device)
             side = torch.cuda.Stream(self.device)

@@ -150,29 +150,30 @@ class FrameStep:
         self.use_uncompiled(sample_kernel)
         self.fused_workspace = fused.DownWorkspace()  # the fused kernels' split-K partial sums
         # per-row and per-stream state
-        z = dict(device=device)
-        self.hidden = torch.zeros(rows, bb.hidden_size, dtype=dtype, **z)  # last backbone state per row
-        self.next_x = torch.zeros(rows, 1, dd.hidden_size, dtype=dtype, **z)  # the sampling kernel's next input
-        self.logits = torch.zeros(rows, self.vocab + 1, dtype=torch.float32, **z)  # pending codebook-0 logits
-        self.row_stream = torch.zeros(rows, dtype=torch.int64, **z)
-        self.cond_row = torch.zeros(streams, dtype=torch.int64, **z)
-        self.uncond_row = torch.zeros(streams, dtype=torch.int64, **z)
-        self.cfg_scale = torch.ones(streams, dtype=torch.float32, **z)
-        self.frame = torch.zeros(streams, dtype=torch.int64, **z)
-        self.seen = torch.zeros(streams, self.vocab + 1, dtype=torch.bool, **z)  # codebook-0 history
+        self.hidden = torch.zeros(rows, bb.hidden_size, dtype=dtype, device=device)  # last backbone state per row
+        # the sampling kernel's next input
+        self.next_x = torch.zeros(rows, 1, dd.hidden_size, dtype=dtype, device=device)
+        self.logits = torch.zeros(rows, self.vocab + 1, dtype=torch.float32, device=device)  # pending codebook-0 logits
+        self.row_stream = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.cond_row = torch.zeros(streams, dtype=torch.int64, device=device)
+        self.uncond_row = torch.zeros(streams, dtype=torch.int64, device=device)
+        self.cfg_scale = torch.ones(streams, dtype=torch.float32, device=device)
+        self.frame = torch.zeros(streams, dtype=torch.int64, device=device)
+        self.seen = torch.zeros(streams, self.vocab + 1, dtype=torch.bool, device=device)  # codebook-0 history
         self.sampling = RowSampling(
-            temperature=torch.ones(streams, **z), top_k=torch.zeros(streams, dtype=torch.int64, **z),
-            top_p=torch.ones(streams, **z), repetition_penalty=torch.ones(streams, **z),
-            seed=torch.zeros(streams, dtype=torch.int64, **z))
-        self.eos_masked = torch.zeros(streams, dtype=torch.bool, **z)  # bench: end of speech not allowed
-        self.codes = torch.zeros(streams, self.codebooks, dtype=torch.int64, **z)
-        self.nonfinite = torch.zeros(streams, dtype=torch.bool, **z)
-        self.readout = torch.zeros(streams, self.codebooks + 2, dtype=torch.int64, **z)
-        reserved = torch.zeros(self.vocab + 1, dtype=torch.bool, **z)
+            temperature=torch.ones(streams, device=device),
+            top_k=torch.zeros(streams, dtype=torch.int64, device=device), top_p=torch.ones(streams, device=device),
+            repetition_penalty=torch.ones(streams, device=device),
+            seed=torch.zeros(streams, dtype=torch.int64, device=device))
+        self.eos_masked = torch.zeros(streams, dtype=torch.bool, device=device)  # bench: end of speech not allowed
+        self.codes = torch.zeros(streams, self.codebooks, dtype=torch.int64, device=device)
+        self.nonfinite = torch.zeros(streams, dtype=torch.bool, device=device)
+        self.readout = torch.zeros(streams, self.codebooks + 2, dtype=torch.int64, device=device)
+        reserved = torch.zeros(self.vocab + 1, dtype=torch.bool, device=device)
         reserved[list(cfg.reserved_code_ids)] = True
         self.blocked0 = reserved  # backbone classes: codes, reserved, end of speech (last)
         self.blocked_depth = reserved[: self.vocab].clone()
-        self.eos_column = torch.zeros(self.vocab + 1, dtype=torch.bool, **z)
+        self.eos_column = torch.zeros(self.vocab + 1, dtype=torch.bool, device=device)
         self.eos_column[cfg.end_of_speech_id] = True
 
     # ---- stream setup (host side, outside graphs) ----
@@ -248,6 +249,7 @@ class FrameStep:
         """One position's codes [S] from its stream logits: the sampling kernel (fastpath/fused_sampling.py)
         or the compiled torch sampler (`_pick`); both also flag non-finite logits."""
         if self.sample_kernel:
+            assert log_noise is not None  # the frame start computes it whenever the kernel draws
             return fused_sampling.sample(logits, self.sampling, blocked, log_noise, self.nonfinite,
                                          kernels=self.kernels)
         return self.frame_units.pick(self, logits, noise, blocked)
@@ -506,6 +508,7 @@ def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: 
     kernels a layer over the heads-first (strided) view of the projection; on the CPU the kernel's fallback is
     that same arithmetic."""
     t = x.shape[1]
+    assert layer.qkv is not None  # called for decodable layers only (packed q/k/v)
     proj = linear(rms_norm(x, layer.w_in, layer.eps_in), layer.qkv)
     q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                            kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
