@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -82,7 +83,7 @@ class ArtifactWriter:
         self.encoding = PcmEncoding(encoding)
         self._store = store
         self._temp_path = store.directory / f".{artifact_id}.partial"
-        self._file: BinaryIO | None = None
+        self._file: io.BufferedRandom | None = None  # open(..., "x+b")
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable

@@ -183,15 +183,17 @@ class ShapeGraphs:
             if then is not None:
                 then()
             return out
-        if self._host is None:
-            self._host = torch.empty(self.step.readout.shape, dtype=self.step.readout.dtype, pin_memory=True)
-            self._read_done = torch.cuda.Event()
-        host = self._host[: view.streams]
+        staging, read_done = self._host, self._read_done
+        if staging is None or read_done is None:  # created together, on the first CUDA read
+            staging = self._host = torch.empty(self.step.readout.shape, dtype=self.step.readout.dtype,
+                                               pin_memory=True)
+            read_done = self._read_done = torch.cuda.Event()
+        host = staging[: view.streams]
         host.copy_(view.readout, non_blocking=True)
-        self._read_done.record()
+        read_done.record()
         if then is not None:
             then()
-        self._read_done.synchronize()
+        read_done.synchronize()
         return host.clone()
 
     def backbone_step(self, shape: tuple[int, int], bucket: int) -> None:

@@ -135,8 +135,8 @@ def compile_step(backend: str | Callable = "inductor") -> Callable:
     limits (which torch 2.13 keeps per thread: a limit raised on one thread does not hold on another)."""
     code = decode_step.__code__.replace()  # an equal code object, not the same one
     fn = types.FunctionType(code, decode_step.__globals__, decode_step.__name__)
-    options = {"mode": "default"} if backend == "inductor" else {}  # no Inductor CUDA graphs: ours capture it
-    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, **options)
+    mode = "default" if backend == "inductor" else None  # no Inductor CUDA graphs: ours capture it
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, mode=mode)
 
 
 def bucket_for(rows: int) -> int:
@@ -208,6 +208,7 @@ class SlotBatch:
             self.codes.copy_(host_codes.unsqueeze(-1), non_blocking=True)
             if self.graph is not None:
                 self.graph.replay()
+                assert self.audio is not None  # captured together with the graph
                 return self.audio
             return self.advance()
 

@@ -56,10 +56,10 @@ class PendingAudio:
         self._slots = slots  # key -> slot at launch time
         # [rows, 1920]: the CPU result, host memory a queued copy fills, or (`on_device`) the graph's output,
         # copied at `wait`
-        self._audio = audio
+        self._audio: torch.Tensor | None = audio  # None once read
         self._finished = finished  # recorded after the step (and its copy, unless `on_device`) on its stream
         self._on_device = on_device
-        self._keep = keep  # host buffers the queued copies read, alive until the wait
+        self._keep: tuple | None = keep  # host buffers the queued copies read, alive until the wait
         self._started = started  # timing event before the step (CUDA, `launch(timed=True)`)
         self._host_ms = host_ms  # the CPU's step time (computed in `launch`)
         self._result: dict | None = None
@@ -67,7 +67,7 @@ class PendingAudio:
     def device_ms(self) -> float | None:
         """The step's own time after `wait()`: between events on the codec's stream (CUDA, timed), or the
         CPU's compute time."""
-        if self._started is not None and self._result is not None:
+        if self._started is not None and self._finished is not None and self._result is not None:
             return self._started.elapsed_time(self._finished)
         return self._host_ms
 
@@ -82,18 +82,21 @@ class PendingAudio:
 
     def wait(self) -> dict:
         if self._result is None:
+            audio = self._audio
+            assert audio is not None  # dropped only once the result is in
             done = self._finished
             if self._on_device:  # the copy on the caller's stream, after the codec's step
-                stream = torch.cuda.current_stream(self._audio.device)
-                stream.wait_event(self._finished)
-                host = torch.empty(self._audio.shape, dtype=self._audio.dtype, pin_memory=True)
-                host.copy_(self._audio, non_blocking=True)
+                assert done is not None  # a step queued on the device always records its event
+                stream = torch.cuda.current_stream(audio.device)
+                stream.wait_event(done)
+                host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
+                host.copy_(audio, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(stream)
-                self._audio = host
+                self._audio = audio = host
             if done is not None:
                 done.synchronize()
-            samples = self._audio.numpy()
+            samples = audio.numpy()
             self._result = {k: samples[slot].copy() for k, slot in self._slots.items()}
             self._audio = self._keep = None
         return self._result
@@ -146,8 +149,10 @@ class CodecRows:
         slot = next(i for i in range(len(used) + 1) if i not in used)
         if slot >= self.capacity:
             self._move_to(bucket_for(slot + 1))
+        batch = self._held[0]
+        assert batch is not None  # capacity > slot: a batch is held
         with torch.inference_mode(), self._on_stream():
-            self._held[0].state.zero_rows_(slot)
+            batch.state.zero_rows_(slot)
         self._slots[key] = slot
 
     def add_all(self, keys) -> None:
@@ -197,6 +202,7 @@ class CodecRows:
         if not self._slots:
             return PendingAudio({}, torch.zeros(0, 0), None)
         batch = self._held[0]
+        assert batch is not None  # held while any stream is active
         host = batch.new_host_codes()
         for key, slot in self._slots.items():
             host[slot].copy_(torch.as_tensor(frames[key], dtype=torch.long).reshape(-1))

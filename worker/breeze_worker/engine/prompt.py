@@ -94,7 +94,7 @@ def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
     layouts = prompt_layouts(model, request) if layouts is None else layouts
     if encoded is None:
         encoded = lm.encode_segments(prompt_text_segments(model, request, layouts))
-    encoded = iter(encoded)
+    segments = iter(encoded)
     ref_embeds = None
     if request.reference is not None:
         # a copy: the reference's codes may be read-only
@@ -107,8 +107,9 @@ def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
         pieces = []
         for span in layout.spans:
             if span.kind == prompts.TEXT:
-                pieces.append(next(encoded))
+                pieces.append(next(segments))
             elif span.kind == prompts.AUDIO:
+                assert ref_embeds is not None  # audio spans are laid out for the request's reference only
                 pieces.append(ref_embeds)
             else:
                 pieces.append(eos_embed)

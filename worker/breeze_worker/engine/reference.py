@@ -169,7 +169,7 @@ class ReferenceStore:
         self.max_seconds = max_seconds
         self.min_seconds = min_seconds
         self._entries: OrderedDict[str, ResolvedReference] = OrderedDict()
-        self._in_flight: dict[str, Future] = {}
+        self._in_flight: dict[str, Future[ResolvedReference]] = {}
         self._lock = threading.Lock()
         self._encode_lock = threading.Lock()  # one encode at a time on the codec
         self.encodes = 0  # how many references were actually encoded (cache misses)
@@ -195,7 +195,7 @@ class ReferenceStore:
                 return cached
             pending = self._in_flight.get(key)
             owner = pending is None
-            if owner:
+            if pending is None:
                 pending = self._in_flight[key] = Future()
         if not owner:
             return pending.result()  # another thread is encoding this very reference
@@ -244,9 +244,9 @@ class ReferenceStore:
         self.decodes += 1
         samples, seconds = decode_reference_audio(audio, self.max_seconds, self.min_seconds)
         with self._encode_lock:
-            codes = self.codec.encode(samples)
+            encoded = self.codec.encode(samples)
             self.encodes += 1
-        codes = np.ascontiguousarray(codes.numpy(), dtype=np.int64)
+        codes = np.ascontiguousarray(encoded.numpy(), dtype=np.int64)
         codes.setflags(write=False)
         log.info("reference %s encoded: %.2f s -> %d frames", key, seconds, codes.shape[0])
         return ResolvedReference(reference_id=key, transcript=transcript, codes=codes, seconds=seconds)

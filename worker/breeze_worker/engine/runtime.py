@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from breeze_worker.config import EngineSettings, FastPathSettings
 from breeze_worker.engine.types import PcmEncoding, ResolvedRequest, SamplingParams, Template
+
+if TYPE_CHECKING:
+    from breeze_worker.engine.stepper import FrameSource, Stepper
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ class Runtime:
         self.description = description
         self.sample_rate = int(self.codec.sample_rate)
         self.warmup_s = 0.0
-        self.stepper = None  # built by `load` (or on first `stepper_for`)
+        self.stepper: Stepper | None = None  # built by `load` (or on first `stepper_for`)
         self.codec_compile = codec_compile  # the `codec_compile` setting
         self.fastpath = fastpath or FastPathSettings()  # the fast path's settings (EngineSettings.fastpath)
 
@@ -114,7 +118,7 @@ class Runtime:
         return self.stepper
 
     # ---- per job ----
-    def open_frames(self, params: ResolvedRequest):
+    def open_frames(self, params: ResolvedRequest) -> FrameSource:
         """An iterator of int64 [16] frames with `.end_reason` and `.timings` (eager or fast path)."""
         if self.decode_path == "fast":
             from breeze_worker.engine.fastpath.generator import FastFrameGenerator

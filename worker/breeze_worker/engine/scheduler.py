@@ -253,7 +253,7 @@ class Scheduler:
         for job in [j for j in self._reserved if j.cancelled]:  # its caller hung up while preparing
             self._reserved.remove(job)
             self._open.discard(job)
-        kept = collections.deque()
+        kept: collections.deque[Job] = collections.deque()
         while self._pending:
             job = self._pending.popleft()
             if job.cancelled:
@@ -284,6 +284,7 @@ class Scheduler:
             job.started_at = time.monotonic()
             job.started_at_ns = time.time_ns()
             try:
+                assert job.params is not None  # only prepared jobs are taken (`_take_admissible`)
                 job.artifact = self.artifact_store.begin(job.job_id, self.runtime.sample_rate, job.params.encoding)
             except BaseException as exc:  # this job only
                 self._fail(job, exc)
@@ -386,8 +387,8 @@ class Scheduler:
         # stream, so the wait holds both: the codec's own time (its events) is codec_s, the rest the
         # language model's. Overlapped (its own stream) or on the CPU, the wait is all codec.
         own_ms = flight.audio.device_ms()
-        behind_lm = flight.audio.queued_on_device and not self.overlap and own_ms is not None
-        codec_s = min(waited_s, own_ms / 1000) if behind_lm else waited_s
+        behind_lm = flight.audio.queued_on_device and not self.overlap
+        codec_s = min(waited_s, own_ms / 1000) if behind_lm and own_ms is not None else waited_s
         for job in flight.jobs:
             job.timers.codec_s += codec_s
             job.timers.lm_wait_s += waited_s - codec_s
@@ -427,13 +428,15 @@ class Scheduler:
 
     def _commit(self, job: Job, stats, done_at_ns: int) -> None:
         """Commit the artifact (a storage fault gives it up, the job still finishes); then the final event."""
+        artifact = job.artifact
         try:
-            info = job.artifact.commit()
+            assert artifact is not None  # every admitted job has one (`_admit`)
+            info = artifact.commit()
         except BaseException as exc:  # a bug, not a storage fault (the writer contains those)
             log.exception("job %s: artifact commit failed", job.job_id)
             self._fail(job, exc)
             return
-        job.sink.put(job.finished_event(stats, done_at_ns, info, job.artifact.unavailable_reason))
+        job.sink.put(job.finished_event(stats, done_at_ns, info, artifact.unavailable_reason))
         job.sink.close()
         self._ended(job)
 

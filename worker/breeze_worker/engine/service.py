@@ -20,6 +20,7 @@ import math
 import secrets
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,8 +28,13 @@ from breeze_worker import logs
 from breeze_worker.config import EngineSettings
 from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import SLOT_GRANTED, EventSink, Job
-from breeze_worker.engine.types import ResolvedReference, SynthesisRequest
+from breeze_worker.engine.types import ResolvedReference, ResolvedRequest, SynthesisRequest
 from breeze_worker.errors import InvalidRequest, Unavailable
+
+if TYPE_CHECKING:
+    from breeze_worker.engine.reference import ReferenceStore
+    from breeze_worker.engine.runtime import Runtime
+    from breeze_worker.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +48,10 @@ class Engine:
         settings.validate()
         self.settings = settings
         self.artifact_store = artifact_store
-        self.runtime = None
-        self.references = None
-        self.scheduler = None
+        # set by `_load` (in `start`), before `ready`
+        self.runtime: Runtime | None = None
+        self.references: ReferenceStore | None = None
+        self.scheduler: Scheduler | None = None
         self.ready = False
         self.draining = False
         self.load_s = 0.0
@@ -56,6 +63,7 @@ class Engine:
         t0 = time.perf_counter()
         await asyncio.to_thread(self._load)
         self.load_s = time.perf_counter() - t0
+        assert self.scheduler is not None  # `_load` made it
         self.scheduler.start()
         self.ready = True
         if self.is_tiny_default:
@@ -68,15 +76,15 @@ class Engine:
         from breeze_worker.engine.runtime import Runtime
         from breeze_worker.engine.scheduler import Scheduler
 
-        self.runtime = Runtime.load(self.settings)
+        self.runtime = runtime = Runtime.load(self.settings)
         self.references = ReferenceStore(
-            self.runtime.codec,
+            runtime.codec,
             max_entries=self.settings.reference_cache_entries,
             max_seconds=self.settings.max_reference_seconds,
             min_seconds=self.settings.min_reference_seconds,
         )
         self.scheduler = Scheduler(
-            self.runtime,
+            runtime,
             self.artifact_store,
             max_active=self.settings.max_active_streams,
             max_queue=self.settings.max_queue,
@@ -125,6 +133,7 @@ class Engine:
             raise Unavailable("the model is still loading; wait for the health check to report SERVING")
         if self.draining:
             raise Unavailable("the worker is shutting down; retry on another worker")
+        assert self.scheduler is not None  # ready: loaded
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         params = await self._resolve(request)  # None: reference audio to decode once a slot is held
         job = Job(job_id=new_job_id(), params=params, sink=EventSink(asyncio.get_running_loop()),
@@ -159,11 +168,12 @@ class Engine:
                 self.scheduler.wake()
                 log.info("job %s cancelled by the caller", job.job_id)
 
-    async def _resolve(self, request: SynthesisRequest):
+    async def _resolve(self, request: SynthesisRequest) -> ResolvedRequest | None:
         """The resolved request, or None when it carries new reference audio: then everything but the audio
         has been checked (its header included) and `_prepare` finishes the job once it holds a slot."""
         from breeze_worker.engine.reference import read_reference_header
 
+        assert self.references is not None  # requests come once ready: loaded
         reference = None
         ref = request.reference
         if ref is not None and ref.reference_id:
@@ -183,14 +193,16 @@ class Engine:
                 return None
         return self._resolve_with(request, reference)
 
-    def _resolve_with(self, request: SynthesisRequest, reference):
+    def _resolve_with(self, request: SynthesisRequest, reference: ResolvedReference | None) -> ResolvedRequest:
         from breeze_worker.engine.request import resolve_request
 
+        assert self.runtime is not None  # requests come once ready: loaded
         return resolve_request(request, self.runtime.model.generation_defaults, reference,
                                max_text_chars=self.settings.max_text_chars, tokenizer=self.runtime.model.tokenizer)
 
     def _stand_in(self, transcript: str, seconds: float) -> ResolvedReference:
         """A reference of the header's length (zero codes) for checking the request before the decode."""
+        assert self.runtime is not None  # requests come once ready: loaded
         frames = max(1, math.ceil(seconds * self.runtime.model.generation_defaults.frame_rate))
         return ResolvedReference(reference_id="ref-" + "0" * 32, transcript=transcript,
                                  codes=np.zeros((frames, 16), dtype=np.int64), seconds=seconds)
@@ -198,6 +210,7 @@ class Engine:
     async def _prepare(self, job: Job, request: SynthesisRequest) -> None:
         """Wait for the slot the scheduler reserves, then decode and encode the reference and resolve the
         request; on any failure the slot goes back and the error reaches the caller."""
+        assert self.references is not None and self.scheduler is not None  # requests come once ready: loaded
         try:
             granted = await job.sink.get()
             if isinstance(granted, BaseException):  # waited too long, deadline, or shutting down
@@ -205,6 +218,8 @@ class Engine:
             if granted != SLOT_GRANTED:
                 raise RuntimeError(f"expected a slot grant before the job's events, got {granted!r}")
             ref = request.reference
+            # prepared only when it carries reference audio and its transcript (`_resolve`)
+            assert ref is not None and ref.audio and ref.transcript
             reference = await asyncio.to_thread(self.references.intake, ref.audio, ref.transcript)
             job.params = self._resolve_with(request, reference)
         except BaseException:

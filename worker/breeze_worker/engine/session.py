@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from breeze_worker.engine.types import (
     ResolvedRequest,
     StageTimes,
 )
+
+if TYPE_CHECKING:
+    from breeze_worker.artifacts.store import ArtifactWriter
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +99,7 @@ class Job:
     pending_frames: int = 0
     # engine-thread state, set on admission
     frames_source: object = None  # an iterator of int64 [16] frames (eager or fast path)
-    artifact: object = None  # ArtifactWriter
+    artifact: ArtifactWriter | None = None
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     # ---- called from the event loop ----
@@ -111,6 +115,7 @@ class Job:
 
     # ---- called from the engine thread ----
     def started_event(self, sample_rate: int) -> JobStarted:
+        assert self.params is not None  # only prepared jobs are admitted
         return JobStarted(
             job_id=self.job_id,
             params=self.params,
@@ -122,15 +127,17 @@ class Job:
 
     def add_audio(self, samples: np.ndarray, *, flush: bool) -> AudioChunk | None:
         """Buffer one frame's samples; return a chunk when `frames_per_chunk` frames are in (or on flush)."""
+        params = self.params
+        assert params is not None  # only prepared jobs are admitted
         if samples.size:
             self.pending_pcm.append(samples)
             self.pending_frames += 1
-        if not self.pending_pcm or (self.pending_frames < self.params.frames_per_chunk and not flush):
+        if not self.pending_pcm or (self.pending_frames < params.frames_per_chunk and not flush):
             return None
         pcm = np.concatenate(self.pending_pcm)
         self.pending_pcm.clear()
         self.pending_frames = 0
-        data = encode_pcm(pcm, self.params.encoding)
+        data = encode_pcm(pcm, params.encoding)
         if self.artifact is not None:
             self.artifact.append(data)  # the artifact holds exactly the bytes the client streams
         chunk = AudioChunk(

@@ -49,21 +49,30 @@ class Stepper(Protocol):
     def stream_info(self, key: object) -> dict: ...
 
 
+class FrameSource(Protocol):
+    """One stream's frame generator (engine/eager.py, engine/fastpath/generator.py): int64 [16] frames until
+    it is exhausted, then `end_reason` says why (None: it ran out without saying)."""
+
+    end_reason: EndReason | None
+
+    def __next__(self) -> torch.Tensor: ...
+
+
 class PerStreamStepper:
     """Steps each stream's own frame generator (`open_frames(params)` -> iterator of [16] frames with
     `.end_reason` and `.timings`) in turn: the pre-batching engine, kept as the reference."""
 
-    def __init__(self, open_frames: Callable[[ResolvedRequest], object], max_streams: int):
+    def __init__(self, open_frames: Callable[[ResolvedRequest], FrameSource], max_streams: int):
         self.open_frames = open_frames
         self.max_streams = max_streams
-        self._sources: dict[object, object] = {}
+        self._sources: dict[object, FrameSource] = {}
         self._info: dict[object, dict] = {}
 
     def __len__(self) -> int:
         return len(self._sources)
 
     def join(self, joiners: list[tuple[object, ResolvedRequest]]) -> dict[object, BaseException]:
-        errors = {}
+        errors: dict[object, BaseException] = {}
         for key, params in joiners:
             try:
                 self._sources[key] = self.open_frames(params)

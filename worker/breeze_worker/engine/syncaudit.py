@@ -37,6 +37,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -129,7 +130,7 @@ def _describe(frame) -> tuple[str, str, str]:
 
 def locate() -> tuple[str, str, str, str, bool]:
     """(site, function, code, origin, setup) of the caller: see `SyncEvent`."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     origin = found = None
     setup = False
     while frame is not None:
@@ -191,7 +192,7 @@ class SyncDetector:
         self._claimed = 0  # >0 while a Python-level sync runs (its ATen ops are not counted again)
         self._paused = 0
         self._modes: tuple | None = None
-        self._waits = None  # `watch_waits` while active
+        self._waits: contextlib.AbstractContextManager | None = None  # `watch_waits` while active
 
     # ---- device / host ----
     def on_device(self, t: torch.Tensor) -> bool:
@@ -202,7 +203,7 @@ class SyncDetector:
     def _mark_host(self, t) -> None:
         if self.emulated and isinstance(t, torch.Tensor):
             key = id(t)
-            self._host[key] = weakref.ref(t, lambda _, key=key: self._host.pop(key, None))
+            self._host[key] = weakref.ref(t, lambda _: self._host.pop(key, None))
 
     def _mark_outputs_host(self, result) -> None:
         if isinstance(result, torch.Tensor):

@@ -170,7 +170,8 @@ def _read_shard_tensors(path: Path, names: list[str], params: dict[str, torch.Te
             src_dtype = _DTYPES[entry["dtype"]]
             file.seek(data_start + begin)
             if dest.device.type == "cpu" and dest.dtype == src_dtype and dest.is_contiguous():
-                view = memoryview(dest.view(torch.uint8).numpy()) if dest.numel() else memoryview(b"")
+                # flat bytes: `_read_exact` counts what it has read in bytes (a [rows, bytes] view has `rows` items)
+                view = dest.view(torch.uint8).numpy().data.cast("B") if dest.numel() else memoryview(b"")
                 _read_exact(file, view, name)
                 continue
             shape = list(entry["shape"])
@@ -182,7 +183,7 @@ def _read_shard_tensors(path: Path, names: list[str], params: dict[str, torch.Te
                 r1 = min(rows, r0 + rows_per_chunk)
                 nbytes = (r1 - r0) * row_bytes
                 buf = staging if nbytes <= staging.numel() else torch.empty(nbytes, dtype=torch.uint8)
-                _read_exact(file, memoryview(buf.numpy())[:nbytes], name)
+                _read_exact(file, buf.numpy().data[:nbytes], name)
                 chunk = buf[:nbytes].view(src_dtype)
                 if shape:
                     flat[r0:r1].copy_(chunk.view(r1 - r0, -1))

@@ -50,6 +50,13 @@ class DecoderConfig:
     decoder_dim: int = 1536
 
     @property
+    def required_codebook_dim(self) -> int:
+        """`codebook_dim`, which a decoder cannot be built without (`validate` requires it too)."""
+        if self.codebook_dim is None:
+            raise CheckpointError("audio_tokenizer decoder_config: codebook_dim is required")
+        return self.codebook_dim
+
+    @property
     def attention_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 

@@ -12,6 +12,8 @@ Module and parameter names mirror the checkpoint's `decoder.*` tensor names, so 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -40,6 +42,8 @@ class Codebook(nn.Module):
 
 
 class _CodebookSlot(nn.Module):
+    _codebook: Codebook
+
     def __init__(self, size: int, dim: int):
         super().__init__()
         self._codebook = Codebook(size, dim)
@@ -65,10 +69,12 @@ class ResidualCodebookGroup(nn.Module):
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, count, T] -> [B, out_dim, T]."""
-        total = None
+        total: torch.Tensor | None = None
         for index, slot in enumerate(self.vq.layers):
-            part = nn.functional.embedding(codes[:, index], slot._codebook.entries())
+            codebook = cast(_CodebookSlot, slot)._codebook  # ModuleList items are typed as Module
+            part = nn.functional.embedding(codes[:, index], codebook.entries())
             total = part if total is None else total + part
+        assert total is not None  # a group has at least one codebook
         return self.output_proj(total.transpose(1, 2))
 
 
@@ -77,10 +83,11 @@ class SplitResidualDequantizer(nn.Module):
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
-        dim = config.codebook_dim // 2
+        width = config.required_codebook_dim
+        dim = width // 2
         size = config.codebook_size
-        self.rvq_first = ResidualCodebookGroup(1, size, dim, config.codebook_dim)
-        self.rvq_rest = ResidualCodebookGroup(config.num_quantizers - 1, size, dim, config.codebook_dim)
+        self.rvq_first = ResidualCodebookGroup(1, size, dim, width)
+        self.rvq_rest = ResidualCodebookGroup(config.num_quantizers - 1, size, dim, width)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
@@ -94,7 +101,7 @@ class CodecDecoder(nn.Module):
         self.config = config
         latent = config.latent_dim
         self.quantizer = SplitResidualDequantizer(config)
-        self.pre_conv = CausalConv1d(config.codebook_dim, latent, kernel_size=3)
+        self.pre_conv = CausalConv1d(config.required_codebook_dim, latent, kernel_size=3)
         self.pre_transformer = FrameTransformer(config)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransposedConv1d(latent, latent, ratio, ratio), ConvNeXtBlock(latent)])
@@ -110,7 +117,7 @@ class CodecDecoder(nn.Module):
         self._context_specs = self._number_stream_slots()
 
     def _number_stream_slots(self) -> list[ContextSpec]:
-        specs = []
+        specs: list[ContextSpec] = []
         for module in self.modules():
             if isinstance(module, (CausalConv1d, CausalTransposedConv1d)) and module.context_steps > 0:
                 module.stream_slot = len(specs)
@@ -133,7 +140,8 @@ class CodecDecoder(nn.Module):
         hidden = self.quantizer.decode(codes.long())
         hidden = self.pre_conv(hidden, state)
         hidden = self.pre_transformer(hidden.transpose(1, 2), state).transpose(1, 2)
-        for transposed, convnext in self.upsample:
+        for pair in self.upsample:
+            transposed, convnext = cast(nn.ModuleList, pair)  # ModuleList items are typed as Module
             hidden = convnext(transposed(hidden, state), state)
         for stage in self.decoder:
             hidden = stage(hidden, state)

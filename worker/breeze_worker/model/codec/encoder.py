@@ -100,7 +100,8 @@ class ReferenceEncoder(nn.Module):
         """Drop codebook tables cached from the weights before they were loaded."""
         for module in self.mimi.modules():
             if hasattr(module, "_embed"):
-                module._embed = None
+                # a plain attribute of transformers' codebook, outside the Tensor | Module that nn.Module types
+                module._embed = None  # type: ignore[assignment]
 
     @property
     def device(self) -> torch.device:

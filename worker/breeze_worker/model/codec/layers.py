@@ -43,7 +43,9 @@ class TwoFormConvolution(nn.Module):
     and Dynamo guards `shape in dict` on that one key but `shape in set` on the whole set's contents, so
     with a set every bucket tuned later would invalidate the compiled steps of the buckets before it."""
 
-    def __init__(self):
+    conv: nn.Conv1d | nn.ConvTranspose1d  # the library's form, set by the subclass
+
+    def __init__(self) -> None:
         super().__init__()
         self.gemm_shapes: dict[tuple[int, ...], bool] = {}
 
@@ -69,6 +71,8 @@ class CausalConv1d(TwoFormConvolution):
     """Stride-1 convolution that only looks back: `(kernel - 1) * dilation` samples of left context; its
     GEMM form is `conv1d_as_gemm`."""
 
+    conv: nn.Conv1d
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
@@ -93,6 +97,7 @@ class CausalConv1d(TwoFormConvolution):
         if state is None:
             return self.convolve(F.pad(x, (self.context_steps, 0)))
         slot = self.stream_slot
+        assert slot is not None  # numbered by the decoder, as every convolution with context is
         x, state.contexts[slot] = slide_context(state.contexts[slot], x)
         return self.convolve(x)
 
@@ -128,6 +133,8 @@ class CausalTransposedConv1d(TwoFormConvolution):
     Its GEMM form is `conv_transpose1d_as_gemm`.
     """
 
+    conv: nn.ConvTranspose1d
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
         super().__init__()
         if kernel_size < stride:
@@ -154,6 +161,7 @@ class CausalTransposedConv1d(TwoFormConvolution):
         if state is None or self.context_steps == 0:
             return self.convolve(x)[..., : steps * self.stride]
         slot = self.stream_slot
+        assert slot is not None  # numbered by the decoder, as every convolution with context is
         x, state.contexts[slot] = slide_context(state.contexts[slot], x)
         start = self.context_steps * self.stride
         return self.convolve(x)[..., start : start + steps * self.stride]

@@ -68,11 +68,11 @@ class DecoderStreamState:
         attention: Sequence[AttentionSpec],
         device: torch.device | str = "cpu",
     ) -> DecoderStreamState:
-        f32 = dict(dtype=torch.float32, device=device)
+        f32 = torch.float32
         return cls(
-            contexts=[torch.zeros(batch, c.channels, c.steps, **f32) for c in contexts],
-            keys=[torch.zeros(batch, a.kv_heads, a.slots, a.head_dim, **f32) for a in attention],
-            values=[torch.zeros(batch, a.kv_heads, a.slots, a.head_dim, **f32) for a in attention],
+            contexts=[torch.zeros(batch, c.channels, c.steps, dtype=f32, device=device) for c in contexts],
+            keys=[torch.zeros(batch, a.kv_heads, a.slots, a.head_dim, dtype=f32, device=device) for a in attention],
+            values=[torch.zeros(batch, a.kv_heads, a.slots, a.head_dim, dtype=f32, device=device) for a in attention],
             position=torch.zeros(batch, dtype=torch.int64, device=device),
         )
 

@@ -7,6 +7,8 @@ values of those previous frames per request (see streaming.py). Names follow the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,7 +16,7 @@ from torch import nn
 from breeze_worker.model.codec.config import DecoderConfig
 from breeze_worker.model.codec.streaming import AttentionSpec, DecoderStreamState, window_mask
 
-_ACTIVATIONS = {
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "relu": F.relu,
     "gelu": F.gelu,

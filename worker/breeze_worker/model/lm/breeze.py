@@ -24,6 +24,8 @@ from breeze_worker.model.lm.text_encoder import TextEncoder
 
 
 class BreezeLM(nn.Module):
+    codebook_offsets: torch.Tensor  # a non-persistent buffer: codebook index * vocab_size
+
     def __init__(self, config: BreezeConfig):
         super().__init__()
         self.config = config

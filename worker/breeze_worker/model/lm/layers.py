@@ -35,6 +35,7 @@ class KVCache:
     def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
         if old_k is not None:
+            assert old_v is not None  # keys and values are stored together
             key = torch.cat((old_k, key), dim=2)
             value = torch.cat((old_v, value), dim=2)
         self.keys[layer_idx], self.values[layer_idx] = key, value
@@ -121,6 +122,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=bias)
+        self.q_norm: RMSNorm | None
+        self.k_norm: RMSNorm | None
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_unit_offset)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_unit_offset)
@@ -138,7 +141,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q = apply_rotary(q.transpose(1, 2), cos, sin)

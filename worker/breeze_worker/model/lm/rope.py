@@ -44,13 +44,14 @@ def llama3_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> tor
 
 
 def inv_freq_for(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    options = scaling or {}
+    kind = options.get("rope_type", options.get("type", "default"))
     if kind == "default":
         return default_inv_freq(head_dim, theta)
     if kind == "linear":
-        return linear_inv_freq(head_dim, theta, float(scaling["factor"]))
+        return linear_inv_freq(head_dim, theta, float(options["factor"]))
     if kind == "llama3":
-        return llama3_inv_freq(head_dim, theta, scaling)
+        return llama3_inv_freq(head_dim, theta, options)
     raise ValueError(f"unsupported RoPE type {kind!r}")
 
 

@@ -13,6 +13,8 @@ Segments are right padded; positions are 0..len-1 in each row.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -99,5 +101,6 @@ class TextEncoder(nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         ropes = {kind: rotary(positions, x.dtype) for kind, rotary in self.rotary.items()}
         for layer in self.layers:
-            x = layer(x, ropes[layer.layer_type], masks[layer.layer_type])
+            kind = cast(TextEncoderLayer, layer).layer_type  # ModuleList items are typed as Module
+            x = layer(x, ropes[kind], masks[kind])
         return self.norm(x)
