@@ -12,7 +12,7 @@ import io
 import os
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import zstandard
 
@@ -28,7 +28,10 @@ from breeze_client.types import (
     SynthesisResult,
     SynthesisTiming,
 )
-from breeze_tts_proto.v1 import artifacts_pb2, synthesis_pb2
+from breeze_tts_proto.v1 import artifacts_pb2, common_pb2, synthesis_pb2
+
+if TYPE_CHECKING:
+    from _hashlib import HASH
 
 
 class SynthesisReceiver:
@@ -40,7 +43,10 @@ class SynthesisReceiver:
         self._audio = bytearray()
         self._audio_bytes = 0  # every PCM byte received, collected or not
         self._chunks = 0
-        self._started_ns = self._first_ns = self._final_ns = self._server_first = None
+        self._started_ns: int | None = None
+        self._first_ns: int | None = None
+        self._final_ns: int | None = None
+        self._server_first: int | None = None
         self._finished: synthesis_pb2.JobFinished | None = None
         self._cpu = hostcpu.sample()  # the thread that reads the stream: its CPU wait is evidence
         self._cpu_ns: tuple[int | None, int | None] = (None, None)
@@ -132,14 +138,14 @@ class FetchReceiver:
         self._owns_file = self.path is not None
         self._dest = dest
         self._file: BinaryIO | None = None  # opened at the first message: a failed call leaves no file behind
-        self._hash = None
+        self._hash: HASH | None = None
         self.position = offset
         self.received = self.wire = self.chunks = self.resumes = 0
         self.write_ns = 0
         self.write_in_transfer_ns = 0  # write time between the first and the last byte received
         self._last_write_ns = 0  # the latest write's duration (inside the transfer once another chunk arrives)
         self.first_message_bytes = 0  # file bytes carried by the stream's first message (its header)
-        self.info = None
+        self.info: common_pb2.ArtifactInfo | None = None
         self.stream_window_bytes = stream_window_bytes
         self._t: dict[str, int | None] = {k: None for k in (
             "request_sent", "received", "opened", "first_sent", "first_recv", "last_sent", "last_recv", "fsynced",
@@ -150,20 +156,26 @@ class FetchReceiver:
         self._cpu: hostcpu.CpuSample | None = None
         self._decompressor = zstandard.ZstdDecompressor()
 
-    def _open(self) -> None:
+    def _open(self) -> BinaryIO:
+        """Open the destination (at the first message); returns it, also kept as `_file`."""
         self._hash = self._hash_prefix(self.offset)  # before the file is opened (and maybe truncated)
-        if self._dest is None:
-            self._file = io.BytesIO()
-        elif self._owns_file:
-            resume = self.offset > 0 and os.path.exists(self.path)
-            self._file = open(self.path, "r+b" if resume else "wb")
+        dest = self._dest
+        file: BinaryIO
+        if dest is None:
+            file = io.BytesIO()
+        elif isinstance(dest, (str, Path)):  # a path: the file is ours (`self.path`)
+            path = str(dest)
+            resume = self.offset > 0 and os.path.exists(path)
+            file = open(path, "r+b") if resume else open(path, "wb")
             if resume:  # continue right after the bytes already on disk
-                self._file.seek(self.offset)
-                self._file.truncate(self.offset)
+                file.seek(self.offset)
+                file.truncate(self.offset)
         else:
-            self._file = self._dest
+            file = dest
+        self._file = file
+        return file
 
-    def _hash_prefix(self, offset: int):
+    def _hash_prefix(self, offset: int) -> HASH | None:
         """sha256 over bytes [0, offset) already in the destination file (None if they cannot be read)."""
         h = hashlib.sha256()
         if offset == 0:
@@ -190,8 +202,7 @@ class FetchReceiver:
 
     def on_message(self, msg: artifacts_pb2.FetchArtifactResponse, received_ns: int) -> int:
         """Handle one message; returns the file bytes it carried."""
-        if self._file is None:
-            self._open()
+        file = self._file if self._file is not None else self._open()
         if msg.HasField("info") and self.info is None:
             self.info = msg.info
             c = self.clock
@@ -226,7 +237,7 @@ class FetchReceiver:
         self._worker_chunk(msg, received_ns, len(data))
         self.write_in_transfer_ns += self._last_write_ns  # this chunk arrived after the previous write ended
         t0 = time.perf_counter_ns()
-        self._file.write(data)
+        file.write(data)
         self._last_write_ns = time.perf_counter_ns() - t0
         self.write_ns += self._last_write_ns
         if self._hash is not None:
@@ -254,7 +265,7 @@ class FetchReceiver:
         self._prev_sent = None
 
     def finish(self, verify: bool = True) -> FetchResult:
-        if self.info is None:
+        if self.info is None or self._file is None:  # the first message opens the file
             raise ProtocolError(f"the Fetch stream of {self.artifact_id} ended without its first message")
         self._file.flush()
         if not isinstance(self._file, io.BytesIO):
@@ -262,9 +273,9 @@ class FetchReceiver:
                 os.fsync(self._file.fileno())
             except (OSError, io.UnsupportedOperation, AttributeError, ValueError):
                 pass  # a pipe or an in-memory file: nothing to sync
-        complete = self.limit == 0 and self.position == self.info.size_bytes and self._hash is not None
+        complete = self.limit == 0 and self.position == self.info.size_bytes  # the whole file, from byte 0
         verified = False
-        if verify and complete:
+        if verify and complete and self._hash is not None:  # None: the bytes before a resume could not be read
             digest = self._hash.hexdigest()
             if digest != self.info.sha256:
                 self._close()
@@ -276,8 +287,11 @@ class FetchReceiver:
         data = self._file.getvalue() if isinstance(self._file, io.BytesIO) else None
         self._close()
         c, t = self.clock, self._t
+        request_sent = t["request_sent"]
+        if request_sent is None:  # stamped by next_request, which every fetch calls before its first message
+            raise RuntimeError(f"the fetch of {self.artifact_id} finished without a request (call next_request)")
         timing = FetchTiming(
-            request_sent_ns=t["request_sent"], server_request_received_ns=t["received"],
+            request_sent_ns=request_sent, server_request_received_ns=t["received"],
             server_file_opened_ns=t["opened"], server_first_byte_sent_ns=t["first_sent"],
             first_byte_received_ns=t["first_recv"], server_last_byte_sent_ns=t["last_sent"],
             last_byte_received_ns=t["last_recv"], file_fsynced_ns=t["fsynced"], write_ns=self.write_ns,

@@ -121,6 +121,7 @@ def _one(client: BreezeClient, request: SynthesisRequest, timeout_s: float | Non
     arrivals = [chunk.received_ns for chunk in stream]
     result = stream.result
     timing, stats = result.timing, result.stats
+    assert timing.final_received_ns is not None  # a stream has a result once its final message arrived
     wall_s = (timing.final_received_ns - timing.request_sent_ns) / 1e9
     return {
         "sent_ns": timing.request_sent_ns, "final_ns": timing.final_received_ns, "wall_s": wall_s,
@@ -247,6 +248,7 @@ def run_bench(make_client: Callable[[], BreezeClient], labels: list[str], *, war
         info = clients[0].worker_info()
         for c in clients:
             c.clock()  # the clock exchange happens before any timed call
+        label_docs: list[dict] = []
         doc = {"schema": SCHEMA, "meta": {
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "target": clients[0].options.target, "worker_model": info.model_description,
@@ -255,7 +257,7 @@ def run_bench(make_client: Callable[[], BreezeClient], labels: list[str], *, war
             "frames_override": frames, "request_options": options, "frame_limit_note": FRAME_LIMIT_NOTE,
             "speech_rate_words_per_s": SPEECH_RATE, "streaming": True, "frames_per_chunk": 1,
             "request_kinds": dict(Counter(mix.kind(i) if mix else "plain" for i in range(concurrency)))},
-            "labels": []}
+            "labels": label_docs}
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench-client") as pool:
             for name in labels:
                 label = LABELS[name]
@@ -270,7 +272,7 @@ def run_bench(make_client: Callable[[], BreezeClient], labels: list[str], *, war
                         progress(f"{name}: iteration {i + 1}/{iterations} x {concurrency} clients")
                     rounds.append(_round(clients, pool, label, limit, seed + 1000 * i, options, timeout_s, mix))
                 requests = [r for batch in rounds for r in batch]
-                doc["labels"].append(summarize(label, limit, requests, rounds))
+                label_docs.append(summarize(label, limit, requests, rounds))
         return doc
     finally:
         for c in clients:

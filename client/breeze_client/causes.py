@@ -190,9 +190,9 @@ def _first_byte_transit(t: Timeline, pt: PhaseTime) -> Finding:
     if held and span is not None and transfer_bytes(t) > 0 and span <= HELD_BURST_SHARE * d:
         ev.append(f"then all {transfer_bytes(t) / 1e6:.2f} MB of data arrived within {_s(span)}: the first byte was "
                   "held back with the rest and released in one burst")
-        if (rate := delivery_rate(t)) is not None:
-            ev.append(f"through the buffer the path delivered {_rate(rate)} (first byte sent -> last byte received); "
-                      "the burst rate behind it says nothing about the path")
+        if (delivered := delivery_rate(t)) is not None:
+            ev.append(f"through the buffer the path delivered {_rate(delivered)} (first byte sent -> last byte "
+                      "received); the burst rate behind it says nothing about the path")
         sent = _ev(t, "worker_send_span_ns")
         if sent:
             ev.append(f"the worker spent {_s(sent)} sending the data")
@@ -269,8 +269,8 @@ def _rate_cause(t: Timeline, rate: float | None, ev: list[str], duration_ns: int
 
 def _queued(t: Timeline) -> bool:
     """Whether chunks queued on the path (the slowest took two round trips, and 20 ms, longer than the fastest)."""
-    queue = _ev(t, "path_queue_ns")
-    return queue is not None and bool(t.rtt_ns) and queue >= max(2 * t.rtt_ns, QUEUE_MIN_NS)
+    queue, rtt = _ev(t, "path_queue_ns"), t.rtt_ns
+    return queue is not None and rtt is not None and rtt != 0 and queue >= max(2 * rtt, QUEUE_MIN_NS)
 
 
 def _in_flight(t: Timeline, rate: float, rtt: float, ev: list[str]) -> tuple[float, float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import SupportsIndex, SupportsInt
 
 import grpc
 import grpc.experimental
@@ -107,9 +108,16 @@ def fixed_stream_window(opts: ConnectionOptions) -> int | None:
     max(window, chunk size) in flight per round trip.
     """
     extra = dict(opts.extra_options)
-    if int(extra.get("grpc.http2.bdp_probe", 1)):
+    if _int_option(extra.get("grpc.http2.bdp_probe", 1)):
         return None
-    return int(extra.get("grpc.http2.lookahead_bytes", DEFAULT_STREAM_WINDOW))
+    return _int_option(extra.get("grpc.http2.lookahead_bytes", DEFAULT_STREAM_WINDOW))
+
+
+def _int_option(value: object) -> int:
+    """A channel option's value as an int (options are typed `object`: gRPC takes ints and strings)."""
+    if isinstance(value, (str, bytes, SupportsInt, SupportsIndex)):
+        return int(value)
+    raise TypeError(f"channel option value {value!r} is not a number")
 
 
 def channel_options(opts: ConnectionOptions, balanced: bool = False, sync: bool = False) -> list[tuple[str, object]]:
@@ -146,6 +154,7 @@ def _credentials(opts: ConnectionOptions) -> grpc.ChannelCredentials:
     roots = Path(opts.tls_ca).read_bytes() if opts.tls_ca is not None else None
     if opts.tls_cert is None:
         return grpc.ssl_channel_credentials(root_certificates=roots)
+    assert opts.tls_key is not None  # ConnectionOptions.__post_init__: tls_cert and tls_key come together
     return grpc.ssl_channel_credentials(root_certificates=roots, private_key=Path(opts.tls_key).read_bytes(),
                                         certificate_chain=Path(opts.tls_cert).read_bytes())
 

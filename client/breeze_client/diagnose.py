@@ -122,10 +122,11 @@ class SweepResult:
     def to_dict(self) -> dict:
         s = summarize("fetch", self.fetch_seconds())
         rates = [r for t in self.timelines if (r := transfer_rate(t))]
+        rate_p50 = summarize("rate", rates).p50_s  # None: no run measured a transfer rate
         return {"config": {"chunk_size": self.config.chunk_size, "compression": self.config.compression},
                 "label": self.config.label, "request_to_disk": s.to_dict(),
                 "transfer": self.diagnosis.summaries["transfer"].to_dict(),
-                "mb_per_s_p50": summarize("rate", rates).p50_s / 1e6 if rates else None,
+                "mb_per_s_p50": None if rate_p50 is None else rate_p50 / 1e6,
                 "wire_bytes": sum(t.wire_bytes for t in self.timelines), "dominant": self.diagnosis.verdict.title}
 
 
@@ -347,7 +348,7 @@ def format_text(run: DiagnoseRun) -> str:
         if broken:
             lines.append(f"{'generation done -> disk':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}  (it crosses "
                          "the broken clock mapping)")
-        f = summarize("fetch", [None if (v := fetch_ns(tl)) is None else v / 1e9 for tl in run.timelines])
+        f = summarize("fetch", [None if (ns := fetch_ns(tl)) is None else ns / 1e9 for tl in run.timelines])
         lines.append(f"{'request -> disk':<31}{format_seconds(f.p50_s):>11}{format_seconds(f.p95_s):>11}"
                      f"{format_seconds(f.max_s):>11}"
                      + ("" if broken else "  (generation done is unknown for existing artifacts)"))
@@ -360,9 +361,10 @@ def format_text(run: DiagnoseRun) -> str:
     elif any("artifact_committed" in tl.events for tl in run.timelines):
         lines.append(f"{'committed -> requested':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}{meaning}")
     rates = [r for tl in run.timelines if (r := transfer_rate(tl))]
-    if rates:
+    rate = summarize("rate", rates).p50_s  # None: no run measured a transfer rate
+    if rate is not None:
         delivered = [r for tl in run.timelines if (r := delivery_rate(tl))]
-        rate, through = summarize("rate", rates).p50_s, summarize("rate", delivered).p50_s if delivered else None
+        through = summarize("rate", delivered).p50_s  # None: no delivery rate either
         burst = through is not None and through < rate / 3  # the bytes came in a burst after being held
         lines.append(f"transfer rate p50: {rate / 1e6:.2f} MB/s"
                      + ("" if through is None else
@@ -376,11 +378,11 @@ def format_text(run: DiagnoseRun) -> str:
     lines.append(f"fix: {v.fix}")
     if run.sweep:
         lines += ["", f"{'sweep':<26}{'request->disk p50':>18}{'transfer p50':>14}{'MB/s':>8}{'wire MB':>9}"]
-        for s in run.sweep:
-            row = s.to_dict()
-            rate = row["mb_per_s_p50"]
-            lines.append(f"{s.config.label:<26}{format_seconds(row['request_to_disk']['p50_s']):>18}"
-                         f"{format_seconds(row['transfer']['p50_s']):>14}{'-' if rate is None else f'{rate:.1f}':>8}"
-                         f"{row['wire_bytes'] / 1e6:>9.2f}")
+        for sweep in run.sweep:
+            sweep_row = sweep.to_dict()
+            mb_s = sweep_row["mb_per_s_p50"]
+            lines.append(f"{sweep.config.label:<26}{format_seconds(sweep_row['request_to_disk']['p50_s']):>18}"
+                         f"{format_seconds(sweep_row['transfer']['p50_s']):>14}"
+                         f"{'-' if mb_s is None else f'{mb_s:.1f}':>8}{sweep_row['wire_bytes'] / 1e6:>9.2f}")
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from breeze_client.clock import ClockMapping
-from breeze_client.clockcheck import ClockCheck, Exchange, Group, check
+from breeze_client.clockcheck import ClockCheck, Exchange, Group, GroupMapping, check
 from breeze_client.phases import Timeline
 from breeze_client.types import ArtifactRef, FetchResult, SynthesisResult
 
@@ -112,12 +112,11 @@ def build_timeline(label: str, fetch: FetchResult, *, synthesis: SynthesisResult
         if not w:
             continue
         # a broken group's events still give its same-clock phases; its crossing ones are unmeasured below
-        offset = g.offset_ns if g.ok else _nearest(mapping, g.name, groups)
-        events[name] = w - offset
+        events[name] = w - _offset(mapping, g, groups)
         event_unc[name] = g.uncertainty_ns
     if w_commit_started and ref_group in mapping.groups:
         g = mapping.groups[ref_group]
-        ev["commit_started"] = w_commit_started - (g.offset_ns if g.ok else _nearest(mapping, g.name, groups))
+        ev["commit_started"] = w_commit_started - _offset(mapping, g, groups)
     unmeasured = {phase: f"clock mapping broken: {g.source}" for g in mapping.groups.values() if not g.ok
                   for phase in _CROSSING[g.name]}
     unmeasured.update({f"event:{name}": "placed with an unchecked mapping (clock mapping broken)"
@@ -133,6 +132,11 @@ def build_timeline(label: str, fetch: FetchResult, *, synthesis: SynthesisResult
         first_chunk_bytes=fetch.first_message_bytes, parallel=max(1, parallel),
         extra=dict(extra, verified=fetch.verified), event_uncertainty_ns=event_unc, unmeasured=unmeasured,
         evidence=ev, clock=mapping.to_dict())
+
+
+def _offset(mapping: ClockCheck, g: GroupMapping, groups: Sequence[Group]) -> int:
+    """The group's offset, or for a broken group (no offset) the nearest clock exchange's."""
+    return g.offset_ns if g.offset_ns is not None else _nearest(mapping, g.name, groups)
 
 
 def _nearest(mapping: ClockCheck, name: str, groups: Sequence[Group]) -> int:
@@ -157,7 +161,8 @@ def _fetch_evidence(fetch: FetchResult, w_rr, w_opened, w_first_data, w_lbs) -> 
         ev["data_receive_span_ns"] = ft.last_byte_received_ns - ft.first_data_received_ns
     if ft.cpu_wait_ns is not None:
         ev["client_cpu_wait_ns"] = ft.cpu_wait_ns
-        ev["client_cpu_run_ns"] = ft.cpu_run_ns
+        if ft.cpu_run_ns is not None:  # hostcpu gives both or neither; an unknown one stays absent
+            ev["client_cpu_run_ns"] = ft.cpu_run_ns
     if fetch.stream_window_bytes:
         ev["stream_window_bytes"] = fetch.stream_window_bytes
     return ev

@@ -161,6 +161,12 @@ class Timeline:
     def clock_status(self) -> str:
         return str(self.clock.get("status", "ok"))
 
+    @property
+    def clock_evidence(self) -> tuple[str, ...]:
+        """The clock check's evidence lines (none when it found nothing or did not run)."""
+        lines = self.clock.get("evidence") or ()
+        return tuple(str(line) for line in lines) if isinstance(lines, (list, tuple)) else ()
+
     def placed(self, event: str) -> bool:
         """Whether the event's place on the client clock is known (not merely its distance to its neighbours)."""
         return event in self.events and f"event:{event}" not in self.unmeasured
@@ -216,7 +222,8 @@ class PhaseTime:
     @property
     def below_uncertainty(self) -> bool:
         """True when the phase is too short to tell from the clock mapping's error."""
-        return self.known and self.uncertainty_ns > 0 and abs(self.duration_ns) <= self.uncertainty_ns
+        duration = self.duration_ns
+        return duration is not None and self.uncertainty_ns > 0 and abs(duration) <= self.uncertainty_ns
 
     @property
     def seconds(self) -> float | None:
@@ -271,7 +278,7 @@ def _write_overlap(timeline: Timeline) -> int:
 
 def phases_dict(timeline: Timeline) -> dict:
     """One run's phases for JSON: attributed duration, raw span, uncertainty and the below-uncertainty label."""
-    out = {}
+    out: dict[str, dict[str, object]] = {}
     for pt in phase_times(timeline):
         out[pt.phase.name] = {
             "duration_s": pt.seconds, "span_s": None if pt.span_ns is None else pt.span_ns / 1e9,

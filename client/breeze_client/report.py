@@ -106,10 +106,12 @@ def _waterfall(timeline: Timeline, index: int) -> str:
                      'stroke="#eee"/>')
         start = timeline.events.get(pt.phase.start)
         state = "measured"
+        x: float  # the bar's left edge
         if not pt.known:
             state = "unmeasured" if pt.why else "unknown"
             x, w, text = LABEL_W, 2.0 if state == "unknown" else 12.0, pt.why or "unknown"
         else:
+            assert start is not None and pt.span_ns is not None  # a measured phase has both events and its span
             x = LABEL_W + PLOT_W * (start - t0) / span
             w = min(max(PLOT_W * max(pt.span_ns, 0) / span, 2.0), PLOT_W)
             if not _placed(timeline, pt):  # its length is known, its place on the client clock is not
@@ -194,7 +196,7 @@ def _run_header(t: Timeline, i: int) -> str:
         facts.append(f"committed → requested {format_seconds(w / 1e9)}")
     if (r := delivery_rate(t)) is not None:
         facts.append(f"delivered {r / 1e6:.2f} MB/s")
-    clock = "".join(f"<li>{_esc(e)}</li>" for e in t.clock.get("evidence") or [])
+    clock = "".join(f"<li>{_esc(e)}</li>" for e in t.clock_evidence)
     return (f"<h3>run {i + 1}: {_esc(t.label)} <span class='muted'>({_esc(', '.join(facts))})</span></h3>"
             + (f"<ul class='clock'>{clock}</ul>" if clock else ""))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 
 def _ms(a: int | None, b: int | None) -> float | None:
@@ -16,8 +17,11 @@ def _ms(a: int | None, b: int | None) -> float | None:
 
 
 class _Dict:
+    # every subclass is a dataclass (this declares what @dataclass adds, so asdict accepts `self`)
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)  # type: ignore[arg-type]
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -248,8 +252,8 @@ class FetchResult(_Dict):
                   "last_byte_received": t.last_byte_received_ns, "file_fsynced": t.file_fsynced_ns}
         server = {"request_received": t.server_request_received_ns, "first_byte_sent": t.server_first_byte_sent_ns}
         # the server_* fields are already mapped: undo the offset so map_timeline applies it once
-        server = {k: v + t.clock_offset_ns for k, v in server.items() if v}
-        return map_timeline(label or self.artifact_id, {k: v for k, v in client.items() if v}, server,
+        raw_server = {k: v + t.clock_offset_ns for k, v in server.items() if v}
+        return map_timeline(label or self.artifact_id, {k: v for k, v in client.items() if v}, raw_server,
                             offset_ns=t.clock_offset_ns, uncertainty_ns=t.clock_uncertainty_ns,
                             file_bytes=self.bytes_received, wire_bytes=self.wire_bytes, chunk_size=self.chunk_size,
                             chunks=self.chunks, compression=self.compression, rtt_ns=t.clock_rtt_ns or None,

@@ -22,6 +22,7 @@ from breeze_client.causes import classify
 from breeze_client.phases import (
     PHASE_NAMES,
     PHASES_BY_NAME,
+    PhaseTime,
     Summary,
     Timeline,
     fetch_ns,
@@ -127,13 +128,15 @@ class Diagnosis:
                 "verdict": self.verdict.to_dict(), "clock": list(self.clock)}
 
 
-def _median_run(timelines: Sequence[Timeline], phase: str):
+def _median_run(timelines: Sequence[Timeline], phase: str
+                ) -> tuple[list[tuple[Timeline, PhaseTime]], tuple[Timeline, PhaseTime] | None]:
     """The runs with `phase` measured, as (timeline, PhaseTime), and the one whose duration is the median."""
     index = PHASE_NAMES.index(phase)
-    measured = [(t, phase_times(t)[index]) for t in timelines]
-    measured = [(t, pt) for t, pt in measured if pt.known]
-    ordered = sorted(measured, key=lambda x: x[1].duration_ns)
-    return measured, ordered[(len(ordered) - 1) // 2] if ordered else None
+    runs = [(t, phase_times(t)[index]) for t in timelines]
+    measured = [(t, pt) for t, pt in runs if pt.known]
+    # (duration, index) pairs: ties keep the runs' order, as a stable sort on the duration does
+    ordered = sorted((pt.duration_ns, i) for i, (_, pt) in enumerate(measured) if pt.duration_ns is not None)
+    return measured, measured[ordered[(len(ordered) - 1) // 2][1]] if ordered else None
 
 
 def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
@@ -155,6 +158,7 @@ def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
     if findings:  # the majority; a tie goes to the median run's cause; its evidence is the median run's if it agrees
         top = max(votes.values())
         tied = [c for c, n in votes.items() if n == top]
+        assert median is not None  # the findings are the measured runs', so there is a median run
         median_finding = next(f for t, f in findings if t is median[0])
         cause = median_finding.cause if median_finding.cause in tied else tied[0]
         rep = median_finding if median_finding.cause == cause else next(f for _, f in findings if f.cause == cause)
@@ -172,8 +176,7 @@ def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
     statuses = tuple(t.clock_status for t in timelines)
     for i, t in enumerate(timelines):
         if t.clock_status != "ok":
-            lines = t.clock.get("evidence") or []
-            evidence += [f"run {i + 1} clock {t.clock_status}: {line}" for line in lines]
+            evidence += [f"run {i + 1} clock {t.clock_status}: {line}" for line in t.clock_evidence]
     broken = sum(1 for st in statuses if st == "broken")
     if whole is not None and whole <= HEALTHY_BUDGET_S and broken * 2 < len(timelines):
         evidence.append(f"the whole retrieval ({whole_label} p50 {format_seconds(whole)}) is within the "

@@ -170,7 +170,13 @@ def setting_fields(cls: type, path: tuple[str, ...] = ()) -> tuple[SettingField,
         spec = f.metadata.get("setting")
         if spec is None:  # a library-only field (no variable, no flag)
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if not issubclass(cls, _Section):  # the prefixes below are a section's
+            raise TypeError(f"setting {cls.__name__}.{f.name} is declared outside a settings section")
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            assert f.default_factory is not dataclasses.MISSING  # `setting` gives a default or a default factory
+            default = f.default_factory()
         env = spec.env or f"{cls.ENV_PREFIX}{f.name.upper()}"
         flag = spec.flag or f"--{cls.FLAG_PREFIX}{f.name.replace('_', '-')}"
         out.append(SettingField(path + (f.name,), kind, optional, default, spec, env, flag))
@@ -184,7 +190,8 @@ class _Section:
     FLAG_PREFIX: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        for f in setting_fields(type(self)):
+        # mypy#11470: a `type[...]` value is checked against Hashable with its instances' __hash__
+        for f in setting_fields(type(self)):  # type: ignore[arg-type]
             if len(f.path) == 1:  # nested sections checked themselves
                 problem = f.problem(getattr(self, f.name))
                 if problem:
@@ -457,7 +464,7 @@ class WorkerSettings:
         env = os.environ if environ is None else environ
         given = dict(overrides or {})
         values: dict[tuple[str, ...], Any] = {}
-        for f in setting_fields(cls):
+        for f in setting_fields(cls):  # type: ignore[arg-type]  # mypy#11470, as in _Section.__post_init__
             if given.get(f.dest) is not None:
                 values[f.path] = given[f.dest]
             elif f.env in env and (env[f.env].strip() or f.optional):  # empty: unset, or None where allowed

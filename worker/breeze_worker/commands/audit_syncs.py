@@ -60,17 +60,18 @@ def audit(args: argparse.Namespace) -> dict:
     model = load_model(args, device)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
     settings = served.fastpath
-    doc = {
+    path_docs: list[dict] = []
+    doc: dict[str, object] = {
         "schema": SCHEMA,
         "meta": {**device_meta(device), "date": datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"), "model": args.model or f"random-{args.size}", "precision": str(model.dtype),
                  "frames": args.frames, "cfg": bool(args.cfg), "seed": args.seed, "budget": args.budget},
-        "paths": [],
+        "paths": path_docs,
     }
     for path in paths:
         log.info("auditing the %s path (%d frames)", path, args.frames)
-        doc["paths"].append(audit_path(model, request, device, path, args.budget, settings=settings))
-    doc["within_budget"] = all(p["within_budget"] for p in doc["paths"])
+        path_docs.append(audit_path(model, request, device, path, args.budget, settings=settings))
+    doc["within_budget"] = all(p["within_budget"] for p in path_docs)
     return doc
 
 

@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
             unload()
     for policy in reversed(policies):
         reloaded = model is None
-        model = load(policy, first=False) if reloaded else model
+        if model is None:
+            model = load(policy, first=False)
         for p, frames, v in measured:
             if p is policy:
                 v.update(instrument_variant(v["name"], v["path"], v["cfg"], model, device, frames=frames,

@@ -96,19 +96,18 @@ def run(args: argparse.Namespace) -> int:
     stats = stepper.stats()
     log.info("batched stepper: %d shapes, compiled %s, compile %.1f s, capture %.1f s, built in %.1f s",
              len(stats["shapes"]), stats["compiled"], stats["compile_s"], stats["capture_s"], build_s)
-    doc = {
-        "schema": "breeze-bench-concurrency/2",
-        "meta": {"device": device_name(device), "device_type": device.type,
-                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                 "commit": args.commit, **software_versions(device), "python": platform.python_version(),
-                 "model": args.model or f"random-{args.size}", "precision": policy.name, "frames": args.frames,
-                 "seed": args.seed, "capacity": model.generation_defaults.max_sequence,
-                 "max_streams": stepper.max_streams, "graphs": stats["graphs"],
-                 "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
-                 "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
-                 "stepper": stats, "codec": model.codec is not None, "codec_overlap": served.codec_overlap,
-                 "codec_tf32": codec_tf32, "codec_compile": served.codec_compile},
-    }
+    meta: dict[str, object] = {
+        "device": device_name(device), "device_type": device.type,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": args.commit, **software_versions(device), "python": platform.python_version(),
+        "model": args.model or f"random-{args.size}", "precision": policy.name, "frames": args.frames,
+        "seed": args.seed, "capacity": model.generation_defaults.max_sequence,
+        "max_streams": stepper.max_streams, "graphs": stats["graphs"],
+        "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
+        "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
+        "stepper": stats, "codec": model.codec is not None, "codec_overlap": served.codec_overlap,
+        "codec_tf32": codec_tf32, "codec_compile": served.codec_compile}
+    doc: dict[str, object] = {"schema": "breeze-bench-concurrency/2", "meta": meta}
 
     def save(rows=None) -> None:
         if rows is not None:
@@ -117,25 +116,25 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
-    doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
-                                            stepper=stepper, compare_overlap=args.compare_overlap,
-                                            codec_overlap=served.codec_overlap, on_row=save,
-                                            stall_dump_s=args.stall_dump_s or None)
-    print(sweep.table(doc["rows"]), flush=True)
+    rows = doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
+                                                   stepper=stepper, compare_overlap=args.compare_overlap,
+                                                   codec_overlap=served.codec_overlap, on_row=save,
+                                                   stall_dump_s=args.stall_dump_s or None)
+    print(sweep.table(rows), flush=True)
     batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)
-    doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
+    targets = doc["targets"] = sweep.check_targets(rows, batch1_ms, source)
     save()
     if args.batch1:  # before the agreement: the targets compare the 1-stream row with it
-        doc["batch1"] = _batch1(model, device, args.frames, args.seed, fastpath)
-        batch1_ms, source = doc["batch1"]["ms_per_frame"], "measured in this run"
-        doc["targets"] = sweep.check_targets(doc["rows"], batch1_ms, source)
+        batch1 = doc["batch1"] = _batch1(model, device, args.frames, args.seed, fastpath)
+        batch1_ms, source = batch1["ms_per_frame"], "measured in this run"
+        targets = doc["targets"] = sweep.check_targets(rows, batch1_ms, source)
         save()
-    one = next((r for r in doc["rows"] if r["streams"] == 1), None)
+    one = next((r for r in rows if r["streams"] == 1), None)
     if one is not None:
         print(f"1 stream: LM {_fmt(one.get('lm_only_step_ms_p50'))} ms/frame without the codec "
               f"(step with codec {one['step_ms_p50']:.2f} ms: LM {_fmt(one.get('lm_ms_p50'))} + codec "
               f"{_fmt(one.get('codec_ms_p50'))}); batch-1 fast path: {_fmt(batch1_ms)} ms/frame ({source})")
-    print("targets:", {k: v for k, v in doc["targets"].items() if k != "targets"}, flush=True)
+    print("targets:", {k: v for k, v in targets.items() if k != "targets"}, flush=True)
     if args.profile_streams:
         doc["lm_profile"] = _profile(model, stepper, device, args.profile_streams, args.seed)
         save()
@@ -151,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{a['identical_fraction']:.3f} of frames identical; first differing frame per stream "
                   f"{a['first_differing_frame']}", flush=True)
             save()
-    doc["meta"]["stepper"] = stepper.stats()
+    meta["stepper"] = stepper.stats()
     save()
     return 0
 

@@ -176,7 +176,8 @@ def cuda_facts(device: torch.device, smi: SmiSample | None = None) -> DeviceFact
     clocks, driver, power, and the memory and utilization of other processes."""
     index = device.index or 0
     props = torch.cuda.get_device_properties(index)
-    facts = DeviceFacts(type="cuda", name=props.name, index=index, capability=(props.major, props.minor),
+    capability = (props.major, props.minor)
+    facts = DeviceFacts(type="cuda", name=props.name, index=index, capability=capability,
                         memory_total_bytes=int(props.total_memory), multiprocessors=props.multi_processor_count,
                         uuid=device_uuid(props), cpu_count=os.cpu_count(), versions=versions())
     facts.smi, apps, facts.smi_error = match_smi(facts.uuid, smi)
@@ -187,7 +188,7 @@ def cuda_facts(device: torch.device, smi: SmiSample | None = None) -> DeviceFact
     context_allowance = 768 << 20  # this process's own CUDA context and libraries
     outside = max(0, int(total - free) - held_here - context_allowance)
     facts.busy_reasons = judge_busy(facts.smi, apps, os.getpid(), outside)
-    facts.emulates_bf16 = facts.capability < (8, 0)
+    facts.emulates_bf16 = capability < (8, 0)
     try:
         facts.bf16_supported_with_emulation = bool(torch.cuda.is_bf16_supported())
     except Exception:  # a fact we can do without (older releases, old drivers)

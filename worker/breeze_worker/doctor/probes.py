@@ -171,7 +171,7 @@ def load_model(spec: ModelSpec, device: torch.device, policy_name: str, with_cod
         model = random_model(spec.size, spec.seed, device, load_as, with_codec=with_codec)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    info = {"load_s": time.perf_counter() - t0, "overflow_probe_s": None, "kept_fp32": []}
+    info: dict[str, object] = {"load_s": time.perf_counter() - t0, "overflow_probe_s": None, "kept_fp32": []}
     if policy.mixed:
         from breeze_worker.engine.eager import EagerFrameGenerator
         from breeze_worker.profiling.setup import DEFAULT_TEXT, make_request

@@ -16,6 +16,7 @@ from breeze_worker.doctor.figures import (
     H200_REFERENCE,
     RTF_TARGET,
     STOP_RATIO,
+    BatchedPoint,
     Figures,
     ReferenceRun,
     class_of_device,
@@ -82,7 +83,7 @@ def host_figures(facts: DeviceFacts, measured: dict, policy: str, config,
     projected = {"batched"}
     cls = class_of_device(facts.name)
     floor = floor_ms(bytes_per_frame, bandwidth)
-    batched = ()
+    batched: tuple[BatchedPoint, ...] = ()
     if cls is not None and floor:
         batched = project_batched(lm, codec if codec is not None else reference.batched[0].codec_ms, floor,
                                   footprint.params_per_frame(config), cls.half_tflops, cls.fp32_tflops, reference)

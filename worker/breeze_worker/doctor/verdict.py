@@ -80,7 +80,7 @@ def project_batched(lm1_ms: float, codec1_ms: float, floor: float, params_per_fr
 def streams_that_fit(memory_bytes: int | None, model_bytes: int | None, fixed_bytes: int | None,
                      stream_bytes: int | None, headroom: float = HEADROOM_FRACTION) -> int | None:
     """Stream slots whose caches fit beside the model and the fixed overhead, `headroom` of memory left free."""
-    if None in (memory_bytes, model_bytes, fixed_bytes, stream_bytes) or not stream_bytes:
+    if memory_bytes is None or model_bytes is None or fixed_bytes is None or not stream_bytes:
         return None
     spare = memory_bytes * (1.0 - headroom) - model_bytes - fixed_bytes
     return max(0, math.floor(spare / stream_bytes))
@@ -277,6 +277,8 @@ def project_class(c: GpuClass, reference: ReferenceRun, *, params_per_frame: flo
     policy = policy_for(c.capability)
     bytes_per_frame = reference.bytes_per_frame[policy]
     floor = floor_ms(bytes_per_frame, c.bandwidth)
+    if floor is None:  # a datasheet bandwidth of 0
+        raise ValueError(f"GPU class {c.name} has no bandwidth to project its figures from")
     lm1 = floor + reference.overhead_ms(policy)
     codec1 = reference.batched[0].codec_ms
     batched = project_batched(lm1, codec1, floor, params_per_frame, c.half_tflops, c.fp32_tflops, reference)
@@ -294,7 +296,8 @@ def class_row(fig: Figures, price_per_hour: float | None = None) -> dict:
     v = verdict(fig, HostContext(measured=False), price_per_hour)
     best = v.best
     return {
-        "class": fig.device, "policy": fig.policy, "bandwidth_gb_s": fig.bandwidth / 1e9,
+        "class": fig.device, "policy": fig.policy,
+        "bandwidth_gb_s": None if fig.bandwidth is None else fig.bandwidth / 1e9,
         "bytes_per_frame": fig.bytes_per_frame, "floor_ms": v.floor_ms, "batch1_ms": v.batch1_ms,
         "rtf_batch1": v.rtf_batch1, "x_realtime_batch1": None if not v.batch1_ms else x_realtime(1, v.batch1_ms),
         "fits": v.fits, "streams_rtf_target": 0 if v.within is None else v.within.streams,

@@ -39,7 +39,7 @@ from breeze_worker.engine.precision import (
     make_policy,
 )
 from breeze_worker.engine.prompt import prepare_prompt_embeddings
-from breeze_worker.model.lm.layers import additive_mask
+from breeze_worker.model.lm.layers import DecoderLayer, additive_mask
 from breeze_worker.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,9 @@ def teacher_forced_logits(model: LoadedModel, request, codes: torch.Tensor) -> t
     flat = hidden.reshape(rows * n, hidden_size)
     row_codes = codes[None].expand(rows, -1, -1).reshape(rows * n, -1)
     books = row_codes.shape[1]
-    inputs = [lm.depth_prefill_inputs(flat, row_codes[:, 0])]  # positions 0 (backbone state) and 1 (codebook 0)
-    inputs += [lm.depth_decoder.code_embedding(row_codes[:, j - 1], j - 1)[:, None] for j in range(2, books)]
-    inputs = torch.cat(inputs, dim=1)  # [R*N, 16, H]
+    parts = [lm.depth_prefill_inputs(flat, row_codes[:, 0])]  # positions 0 (backbone state) and 1 (codebook 0)
+    parts += [lm.depth_decoder.code_embedding(row_codes[:, j - 1], j - 1)[:, None] for j in range(2, books)]
+    inputs = torch.cat(parts, dim=1)  # [R*N, 16, H]
     depth_mask = additive_mask(torch.ones(books, books, dtype=torch.bool, device=device).tril()[None, None],
                                inputs.dtype)
     depth_hidden = lm.depth_decoder(inputs, torch.arange(books, device=device), depth_mask, lm.new_depth_cache())
@@ -144,7 +144,10 @@ def inject_massive_activation(model: LoadedModel, scale: float) -> dict:
     serving option. Returns what was changed (for the report)."""
     if scale <= 0:
         raise ValueError(f"--massive-activation must be positive, not {scale}")
-    mlp = model.lm.backbone_model.layers[0].mlp
+    layer = model.lm.backbone_model.layers[0]  # an nn.ModuleList item: typed as any Module
+    if not isinstance(layer, DecoderLayer):
+        raise TypeError(f"the backbone's first layer is a {type(layer).__name__}, not a DecoderLayer")
+    mlp = layer.mlp
     mlp.gate_proj.weight.mul_(scale)
     mlp.up_proj.weight.mul_(scale)
     return {"scale": scale, "scaled": [f"{MASSIVE_LAYER}.gate_proj.weight", f"{MASSIVE_LAYER}.up_proj.weight"]}
@@ -263,7 +266,7 @@ def check_policy(fp32: LoadedModel, request, codes, reference, name: str, keep: 
 def _summary(metric: dict[str, torch.Tensor], rows: slice, frame: int | None = None) -> dict:
     kl = metric["kl"][rows]
     finite = kl[torch.isfinite(kl)]
-    out = {"frame": frame} if frame is not None else {}
+    out: dict[str, float | None] = {"frame": frame} if frame is not None else {}
     out.update({
         "kl_mean": float(finite.mean()) if finite.numel() else None,
         "kl_max": float(finite.max()) if finite.numel() else None,

@@ -77,9 +77,9 @@ def summarize(tracer: tracing.Tracer) -> list[dict]:
             marks[e.name] += 1
         else:
             totals[e.name].append(e.dur_ns / 1e6)
-    rows = [{"name": n, "kind": "span", "count": len(v), "total_ms": sum(v), "mean_ms": sum(v) / len(v)}
-            for n, v in totals.items()]
-    rows.sort(key=lambda r: -r["total_ms"])
+    spans = sorted(totals.items(), key=lambda item: -sum(item[1]))  # the longest total first
+    rows: list[dict] = [{"name": n, "kind": "span", "count": len(v), "total_ms": sum(v), "mean_ms": sum(v) / len(v)}
+                        for n, v in spans]
     rows += [{"name": n, "kind": "mark", "count": c, "total_ms": None, "mean_ms": None} for n, c in marks.items()]
     return rows
 

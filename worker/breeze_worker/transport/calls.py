@@ -71,8 +71,9 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     kind = (handler.request_streaming, handler.response_streaming)
     behavior = {(False, False): handler.unary_unary, (False, True): handler.unary_stream,
                 (True, False): handler.stream_unary, (True, True): handler.stream_stream}[kind]
+    run: Callable[..., object]  # an async generator function or a coroutine function, as `behavior` is
     if inspect.isasyncgenfunction(behavior):  # a response stream produced by yielding
-        async def run(request, context):
+        async def run_yielding(request, context):
             begin(context)
             if handler.request_streaming:
                 request = checked(request, context)
@@ -80,14 +81,16 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
                 await reject_if_undecodable(request, context)
             async for response in behavior(request, context):
                 yield response
+        run = run_yielding
     else:  # a coroutine: returns the response, or writes a stream with context.write
-        async def run(request, context):
+        async def run_returning(request, context):
             begin(context)
             if handler.request_streaming:
                 request = checked(request, context)
             else:
                 await reject_if_undecodable(request, context)
             return await behavior(request, context)
+        run = run_returning
 
     factory = {(False, False): grpc.unary_unary_rpc_method_handler,
                (False, True): grpc.unary_stream_rpc_method_handler,

@@ -35,7 +35,7 @@ def _opt(msg, name: str):
     return getattr(msg, name) if msg.HasField(name) else None
 
 
-def encoding_from_pb(value: int) -> et.PcmEncoding:
+def encoding_from_pb(value: common_pb2.PcmEncoding) -> et.PcmEncoding:
     try:
         return _ENCODING_FROM_PB[value]
     except KeyError:

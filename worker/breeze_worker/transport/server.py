@@ -77,6 +77,7 @@ def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
     s = settings.server
     if s.tls_cert is None:
         return None
+    assert s.tls_key is not None  # settings.validate() (before this): tls_cert and tls_key come together
     client_ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca is not None else None
     return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())],
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)

@@ -33,7 +33,7 @@ STATUS_OF: dict[type[errors.BreezeError], grpc.StatusCode] = {
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """(code, message) for an exception; unknown exceptions map to INTERNAL (the caller logs them)."""
     for cls in type(exc).__mro__:
-        code = STATUS_OF.get(cls)  # type: ignore[arg-type]
+        code = STATUS_OF.get(cls)
         if code is not None:
             return code, str(exc) or cls.__name__
     if isinstance(exc, errors.BreezeError):

@@ -87,7 +87,10 @@ async def _pull(events: AsyncIterator, box: _Outbox) -> None:
 async def relay(events: AsyncIterator, write: Callable[[object], Awaitable[None]], max_buffered_bytes: int) -> None:
     """Write `events` through `write` in order; raise ResourceExhausted once a slow reader lets more than
     `max_buffered_bytes` of audio wait (the job then runs on); re-raise the engine's error if it fails."""
-    box = _Outbox(max_buffered_bytes, asyncio.current_task())
+    writer = asyncio.current_task()
+    if writer is None:  # the puller cancels the writer's task to unblock its write
+        raise RuntimeError("relay must be awaited inside an asyncio task")
+    box = _Outbox(max_buffered_bytes, writer)
     pull = asyncio.create_task(_pull(events, box))
     try:
         while True:
@@ -103,7 +106,7 @@ async def relay(events: AsyncIterator, write: Callable[[object], Awaitable[None]
             await box.changed.wait()
     except asyncio.CancelledError:
         if box.overflow.is_set():  # the puller cancelled the blocked write: end the call with a status
-            asyncio.current_task().uncancel()
+            writer.uncancel()
             raise box.too_slow() from None
         raise
     finally:
