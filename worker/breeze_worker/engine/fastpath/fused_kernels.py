@@ -9,6 +9,7 @@ fastpath/fused_sampling.py builds its kernel from the helpers here and chains it
 from __future__ import annotations
 
 import importlib.util
+import inspect
 
 _HAS_GDC = False  # griddepcontrol (programmatic dependent launch) in this Triton
 _triton = None
@@ -218,7 +219,17 @@ if importlib.util.find_spec("triton") is not None:
                 gdc_wait()
             _gate_up_rows(wg, wu, x_ptr, w_norm_ptr, w_ptr, out_ptr, cols, H, I, eps, M, HP, GATED)
 
-        @triton.jit
+        # A prompt's length T (and the slot stride, T or 0) changes with every request. Triton specializes an
+        # integer argument on its divisibility by 16, so each class would compile on the first request that
+        # meets it, after warm-up (seconds on the first audio); one variant serves every length (T == 1, the
+        # decode step, keeps its own). stride_rope (T x head_dim, or 0) is a multiple of 16 whatever T.
+        _length_args = ["T", "stride_slot"]
+        if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+            _per_length = triton.jit(do_not_specialize_on_alignment=_length_args)
+        else:
+            _per_length = triton.jit(do_not_specialize=_length_args)
+
+        @_per_length
         def _qk_norm_rope_kernel(p_ptr, qkn_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, eps,
                                  stride_rope, stride_slot, stride_cr, stride_ck, stride_cl, T,
                                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
