@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import socket
@@ -67,6 +68,14 @@ def commit(explicit: str | None = None) -> dict:
         return {"commit": "unknown", "source": "no git checkout here"}
     dirty = bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))
     return {"commit": head, "source": "git", "dirty": dirty}
+
+
+def start_run(args) -> None:
+    """What a bench built on `breeze-worker bench`'s arguments does first: logging at `args.log_level`, and the
+    commit to record (`args.commit`, else this checkout's)."""
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args.commit = args.commit or commit()["commit"]
 
 
 def describe(explicit_commit: str | None = None) -> dict:

@@ -17,7 +17,6 @@ each phase (a run cut short keeps what it measured).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import bench_env
@@ -41,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from breeze_worker.commands import bench_concurrency
 
     args = parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    args.commit = args.commit or bench_env.commit()["commit"]
+    bench_env.start_run(args)
     return int(bench_concurrency.run(args) or 0)
 
 

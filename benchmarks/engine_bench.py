@@ -16,7 +16,6 @@ worker/breeze_worker/bench/report.py). The concurrency sweep is benchmarks/concu
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import bench_env
@@ -40,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.concurrency:
         p.error("--concurrency: the sweep is benchmarks/concurrency_sweep.py")
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    args.commit = args.commit or bench_env.commit()["commit"]
+    bench_env.start_run(args)
     return int(bench.run(args) or 0)
 
 

@@ -117,6 +117,21 @@ def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _add_output_and_mlp(part: Part, layers, x, attn, hidden, ws) -> None:
+    """The kernels after attention, the same in both decoders: the output projection into the residual, the
+    norm + gate/up projection, and the down projection into the residual."""
+    from breeze_worker.engine.fastpath import fused
+
+    first = layers[0]
+    part.add("o_residual", [(fused.down_residual, (attn, layer.attn.o_proj.weight, x, ws), {"kernel": "o_residual"})
+                            for layer in layers], _nbytes(first.attn.o_proj.weight))
+    part.add("norm_gate_up", [(fused.norm_gate_up, (x, layer.w_post, layer.eps_post, layer.gate_up,
+                                                    layer.intermediate), {}) for layer in layers],
+             _nbytes(first.gate_up))
+    part.add("down_residual", [(fused.down_residual, (hidden, layer.mlp.down_proj.weight, x, ws), {})
+                               for layer in layers], _nbytes(first.mlp.down_proj.weight))
+
+
 def depth_part(model, part: Part, rows: int) -> None:
     import torch
 
@@ -145,13 +160,7 @@ def depth_part(model, part: Part, rows: int) -> None:
                           for layer, (k, v) in zip(layers, caches)], _nbytes(first.qkv))
     part.add("depth_attention", [(fused.depth_attention, (q, k, v, mask, start), {"scale": layer.scale})
                                  for layer, q, (k, v) in zip(layers, qs, caches)], _nbytes(*caches[0]))
-    part.add("o_residual", [(fused.down_residual, (attn, layer.attn.o_proj.weight, x, ws), {"kernel": "o_residual"})
-                            for layer in layers], _nbytes(first.attn.o_proj.weight))
-    part.add("norm_gate_up", [(fused.norm_gate_up, (x, layer.w_post, layer.eps_post, layer.gate_up,
-                                                    layer.intermediate), {}) for layer in layers],
-             _nbytes(first.gate_up))
-    part.add("down_residual", [(fused.down_residual, (hidden, layer.mlp.down_proj.weight, x, ws), {})
-                               for layer in layers], _nbytes(first.mlp.down_proj.weight))
+    _add_output_and_mlp(part, layers, x, attn, hidden, ws)
 
     def step(layer, k, v):
         q = fused.qkv_rope(x, layer.w_in, layer.eps_in, layer.qkv, cos, sin, k, v, start, **shape)
@@ -193,13 +202,7 @@ def backbone_part(model, part: Part, rows: int, slots: int) -> None:
     part.add("qk_norm_rope", [(fused.qk_norm_rope, (proj, layer.qk_norm, layer.qk_eps, cos, sin, k, v, position),
                                shape) for layer, (k, v) in zip(layers, caches)],
              _nbytes(proj) + 2 * rows * first.kv_heads * first.head_dim * caches[0][0].element_size())
-    part.add("o_residual", [(fused.down_residual, (attn, layer.attn.o_proj.weight, x, ws), {"kernel": "o_residual"})
-                            for layer in layers], _nbytes(first.attn.o_proj.weight))
-    part.add("norm_gate_up", [(fused.norm_gate_up, (x, layer.w_post, layer.eps_post, layer.gate_up,
-                                                    layer.intermediate), {}) for layer in layers],
-             _nbytes(first.gate_up))
-    part.add("down_residual", [(fused.down_residual, (hidden, layer.mlp.down_proj.weight, x, ws), {})
-                               for layer in layers], _nbytes(first.mlp.down_proj.weight))
+    _add_output_and_mlp(part, layers, x, attn, hidden, ws)
 
 
 def head_part(model, part: Part, rows: int) -> None:

@@ -65,8 +65,13 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
                 yield request
         return messages()
 
-    def begin(context) -> None:
+    async def begin(request, context):
+        """Every call's start: its log fields, then the request checked (a stream's messages as they arrive)."""
         logs.bind(method=method, peer=context.peer())
+        if handler.request_streaming:
+            return checked(request, context)
+        await reject_if_undecodable(request, context)
+        return request
 
     kind = (handler.request_streaming, handler.response_streaming)
     behavior = {(False, False): handler.unary_unary, (False, True): handler.unary_stream,
@@ -74,21 +79,13 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     run: Callable[..., object]  # an async generator function or a coroutine function, as `behavior` is
     if inspect.isasyncgenfunction(behavior):  # a response stream produced by yielding
         async def run_yielding(request, context):
-            begin(context)
-            if handler.request_streaming:
-                request = checked(request, context)
-            else:
-                await reject_if_undecodable(request, context)
+            request = await begin(request, context)
             async for response in behavior(request, context):
                 yield response
         run = run_yielding
     else:  # a coroutine: returns the response, or writes a stream with context.write
         async def run_returning(request, context):
-            begin(context)
-            if handler.request_streaming:
-                request = checked(request, context)
-            else:
-                await reject_if_undecodable(request, context)
+            request = await begin(request, context)
             return await behavior(request, context)
         run = run_returning
 
