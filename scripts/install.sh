@@ -67,7 +67,7 @@ then
   fi
 fi
 
-# the project (editable); re-run only when pyproject.toml changed since the last install
+# the project (editable); re-run only when pyproject.toml or the constraints changed since the last install
 stamp=".venv/.breeze-installed${extra:-[client]}"
 if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" || "$constraints" -nt "$stamp" ]]; then
   echo "install: breeze-tts-serving${extra}"

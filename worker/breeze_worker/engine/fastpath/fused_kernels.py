@@ -221,8 +221,9 @@ if importlib.util.find_spec("triton") is not None:
 
         # A prompt's length T (and the slot stride, T or 0) changes with every request. Triton specializes an
         # integer argument on its divisibility by 16, so each class would compile on the first request that
-        # meets it, after warm-up (seconds on the first audio); one variant serves every length (T == 1, the
-        # decode step, keeps its own). stride_rope (T x head_dim, or 0) is a multiple of 16 whatever T.
+        # meets it, after warm-up (seconds on the first audio); one variant serves every length (where this Triton
+        # can leave out only the alignment, T == 1, the decode step, keeps its own). stride_rope (T x head_dim,
+        # or 0) is a multiple of 16 whatever T.
         _length_args = ["T", "stride_slot"]
         if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
             _per_length = triton.jit(do_not_specialize_on_alignment=_length_args)
