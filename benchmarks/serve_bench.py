@@ -61,14 +61,20 @@ def _cpu_seconds(pid: int) -> float:
 class Worker:
     """`breeze-worker serve` as a subprocess; its log goes to a file, the ready line is waited for."""
 
-    def __init__(self, args: argparse.Namespace, cache: Path, log_path: Path, artifacts: Path):
+    def __init__(self, args: argparse.Namespace, cache: Path, log_path: Path, artifacts: Path,
+                 extra: list[str] | None = None, tree: Path | None = None):
+        """`extra`: more `serve` arguments (a variant's settings); `tree`: run the worker from another source
+        tree (its worker/, client/ and protos/ first on PYTHONPATH), e.g. an earlier commit as the baseline."""
         self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
                     "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1"}
+        if tree is not None:
+            paths = [str(tree.resolve() / part) for part in ("worker", "client", "protos")]
+            self.env["PYTHONPATH"] = os.pathsep.join(paths + [self.env.get("PYTHONPATH", "")])
         self.cmd = [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", args.device, "--port", "0",
                     "--artifact-port", "0", "--artifact-dir", str(artifacts),
                     "--max-active-streams", str(max(args.concurrency)), "--max-queue", str(max(args.concurrency)),
                     "--metrics-port", "0",
-                    *(["--model", str(args.model)] if args.model else []), *args.worker_arg]
+                    *(["--model", str(args.model)] if args.model else []), *args.worker_arg, *(extra or [])]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.target = ""
@@ -152,12 +158,21 @@ def _client_bench(target: str, concurrency: int, args: argparse.Namespace, refer
 
 
 def _summary(doc: dict, cpu_s: float) -> dict:
+    """The client's figures of one `breeze-client bench` run, and the worker's own for the same requests
+    (its TTFA and RTF count from the job's start in the engine: the difference to the client's is the
+    transport, the queue and the client process)."""
     label = doc["labels"][0]
     requests = label["per_request"]
     rtfs = [r["wall_s"] / r["audio_s"] for r in requests if r["audio_s"] > 0]
+    worker_rtfs = [r["worker_rtf"] for r in requests if r.get("worker_rtf")]
     audio = sum(r["audio_s"] for r in requests)
     gap_p99 = label["inter_chunk_ms"]["p99"]
     return {
+        "worker_ttfa_ms_p50": _pct([r.get("worker_ttfa_ms") for r in requests], 50),
+        "worker_ttfa_ms_p95": _pct([r.get("worker_ttfa_ms") for r in requests], 95),
+        "worker_rtf_mean": statistics.fmean(worker_rtfs) if worker_rtfs else None,
+        "worker_rtf_max": max(worker_rtfs) if worker_rtfs else None,
+        "queue_wait_ms_max": max((1e3 * r.get("queue_wait_s", 0.0) for r in requests), default=None),
         "requests": label["requests"], "failed": label["attempted"] - label["requests"], "errors": label["errors"],
         "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
         "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _pct([r["ttfa_ms"] for r in requests], 95),
@@ -184,8 +199,10 @@ def _process_cost(before: dict[str, float], after: dict[str, float]) -> dict:
     lag_p99 = next((bound for bound, n in buckets if count and n >= 0.99 * count), None)
     busy, idle = delta("breeze_engine_busy_seconds_total"), delta("breeze_engine_idle_seconds_total")
     messages = delta("breeze_stream_messages_total")
-    return {"event_loop_lag_s_p99_at_most": lag_p99, "event_loop_lag_s_mean":
-            delta("breeze_event_loop_lag_seconds_sum") / count if count else None,
+    steps = delta("breeze_step_seconds_count")
+    return {"step_ms_mean": 1e3 * delta("breeze_step_seconds_sum") / steps if steps else None,
+            "event_loop_lag_s_p99_at_most": lag_p99,
+            "event_loop_lag_s_mean": delta("breeze_event_loop_lag_seconds_sum") / count if count else None,
             "engine_idle_fraction": idle / (busy + idle) if busy + idle > 0 else None,
             "messages": messages, "cpu_s_per_message": delta("process_cpu_seconds_total") / messages
             if messages else None}
@@ -200,13 +217,47 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def _engine_bench(args: argparse.Namespace, out_dir: Path) -> dict:
+def _engine_bench(args: argparse.Namespace, out_dir: Path, cache: Path) -> dict:
+    """The engine sweep at the run's concurrency and frames, with the worker's compile caches (warm by now)."""
     path = out_dir / "engine_sweep.json"
     cmd = [sys.executable, "-m", "breeze_worker.cli", "bench", "--device", args.device,
            "--concurrency", ",".join(map(str, args.concurrency)), "--json", str(path),
+           "--frames", str(_frames(args)),
            *(["--model", str(args.model)] if args.model else ["--size", args.make_checkpoint or "full"])]
-    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
     return json.loads(path.read_text())
+
+
+def _frames(args: argparse.Namespace) -> int:
+    """Frames a request of the run asks for (the label's limit unless --frames overrides it)."""
+    from breeze_client.bench import LABELS
+
+    return args.frames or LABELS[args.label].frame_limit
+
+
+def _variant(text: str) -> dict:
+    """`name=NAME[,cache=warm|cold][,tree=DIR][,args=SERVE ARGS]` (args last: it may hold commas)."""
+    head, _, tail = text.partition(",args=")
+    spec = dict(part.split("=", 1) for part in head.split(",") if part)
+    if "name" not in spec or spec.get("cache", "warm") not in ("warm", "cold") or set(spec) - {"name", "cache", "tree"}:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: name=NAME[,cache=warm|cold][,tree=DIR][,args=...]")
+    return {"name": spec["name"], "cache": spec.get("cache", "warm"),
+            "tree": Path(spec["tree"]) if spec.get("tree") else None, "args": tail.split()}
+
+
+def _load(worker: Worker, levels: list[int], args: argparse.Namespace, reference: Path | None, work: Path,
+          tag: str) -> dict:
+    """`breeze-client bench` at each concurrency against a running worker, with the worker's own cost."""
+    out = {}
+    for c in levels:
+        cpu0, m0 = worker.cpu_s(), worker.metrics()
+        bench = _client_bench(worker.target, c, args, reference)
+        out[str(c)] = _summary(bench, worker.cpu_s() - cpu0)
+        out[str(c)]["worker_process"] = _process_cost(m0, worker.metrics())
+        (work / f"client_bench_{tag}_c{c}.json").write_text(json.dumps(bench))
+        print(f"{tag} c={c}: {json.dumps(out[str(c)])}", flush=True)
+    return out
 
 
 def _meta(args: argparse.Namespace) -> dict:
@@ -262,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth", type=float, default=None,
                    help="this device's measured copy bandwidth in bytes/s (default: measured here on CUDA)")
     p.add_argument("--worker-arg", action="append", default=[], help="extra `breeze-worker serve` argument")
+    p.add_argument("--variant", action="append", default=[], type=_variant,
+                   help="after the main run, start the worker again with other settings or code and load it at "
+                        "--variant-concurrency: name=NAME[,cache=warm|cold][,tree=DIR][,args=SERVE ARGS] "
+                        "(cache=cold: empty compile caches of its own; tree: another source tree, a baseline)")
+    p.add_argument("--variant-concurrency", default=None, type=lambda s: [int(x) for x in s.split(",") if x],
+                   help="the variants' concurrency levels (default: --concurrency)")
+    p.add_argument("--keep", type=Path, default=None, help="copy the worker logs and client JSON here")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--work-dir", type=Path, default=None, help="caches, logs, checkpoint (default: a temp dir)")
     p.add_argument("--out", type=Path, default=Path("serve_bench.json"))
@@ -299,14 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "worker_first_ttfa_ms": worker_ttfa[0], "worker_steady_ttfa_ms_median": worker_steady,
                                 "worker_ratio": worker_ttfa[0] / worker_steady if worker_steady else None}
         save()
-        for c in args.concurrency:
-            cpu0, m0 = worker.cpu_s(), worker.metrics()
-            bench = _client_bench(worker.target, c, args, reference)
-            doc["load"][str(c)] = _summary(bench, worker.cpu_s() - cpu0)
-            doc["load"][str(c)]["worker_process"] = _process_cost(m0, worker.metrics())
-            (work / f"client_bench_c{c}.json").write_text(json.dumps(bench))
-            save()
-            print(f"c={c}: {json.dumps(doc['load'][str(c)])}", flush=True)
+        doc["load"] = _load(worker, args.concurrency, args, reference, work, "main")
+        save()
     finally:
         worker.stop()
     warm = Worker(args, cache, work / "worker-warm.log", work / "artifacts")
@@ -315,8 +367,30 @@ def main(argv: list[str] | None = None) -> int:
         save()
     finally:
         warm.stop()
+    for v in args.variant:
+        name = v["name"]
+        v_cache = work / f"compile-cache-{name}" if v["cache"] == "cold" else cache
+        if v["cache"] == "cold":
+            shutil.rmtree(v_cache, ignore_errors=True)
+        entry = doc.setdefault("variants", {})[name] = {"spec": {**v, "tree": str(v["tree"] or "")}}
+        # a cold variant starts twice (empty caches, then its own caches warm) and is loaded on the second start
+        starts = ["startup_cold", "startup_warm"] if v["cache"] == "cold" else ["startup_warm"]
+        for key in starts:
+            w = Worker(args, v_cache, work / f"worker-{name}-{key}.log", work / "artifacts", v["args"], v["tree"])
+            try:
+                entry[key] = w.start(args.startup_timeout)
+                if key == starts[-1]:
+                    entry["load"] = _load(w, args.variant_concurrency or args.concurrency, args, reference, work,
+                                          name)
+                save()
+            except Exception as exc:  # noqa: BLE001 - a failed variant is a result; the others still run
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                save()
+                break
+            finally:
+                w.stop()
     if args.engine_bench:
-        engine = _engine_bench(args, work)
+        engine = _engine_bench(args, work, cache)
         doc["engine"] = engine
         ratios = {}
         for row in engine.get("rows", []):
@@ -325,10 +399,15 @@ def main(argv: list[str] | None = None) -> int:
                 ratios[c] = doc["load"][c]["aggregate_x_realtime"] / row["aggregate_x_realtime"]
         doc["grpc_over_engine"] = ratios
         save()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        for path in sorted(work.glob("worker-*.log")) + sorted(work.glob("client_bench_*.json")):
+            shutil.copy(path, args.keep / path.name)
     if args.t4_projection and "1" in doc["load"]:
         doc["t4_projection"] = _t4(doc, args)
         save()
-    print(json.dumps({k: doc[k] for k in ("startup", "first_request", "load") if k in doc}, indent=1))
+    print(json.dumps({k: doc[k] for k in ("startup", "first_request", "load", "variants", "grpc_over_engine")
+                      if k in doc}, indent=1))
     if "t4_projection" in doc:
         print(json.dumps(doc["t4_projection"], indent=1))
     return 0

@@ -194,6 +194,27 @@ def test_compiled_bucket_views_give_the_frames_of_the_uncompiled_stepper(model, 
     _assert_identical(frames["compiled"], alone, "abd")
 
 
+def test_dynamic_shapes_compile_fewer_graphs_for_the_same_frames(model, requests, alone, monkeypatch):
+    """The `dynamic_shapes` setting: two bucket shapes of one form traced as one symbolic graph per unit after
+    the first, where static shapes trace each shape again; the frames are still each stream's alone."""
+    import torch._dynamo
+
+    _compiled_env(monkeypatch, model)
+    schedule = {0: [("a", requests["a"])], 2: [("b", requests["b"]), ("d", requests["d"])]}
+    graphs = {}
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(2, 4), (3, 6)],
+                                 settings=COMPILED.with_changes(dynamic_shapes=dynamic))
+        assert stepper.stats()["compile_fallback"] is None
+        assert {v.form.name for v in stepper.graphs.views.values()} == {"gemm+attention"}
+        graphs[dynamic] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        frames, _ = _run(stepper, schedule)
+        _assert_identical(frames, alone, "abd")
+    assert 0 < graphs[True] < graphs[False], graphs
+
+
 def test_a_compile_error_leaves_the_bucket_views_uncompiled(model, requests, alone, monkeypatch):
     from breeze_worker.engine import batch_graphs
 

@@ -282,6 +282,9 @@ class FastPathSettings(_Section):
                                        "frame's host read")
     pipeline: bool = setting(False, "the batch-1 generator keeps one frame in flight (each frame's audio comes "
                                     "one frame later)")
+    dynamic_shapes: bool = setting(False, "compile the batched step's units once for every batch shape (Dynamo's "
+                                          "automatic dynamic shapes: the first shape static, the next ones with "
+                                          "symbolic sizes) instead of once per shape: fewer compiles at start-up")
     kernels: KernelSettings = section(KernelSettings)
 
     def __post_init__(self) -> None:

@@ -97,7 +97,7 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
               overlap: bool = False, stall_dump_s: float | None = None) -> dict:
     """All requests join at once; step until all ended, in the engine's order (engine/scheduler.py): a
     step's codec call is launched after its frames are read and its audio is read during the next step
-    (`overlap`: the worker's `codec_overlap` setting), or at once. Returns
+    (`overlap`: the worker's `codec_overlap` setting, the codec on its own CUDA stream). Returns
     frames per stream and timings: per step the host wall time (`step_times_s`), the language model's
     part (`lm_ms`: CUDA events around the stepper's work on its stream) and the codec's
     (`codec_ms`: events on the codec's own stream). `stall_dump_s`: a step (or the join) still running after
@@ -169,7 +169,7 @@ def run_burst(stepper: BatchedStepper, codec, requests: list, device: torch.devi
                     done[k] = now
             elif emitted:
                 in_flight.append((rows.launch(emitted, timed=True), ending))
-                if not overlap or len(done) + len(ending) == len(keys):  # nothing left to overlap with
+                if len(done) + len(ending) == len(keys):  # nothing left to overlap with
                     deliver()
             clock.add(m0, m1)
             step_times.append(time.perf_counter() - s0)

@@ -30,6 +30,7 @@ import contextlib
 import time
 import weakref
 
+import numpy as np
 import torch
 
 from breeze_worker.engine.codec_graphs import SlotBatch, bucket_for, pool_for
@@ -62,7 +63,7 @@ class PendingAudio:
         self._keep: tuple | None = keep  # host buffers the queued copies read, alive until the wait
         self._started = started  # timing event before the step (CUDA, `launch(timed=True)`)
         self._host_ms = host_ms  # the CPU's step time (computed in `launch`)
-        self._result: dict | None = None
+        self._result: np.ndarray | None = None
 
     def device_ms(self) -> float | None:
         """The step's own time after `wait()`: between events on the codec's stream (CUDA, timed), or the
@@ -81,6 +82,13 @@ class PendingAudio:
         return self._finished is not None
 
     def wait(self) -> dict:
+        """{key: float32 samples [1920]} (rows of `wait_rows`' array)."""
+        rows, slots = self.wait_rows()
+        return {k: rows[slot] for k, slot in slots.items()}
+
+    def wait_rows(self) -> tuple[np.ndarray, dict]:
+        """The step's audio as one host array [rows, 1920] (its own copy) and {key: row}: a caller handling
+        every stream of the step (the scheduler encodes all of them at once) reads it without a per-key copy."""
         if self._result is None:
             audio = self._audio
             assert audio is not None  # dropped only once the result is in
@@ -96,10 +104,9 @@ class PendingAudio:
                 self._audio = audio = host
             if done is not None:
                 done.synchronize()
-            samples = audio.numpy()
-            self._result = {k: samples[slot].copy() for k, slot in self._slots.items()}
+            self._result = audio.numpy().copy()
             self._audio = self._keep = None
-        return self._result
+        return self._result, self._slots
 
 
 class CodecRows:
@@ -204,8 +211,9 @@ class CodecRows:
         batch = self._held[0]
         assert batch is not None  # held while any stream is active
         host = batch.new_host_codes()
-        for key, slot in self._slots.items():
-            host[slot].copy_(torch.as_tensor(frames[key], dtype=torch.long).reshape(-1))
+        keys = list(self._slots)  # one indexed write for all streams, not one small copy per stream
+        host[torch.tensor([self._slots[k] for k in keys])] = torch.stack(
+            [torch.as_tensor(frames[k], dtype=torch.long).reshape(-1) for k in keys])
         if batch.device.type != "cuda":
             t0 = time.perf_counter()
             audio = batch.step(host)

@@ -15,12 +15,14 @@ the slot back (`release`). So a full worker refuses or queues such a request bef
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
 
-Overlap (engine/codec_rows.py; the `codec_overlap` setting, off by default): the codec call of step t is
-launched, not waited for; its audio is read and sent while step t+1's language model runs (the stepper
-calls back once that step's device work is queued), so on CUDA the two run side by side. Whatever
-changes the codec batch (a join, a drop, a finish) first delivers the step in flight, and a step after
-which no stream goes on delivers at once. A job whose last frame is in flight has left the active list
-(its language-model slot is free) and finishes when that audio is delivered.
+Delivery: the codec call of step t is launched, not waited for; its audio is read, encoded and handed to
+the callers while step t+1 runs (the stepper calls back once that step's device work is queued), so the
+host's per-stream work (encoding, the artifact write, the hand-over to the event loop) never leaves the GPU
+idle. On one CUDA stream (the default) the codec's work is queued ahead of step t+1's, so the wait ends when
+the codec is done; with `codec_overlap` (engine/codec_rows.py) the codec runs on its own stream beside step
+t+1's language model. Whatever changes the codec batch (a join, a drop, a finish) first delivers the step in
+flight, and a step after which no stream goes on delivers at once. A job whose last frame is in flight has
+left the active list (its language-model slot is free) and finishes when that audio is delivered.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ import torch
 
 from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
 from breeze_worker.engine.metrics import EngineMetrics
-from breeze_worker.engine.session import SLOT_GRANTED, Job
+from breeze_worker.engine.session import SLOT_GRANTED, Job, bytes_per_sample, encode_pcm, post
 from breeze_worker.engine.stepper import StepOutcome
-from breeze_worker.engine.types import EndReason
+from breeze_worker.engine.types import EndReason, PcmEncoding
 from breeze_worker.errors import (
     BreezeError,
     Cancelled,
@@ -341,15 +343,18 @@ class Scheduler:
                 self._drop(job, out.error)
             elif out.frame is None:
                 self._finish(job, out.end_reason or EndReason.FRAME_LIMIT)
-            elif (bad := self._out_of_range(out.frame)) is not None:  # this stream only: never to the codec
-                self._drop(job, CodeOutOfRange(
-                    f"frame {job.frames} holds code {bad}, outside the codec's range [0, {self._codebook_size}); "
-                    "the frame was discarded"))
             else:
-                job.frames += 1
                 frames[job] = out.frame
                 if out.end_reason is not None:  # that is its last frame
                     ending[job] = out.end_reason
+        for job, bad in self._out_of_range(frames).items():  # those streams only: never to the codec
+            del frames[job]
+            ending.pop(job, None)
+            self._drop(job, CodeOutOfRange(
+                f"frame {job.frames} holds code {bad}, outside the codec's range [0, {self._codebook_size}); "
+                "the frame was discarded"))
+        for job in frames:
+            job.frames += 1
         if not frames:
             return
         t0 = time.perf_counter()
@@ -362,13 +367,20 @@ class Scheduler:
         self._in_flight = _InFlight(audio, list(frames), ending, time.perf_counter() - t0)
         for job in ending:  # its slot is free for admission; it finishes when its audio is delivered
             self._active.remove(job)
-        if not self.overlap or not self._active:  # no next step to overlap with
+        if not self._active:  # no next step to overlap with
             self._deliver()
 
-    def _out_of_range(self, frame: torch.Tensor) -> int | None:
-        """The first code of a frame (int64 [16], on the CPU) the codec cannot decode, or None."""
-        bad = (frame < 0) | (frame >= self._codebook_size)
-        return int(frame[bad][0]) if bool(bad.any()) else None
+    def _out_of_range(self, frames: dict) -> dict:
+        """{job: the first code of its frame (int64 [16], on the CPU) the codec cannot decode} for the frames
+        holding one; checked for all streams in one call."""
+        if not frames:
+            return {}
+        stacked = torch.stack([torch.as_tensor(f).reshape(-1) for f in frames.values()])
+        bad = (stacked < 0) | (stacked >= self._codebook_size)
+        if not bool(bad.any()):
+            return {}
+        rows = bad.any(dim=1).tolist()
+        return {job: int(stacked[i][bad[i]][0]) for i, job in enumerate(frames) if rows[i]}
 
     def _deliver(self) -> None:
         """Read the codec step in flight (if any), send each job its audio and finish the jobs it ended."""
@@ -377,7 +389,7 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         try:
-            samples = flight.audio.wait()
+            samples, rows = flight.audio.wait_rows()
         except BaseException as exc:  # the codec failed: every stream in the batch is affected
             for job in flight.jobs:
                 self._drop(job, exc)
@@ -389,12 +401,24 @@ class Scheduler:
         own_ms = flight.audio.device_ms()
         behind_lm = flight.audio.queued_on_device and not self.overlap
         codec_s = min(waited_s, own_ms / 1000) if behind_lm and own_ms is not None else waited_s
+        # every stream's PCM from one encoding pass over the step's rows (a row's bytes are the row's own),
+        # and every stream's chunk handed to the event loop with one wake-up (session.post)
+        encoded: dict[PcmEncoding, bytes] = {}
+        width = samples.shape[1] if samples.ndim == 2 else 0
+        chunks = []
         for job in flight.jobs:
             job.timers.codec_s += codec_s
             job.timers.lm_wait_s += waited_s - codec_s
-            chunk = job.add_audio(samples[job], flush=False)
+            assert job.params is not None  # every admitted job has its parameters
+            encoding = job.params.encoding
+            if encoding not in encoded:
+                encoded[encoding] = encode_pcm(samples, encoding)
+            size, row = width * bytes_per_sample(encoding), rows[job]
+            chunk = job.add_pcm(encoded[encoding][row * size:(row + 1) * size], width, flush=False)
             if chunk is not None:
-                job.sink.put(chunk)
+                chunks.append((job.sink, chunk))
+        post(chunks)
+        for job in flight.jobs:
             if job in flight.ending:
                 self._finish(job, flight.ending[job])
 

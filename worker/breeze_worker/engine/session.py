@@ -35,12 +35,36 @@ SLOT_GRANTED = "slot-granted"  # the event a job gets when a slot is reserved fo
 
 
 def encode_pcm(samples: np.ndarray, encoding: PcmEncoding) -> bytes:
-    """Float samples in [-1, 1] -> little-endian PCM bytes (s16 rounds and clips; f32 is bit-exact)."""
+    """Float samples in [-1, 1] -> little-endian PCM bytes (s16 rounds and clips; f32 is bit-exact). A 2-D
+    array is encoded row after row (each element on its own, so a row's bytes are those of the row alone)."""
     samples = np.asarray(samples, dtype=np.float32).reshape(-1)
     if encoding is PcmEncoding.F32LE:
         return samples.astype("<f4").tobytes()
     scaled = np.clip(np.round(samples * 32767.0), -32768, 32767)
     return scaled.astype("<i2").tobytes()
+
+
+def bytes_per_sample(encoding: PcmEncoding) -> int:
+    return 4 if encoding is PcmEncoding.F32LE else 2
+
+
+def post(deliveries: list[tuple[EventSink, object]]) -> None:
+    """Hand many (sink, event) pairs to their event loops with one wake-up per loop: the engine thread
+    delivers a step's audio for every stream at once, and each `call_soon_threadsafe` is a write to the
+    loop's wake-up pipe (and a moment the engine thread lets the loop take the interpreter lock)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for sink, item in deliveries:
+        by_loop.setdefault(sink._loop, []).append((sink._queue, item))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 class EventSink:
@@ -95,7 +119,8 @@ class Job:
     chunks_emitted: int = 0
     nonfinite_events: int = 0
     timers: JobTimers = field(default_factory=JobTimers)
-    pending_pcm: list = field(default_factory=list)  # float32 pieces not yet emitted as a chunk
+    pending_pcm: list = field(default_factory=list)  # encoded PCM pieces not yet emitted as a chunk
+    pending_samples: int = 0
     pending_frames: int = 0
     # engine-thread state, set on admission
     frames_source: object = None  # an iterator of int64 [16] frames (eager or fast path)
@@ -126,31 +151,40 @@ class Job:
         )
 
     def add_audio(self, samples: np.ndarray, *, flush: bool) -> AudioChunk | None:
-        """Buffer one frame's samples; return a chunk when `frames_per_chunk` frames are in (or on flush)."""
+        """Buffer one frame's float samples; return a chunk when `frames_per_chunk` frames are in (or on
+        flush)."""
+        assert self.params is not None  # only prepared jobs are admitted
+        data = encode_pcm(samples, self.params.encoding) if samples.size else b""
+        return self.add_pcm(data, int(samples.size), flush=flush)
+
+    def add_pcm(self, data: bytes, num_samples: int, *, flush: bool) -> AudioChunk | None:
+        """`add_audio` for a frame already encoded in the job's encoding (the scheduler encodes a whole
+        codec step at once)."""
         params = self.params
         assert params is not None  # only prepared jobs are admitted
-        if samples.size:
-            self.pending_pcm.append(samples)
+        if num_samples:
+            self.pending_pcm.append(data)
+            self.pending_samples += num_samples
             self.pending_frames += 1
         if not self.pending_pcm or (self.pending_frames < params.frames_per_chunk and not flush):
             return None
-        pcm = np.concatenate(self.pending_pcm)
+        data = self.pending_pcm[0] if len(self.pending_pcm) == 1 else b"".join(self.pending_pcm)
+        num_samples = self.pending_samples
         self.pending_pcm.clear()
-        self.pending_frames = 0
-        data = encode_pcm(pcm, params.encoding)
+        self.pending_frames = self.pending_samples = 0
         if self.artifact is not None:
             self.artifact.append(data)  # the artifact holds exactly the bytes the client streams
         chunk = AudioChunk(
             sequence=self.chunks_emitted,
             sample_offset=self.samples_emitted,
             pcm=data,
-            num_samples=int(pcm.size),
+            num_samples=num_samples,
             emitted_at_ns=time.time_ns(),
         )
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
         self.chunks_emitted += 1
-        self.samples_emitted += int(pcm.size)
+        self.samples_emitted += num_samples
         return chunk
 
     def stats(self, end_reason: EndReason, sample_rate: int, done_at: float) -> JobStats:

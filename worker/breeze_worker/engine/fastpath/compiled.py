@@ -71,13 +71,13 @@ def _raise_limits() -> None:
 
 
 def compile_unit(fn: Callable, settings: FastPathSettings) -> Callable:
-    """`torch.compile(fn)` for the fast path: whole graph, static shapes, no CUDA graphs of its own, with the
-    settings' backend and tuning.
+    """`torch.compile(fn)` for the fast path: whole graph, static shapes (or automatic dynamic ones with the
+    `dynamic_shapes` setting), no CUDA graphs of its own, with the settings' backend and tuning.
 
     Compiled once per process, function, backend and tuning (the compiled form is shared; Dynamo guards add an
     entry per new shape, dtype or step object)."""
-    name, tune = settings.compile_backend, settings.tune
-    key = (fn, name, tune)
+    name, tune, dynamic = settings.compile_backend, settings.tune, settings.dynamic_shapes
+    key = (fn, name, tune, dynamic)
     if key in _compiled:
         return _compiled[key]
     _raise_limits()
@@ -88,6 +88,8 @@ def compile_unit(fn: Callable, settings: FastPathSettings) -> Callable:
             options = {"coordinate_descent_tuning": True}
         else:
             mode = "default"
-    compiled = _compiled[key] = torch.compile(fn, fullgraph=True, dynamic=False, backend=name, mode=mode,
-                                              options=options)
+    # dynamic_shapes: None is Dynamo's automatic mode (static for the first shape, symbolic sizes from the
+    # first shape that differs), so the batch-1 shape keeps its static kernels
+    compiled = _compiled[key] = torch.compile(fn, fullgraph=True, dynamic=None if dynamic else False, backend=name,
+                                              mode=mode, options=options)
     return compiled
