@@ -204,6 +204,8 @@ def _process_cost(before: dict[str, float], after: dict[str, float]) -> dict:
             "event_loop_lag_s_p99_at_most": lag_p99,
             "event_loop_lag_s_mean": delta("breeze_event_loop_lag_seconds_sum") / count if count else None,
             "engine_idle_fraction": idle / (busy + idle) if busy + idle > 0 else None,
+            "gc_pauses_gen2": delta('breeze_gc_pause_seconds_count{generation="2"}'),
+            "gc_pause_s_gen2": delta('breeze_gc_pause_seconds_sum{generation="2"}'),
             "messages": messages, "cpu_s_per_message": delta("process_cpu_seconds_total") / messages
             if messages else None}
 

@@ -420,6 +420,13 @@ class ServerSettings(_Section):
         16 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than real time; past it "
                           "the stream ends (RESOURCE_EXHAUSTED) and the job runs on for its artifact",
         at_least=64 * 1024)
+    switch_interval_ms: float = setting(
+        0.5, "the interpreter's thread switch interval, ms (Python's default: 5): every torch call of the engine "
+             "thread gives up the interpreter lock and may wait this long to get it back from the event loop",
+        at_least=0.05, at_most=100.0)
+    gc_freeze: bool = setting(True, "once the model is loaded and warm, move every object made so far out of the "
+                                    "garbage collector's reach (gc.freeze): compiling leaves millions of objects "
+                                    "whose full collections would stall every stream")
 
     def validate(self) -> None:
         label = {f.name: f.label for f in setting_fields(ServerSettings)}

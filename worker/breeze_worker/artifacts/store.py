@@ -84,7 +84,7 @@ class ArtifactWriter:
         self.encoding = PcmEncoding(encoding)
         self._store = store
         self._temp_path = store.directory / f".{artifact_id}.partial"
-        self._file: io.BufferedRandom | None = None  # open(..., "x+b")
+        self._file: io.BufferedRandom | None = None  # exclusive create, read and write
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable
@@ -93,7 +93,7 @@ class ArtifactWriter:
         try:
             # a large buffer: the engine thread appends every stream's frame (~4 KB) each step, and a write
             # call per frame would be a system call (and a hand-over of the interpreter lock) per stream
-            self._file = open(self._temp_path, "x+b", buffering=WRITE_BUFFER_BYTES)
+            self._file = io.BufferedRandom(io.FileIO(self._temp_path, "x+"), buffer_size=WRITE_BUFFER_BYTES)
             self._file.write(b"\0" * header_size(self.encoding))  # reserved; filled in at commit
         except OSError as exc:
             self._give_up(exc)

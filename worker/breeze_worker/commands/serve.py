@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
+import time
 
-from breeze_worker.config import SettingField, SettingsError, WorkerSettings, setting_fields
+from breeze_worker.config import ServerSettings, SettingField, SettingsError, WorkerSettings, setting_fields
 from breeze_worker.errors import BreezeError
 
 log = logging.getLogger("breeze_worker.serve")
@@ -95,6 +97,28 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
     return WorkerSettings.load(environ, overrides).validate()
 
 
+def tune_interpreter(server: ServerSettings, metrics) -> None:
+    """The worker process's interpreter, set once the engine is warm: the thread switch interval, the start-up
+    objects frozen out of the garbage collector's reach, and every collection's pause counted in `metrics`."""
+    sys.setswitchinterval(server.switch_interval_ms / 1000)
+    if server.gc_freeze:
+        t0 = time.perf_counter()
+        gc.collect()
+        collect_s = time.perf_counter() - t0
+        gc.freeze()
+        log.info("garbage collector: %d start-up objects frozen (a full collection took %.0f ms); switch interval "
+                 "%.2f ms", gc.get_freeze_count(), collect_s * 1e3, server.switch_interval_ms)
+    started: dict[int, float] = {}
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[info["generation"]] = time.perf_counter()
+        elif info["generation"] in started:
+            metrics.gc_pause(info["generation"], time.perf_counter() - started.pop(info["generation"]))
+
+    gc.callbacks.append(timed)
+
+
 async def serve(settings: WorkerSettings) -> int:
     from breeze_worker.artifacts.store import ArtifactStore
     from breeze_worker.engine.service import Engine
@@ -132,6 +156,7 @@ async def serve(settings: WorkerSettings) -> int:
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if starting.done() and starting.exception() is None and not stop.is_set():
+        tune_interpreter(settings.server, engine.metrics)
         await servers.set_serving(True)
         host = settings.server.host
         model = "tiny-default (audio is NOT speech)" if engine.is_tiny_default else engine.model_description

@@ -61,6 +61,8 @@ class EngineMetrics:
                                    "(a loop busy with Python work delays every stream's messages)",
                                    buckets=_LAG_BUCKETS, registry=r)
         self._messages = Counter("breeze_stream_messages", "Synthesize messages written to clients", registry=r)
+        self._gc_pause = Histogram("breeze_gc_pause_seconds", "garbage-collector pauses (every thread waits), by "
+                                   "generation", ["generation"], buckets=_LAG_BUCKETS, registry=r)
 
     def engine_time(self, busy_s: float, idle_s: float) -> None:
         if busy_s > 0:
@@ -73,6 +75,9 @@ class EngineMetrics:
 
     def message_sent(self) -> None:
         self._messages.inc()
+
+    def gc_pause(self, generation: int, seconds: float) -> None:
+        self._gc_pause.labels(str(generation)).observe(seconds)
 
     def job_started(self, queue_wait_s: float) -> None:
         self._queue_wait.observe(queue_wait_s)
