@@ -1,5 +1,5 @@
 """benchmarks/serve_bench.py stays a working tool: a tiny synthetic checkpoint served on the CPU, one client,
-a cold and a warm start, the JSON document's figures present and consistent."""
+a cold and a warm start, a variant with other settings, the JSON document's figures present and consistent."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ def test_serve_bench_on_the_cpu(tmp_path):
     out = tmp_path / "serve.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "--make-checkpoint", "tiny",
                            "--device", "cpu", "--concurrency", "1,4", "--frames", "2", "--iterations", "1",
-                           "--single-requests", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out)],
+                           "--single-requests", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out),
+                           "--variant", "name=python-defaults,args=--switch-interval-ms 5 --no-gc-freeze",
+                           "--variant-concurrency", "4", "--keep", str(tmp_path / "kept")],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -35,3 +37,14 @@ def test_serve_bench_on_the_cpu(tmp_path):
     cost = four["worker_process"]  # the worker's own account of what its process cost
     assert cost["messages"] >= 4 * 2 and cost["cpu_s_per_message"] > 0
     assert 0 <= cost["engine_idle_fraction"] < 1 and cost["event_loop_lag_s_p99_at_most"] is not None
+    assert cost["step_ms_mean"] > 0 and cost["gc_pauses_gen2"] == 0  # the start-up objects were frozen
+    assert four["worker_ttfa_ms_p95"] >= four["worker_ttfa_ms_p50"] > 0 and four["worker_rtf_max"] > 0
+    # a variant: the worker started again with other settings, warm caches, loaded at its own levels
+    variant = doc["variants"]["python-defaults"]
+    assert variant["spec"]["args"] == ["--switch-interval-ms", "5", "--no-gc-freeze"]
+    assert variant["startup_warm"]["process_start_to_serving_s"] > 0 and list(variant["load"]) == ["4"]
+    assert variant["load"]["4"]["requests"] == 4 and variant["load"]["4"]["failed"] == 0
+    kept = {p.name for p in (tmp_path / "kept").iterdir()}
+    assert {"worker-cold.log", "worker-python-defaults-startup_warm.log", "client_bench_main_c4.json"} <= kept
+    assert "garbage collector:" in (tmp_path / "kept" / "worker-cold.log").read_text()
+    assert "garbage collector:" not in (tmp_path / "kept" / "worker-python-defaults-startup_warm.log").read_text()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench")
+TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench",
+         "host_overhead")
 META_KEYS = {"date", "commit", "gpu", "driver", "torch", "triton", "python"}
 
 
@@ -32,6 +33,22 @@ def test_each_tool_says_what_it_measures(name):
     assert f"benchmarks/{name}.py" in done.stdout
     assert "--json" in done.stdout or "--out" in done.stdout
     assert len(done.stdout) > 600  # the docstring: what is measured, how, and a command line
+
+
+def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_path):
+    """The worker's transport, engine thread and artifact store with a simulated device: the engine thread can
+    step no faster than the device (20 + 4 ms a step, one queue), and every request of the client's rounds
+    completes through gRPC."""
+    out = tmp_path / "host.json"
+    done = tool("host_overhead", "--streams", "4", "--frames", "8", "--iterations", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert META_KEYS <= set(doc["meta"]) and doc["tree"] == "this checkout"
+    [level] = doc["levels"]
+    assert level["streams"] == 4 and level["simulated_device_ms"] == 24.0 and level["steps_at_full_load"] >= 4
+    assert 24.0 * 0.98 <= level["step_period_ms_median"] < 240.0
+    assert level["host_ms_per_step"] == level["step_period_ms_median"] - 24.0
+    assert 0 < level["aggregate_x_realtime"] <= level["device_bound_x_realtime"] * 1.05
 
 
 def test_device_runner_writes_a_json_per_step_and_a_summary(tmp_path):

@@ -1,0 +1,284 @@
+#!/usr/bin/env python
+"""Host overhead: what the worker process's own Python side adds to every engine step, measured on any CPU.
+
+The real worker (gRPC server and servicers, the engine thread and its scheduler, the sessions, the artifact
+store) serves requests whose device work is simulated: a frame step takes --step-ms and a codec call --codec-ms,
+during which the interpreter lock is free, as on a GPU where the host waits for the device. Work the scheduler
+does while a step "runs" (its `while_running` callback) overlaps that time, as it does on CUDA. A client process
+(`breeze-client bench`, every 2nd request with CFG) loads it at each concurrency. The figure is the engine
+thread's step period at full load against the simulated device time per step (step + codec): the difference is
+what the host adds (the engine thread's per-stream work, the event loop's per-message work, and the waits for the
+interpreter lock between the two). The model and codec are not run: only the frames' count and shapes matter.
+
+    python benchmarks/host_overhead.py --streams 32,64 --step-ms 20 --codec-ms 4 --frames 96 --json host.json
+    python benchmarks/host_overhead.py --tree ../older-checkout ...   # another source tree's worker, same device
+
+On a small host the client process competes with the worker for cores: compare trees or settings in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_env import describe, use_source_tree, write_json
+
+FRAME_MS = 80.0
+SAMPLES_PER_FRAME = 1920
+CODES = 16
+
+
+# ---- the simulated device (runs inside the worker process) ----
+class SimulatedDevice:
+    """One in-order queue of device work, as one CUDA stream: work queued now starts when the work before it
+    has finished."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+
+    def queue(self, seconds: float) -> float:
+        """Queue `seconds` of work; returns when it will have finished (perf_counter time)."""
+        self.free_at = max(time.perf_counter(), self.free_at) + seconds
+        return self.free_at
+
+
+def _wait_until(t: float) -> None:
+    time.sleep(max(0.0, t - time.perf_counter()))  # the interpreter lock is free meanwhile, as in a device wait
+
+
+class SimulatedStepper:
+    """The engine thread's stepper with the device's time simulated: a step queues `step_s` of device work
+    (behind the codec call queued before it), calls `while_running` (as the fast path does once the step's
+    work is queued) and returns when the work is done."""
+
+    def __init__(self, device: SimulatedDevice, step_s: float, join_s_per_stream: float, trace):
+        self.max_streams = 1 << 16
+        self.device = device
+        self.step_s, self.join_s = step_s, join_s_per_stream
+        self._streams: dict[object, list[int]] = {}
+        self._trace = trace
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def join(self, joiners):
+        time.sleep(self.join_s * len(joiners))
+        for key, params in joiners:
+            self._streams[key] = [0, params.max_frames]
+        return {}
+
+    def leave(self, key) -> None:
+        self._streams.pop(key, None)
+
+    def forget(self, key) -> None:
+        pass
+
+    def stream_info(self, key) -> dict:
+        return {}
+
+    def step(self, while_running=None):
+        import torch
+
+        from breeze_worker.engine.stepper import StepOutcome
+        from breeze_worker.engine.types import EndReason
+
+        started = time.perf_counter()
+        self._trace.write(f"{started:.6f} {len(self._streams)}\n")
+        done = self.device.queue(self.step_s)
+        if while_running is not None:
+            while_running()
+        _wait_until(done)
+        codes = torch.zeros(len(self._streams), CODES, dtype=torch.long)  # one host read for all streams
+        out = {}
+        for i, (key, state) in enumerate(list(self._streams.items())):
+            state[0] += 1
+            last = state[0] >= state[1]
+            out[key] = StepOutcome(frame=codes[i], end_reason=EndReason.FRAME_LIMIT if last else None)
+            if last:
+                self.leave(key)
+        return out
+
+
+class SimulatedAudio:
+    """A launched codec call: ready once the device has run it."""
+
+    queued_on_device = False
+
+    def __init__(self, keys: list, ready_at: float):
+        self._slots = {key: i for i, key in enumerate(keys)}
+        self._ready_at = ready_at
+
+    @property
+    def keys(self) -> list:
+        return list(self._slots)
+
+    def device_ms(self) -> None:
+        return None
+
+    def wait_rows(self):
+        import numpy as np
+
+        _wait_until(self._ready_at)
+        return np.zeros((len(self._slots), SAMPLES_PER_FRAME), dtype=np.float32), dict(self._slots)
+
+    def wait(self) -> dict:
+        rows, slots = self.wait_rows()
+        return {key: rows[row] for key, row in slots.items()}
+
+
+class SimulatedCodec:
+    """The scheduler's codec rows: one batched call per step for every active stream."""
+
+    def __init__(self, device: SimulatedDevice, codec_s: float):
+        self.device = device
+        self.codec_s = codec_s
+        self._keys: dict[object, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key) -> None:
+        self._keys[key] = None
+
+    def add_all(self, keys) -> None:
+        for key in keys:
+            self.add(key)
+
+    def remove(self, key) -> None:
+        self._keys.pop(key, None)
+
+    def remove_all(self, keys) -> None:
+        for key in keys:
+            self.remove(key)
+
+    def launch(self, frames: dict, timed: bool = False) -> SimulatedAudio:
+        import torch
+
+        torch.stack([torch.as_tensor(f).reshape(-1) for f in frames.values()])  # the codes' one host upload
+        return SimulatedAudio(list(frames), self.device.queue(self.codec_s))
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from breeze_worker.artifacts.store import ArtifactStore
+    from breeze_worker.config import WorkerSettings
+    from breeze_worker.engine.service import Engine
+    from breeze_worker.transport.server import create_server
+
+    settings = WorkerSettings.load(environ={
+        "BREEZE_SERVER_PORT": "0", "BREEZE_SERVER_ARTIFACT_PORT": "0", "BREEZE_ENGINE_DEVICE": "cpu",
+        "BREEZE_ARTIFACTS_DIRECTORY": args.artifacts, "BREEZE_ENGINE_MAX_ACTIVE_STREAMS": str(args.max_streams),
+        "BREEZE_ENGINE_MAX_QUEUE": str(args.max_streams), **dict(kv.split("=", 1) for kv in args.env)}).validate()
+    store = ArtifactStore(settings.artifacts)
+    engine = Engine(settings.engine, store)
+    servers = await create_server(settings, engine, store)
+    await engine.start()
+    from breeze_worker.commands import serve
+
+    tune = getattr(serve, "tune_interpreter", None)
+    if tune is not None:  # as `breeze-worker serve` does once warm (trees before it had no such step)
+        tune(settings.server, engine.metrics)
+    trace = open(args.trace, "w", buffering=1 << 16)
+    scheduler = engine.scheduler
+    assert scheduler is not None
+    device = SimulatedDevice()
+    scheduler._stepper = SimulatedStepper(device, args.step_ms / 1e3, args.join_ms / 1e3, trace)
+    scheduler._codec = SimulatedCodec(device, args.codec_ms / 1e3)
+    await servers.set_serving(True)
+    print(f"READY 127.0.0.1:{servers.synthesis_port}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    trace.close()
+    await servers.stop(0.5)
+    await engine.stop()
+
+
+# ---- the driver ----
+def _periods(trace: Path, streams: int) -> list[float]:
+    """Seconds between consecutive steps that both stepped `streams` streams (full load)."""
+    rows = [(float(t), int(n)) for t, n in (line.split() for line in trace.read_text().splitlines() if line)]
+    return [b[0] - a[0] for a, b in zip(rows, rows[1:]) if a[1] == b[1] == streams]
+
+
+def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
+    trace, artifacts = work / f"steps-{streams}.txt", work / f"artifacts-{streams}"
+    env = dict(os.environ)
+    if args.tree:
+        tree = Path(args.tree).resolve()
+        env["PYTHONPATH"] = os.pathsep.join([str(tree / d) for d in ("worker", "client", "protos")]
+                                            + [env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, __file__, "--serve", "--trace", str(trace), "--artifacts", str(artifacts),
+           "--max-streams", str(streams), "--step-ms", str(args.step_ms), "--codec-ms", str(args.codec_ms),
+           "--join-ms", str(args.join_ms), *[f"--env={kv}" for kv in args.env]]
+    worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"the simulated worker did not start (exit {worker.poll()})")
+        target = line.split()[1]
+        bench = subprocess.run([sys.executable, "-m", "breeze_client.cli", "bench", "--target", target, "--labels",
+                                "chunk-7.36s", "--frames", str(args.frames), "--warmup", "1", "--iterations",
+                                str(args.iterations), "--concurrency", str(streams), "--cfg-every", "2", "--json"],
+                               capture_output=True, text=True, timeout=1800)
+        if bench.returncode != 0:
+            raise RuntimeError(f"breeze-client bench failed: {bench.stderr[-2000:]}")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    label = json.loads(bench.stdout)["labels"][0]
+    periods = _periods(trace, streams)
+    device_ms = args.step_ms + args.codec_ms
+    period_ms = 1e3 * statistics.median(periods) if periods else None
+    return {"streams": streams, "steps_at_full_load": len(periods), "step_period_ms_median": period_ms,
+            "step_period_ms_p90": 1e3 * statistics.quantiles(periods, n=10)[-1] if len(periods) > 1 else None,
+            "simulated_device_ms": device_ms,
+            "host_ms_per_step": period_ms - device_ms if period_ms is not None else None,
+            "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
+            "device_bound_x_realtime": streams * FRAME_MS / device_ms,
+            "ttfa_ms_p50": label["ttfa_ms"]["p50"], "worker_ttfa_ms_mean": label["worker_ttfa_ms"]["mean"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", default="32,64", type=lambda s: [int(x) for x in s.split(",") if x])
+    p.add_argument("--step-ms", type=float, default=20.0, help="simulated frame step (the language model)")
+    p.add_argument("--codec-ms", type=float, default=4.0, help="simulated codec call")
+    p.add_argument("--join-ms", type=float, default=1.0, help="simulated join time per joining stream")
+    p.add_argument("--frames", type=int, default=96)
+    p.add_argument("--iterations", type=int, default=2)
+    p.add_argument("--tree", default=None, help="run the worker from this source tree (a baseline checkout)")
+    p.add_argument("--env", action="append", default=[], help="a worker setting as BREEZE_...=VALUE")
+    p.add_argument("--json", default=None)
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--trace", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--artifacts", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--max-streams", type=int, default=64, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        asyncio.run(_serve(args))
+        return 0
+    use_source_tree()
+    work = Path(tempfile.mkdtemp(prefix="host-overhead-"))
+    doc = {"schema": "breeze-host-overhead/1", "meta": describe(), "tree": args.tree or "this checkout",
+           "settings": args.env, "levels": []}
+    for streams in args.streams:
+        row = _level(args, streams, work)
+        doc["levels"].append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        write_json(args.json, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
