@@ -67,6 +67,8 @@ class Worker:
         tree (its worker/, client/ and protos/ first on PYTHONPATH), e.g. an earlier commit as the baseline."""
         self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
                     "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1"}
+        if args.torch_logs:  # e.g. Dynamo recompiles after SERVING land in the kept log
+            self.env["TORCH_LOGS"] = args.torch_logs
         if tree is not None:
             paths = [str(tree.resolve() / part) for part in ("worker", "client", "protos")]
             self.env["PYTHONPATH"] = os.pathsep.join(paths + [self.env.get("PYTHONPATH", "")])
@@ -321,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(cache=cold: empty compile caches of its own; tree: another source tree, a baseline)")
     p.add_argument("--variant-concurrency", default=None, type=lambda s: [int(x) for x in s.split(",") if x],
                    help="the variants' concurrency levels (default: --concurrency)")
-    p.add_argument("--keep", type=Path, default=None, help="copy the worker logs and client JSON here")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="copy the worker logs and client JSON here (after every phase)")
+    p.add_argument("--torch-logs", default="recompiles",
+                   help="TORCH_LOGS for the worker (default: recompiles, so a compile after SERVING is logged)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--work-dir", type=Path, default=None, help="caches, logs, checkpoint (default: a temp dir)")
     p.add_argument("--out", type=Path, default=Path("serve_bench.json"))
@@ -335,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        if args.keep is not None:  # after every phase: a run cut short by its time limit keeps what it had
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for path in sorted(work.glob("worker-*.log")) + sorted(work.glob("client_bench_*.json")):
+                shutil.copy(path, args.keep / path.name)
 
     if args.make_checkpoint:
         from breeze_worker.model.synthetic import write_synthetic_checkpoint
@@ -401,10 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                 ratios[c] = doc["load"][c]["aggregate_x_realtime"] / row["aggregate_x_realtime"]
         doc["grpc_over_engine"] = ratios
         save()
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        for path in sorted(work.glob("worker-*.log")) + sorted(work.glob("client_bench_*.json")):
-            shutil.copy(path, args.keep / path.name)
+    save()
     if args.t4_projection and "1" in doc["load"]:
         doc["t4_projection"] = _t4(doc, args)
         save()
