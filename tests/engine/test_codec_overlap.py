@@ -140,9 +140,9 @@ class _BehindTheLanguageModel:
     def device_ms(self) -> float:
         return 1.0
 
-    def wait(self) -> dict:
+    def wait_rows(self):  # what the scheduler reads (wait() is built on it)
         time.sleep(0.03)
-        return self._pending.wait()
+        return self._pending.wait_rows()
 
     def __getattr__(self, name):
         return getattr(self._pending, name)
