@@ -95,13 +95,19 @@ def test_a_failed_call_exits_non_zero_with_status_and_message(served):
     assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr
 
 
+def _interruptible() -> None:
+    """Ctrl-C's default disposition in the client, as in a terminal: a test run started as a background job of
+    a non-interactive shell ignores SIGINT, and children inherit that (Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_synth_stream_exits_130_with_a_valid_wav(served, tmp_path):
     _, target, _, _, _ = served
     out = tmp_path / "interrupted.wav"
     proc = subprocess.Popen([sys.executable, "-m", "breeze_client.cli", "synth", "A long sentence, cut short.",
                              "--stream", "-o", str(out), "--max-frames", "1500", "--seed", "3", "--temperature",
                              "0", "--target", target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV)
+                            env=ENV, preexec_fn=_interruptible)
     try:
         deadline = time.monotonic() + 60
         while not (out.exists() and out.stat().st_size >= 44 + 2 * 2 * 1920) and time.monotonic() < deadline:
