@@ -24,14 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("worker", "client", "protos")
 
 
+def pythonpath_for(root: Path, existing: str | None = None) -> str:
+    """A PYTHONPATH with the packages of the source tree `root` (worker/, client/, protos/) ahead of `existing`."""
+    paths = [str(Path(root).resolve() / d) for d in SOURCE_DIRS]
+    return os.pathsep.join(paths + ([existing] if existing else []))
+
+
 def use_source_tree() -> None:
     """The checkout's packages first on sys.path (and for child processes, on PYTHONPATH)."""
-    paths = [str(ROOT / d) for d in SOURCE_DIRS]
-    for path in reversed(paths):
+    for path in reversed([str(ROOT / d) for d in SOURCE_DIRS]):
         if path not in sys.path:
             sys.path.insert(0, path)
-    existing = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
+    os.environ["PYTHONPATH"] = pythonpath_for(ROOT, os.environ.get("PYTHONPATH"))
 
 
 def _run(argv: list[str]) -> str:

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_env import describe, use_source_tree, write_json
+from bench_env import describe, pythonpath_for, use_source_tree, write_json
 
 FRAME_MS = 80.0
 SAMPLES_PER_FRAME = 1920
@@ -130,7 +130,7 @@ class SimulatedAudio:
         _wait_until(self._ready_at)
         return np.zeros((len(self._slots), SAMPLES_PER_FRAME), dtype=np.float32), dict(self._slots)
 
-    def wait(self) -> dict:
+    def wait(self) -> dict:  # what a --tree from before wait_rows reads
         rows, slots = self.wait_rows()
         return {key: rows[row] for key, row in slots.items()}
 
@@ -213,9 +213,7 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
     trace, artifacts = work / f"steps-{streams}.txt", work / f"artifacts-{streams}"
     env = dict(os.environ)
     if args.tree:
-        tree = Path(args.tree).resolve()
-        env["PYTHONPATH"] = os.pathsep.join([str(tree / d) for d in ("worker", "client", "protos")]
-                                            + [env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = pythonpath_for(Path(args.tree), env.get("PYTHONPATH"))
     cmd = [sys.executable, __file__, "--serve", "--trace", str(trace), "--artifacts", str(artifacts),
            "--max-streams", str(streams), "--step-ms", str(args.step_ms), "--codec-ms", str(args.codec_ms),
            "--join-ms", str(args.join_ms), *[f"--env={kv}" for kv in args.env]]

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_env import pythonpath_for
+
 READY = re.compile(r"breeze-worker ready: synthesis=(\S+) artifacts=(\S+)")
 METRICS_AT = re.compile(r"metrics on (http://\S+/metrics)")
 SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) ([-+\d.eE]+|NaN|\+Inf)$")
@@ -50,6 +52,11 @@ SPLIT = {  # worker log line -> start-up phase
 FRAME_S = 0.08
 T4_BANDWIDTH = 320e9  # bytes/s, the T4's memory bandwidth (datasheet)
 REFERENCE_TEXT = "Please call Stella. Ask her to bring these things with her from the store."
+
+
+def _cache_env(cache: Path) -> dict[str, str]:
+    """The compile caches (Inductor, Triton) of one run, as the worker's and the engine bench's environment."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -65,13 +72,11 @@ class Worker:
                  extra: list[str] | None = None, tree: Path | None = None):
         """`extra`: more `serve` arguments (a variant's settings); `tree`: run the worker from another source
         tree (its worker/, client/ and protos/ first on PYTHONPATH), e.g. an earlier commit as the baseline."""
-        self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-                    "TRITON_CACHE_DIR": str(cache / "triton"), "PYTHONUNBUFFERED": "1"}
+        self.env = {**os.environ, **_cache_env(cache), "PYTHONUNBUFFERED": "1"}
         if args.torch_logs:  # e.g. Dynamo recompiles after SERVING land in the kept log
             self.env["TORCH_LOGS"] = args.torch_logs
         if tree is not None:
-            paths = [str(tree.resolve() / part) for part in ("worker", "client", "protos")]
-            self.env["PYTHONPATH"] = os.pathsep.join(paths + [self.env.get("PYTHONPATH", "")])
+            self.env["PYTHONPATH"] = pythonpath_for(tree, self.env.get("PYTHONPATH"))
         self.cmd = [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", args.device, "--port", "0",
                     "--artifact-port", "0", "--artifact-dir", str(artifacts),
                     "--max-active-streams", str(max(args.concurrency)), "--max-queue", str(max(args.concurrency)),
@@ -228,8 +233,7 @@ def _engine_bench(args: argparse.Namespace, out_dir: Path, cache: Path) -> dict:
            "--concurrency", ",".join(map(str, args.concurrency)), "--json", str(path),
            "--frames", str(_frames(args)),
            *(["--model", str(args.model)] if args.model else ["--size", args.make_checkpoint or "full"])]
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
-    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env={**os.environ, **_cache_env(cache)})
     return json.loads(path.read_text())
 
 
@@ -251,17 +255,17 @@ def _variant(text: str) -> dict:
 
 
 def _load(worker: Worker, levels: list[int], args: argparse.Namespace, reference: Path | None, work: Path,
-          tag: str) -> dict:
-    """`breeze-client bench` at each concurrency against a running worker, with the worker's own cost."""
-    out = {}
+          tag: str, out: dict, save) -> None:
+    """`breeze-client bench` at each concurrency against a running worker, with the worker's own cost, into
+    `out` by level; `save()` after each level."""
     for c in levels:
         cpu0, m0 = worker.cpu_s(), worker.metrics()
         bench = _client_bench(worker.target, c, args, reference)
         out[str(c)] = _summary(bench, worker.cpu_s() - cpu0)
         out[str(c)]["worker_process"] = _process_cost(m0, worker.metrics())
         (work / f"client_bench_{tag}_c{c}.json").write_text(json.dumps(bench))
+        save()
         print(f"{tag} c={c}: {json.dumps(out[str(c)])}", flush=True)
-    return out
 
 
 def _meta(args: argparse.Namespace) -> dict:
@@ -368,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "worker_first_ttfa_ms": worker_ttfa[0], "worker_steady_ttfa_ms_median": worker_steady,
                                 "worker_ratio": worker_ttfa[0] / worker_steady if worker_steady else None}
         save()
-        doc["load"] = _load(worker, args.concurrency, args, reference, work, "main")
-        save()
+        _load(worker, args.concurrency, args, reference, work, "main", doc["load"], save)
     finally:
         worker.stop()
     warm = Worker(args, cache, work / "worker-warm.log", work / "artifacts")
@@ -391,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 entry[key] = w.start(args.startup_timeout)
                 if key == starts[-1]:
-                    entry["load"] = _load(w, args.variant_concurrency or args.concurrency, args, reference, work,
-                                          name)
+                    _load(w, args.variant_concurrency or args.concurrency, args, reference, work, name,
+                          entry.setdefault("load", {}), save)
                 save()
             except Exception as exc:  # noqa: BLE001 - a failed variant is a result; the others still run
                 entry["error"] = f"{type(exc).__name__}: {exc}"

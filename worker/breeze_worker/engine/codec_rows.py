@@ -211,9 +211,9 @@ class CodecRows:
         batch = self._held[0]
         assert batch is not None  # held while any stream is active
         host = batch.new_host_codes()
-        keys = list(self._slots)  # one indexed write for all streams, not one small copy per stream
-        host[torch.tensor([self._slots[k] for k in keys])] = torch.stack(
-            [torch.as_tensor(frames[k], dtype=torch.long).reshape(-1) for k in keys])
+        # one indexed write for all streams, not one small copy per stream
+        host[torch.tensor(list(self._slots.values()))] = torch.stack(
+            [torch.as_tensor(frames[k], dtype=torch.long).reshape(-1) for k in self._slots])
         if batch.device.type != "cuda":
             t0 = time.perf_counter()
             audio = batch.step(host)

@@ -34,7 +34,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
@@ -53,7 +52,6 @@ from breeze_worker.errors import (
 
 log = logging.getLogger(__name__)
 
-_NO_SAMPLES = np.zeros(0, dtype=np.float32)
 SLOW_STEP_S = 1.0  # a step this long is logged and counted (breeze_slow_steps_total): every stream waited
 SLOW_STEP_LOG_EVERY_S = 60.0  # after a slow-step warning, the next one waits this long (and says how many)
 
@@ -404,7 +402,7 @@ class Scheduler:
         # every stream's PCM from one encoding pass over the step's rows (a row's bytes are the row's own),
         # and every stream's chunk handed to the event loop with one wake-up (session.post)
         encoded: dict[PcmEncoding, bytes] = {}
-        width = samples.shape[1] if samples.ndim == 2 else 0
+        width = samples.shape[1]
         chunks = []
         for job in flight.jobs:
             job.timers.codec_s += codec_s
@@ -440,7 +438,7 @@ class Scheduler:
             self._active.remove(job)
         self._codec.remove(job)
         self._stepper.leave(job)
-        chunk = job.add_audio(_NO_SAMPLES, flush=True)
+        chunk = job.add_pcm(b"", 0, flush=True)
         if chunk is not None:
             job.sink.put(chunk)
         self._take_stream_info(job)

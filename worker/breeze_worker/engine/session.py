@@ -77,10 +77,7 @@ class EventSink:
         self._queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, item) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
+        post([(self, item)])
 
     def close(self) -> None:
         self.put(self._DONE)
@@ -150,16 +147,9 @@ class Job:
             artifact_id=getattr(self.artifact, "artifact_id", ""),
         )
 
-    def add_audio(self, samples: np.ndarray, *, flush: bool) -> AudioChunk | None:
-        """Buffer one frame's float samples; return a chunk when `frames_per_chunk` frames are in (or on
-        flush)."""
-        assert self.params is not None  # only prepared jobs are admitted
-        data = encode_pcm(samples, self.params.encoding) if samples.size else b""
-        return self.add_pcm(data, int(samples.size), flush=flush)
-
     def add_pcm(self, data: bytes, num_samples: int, *, flush: bool) -> AudioChunk | None:
-        """`add_audio` for a frame already encoded in the job's encoding (the scheduler encodes a whole
-        codec step at once)."""
+        """Buffer one frame's PCM, already in the job's encoding (the scheduler encodes a whole codec step at
+        once); return a chunk when `frames_per_chunk` frames are in, or on `flush` (no frame: `b"", 0`)."""
         params = self.params
         assert params is not None  # only prepared jobs are admitted
         if num_samples:
