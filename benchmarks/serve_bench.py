@@ -135,9 +135,10 @@ class Worker:
         self.log.close()
 
 
-def _single_requests(target: str, count: int, frames: int) -> list[tuple[float, float]]:
-    """(client TTFA, worker TTFA) in ms of `count` single plain requests one after the other, on one channel:
-    the first includes the channel's connection set-up, which the worker's own figure does not."""
+def _single_requests(target: str, count: int, frames: int) -> list[tuple[float, float, dict]]:
+    """(client TTFA, worker TTFA in ms, the worker's stage times) of `count` single plain requests one after
+    the other, on one channel: the first includes the channel's connection set-up, which the worker's own
+    figure does not."""
     from breeze_client.sdk import BreezeClient
     from breeze_client.types import SynthesisRequest
 
@@ -146,7 +147,7 @@ def _single_requests(target: str, count: int, frames: int) -> list[tuple[float, 
         for i in range(count):
             result = client.synthesize(SynthesisRequest(text="Hello from the serve benchmark.", seed=100 + i,
                                                         max_frames=frames))
-            out.append((result.timing.ttfa_ms, result.stats.ttfa_s * 1e3))
+            out.append((result.timing.ttfa_ms, result.stats.ttfa_s * 1e3, result.stats.stages.to_dict()))
     return out
 
 
@@ -370,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["first_request"] = {"first_ttfa_ms": ttfa[0], "steady_ttfa_ms_median": steady,
                                 "ratio": ttfa[0] / steady if steady else None, "all_ttfa_ms": ttfa,
                                 "worker_first_ttfa_ms": worker_ttfa[0], "worker_steady_ttfa_ms_median": worker_steady,
-                                "worker_ratio": worker_ttfa[0] / worker_steady if worker_steady else None}
+                                "worker_ratio": worker_ttfa[0] / worker_steady if worker_steady else None,
+                                "worker_stages_s": [p[2] for p in pairs]}
         save()
         _load(worker, args.concurrency, args, reference, work, "main", doc["load"], save)
     finally:

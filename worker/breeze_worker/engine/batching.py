@@ -34,6 +34,7 @@ import torch
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batch_graphs import ShapeGraphs
 from breeze_worker.engine.fastpath.compiled import compile_wanted
+from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
 from breeze_worker.engine.prompt import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
@@ -115,9 +116,13 @@ class BatchedStepper:
         bad = [sh for sh in shapes if not (0 < sh[0] <= max_streams and 0 < sh[1] <= self.max_rows)]
         if bad:
             raise ValueError(f"batch shapes {bad} outside {max_streams} streams / {self.max_rows} rows")
-        self.graphs = ShapeGraphs(self.step_buffers, shapes,
-                                  use_graphs=on_cuda if use_graphs is None else (use_graphs and on_cuda),
+        graphed = on_cuda if use_graphs is None else (use_graphs and on_cuda)
+        self.graphs = ShapeGraphs(self.step_buffers, shapes, use_graphs=graphed,
                                   compile=compile_wanted(self.device, settings))
+        # the joins' text encoder: in graphs on CUDA, every batch a join can bring captured now
+        self.text_encoder = text_encoder_graphs(model.lm, self.device)
+        if graphed:
+            self.text_encoder.prepare(MAX_TEXT_SEGMENTS * (max_streams if self.batch_joins else 1))
         self._streams: dict[object, _Stream] = {}
         self._slot_owner: list[_Stream | None] = [None] * max_streams
         self._row_owner: list[_Stream | None] = [None] * self.max_rows
@@ -135,6 +140,8 @@ class BatchedStepper:
                 "graphs": g.graph_count, "compile_requested": g.compile_requested, "compiled": g.compiled,
                 "forms": {f"{s}x{r}": v.form.name for (s, r), v in g.views.items()},
                 "compile_s": g.compile_s, "capture_s": g.capture_s, "build_s": g.compile_s + g.capture_s,
+                "text_encoder_graphs": len(self.text_encoder.graphs), "text_encoder_capture_s":
+                    self.text_encoder.prepare_s,
                 "compile_fallback": g.compile_fallback_reason, "graph_fallback": g.fallback_reason,
                 "batch_joins": self.batch_joins, "steps": self.steps, "host_reads": self.host_reads}
 
@@ -243,13 +250,17 @@ class BatchedStepper:
         return errors
 
     def _encode(self, joiners, errors) -> list[PromptBatch | None]:
-        """Prompt embeddings per joiner (None where its prompt failed): one text-encoder call for all
-        joiners when batching joins, else one per joiner (exactly the alone computation)."""
+        """Prompt embeddings per joiner (None where its prompt failed): one text-encoder batch for all
+        joiners when batching joins, else one per joiner (exactly the alone computation); through the
+        encoder's graphs on CUDA (fastpath/prompt.py)."""
         out: list[PromptBatch | None] = []
+        encoder = self.text_encoder
         if not self.batch_joins or len(joiners) == 1:
             for key, params in joiners:
                 try:
-                    out.append(prepare_prompt_embeddings(self.model, params))
+                    laid = prompt_layouts(self.model, params)
+                    encoded = encoder.encode_segments(prompt_text_segments(self.model, params, laid))
+                    out.append(prepare_prompt_embeddings(self.model, params, encoded=encoded, layouts=laid))
                 except Exception as exc:  # noqa: BLE001 - this joiner only
                     errors[key] = exc
                     out.append(None)
@@ -261,7 +272,7 @@ class BatchedStepper:
                 segments[key] = prompt_text_segments(self.model, params, layouts[key])
             except Exception as exc:  # noqa: BLE001
                 errors[key] = exc
-        encoded = self.model.lm.encode_segments([s for segs in segments.values() for s in segs])
+        encoded = encoder.encode_segments([s for segs in segments.values() for s in segs])
         start = 0
         for key, params in joiners:
             if key not in segments:

@@ -1,10 +1,17 @@
-"""The text encoder in CUDA graphs, one per (segments, padded length) bucket: the first frame should not
-wait on ~1,000 eager launches of the 26-layer encoder.
+"""The text encoder in CUDA graphs, captured at start-up for every batch of segments a join can bring.
 
-Segments are right-padded to a length bucket (`TEXT_BUCKETS`); padding keys are masked in every layer,
-so the real tokens' states are the unpadded computation's (up to GEMM rounding on the GPU). A bucket's
-graph is captured on its first use (that request runs the encoder eagerly once first); longer segments,
-the CPU, and any capture failure use the model's own `encode_segments`. One instance per model
+A join's text segments (one to four per request, `MAX_TEXT_SEGMENTS`, from every joiner of a frame boundary)
+run through the 26-layer encoder as one batch. Run eagerly that is ~1,000 launches, and the host issuing
+them holds every running stream's next step back; a graph replays them as one.
+
+Shapes: the segments are right-padded to a length bucket (`TEXT_BUCKETS`) and their count to a power of two
+(rows of one masked pad token fill the batch; rows never mix in the encoder, and padded keys are masked in
+every layer, so a real token's state is the unpadded computation's up to GEMM rounding on the GPU). A batch
+larger than `MAX_TOKENS` (rows x length) runs as several replays of consecutive segments. `prepare` captures
+every (rows, length) key a worker of `max_streams` streams can reach, so serving never captures; a key not
+captured (a caller that skipped `prepare`) is captured on its first use. Segments longer than the last
+bucket, the CPU, and any capture failure use the model's own `encode_segments` (or, for the CPU tests of
+the bucketing, `use_graphs=False`: the same padded batches run eagerly). One instance per model
 (`text_encoder_graphs`); replays are serialized by a lock and their outputs copied out.
 """
 
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,44 +32,118 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TEXT_BUCKETS = (32, 64, 128, 256, 512)
+MAX_TOKENS = 4096  # rows x padded length of one graph (its activations); larger batches replay several
+MAX_TEXT_SEGMENTS = 4  # text segments of one request: reference transcript + text, twice with CFG (model/prompts.py)
+
+
+def row_bucket(rows: int) -> int:
+    """The smallest power of two >= rows."""
+    return 1 << max(0, rows - 1).bit_length()
+
+
+def plan(lengths: list[int], max_tokens: int = MAX_TOKENS) -> tuple[int, list[tuple[int, int, int]]] | None:
+    """How a batch of segments of these token lengths runs: (length bucket, [(start, stop, row bucket)]), the
+    chunks consecutive and each within `max_tokens`; None when the longest fits no bucket."""
+    if not lengths:
+        return None
+    length = next((b for b in TEXT_BUCKETS if max(lengths) <= b), None)
+    if length is None:
+        return None
+    per_chunk = max(1, 1 << ((max_tokens // length).bit_length() - 1))  # a power of two
+    chunks = []
+    for start in range(0, len(lengths), per_chunk):
+        stop = min(len(lengths), start + per_chunk)
+        chunks.append((start, stop, row_bucket(stop - start)))
+    return length, chunks
+
+
+def keys_for(max_segments: int, max_tokens: int = MAX_TOKENS) -> list[tuple[int, int]]:
+    """Every (rows, length) key `plan` gives for up to `max_segments` segments of one join."""
+    keys = []
+    for length in TEXT_BUCKETS:
+        rows = 1
+        while rows <= row_bucket(max_segments) and (rows * length <= max_tokens or rows == 1):
+            keys.append((rows, length))
+            rows *= 2
+    return keys
 
 
 class TextEncoderGraphs:
-    def __init__(self, lm, device: torch.device):
-        self.lm, self.device = lm, device
+    def __init__(self, lm, device: torch.device, use_graphs: bool | None = None, max_tokens: int = MAX_TOKENS):
+        """`use_graphs` (default: on CUDA) False runs the same padded batches eagerly (the CPU tests)."""
+        self.lm, self.device = lm, torch.device(device)
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.bucketed = use_graphs is not None or self.use_graphs  # the CPU's default: the model's own encoder
+        self.max_tokens = max_tokens
+        self.pad_id = int(lm.config.text_encoder.pad_token_id)
         self.graphs: dict[tuple[int, int], _Captured] = {}
         self.failed: set[tuple[int, int]] = set()
         self.lock = threading.Lock()
         self.pool: _POOL_HANDLE | None = None
+        self.prepare_s = 0.0
 
     def encode_segments(self, segments: list[torch.Tensor]) -> list[torch.Tensor]:
         """Same contract as `BreezeLM.encode_segments`: [len_i, hidden] per 1-D token segment."""
-        if not segments or self.device.type != "cuda":
+        lengths = [int(s.numel()) for s in segments]
+        planned = plan(lengths, self.max_tokens) if self.bucketed else None
+        if planned is None:
             return self.lm.encode_segments(segments)
-        longest = max(int(s.numel()) for s in segments)
-        bucket = next((b for b in TEXT_BUCKETS if longest <= b), None)
-        if bucket is None:
-            return self.lm.encode_segments(segments)
-        key = (len(segments), bucket)
-        if key in self.failed:
-            return self.lm.encode_segments(segments)
-        ids = torch.full((len(segments), bucket), self.lm.config.text_encoder.pad_token_id, dtype=torch.int64)
-        mask = torch.zeros((len(segments), bucket), dtype=torch.int64)
+        length, chunks = planned
+        out: list[torch.Tensor] = []
+        for start, stop, rows in chunks:
+            states = self._run(segments[start:stop], rows, length)
+            out.extend(states[i, :n] for i, n in enumerate(lengths[start:stop]))
+        return out
+
+    def _batch(self, segments: list[torch.Tensor], rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids and mask [rows, length] on the host (pinned for CUDA); filler rows hold one masked-in pad token
+        so that no row's attention is empty."""
+        pin = self.device.type == "cuda"
+        ids = torch.full((rows, length), self.pad_id, dtype=torch.int64, pin_memory=pin)
+        mask = torch.zeros((rows, length), dtype=torch.int64, pin_memory=pin)
         for row, seg in enumerate(segments):
             ids[row, : seg.numel()] = seg.to(torch.int64).cpu()
             mask[row, : seg.numel()] = 1
-        with self.lock:
-            entry = self.graphs.get(key) or self._capture(key, ids, mask)
-            if entry is None:
-                return self.lm.encode_segments(segments)
-            graph, s_ids, s_mask, s_out = entry
-            s_ids.copy_(ids, non_blocking=False)
-            s_mask.copy_(mask, non_blocking=False)
-            graph.replay()
-            return [s_out[row, : seg.numel()].clone() for row, seg in enumerate(segments)]
+        mask[len(segments):, 0] = 1
+        return ids, mask
 
-    def _capture(self, key: tuple[int, int], ids: torch.Tensor, mask: torch.Tensor) -> _Captured | None:
+    def _run(self, segments: list[torch.Tensor], rows: int, length: int) -> torch.Tensor:
+        """The encoder's states [len(segments), length, hidden] of one padded batch (a copy)."""
+        ids, mask = self._batch(segments, rows, length)
+        key = (rows, length)
+        if not self.use_graphs or key in self.failed:
+            return self.lm.encode_text(ids.to(self.device), mask.to(self.device))[: len(segments)]
+        with self.lock:
+            entry = self.graphs.get(key) or self._capture(key)
+            if entry is None:
+                return self.lm.encode_text(ids.to(self.device), mask.to(self.device))[: len(segments)]
+            graph, s_ids, s_mask, s_out = entry
+            s_ids.copy_(ids, non_blocking=True)  # pinned: queued, no wait for the device's queue to drain
+            s_mask.copy_(mask, non_blocking=True)
+            graph.replay()
+            return s_out[: len(segments)].clone()  # the next replay rewrites s_out
+
+    def prepare(self, max_segments: int) -> float:
+        """Capture every key a join of up to `max_segments` segments can reach (CUDA graphs only); seconds."""
+        if not self.use_graphs:
+            return 0.0
+        t0 = time.perf_counter()
+        with self.lock:
+            todo = [k for k in keys_for(max_segments, self.max_tokens) if k not in self.graphs and k not in self.failed]
+            for key in todo:
+                self._capture(key)
+        took = time.perf_counter() - t0
+        self.prepare_s += took
+        if todo:
+            log.info("captured the text encoder for %d batch shapes (up to %d segments) in %.2f s", len(todo),
+                     max_segments, took)
+        return took
+
+    def _capture(self, key: tuple[int, int]) -> _Captured | None:
+        """Capture one key (lock held): a warm-up run on a side stream, then the capture."""
         try:
+            rows, length = key
+            ids, mask = self._batch([], rows, length)
             s_ids, s_mask = ids.to(self.device), mask.to(self.device)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -75,7 +157,7 @@ class TextEncoderGraphs:
             with torch.cuda.graph(graph, pool=self.pool):
                 s_out = self.lm.encode_text(s_ids, s_mask)
             self.graphs[key] = (graph, s_ids, s_mask, s_out)
-            log.info("captured the text encoder for %d segments x %d tokens", *key)
+            log.debug("captured the text encoder for %d segments x %d tokens", *key)
             return self.graphs[key]
         except Exception as exc:  # the model's own encoder serves this shape from now on
             self.failed.add(key)
@@ -91,7 +173,7 @@ _LOCK = threading.Lock()
 def text_encoder_graphs(lm, device: torch.device) -> TextEncoderGraphs:
     key = (id(lm), str(device))
     with _LOCK:
-        if key not in _INSTANCES:
+        if key not in _INSTANCES or _INSTANCES[key].lm is not lm:  # an id reused by a later model
             _INSTANCES[key] = TextEncoderGraphs(lm, device)
         return _INSTANCES[key]
 
