@@ -6,9 +6,11 @@
 settings, frame limit and cache rows. Streams join and leave at frame boundaries:
 
 - join: the prompt (laid out when the request was resolved, engine/prompt.py) is encoded and prefilled into
-  the stream's rows of the static cache (several joiners at one boundary share one text-encoder call and
-  one prefill per contiguous run of rows on CUDA; on the CPU each is prefilled on its own, exactly as it
-  would be alone);
+  the stream's rows of the static cache. On CUDA several joiners at one boundary share one text-encoder
+  batch (replayed from graphs captured at start-up, engine/fastpath/prompt.py) and one prefill per
+  contiguous run of rows, whose input is one gather from a table of every joiner's prompt pieces
+  (`gather_prompts`), so a join's host work does not grow by a few dozen launches per joiner; on the CPU
+  each is prefilled on its own, exactly as it would be alone;
 - each step: ONE `sample_frame` over the covered prefix of slots and rows, ONE host read (codes,
   end-of-speech and non-finite flags of every stream) and ONE `backbone_step` for the next frame, queued
   on the device before that read (every stream of the step writes its slot; those that turn out to end
@@ -29,6 +31,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from breeze_worker.config import FastPathSettings
@@ -37,7 +40,14 @@ from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
-from breeze_worker.engine.prompt import PromptBatch, prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
+from breeze_worker.engine.prompt import (
+    GatheredPrompt,
+    PromptBatch,
+    gather_prompts,
+    prepare_prompt_embeddings,
+    prompt_layouts,
+    prompt_text_segments,
+)
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -220,7 +230,7 @@ class BatchedStepper:
                 errors[key] = ResourceExhausted(f"all {self.max_streams} stream slots are busy")
             joiners = joiners[: self.free_slots]
         t0 = time.perf_counter()
-        prompts = self._encode(joiners, errors)
+        table, prompts = self._encode(joiners, errors)
         encode_s = time.perf_counter() - t0
         streams, setups = [], []
         for (key, params), prompt in zip(joiners, prompts):
@@ -238,7 +248,7 @@ class BatchedStepper:
         self.step_buffers.set_streams(setups)
         t1 = time.perf_counter()
         try:
-            self._prefill(streams)
+            self._prefill(streams, table)
         except Exception as exc:  # noqa: BLE001 - the joiners fail; running streams are untouched
             for stream, _ in streams:
                 errors[stream.key] = exc
@@ -249,90 +259,96 @@ class BatchedStepper:
             stream.info["prefill_s"] = prefill_s
         return errors
 
-    def _encode(self, joiners, errors) -> list[PromptBatch | None]:
-        """Prompt embeddings per joiner (None where its prompt failed): one text-encoder batch for all
-        joiners when batching joins, else one per joiner (exactly the alone computation); through the
-        encoder's graphs on CUDA (fastpath/prompt.py)."""
-        out: list[PromptBatch | None] = []
+    def _encode(self, joiners, errors) -> tuple[torch.Tensor | None, list[PromptBatch | GatheredPrompt | None]]:
+        """Each joiner's prompt (None where it failed). Batching joins: one text-encoder batch for all
+        joiners and one table of every prompt piece (`gather_prompts`); else each joiner's `PromptBatch`
+        on its own (exactly the alone computation). The encoder runs in graphs on CUDA (fastpath/prompt.py)."""
         encoder = self.text_encoder
-        if not self.batch_joins or len(joiners) == 1:
-            for key, params in joiners:
-                try:
-                    laid = prompt_layouts(self.model, params)
-                    encoded = encoder.encode_segments(prompt_text_segments(self.model, params, laid))
-                    out.append(prepare_prompt_embeddings(self.model, params, encoded=encoded, layouts=laid))
-                except Exception as exc:  # noqa: BLE001 - this joiner only
-                    errors[key] = exc
+        if self.batch_joins:
+            table, gathered = gather_prompts(self.model, [params for _, params in joiners], encoder)
+            out: list[PromptBatch | GatheredPrompt | None] = []
+            for (key, _), prompt in zip(joiners, gathered):
+                if isinstance(prompt, BaseException):
+                    errors[key] = prompt
                     out.append(None)
-            return out
-        layouts, segments = {}, {}
-        for key, params in joiners:  # each request's layouts from its resolution; a failing prompt fails its joiner
-            try:
-                layouts[key] = prompt_layouts(self.model, params)
-                segments[key] = prompt_text_segments(self.model, params, layouts[key])
-            except Exception as exc:  # noqa: BLE001
-                errors[key] = exc
-        encoded = encoder.encode_segments([s for segs in segments.values() for s in segs])
-        start = 0
+                else:
+                    out.append(prompt)
+            return table, out
+        out = []
         for key, params in joiners:
-            if key not in segments:
-                out.append(None)
-                continue
-            part = encoded[start:start + len(segments[key])]
-            start += len(segments[key])
             try:
-                out.append(prepare_prompt_embeddings(self.model, params, encoded=part, layouts=layouts[key]))
-            except Exception as exc:  # noqa: BLE001
+                laid = prompt_layouts(self.model, params)
+                encoded = encoder.encode_segments(prompt_text_segments(self.model, params, laid))
+                out.append(prepare_prompt_embeddings(self.model, params, encoded=encoded, layouts=laid))
+            except Exception as exc:  # noqa: BLE001 - this joiner only
                 errors[key] = exc
                 out.append(None)
-        return out
+        return None, out
 
-    def _prefill(self, streams: list[tuple[_Stream, PromptBatch]]) -> None:
+    def _prefill(self, streams: list, table: torch.Tensor | None) -> None:
         """Prefill each contiguous run of joiner rows in one call (left-padded to the run's longest prompt)
-        when batching joins; otherwise each stream's rows on their own."""
-        pieces = []  # (row, embeds [T, H], positions [T], allowed [T], stream)
+        when batching joins (the run's input one gather from `table`); otherwise each stream's rows on
+        their own."""
+        pieces = []  # (row, the prompt's padded length, stream, its row i)
         for stream, prompt in streams:
             for i, row in enumerate(stream.rows):
-                pieces.append((row, prompt.inputs_embeds[i], prompt.positions[i], prompt.attention_mask[i], stream))
+                pieces.append((row, prompt.length, stream, (prompt, i)))
         pieces.sort(key=lambda p: p[0])
         runs: list[list] = []
         for piece in pieces:
             last = runs[-1][-1] if runs else None
             joinable = (last is not None and last[0] + 1 == piece[0]
-                        and (self.batch_joins or last[4] is piece[4]))
+                        and (self.batch_joins or last[2] is piece[2]))
             if joinable:
                 runs[-1].append(piece)
             else:
                 runs.append([piece])
         for run in runs:
-            if self.batch_joins and len({id(p[4]) for p in run}) > 1:
-                run = self._fit_capacity(run)
-            self._prefill_run(run)
+            if self.batch_joins and len({id(p[2]) for p in run}) > 1:
+                run = self._fit_capacity(run, table)
+            self._prefill_run(run, table)
 
-    def _fit_capacity(self, run: list) -> list:
+    def _fit_capacity(self, run: list, table: torch.Tensor | None) -> list:
         """A stream whose frame limit would not fit after the run's padding is prefilled on its own."""
-        longest = max(p[1].shape[0] for p in run)
-        solo = [p for p in run if longest + p[4].limit > self.capacity - 1]
-        for stream in {id(p[4]): p[4] for p in solo}.values():
-            self._prefill_run([p for p in run if p[4] is stream])
+        longest = max(p[1] for p in run)
+        solo = [p for p in run if longest + p[2].limit > self.capacity - 1]
+        for stream in {id(p[2]): p[2] for p in solo}.values():
+            self._prefill_run([p for p in run if p[2] is stream], table)
         return [p for p in run if p not in solo] or []
 
-    def _prefill_run(self, run: list) -> None:
+    def _prefill_run(self, run: list, table: torch.Tensor | None) -> None:
         if not run:
             return
         rows = [p[0] for p in run]
         if rows != list(range(rows[0], rows[0] + len(rows))):  # split after capacity fitting: one call each
             for piece in run:
-                self._prefill_run([piece])
+                self._prefill_run([piece], table)
             return
-        longest = max(p[1].shape[0] for p in run)
-        embeds = torch.zeros(len(run), longest, run[0][1].shape[-1], dtype=run[0][1].dtype, device=self.device)
-        positions = torch.ones(len(run), longest, dtype=torch.int64, device=self.device)
-        allowed = torch.zeros(len(run), longest, dtype=torch.bool, device=self.device)
-        for i, (_, e, pos, ok, _) in enumerate(run):
-            t = e.shape[0]
-            embeds[i, longest - t:], positions[i, longest - t:], allowed[i, longest - t:] = e, pos, ok
-        self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, positions, allowed)
+        longest = max(p[1] for p in run)
+        if table is not None:  # gathered prompts: indices, positions and padding built on the host
+            index = np.full((len(run), longest), table.shape[0] - 1, dtype=np.int64)  # the zero row
+            positions = np.ones((len(run), longest), dtype=np.int64)
+            allowed = np.zeros((len(run), longest), dtype=np.bool_)
+            for i, (_, _, _, (prompt, r)) in enumerate(run):
+                own = prompt.rows[r]
+                index[i, longest - len(own):] = own
+                positions[i, longest - len(own):] = np.arange(len(own))
+                allowed[i, longest - len(own):] = True
+            embeds = table.index_select(0, _to_device(index.reshape(-1), self.device)).view(
+                len(run), longest, table.shape[-1])
+            self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, _to_device(positions, self.device),
+                                      _to_device(allowed, self.device))
+        else:
+            first = run[0][3][0]
+            embeds = torch.zeros(len(run), longest, first.inputs_embeds.shape[-1], dtype=first.inputs_embeds.dtype,
+                                 device=self.device)
+            pos = torch.ones(len(run), longest, dtype=torch.int64, device=self.device)
+            ok = torch.zeros(len(run), longest, dtype=torch.bool, device=self.device)
+            for i, (_, t, _, (prompt, r)) in enumerate(run):
+                embeds[i, longest - t:] = prompt.inputs_embeds[r]
+                pos[i, longest - t:] = prompt.positions[r]
+                ok[i, longest - t:] = prompt.attention_mask[r]
+            self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, pos, ok)
         for r in rows:
             self._row_pos[r] = longest
 
@@ -408,3 +424,11 @@ class BatchedStepper:
         self.graphs.backbone_step(shape, bucket)
         for r in range(rows):  # every covered row wrote one slot
             self._row_pos[r] += 1
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device`; to CUDA from pinned memory, queued (the host does not wait for the copy)."""
+    host = torch.from_numpy(array)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

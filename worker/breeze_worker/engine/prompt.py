@@ -7,6 +7,11 @@ encoder alone or batched with other joiners' (`prompt_text_segments`), and `prep
 builds the backbone prefill inputs: text encodings, reference-audio frame embeddings and the end-of-audio
 embedding in layout order, the rows left-padded to one length.
 
+Joins of several requests (engine/batching.py) skip `PromptBatch`: `gather_prompts` puts every joiner's
+pieces (text encodings, reference frames, the end-of-audio embedding) into one table and describes each
+prompt row as indices into it, so the batched prefill's input is one gather, not a few small copies per
+piece and row; the rows it gives are `prepare_prompt_embeddings`' values exactly.
+
 A request resolved without a tokenizer (or changed after resolution) is laid out here instead: the layouts
 are used only when they were made from the request's own prompt inputs with the model's tokenizer.
 """
@@ -21,6 +26,16 @@ import torch
 from breeze_worker.engine.types import LaidOutPrompt, ResolvedReference, ResolvedRequest, Template
 from breeze_worker.model import prompts
 from breeze_worker.model.loaded import LoadedModel
+
+
+@dataclass
+class GatheredPrompt:
+    """A request's prefill rows as indices into its join's table (`gather_prompts`): row 0 the prompt, row
+    1 the negative prompt when CFG is on. `length` is PromptBatch's: the longest row (the rows are
+    left-padded to it, padding at positions 1, as `prepare_prompt_embeddings` lays them out)."""
+
+    rows: list[np.ndarray]  # int64 table indices of each row's tokens, in prompt order
+    length: int
 
 
 @dataclass
@@ -123,3 +138,65 @@ def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
         valid[i, longest - row.shape[0]:] = True
     positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
     return PromptBatch(embeds, valid, positions, tuple(r.shape[0] for r in rows))
+
+
+@torch.no_grad()
+def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest], encoder) -> tuple[
+        torch.Tensor | None, list[GatheredPrompt | BaseException]]:
+    """Several requests' prompts for one prefill: (table [N, H], one GatheredPrompt per request, or the
+    exception that request's prompt raised). `encoder` encodes the text segments of all of them at once
+    (`encode_flat`: fastpath/prompt.py TextEncoderGraphs). The table's last row is zeros (padding)."""
+    lm, config, device = model.lm, model.config, model.device
+    out: list[GatheredPrompt | BaseException] = []
+    layouts: dict[int, list[prompts.PromptLayout]] = {}
+    segments: dict[int, list[torch.Tensor]] = {}
+    for i, request in enumerate(requests):  # a failing prompt fails its request only
+        try:
+            layouts[i] = prompt_layouts(model, request)
+            segments[i] = prompt_text_segments(model, request, layouts[i])
+        except Exception as exc:  # noqa: BLE001
+            out.append(exc)
+            continue
+        out.append(GatheredPrompt([], 0))
+    text, starts = encoder.encode_flat([seg for segs in segments.values() for seg in segs])
+    parts = [text]
+    size = int(text.shape[0])
+    references: dict[int, tuple[int, int]] = {}  # request -> (first table row, frames) of its reference
+    for i, request in enumerate(requests):
+        if i not in layouts or request.reference is None:
+            continue
+        try:
+            codes = torch.tensor(np.asarray(request.reference.codes), dtype=torch.int64, device=device)
+            parts.append(lm.embed_frames(codes))  # [T, H]
+        except Exception as exc:  # noqa: BLE001
+            out[i] = exc
+            continue
+        references[i] = (size, int(parts[-1].shape[0]))
+        size += references[i][1]
+    eos_frame = torch.full((config.num_codebooks,), config.codebook_eos_token_id, dtype=torch.int64, device=device)
+    parts.append(lm.embed_frames(eos_frame)[None])
+    eos_row = size
+    parts.append(torch.zeros_like(parts[-1]))
+    table = torch.cat(parts) if len(parts) > 1 else parts[0]
+    seg = 0
+    for i in segments:
+        own = starts[seg:seg + len(segments[i])]
+        seg += len(segments[i])
+        if isinstance(out[i], BaseException):
+            continue
+        pieces = iter(zip(own, (int(s.numel()) for s in segments[i])))
+        rows = []
+        for layout in layouts[i]:
+            index = []
+            for span in layout.spans:
+                if span.kind == prompts.TEXT:
+                    first, n = next(pieces)
+                    index.append(np.arange(first, first + n))
+                elif span.kind == prompts.AUDIO:
+                    first, frames = references[i]  # audio spans are laid out for the request's reference only
+                    index.append(np.arange(first, first + frames))
+                else:
+                    index.append(np.array([eos_row]))
+            rows.append(np.concatenate(index).astype(np.int64))
+        out[i] = GatheredPrompt(rows, max(len(r) for r in rows))
+    return table, out

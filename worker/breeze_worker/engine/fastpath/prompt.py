@@ -84,16 +84,30 @@ class TextEncoderGraphs:
 
     def encode_segments(self, segments: list[torch.Tensor]) -> list[torch.Tensor]:
         """Same contract as `BreezeLM.encode_segments`: [len_i, hidden] per 1-D token segment."""
+        flat, starts = self.encode_flat(segments)
+        return [flat[start:start + int(seg.numel())] for start, seg in zip(starts, segments)]
+
+    def encode_flat(self, segments: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        """All segments' states in one tensor [N, hidden] (padding rows included) and the row of each
+        segment's first token: segment i is rows starts[i] .. starts[i] + len_i."""
         lengths = [int(s.numel()) for s in segments]
+        if not segments:
+            weight = self.lm.text_encoder_proj.weight
+            return weight.new_zeros((0, weight.shape[0])), []
         planned = plan(lengths, self.max_tokens) if self.bucketed else None
-        if planned is None:
-            return self.lm.encode_segments(segments)
+        if planned is None:  # the model's own padding: every segment to the longest, one batch
+            states = self.lm.encode_padded(segments)
+            return states.reshape(-1, states.shape[-1]), [i * states.shape[1] for i in range(len(segments))]
         length, chunks = planned
-        out: list[torch.Tensor] = []
+        parts: list[torch.Tensor] = []
+        starts: list[int] = []
+        offset = 0
         for start, stop, rows in chunks:
             states = self._run(segments[start:stop], rows, length)
-            out.extend(states[i, :n] for i, n in enumerate(lengths[start:stop]))
-        return out
+            parts.append(states.reshape(-1, states.shape[-1]))
+            starts.extend(offset + i * length for i in range(stop - start))
+            offset += parts[-1].shape[0]
+        return (torch.cat(parts) if len(parts) > 1 else parts[0]), starts
 
     def _batch(self, segments: list[torch.Tensor], rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """ids and mask [rows, length] on the host (pinned for CUDA); filler rows hold one masked-in pad token

@@ -65,6 +65,11 @@ class BreezeLM(nn.Module):
         """Each 1-D token segment encoded on its own (one padded row each) -> [len_i, hidden] per segment."""
         if not segments:
             return []
+        states = self.encode_padded(segments)
+        return [states[row, : seg.numel()] for row, seg in enumerate(segments)]
+
+    def encode_padded(self, segments: list[torch.Tensor]) -> torch.Tensor:
+        """Non-empty list of 1-D token segments, right-padded to the longest -> states [S, longest, hidden]."""
         device = self.lm_head.weight.device
         longest = max(int(s.numel()) for s in segments)
         ids = torch.full((len(segments), longest), self.config.text_encoder.pad_token_id, dtype=torch.int64)
@@ -72,8 +77,7 @@ class BreezeLM(nn.Module):
         for row, seg in enumerate(segments):
             ids[row, : seg.numel()] = seg.to(torch.int64).cpu()
             mask[row, : seg.numel()] = 1
-        states = self.encode_text(ids.to(device), mask.to(device))
-        return [states[row, : seg.numel()] for row, seg in enumerate(segments)]
+        return self.encode_text(ids.to(device), mask.to(device))
 
     # ---- audio frames ----
     def embed_frames(self, codes: torch.Tensor) -> torch.Tensor:
