@@ -1,8 +1,8 @@
 """A batched join builds its prefill input as one gather from a table of every joiner's prompt pieces
 (engine/prompt.py `gather_prompts`). On the tiny model in FP32 on the CPU: each request's rows are exactly
-`prepare_prompt_embeddings`' from the same text encodings (every template, references of different lengths, CFG on and off, a
-request whose prompt fails beside ones that do not), and streams joined together that way, clones among
-them, give the frames of each stream alone."""
+`prepare_prompt_embeddings`' from the same text encodings (every template, references of different
+lengths, CFG on and off, a request whose prompt fails beside ones that do not), and streams joined
+together that way, clones among them, give the frames of each stream alone."""
 
 from __future__ import annotations
 
