@@ -246,13 +246,20 @@ def _frames(args: argparse.Namespace) -> int:
 
 
 def _variant(text: str) -> dict:
-    """`name=NAME[,cache=warm|cold][,tree=DIR][,args=SERVE ARGS]` (args last: it may hold commas)."""
+    """`name=NAME[,cache=warm|cold][,tree=DIR][,levels=1+8][,args=SERVE ARGS]` (args last: it may hold commas;
+    levels: this variant's concurrency levels, else --variant-concurrency's)."""
+    usage = f"--variant {text!r}: name=NAME[,cache=warm|cold][,tree=DIR][,levels=N+N][,args=...]"
     head, _, tail = text.partition(",args=")
     spec = dict(part.split("=", 1) for part in head.split(",") if part)
-    if "name" not in spec or spec.get("cache", "warm") not in ("warm", "cold") or set(spec) - {"name", "cache", "tree"}:
-        raise argparse.ArgumentTypeError(f"--variant {text!r}: name=NAME[,cache=warm|cold][,tree=DIR][,args=...]")
+    if ("name" not in spec or spec.get("cache", "warm") not in ("warm", "cold")
+            or set(spec) - {"name", "cache", "tree", "levels"}):
+        raise argparse.ArgumentTypeError(usage)
+    try:
+        levels = [int(x) for x in spec["levels"].split("+")] if spec.get("levels") else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
     return {"name": spec["name"], "cache": spec.get("cache", "warm"),
-            "tree": Path(spec["tree"]) if spec.get("tree") else None, "args": tail.split()}
+            "tree": Path(spec["tree"]) if spec.get("tree") else None, "levels": levels, "args": tail.split()}
 
 
 def _load(worker: Worker, levels: list[int], args: argparse.Namespace, reference: Path | None, work: Path,
@@ -396,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 entry[key] = w.start(args.startup_timeout)
                 if key == starts[-1]:
-                    _load(w, args.variant_concurrency or args.concurrency, args, reference, work, name,
-                          entry.setdefault("load", {}), save)
+                    _load(w, v["levels"] or args.variant_concurrency or args.concurrency, args, reference, work,
+                          name, entry.setdefault("load", {}), save)
                 save()
             except Exception as exc:  # noqa: BLE001 - a failed variant is a result; the others still run
                 entry["error"] = f"{type(exc).__name__}: {exc}"
@@ -416,19 +423,26 @@ def main(argv: list[str] | None = None) -> int:
         doc["grpc_over_engine"] = ratios
         save()
     save()
-    if args.t4_projection and "1" in doc["load"]:
-        doc["t4_projection"] = _t4(doc, args)
+    if args.t4_projection:  # from every run with one client: the main one and each such variant
+        if "1" in doc["load"]:
+            doc["t4_projection"] = _t4(doc["load"]["1"], args)
+        for entry in doc.get("variants", {}).values():
+            if "1" in entry.get("load", {}):
+                entry["t4_projection"] = _t4(entry["load"]["1"], args)
         save()
     print(json.dumps({k: doc[k] for k in ("startup", "first_request", "load", "variants", "grpc_over_engine")
                       if k in doc}, indent=1))
     if "t4_projection" in doc:
         print(json.dumps(doc["t4_projection"], indent=1))
+    for name, entry in doc.get("variants", {}).items():
+        if "t4_projection" in entry:
+            print(name, json.dumps(entry["t4_projection"], indent=1))
     return 0
 
 
-def _t4(doc: dict, args: argparse.Namespace) -> dict:
-    """Batch-1 ms per frame on this device, its floor, the overhead above it, and a T4's floor + that overhead."""
-    one = doc["load"]["1"]
+def _t4(one: dict, args: argparse.Namespace) -> dict:
+    """Batch-1 ms per frame on this device (`one`: a load's one-client summary), its floor, the overhead above
+    it, and a T4's floor + that overhead."""
     ms_per_frame = FRAME_S * 1e3 / one["aggregate_x_realtime"]
     bandwidth = args.bandwidth
     if bandwidth is None:

@@ -17,8 +17,9 @@ def test_serve_bench_on_the_cpu(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "--make-checkpoint", "tiny",
                            "--device", "cpu", "--concurrency", "1,4", "--frames", "2", "--iterations", "1",
                            "--single-requests", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out),
-                           "--variant", "name=python-defaults,args=--switch-interval-ms 5 --no-gc-freeze",
-                           "--variant-concurrency", "4", "--keep", str(tmp_path / "kept")],
+                           "--variant", "name=python-defaults,levels=1+4,args=--switch-interval-ms 5 --no-gc-freeze",
+                           "--variant-concurrency", "4", "--keep", str(tmp_path / "kept"),
+                           "--t4-projection", "--bandwidth", "1e11"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -29,6 +30,8 @@ def test_serve_bench_on_the_cpu(tmp_path):
     first = doc["first_request"]
     assert len(first["all_ttfa_ms"]) == 2 and first["ratio"] > 0 and first["worker_ratio"] > 0
     assert first["worker_first_ttfa_ms"] <= first["first_ttfa_ms"]  # the worker's own figure excludes the wire
+    assert [set(stages) for stages in first["worker_stages_s"]] == [
+        {"text_encode_s", "prefill_s", "generate_s", "codec_s"}] * 2
     four = doc["load"]["4"]
     assert four["requests"] == 4 and four["failed"] == 0
     assert four["kinds"] == {"plain": 2, "cfg": 1, "clone+cfg": 1}  # half CFG, a quarter cloning
@@ -42,8 +45,14 @@ def test_serve_bench_on_the_cpu(tmp_path):
     # a variant: the worker started again with other settings, warm caches, loaded at its own levels
     variant = doc["variants"]["python-defaults"]
     assert variant["spec"]["args"] == ["--switch-interval-ms", "5", "--no-gc-freeze"]
-    assert variant["startup_warm"]["process_start_to_serving_s"] > 0 and list(variant["load"]) == ["4"]
+    assert variant["startup_warm"]["process_start_to_serving_s"] > 0 and list(variant["load"]) == ["1", "4"]
     assert variant["load"]["4"]["requests"] == 4 and variant["load"]["4"]["failed"] == 0
+    # the T4 projection from each one-client run: this device's frame time less its byte floor, on a T4's floor
+    for t4, one in ((doc["t4_projection"], doc["load"]["1"]), (variant["t4_projection"], variant["load"]["1"])):
+        ms = 80.0 / one["aggregate_x_realtime"]
+        assert abs(t4["measured_ms_per_frame_batch1"] - ms) < 1e-6 * ms
+        assert abs(t4["t4_projected_ms_per_frame"] - (t4["t4_floor_ms"] + t4["overhead_ms"])) < 1e-9
+        assert t4["device_floor_ms"] == 12.96e9 / 1e11 * 1e3
     kept = {p.name for p in (tmp_path / "kept").iterdir()}
     assert {"worker-cold.log", "worker-python-defaults-startup_warm.log", "client_bench_main_c4.json"} <= kept
     assert "garbage collector:" in (tmp_path / "kept" / "worker-cold.log").read_text()
