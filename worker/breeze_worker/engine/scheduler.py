@@ -12,6 +12,13 @@ parameters yet. When a slot frees, the engine thread *reserves* it for that job 
 (`SLOT_GRANTED`); the caller prepares the request off this thread and hands it back (`prepared`), or gives
 the slot back (`release`). So a full worker refuses or queues such a request before spending anything on it.
 
+Bursts: a request counts as arriving from the moment the transport hands it over until it is submitted
+(`arriving` ... `submit(arrived=True)`, or `arrival_failed`). An idle engine (no stream running) that finds
+jobs to admit while others are still arriving waits for them, up to `gather_s`, so that a burst onto an
+idle worker joins at one boundary: otherwise its first request joins alone and the rest wait behind that
+join and its first step. A lone request never waits (nothing else is arriving), and a busy engine never
+does (arrivals join at the next step's boundary anyway).
+
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
 
@@ -70,7 +77,7 @@ class Scheduler:
     """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
 
     def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
-                 metrics: EngineMetrics | None = None, overlap: bool = False):
+                 metrics: EngineMetrics | None = None, overlap: bool = False, gather_s: float = 0.0):
         self.runtime = runtime
         self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
@@ -86,6 +93,8 @@ class Scheduler:
         self._reserved: list[Job] = []
         self._prepared: collections.deque[Job] = collections.deque()
         self._open: set[Job] = set()  # submitted and not ended yet (no final event or error sent)
+        self._arriving = 0  # requests handed over by the transport and not submitted (or failed) yet
+        self.gather_s = gather_s
         self._draining = False
         self.overlap = overlap
         self._codec = CodecRows(runtime.codec, overlap=self.overlap)
@@ -113,8 +122,24 @@ class Scheduler:
             self._thread.join(timeout)
         self._io.shutdown(wait=True)
 
-    def submit(self, job: Job) -> None:
+    def arriving(self) -> None:
+        """A request is being received (resolved, checked): `submit(job, arrived=True)` or `arrival_failed`
+        follows."""
         with self._lock:
+            self._arriving += 1
+
+    def arrival_failed(self) -> None:
+        """An arriving request will not be submitted (it was refused before)."""
+        with self._lock:
+            self._arriving -= 1
+            self._lock.notify_all()
+
+    def submit(self, job: Job, arrived: bool = False) -> None:
+        """Queue `job`; `arrived`: it was announced by `arriving` (its count ends here, refused or not)."""
+        with self._lock:
+            if arrived:
+                self._arriving -= 1
+                self._lock.notify_all()
             if self._stopping or self._draining:
                 raise Unavailable("the worker is shutting down; retry on another worker")
             # jobs the engine thread has not picked up yet may still take free slots: they are not queued
@@ -184,6 +209,10 @@ class Scheduler:
                     self._lock.wait()
                 if self._stopping:
                     break
+                if not self._active and self._arriving and self.gather_s > 0:  # a burst onto an idle engine
+                    deadline = time.monotonic() + self.gather_s
+                    while self._arriving and not self._stopping and time.monotonic() < deadline:
+                        self._lock.wait(max(0.0, deadline - time.monotonic()))
             busy_from = time.perf_counter()
             self.metrics.engine_time(0.0, busy_from - waited)
             self._drop_gone(time.monotonic())  # frees slots before admission

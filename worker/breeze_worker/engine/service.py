@@ -91,6 +91,7 @@ class Engine:
             max_queue_wait_s=self.settings.max_queue_wait_s,
             metrics=self.metrics,
             overlap=self.settings.codec_overlap,
+            gather_s=self.settings.join_gather_ms / 1000,
         )
 
     async def drain(self, grace_s: float) -> int:
@@ -135,11 +136,16 @@ class Engine:
             raise Unavailable("the worker is shutting down; retry on another worker")
         assert self.scheduler is not None  # ready: loaded
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        params = await self._resolve(request)  # None: reference audio to decode once a slot is held
+        self.scheduler.arriving()  # an idle engine admitting a burst waits for it (scheduler.py, "Bursts")
+        try:
+            params = await self._resolve(request)  # None: reference audio to decode once a slot is held
+        except BaseException:
+            self.scheduler.arrival_failed()
+            raise
         job = Job(job_id=new_job_id(), params=params, sink=EventSink(asyncio.get_running_loop()),
                   deadline=deadline)
         logs.bind(job_id=job.job_id)  # every later line of this call names the job
-        self.scheduler.submit(job)
+        self.scheduler.submit(job, arrived=True)
         if params is None:
             log.info("job %s queued (reference audio to decode once it holds a slot)", job.job_id)
         else:

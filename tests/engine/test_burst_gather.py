@@ -1,0 +1,83 @@
+"""A burst onto an idle engine joins at one frame boundary (engine/scheduler.py, "Bursts"), through the real
+`Engine` on the CPU: the first request of a burst waits for the ones still being received (up to
+`join_gather_ms`), so all of them are admitted in one join; without the gather the first joins alone. A
+lone request, and one sent after a refused request, never wait for the gather."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from breeze_worker.artifacts.store import ArtifactStore
+from breeze_worker.config import ArtifactSettings, EngineSettings
+from breeze_worker.engine.service import Engine
+from breeze_worker.engine.types import JobFinished, SynthesisRequest
+from breeze_worker.errors import InvalidRequest
+
+
+def _engine(tmp_path, gather_ms: float) -> Engine:
+    torch.set_num_threads(1)
+    settings = EngineSettings(device="cpu", max_active_streams=4, max_queue=4, join_gather_ms=gather_ms)
+    return Engine(settings, ArtifactStore(ArtifactSettings(directory=tmp_path / f"artifacts-{gather_ms:g}")))
+
+
+async def _run(engine: Engine, seed: int, text: str = "one two three") -> list:
+    return [event async for event in engine.synthesize(SynthesisRequest(text=text, seed=seed, max_frames=2))]
+
+
+def _burst_join_sizes(engine: Engine, monkeypatch) -> list[int]:
+    """Three requests sent together, the last two still being received (resolved) 100 ms after the first
+    was submitted; returns the number of joiners of each join."""
+    sizes: list[int] = []
+
+    async def main():
+        await engine.start()
+        stepper = engine.scheduler._stepper
+        join = stepper.join
+        monkeypatch.setattr(stepper, "join", lambda joiners: sizes.append(len(joiners)) or join(joiners))
+        resolve = engine._resolve
+
+        async def slow_resolve(request):
+            if request.seed != 1:  # the burst's later requests are still arriving
+                await asyncio.sleep(0.1)
+            return await resolve(request)
+
+        monkeypatch.setattr(engine, "_resolve", slow_resolve)
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*(_run(engine, seed) for seed in (1, 2, 3))), 60)
+        finally:
+            await engine.stop()
+        assert all(isinstance(events[-1], JobFinished) for events in results)
+
+    asyncio.run(main())
+    return sizes
+
+
+def test_a_burst_onto_an_idle_engine_joins_at_one_boundary(tmp_path, monkeypatch):
+    assert _burst_join_sizes(_engine(tmp_path, gather_ms=5000), monkeypatch) == [3]
+
+
+def test_without_the_gather_the_first_request_joins_alone(tmp_path, monkeypatch):
+    sizes = _burst_join_sizes(_engine(tmp_path, gather_ms=0), monkeypatch)
+    assert sizes[0] == 1 and sum(sizes) == 3
+
+
+@pytest.mark.parametrize("after_refusal", [False, True])
+def test_a_lone_request_does_not_wait_for_the_gather(tmp_path, after_refusal):
+    engine = _engine(tmp_path, gather_ms=60_000)  # a wait would outlast the test's 20 s limit
+
+    async def main():
+        await engine.start()
+        try:
+            if after_refusal:  # refused while it was arriving: it no longer counts as arriving
+                with pytest.raises(InvalidRequest):
+                    await _run(engine, 1, text="")
+            return await asyncio.wait_for(_run(engine, 2), 20)
+        finally:
+            await engine.stop()
+
+    events = asyncio.run(main())
+    assert isinstance(events[-1], JobFinished) and events[-1].stats.frames == 2
+    assert engine.scheduler._arriving == 0
