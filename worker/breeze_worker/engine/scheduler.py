@@ -17,7 +17,9 @@ Bursts: a request counts as arriving from the moment the transport hands it over
 jobs to admit while others are still arriving waits for them, up to `gather_s`, so that a burst onto an
 idle worker joins at one boundary: otherwise its first request joins alone and the rest wait behind that
 join and its first step. A lone request never waits (nothing else is arriving), and a busy engine never
-does (arrivals join at the next step's boundary anyway).
+does (arrivals join at the next step's boundary anyway). Off by default (`join_gather_ms` 0): where a
+join's cost grows with its joiners and has little fixed part, as in benchmarks/host_overhead.py's simulated
+device, the wait costs more than it saves, and it has not been measured on a GPU yet.
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
