@@ -28,7 +28,7 @@ async def _run(engine: Engine, seed: int, text: str = "one two three") -> list:
 
 
 def _burst_join_sizes(engine: Engine, monkeypatch) -> list[int]:
-    """Three requests sent together, the last two still being received (resolved) 100 ms after the first
+    """Three requests sent together, the last two still being received (resolved) 300 ms after the first
     was submitted; returns the number of joiners of each join."""
     sizes: list[int] = []
 
@@ -40,8 +40,9 @@ def _burst_join_sizes(engine: Engine, monkeypatch) -> list[int]:
         resolve = engine._resolve
 
         async def slow_resolve(request):
-            if request.seed != 1:  # the burst's later requests are still arriving
-                await asyncio.sleep(0.1)
+            # every request of the burst has reached the worker (counts as arriving) before the first is
+            # submitted; the later two are still being received 300 ms after it
+            await asyncio.sleep(0 if request.seed == 1 else 0.3)
             return await resolve(request)
 
         monkeypatch.setattr(engine, "_resolve", slow_resolve)
