@@ -56,8 +56,10 @@ def test_gathered_rows_are_the_prompt_batch_rows(model, requests, bucketed):
     # laid out again at the join (its layouts dropped), where guidance on the plain template fails
     broken = dataclasses.replace(_resolve(model, "this one breaks", 6), prompt=None, cfg_scale=2.0)
     batch = [*requests.values(), broken]
-    table, gathered = gather_prompts(model, batch, encoder)
+    gathered = gather_prompts(model, batch, encoder)
     assert isinstance(gathered[-1], Exception)
+    table = gathered[0].table
+    assert all(g.table is table for g in gathered[:-1])  # one table for the whole join
     assert torch.equal(table[-1], torch.zeros_like(table[-1]))  # the padding row
     # the same text encodings, one batch for all (a segment's encoding depends on its batch by rounding)
     segments = [prompt_text_segments(model, request) for request in requests.values()]

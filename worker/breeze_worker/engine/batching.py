@@ -40,14 +40,7 @@ from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
-from breeze_worker.engine.prompt import (
-    GatheredPrompt,
-    PromptBatch,
-    gather_prompts,
-    prepare_prompt_embeddings,
-    prompt_layouts,
-    prompt_text_segments,
-)
+from breeze_worker.engine.prompt import GatheredPrompt, gather_prompts
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -230,7 +223,7 @@ class BatchedStepper:
                 errors[key] = ResourceExhausted(f"all {self.max_streams} stream slots are busy")
             joiners = joiners[: self.free_slots]
         t0 = time.perf_counter()
-        table, prompts = self._encode(joiners, errors)
+        prompts = self._encode(joiners, errors)
         encode_s = time.perf_counter() - t0
         streams, setups = [], []
         for (key, params), prompt in zip(joiners, prompts):
@@ -248,7 +241,7 @@ class BatchedStepper:
         self.step_buffers.set_streams(setups)
         t1 = time.perf_counter()
         try:
-            self._prefill(streams, table)
+            self._prefill(streams)
         except Exception as exc:  # noqa: BLE001 - the joiners fail; running streams are untouched
             for stream, _ in streams:
                 errors[stream.key] = exc
@@ -259,40 +252,31 @@ class BatchedStepper:
             stream.info["prefill_s"] = prefill_s
         return errors
 
-    def _encode(self, joiners, errors) -> tuple[torch.Tensor | None, list[PromptBatch | GatheredPrompt | None]]:
-        """Each joiner's prompt (None where it failed). Batching joins: one text-encoder batch for all
-        joiners and one table of every prompt piece (`gather_prompts`); else each joiner's `PromptBatch`
-        on its own (exactly the alone computation). The encoder runs in graphs on CUDA (fastpath/prompt.py)."""
-        encoder = self.text_encoder
+    def _encode(self, joiners, errors) -> list[GatheredPrompt | None]:
+        """Each joiner's prompt (None where it failed): batching joins, one text-encoder batch and one table
+        of prompt pieces for all joiners; else each joiner's on its own (exactly the alone computation).
+        The encoder runs in graphs on CUDA (fastpath/prompt.py)."""
         if self.batch_joins:
-            table, gathered = gather_prompts(self.model, [params for _, params in joiners], encoder)
-            out: list[PromptBatch | GatheredPrompt | None] = []
-            for (key, _), prompt in zip(joiners, gathered):
-                if isinstance(prompt, BaseException):
-                    errors[key] = prompt
-                    out.append(None)
-                else:
-                    out.append(prompt)
-            return table, out
-        out = []
-        for key, params in joiners:
-            try:
-                laid = prompt_layouts(self.model, params)
-                encoded = encoder.encode_segments(prompt_text_segments(self.model, params, laid))
-                out.append(prepare_prompt_embeddings(self.model, params, encoded=encoded, layouts=laid))
-            except Exception as exc:  # noqa: BLE001 - this joiner only
-                errors[key] = exc
+            gathered = gather_prompts(self.model, [params for _, params in joiners], self.text_encoder)
+        else:
+            gathered = [gather_prompts(self.model, [params], self.text_encoder)[0] for _, params in joiners]
+        out: list[GatheredPrompt | None] = []
+        for (key, _), prompt in zip(joiners, gathered):
+            if isinstance(prompt, BaseException):
+                errors[key] = prompt
                 out.append(None)
-        return None, out
+            else:
+                out.append(prompt)
+        return out
 
-    def _prefill(self, streams: list, table: torch.Tensor | None) -> None:
-        """Prefill each contiguous run of joiner rows in one call (left-padded to the run's longest prompt)
-        when batching joins (the run's input one gather from `table`); otherwise each stream's rows on
+    def _prefill(self, streams: list[tuple[_Stream, GatheredPrompt]]) -> None:
+        """Prefill each contiguous run of joiner rows in one call (left-padded to the run's longest prompt,
+        its input one gather from the joiners' table) when batching joins; otherwise each stream's rows on
         their own."""
-        pieces = []  # (row, the prompt's padded length, stream, its row i)
+        pieces = []  # (row, the prompt's padded length, stream, its table indices)
         for stream, prompt in streams:
             for i, row in enumerate(stream.rows):
-                pieces.append((row, prompt.length, stream, (prompt, i)))
+                pieces.append((row, prompt.length, stream, prompt.rows[i], prompt.table))
         pieces.sort(key=lambda p: p[0])
         runs: list[list] = []
         for piece in pieces:
@@ -305,50 +289,40 @@ class BatchedStepper:
                 runs.append([piece])
         for run in runs:
             if self.batch_joins and len({id(p[2]) for p in run}) > 1:
-                run = self._fit_capacity(run, table)
-            self._prefill_run(run, table)
+                run = self._fit_capacity(run)
+            self._prefill_run(run)
 
-    def _fit_capacity(self, run: list, table: torch.Tensor | None) -> list:
+    def _fit_capacity(self, run: list) -> list:
         """A stream whose frame limit would not fit after the run's padding is prefilled on its own."""
         longest = max(p[1] for p in run)
         solo = [p for p in run if longest + p[2].limit > self.capacity - 1]
         for stream in {id(p[2]): p[2] for p in solo}.values():
-            self._prefill_run([p for p in run if p[2] is stream], table)
+            self._prefill_run([p for p in run if p[2] is stream])
         return [p for p in run if p not in solo] or []
 
-    def _prefill_run(self, run: list, table: torch.Tensor | None) -> None:
+    def _prefill_run(self, run: list) -> None:
         if not run:
             return
         rows = [p[0] for p in run]
         if rows != list(range(rows[0], rows[0] + len(rows))):  # split after capacity fitting: one call each
             for piece in run:
-                self._prefill_run([piece], table)
+                self._prefill_run([piece])
             return
         longest = max(p[1] for p in run)
-        if table is not None:  # gathered prompts: indices, positions and padding built on the host
-            index = np.full((len(run), longest), table.shape[0] - 1, dtype=np.int64)  # the zero row
-            positions = np.ones((len(run), longest), dtype=np.int64)
-            allowed = np.zeros((len(run), longest), dtype=np.bool_)
-            for i, (_, _, _, (prompt, r)) in enumerate(run):
-                own = prompt.rows[r]
-                index[i, longest - len(own):] = own
-                positions[i, longest - len(own):] = np.arange(len(own))
-                allowed[i, longest - len(own):] = True
-            embeds = table.index_select(0, _to_device(index.reshape(-1), self.device)).view(
-                len(run), longest, table.shape[-1])
-            self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, _to_device(positions, self.device),
-                                      _to_device(allowed, self.device))
-        else:
-            first = run[0][3][0]
-            embeds = torch.zeros(len(run), longest, first.inputs_embeds.shape[-1], dtype=first.inputs_embeds.dtype,
-                                 device=self.device)
-            pos = torch.ones(len(run), longest, dtype=torch.int64, device=self.device)
-            ok = torch.zeros(len(run), longest, dtype=torch.bool, device=self.device)
-            for i, (_, t, _, (prompt, r)) in enumerate(run):
-                embeds[i, longest - t:] = prompt.inputs_embeds[r]
-                pos[i, longest - t:] = prompt.positions[r]
-                ok[i, longest - t:] = prompt.attention_mask[r]
-            self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, pos, ok)
+        table = run[0][4]  # a run's rows come from one join's (or, unbatched, one stream's) table
+        # indices, positions and padding built on the host, then one gather
+        index = np.full((len(run), longest), table.shape[0] - 1, dtype=np.int64)  # the zero row
+        positions = np.ones((len(run), longest), dtype=np.int64)
+        allowed = np.zeros((len(run), longest), dtype=np.bool_)
+        for i, piece in enumerate(run):
+            own = piece[3]
+            index[i, longest - len(own):] = own
+            positions[i, longest - len(own):] = np.arange(len(own))
+            allowed[i, longest - len(own):] = True
+        embeds = table.index_select(0, _to_device(index.reshape(-1), self.device)).view(
+            len(run), longest, table.shape[-1])
+        self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, _to_device(positions, self.device),
+                                  _to_device(allowed, self.device))
         for r in rows:
             self._row_pos[r] = longest
 

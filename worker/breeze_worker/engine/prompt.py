@@ -30,10 +30,12 @@ from breeze_worker.model.loaded import LoadedModel
 
 @dataclass
 class GatheredPrompt:
-    """A request's prefill rows as indices into its join's table (`gather_prompts`): row 0 the prompt, row
-    1 the negative prompt when CFG is on. `length` is PromptBatch's: the longest row (the rows are
-    left-padded to it, padding at positions 1, as `prepare_prompt_embeddings` lays them out)."""
+    """A request's prefill rows as indices into `table` (`gather_prompts`; shared by the requests gathered
+    together): row 0 the prompt, row 1 the negative prompt when CFG is on. `length` is PromptBatch's: the
+    longest row (the rows are left-padded to it, padding at positions 1, as `prepare_prompt_embeddings` lays
+    them out)."""
 
+    table: torch.Tensor  # [N, H]; its last row is zeros (padding)
     rows: list[np.ndarray]  # int64 table indices of each row's tokens, in prompt order
     length: int
 
@@ -141,13 +143,14 @@ def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
 
 
 @torch.no_grad()
-def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest], encoder) -> tuple[
-        torch.Tensor | None, list[GatheredPrompt | BaseException]]:
-    """Several requests' prompts for one prefill: (table [N, H], one GatheredPrompt per request, or the
-    exception that request's prompt raised). `encoder` encodes the text segments of all of them at once
-    (`encode_flat`: fastpath/prompt.py TextEncoderGraphs). The table's last row is zeros (padding)."""
+def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest],
+                   encoder) -> list[GatheredPrompt | BaseException]:
+    """Several requests' prompts for one prefill, sharing one table: a GatheredPrompt per request, or the
+    exception that request's prompt raised. `encoder` encodes the text segments of all of them at once
+    (`encode_flat`: fastpath/prompt.py TextEncoderGraphs). One request alone gets the values
+    `prepare_prompt_embeddings` gives with the same encoder's encodings."""
     lm, config, device = model.lm, model.config, model.device
-    out: list[GatheredPrompt | BaseException] = []
+    out: list[GatheredPrompt | BaseException | None] = []
     layouts: dict[int, list[prompts.PromptLayout]] = {}
     segments: dict[int, list[torch.Tensor]] = {}
     for i, request in enumerate(requests):  # a failing prompt fails its request only
@@ -157,7 +160,7 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest], encoder)
         except Exception as exc:  # noqa: BLE001
             out.append(exc)
             continue
-        out.append(GatheredPrompt([], 0))
+        out.append(None)  # filled below
     text, starts = encoder.encode_flat([seg for segs in segments.values() for seg in segs])
     parts = [text]
     size = int(text.shape[0])
@@ -177,7 +180,7 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest], encoder)
     parts.append(lm.embed_frames(eos_frame)[None])
     eos_row = size
     parts.append(torch.zeros_like(parts[-1]))
-    table = torch.cat(parts) if len(parts) > 1 else parts[0]
+    table = torch.cat(parts)
     seg = 0
     for i in segments:
         own = starts[seg:seg + len(segments[i])]
@@ -198,5 +201,7 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest], encoder)
                 else:
                     index.append(np.array([eos_row]))
             rows.append(np.concatenate(index).astype(np.int64))
-        out[i] = GatheredPrompt(rows, max(len(r) for r in rows))
-    return table, out
+        out[i] = GatheredPrompt(table, rows, max(len(r) for r in rows))
+    filled = [p for p in out if p is not None]
+    assert len(filled) == len(requests)  # every request got its prompt or its error
+    return filled

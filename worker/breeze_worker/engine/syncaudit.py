@@ -76,8 +76,9 @@ _INDEX_OPS = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.defa
 # a sync is part of a request's setup (not of a frame) when one of these spans is open (engine/tracing.py)
 # or one of these functions is on the stack
 SETUP_SPANS = frozenset({"text_encode", "prefill"})
-SETUP_FUNCTIONS = frozenset({"prepare_prompt_embeddings", "prompt_text_segments", "encode_segments", "from_params",
-                             "prefill", "set_stream", "set_streams", "acquire_runner", "_capture"})
+SETUP_FUNCTIONS = frozenset({"prepare_prompt_embeddings", "gather_prompts", "prompt_text_segments", "encode_segments",
+                             "encode_flat", "from_params", "prefill", "set_stream", "set_streams", "acquire_runner",
+                             "_capture"})
 
 
 @contextlib.contextmanager

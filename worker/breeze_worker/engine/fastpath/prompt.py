@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from breeze_worker.engine.fastpath.fused import _next_power_of_two
+
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
@@ -34,11 +36,6 @@ log = logging.getLogger(__name__)
 TEXT_BUCKETS = (32, 64, 128, 256, 512)
 MAX_TOKENS = 4096  # rows x padded length of one graph (its activations); larger batches replay several
 MAX_TEXT_SEGMENTS = 4  # text segments of one request: reference transcript + text, twice with CFG (model/prompts.py)
-
-
-def row_bucket(rows: int) -> int:
-    """The smallest power of two >= rows."""
-    return 1 << max(0, rows - 1).bit_length()
 
 
 def plan(lengths: list[int], max_tokens: int = MAX_TOKENS) -> tuple[int, list[tuple[int, int, int]]] | None:
@@ -53,7 +50,7 @@ def plan(lengths: list[int], max_tokens: int = MAX_TOKENS) -> tuple[int, list[tu
     chunks = []
     for start in range(0, len(lengths), per_chunk):
         stop = min(len(lengths), start + per_chunk)
-        chunks.append((start, stop, row_bucket(stop - start)))
+        chunks.append((start, stop, _next_power_of_two(stop - start)))
     return length, chunks
 
 
@@ -62,7 +59,7 @@ def keys_for(max_segments: int, max_tokens: int = MAX_TOKENS) -> list[tuple[int,
     keys = []
     for length in TEXT_BUCKETS:
         rows = 1
-        while rows <= row_bucket(max_segments) and (rows * length <= max_tokens or rows == 1):
+        while rows <= _next_power_of_two(max_segments) and (rows * length <= max_tokens or rows == 1):
             keys.append((rows, length))
             rows *= 2
     return keys
