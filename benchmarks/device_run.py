@@ -18,7 +18,7 @@ Steps (what each measures is in its tool's docstring):
   engine-bench-fp16  the same under fp16-mixed (the T4 policy), forced, CFG on
   sweep              benchmarks/concurrency_sweep.py at `--levels` (half the streams with CFG), with the batch-1
                      comparison and the batched-vs-alone agreement at 8 streams
-  sweep-throughput   the sweep at 32 streams with the throughput settings (TF32 + compiled codec)
+  sweep-throughput   the sweep at 32 streams with the codec compiled for every slot bucket (the default: 16 and up)
   kernel-check       benchmarks/kernel_check.py: each served kernel against its byte floor
   serve-smoke        benchmarks/serve_smoke.py: the worker and the client end to end (needs grpcio, protobuf
                      and zstandard: carry them as wheels where the host lacks them)
@@ -79,7 +79,7 @@ class Step:
                             "--agreement-prefill", "batched,per-stream"], {}
         if self.name == "sweep-throughput":
             return sweep + ["--concurrency", "32"], {"BREEZE_ENGINE_CODEC_TF32": "1",
-                                                     "BREEZE_ENGINE_CODEC_COMPILE": "1"}
+                                                     "BREEZE_ENGINE_CODEC_COMPILE_SLOTS": "1"}
         if self.name == "kernel-check":
             return [py, str(HERE / "kernel_check.py"), "--device", args.device, "--size", args.size,
                     "--json", str(result), *common], {}

@@ -127,35 +127,43 @@ def test_a_failed_compile_falls_back_to_the_uncompiled_step(codec, caplog):
         assert torch.equal(batch.step(host), plain.step(host))
 
 
-def test_compile_follows_the_codec_compile_setting(codec, monkeypatch):
-    """Off unless asked for: the batch, the pool and the runtime take the `codec_compile` setting explicitly
-    (--codec-compile or BREEZE_ENGINE_CODEC_COMPILE, read by the command); the environment is not consulted."""
+def test_compile_follows_the_codec_compile_slots_setting(codec, monkeypatch):
+    """The batch, the pool and the runtime take the `codec_compile_slots` setting explicitly
+    (--codec-compile-slots or BREEZE_ENGINE_CODEC_COMPILE_SLOTS, read by the command; 16 by default, on CUDA
+    only); the environment is not consulted below the command."""
     from breeze_worker.engine.codec_graphs import SlotPool
+    from breeze_worker.engine.runtime import codec_compile_slots
 
     compiles = []
     monkeypatch.setattr(SlotBatch, "_compile", lambda self: compiles.append(self.rows))
-    monkeypatch.setenv("BREEZE_ENGINE_CODEC_COMPILE", "1")  # read by the command's settings, not here
+    monkeypatch.setenv("BREEZE_ENGINE_CODEC_COMPILE_SLOTS", "1")  # read by the command's settings, not here
     assert not SlotBatch(codec.decoder, 1, use_graphs=False).compile and compiles == []
     assert SlotBatch(codec.decoder, 2, use_graphs=False, compile=True).compile and compiles == [2]
-    assert not SlotPool(codec.decoder).compile and SlotPool(codec.decoder, compile=True).compile
+    pool = SlotPool(codec.decoder, compile_from=4)
+    assert [pool.compiles(rows) for rows in (1, 2, 4, 8, 64)] == [False, False, True, True, True]
+    assert not any(SlotPool(codec.decoder).compiles(rows) for rows in (1, 16, 64))
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert settings_from_args(parser.parse_args([]), environ={}).engine.codec_compile is False
-    assert settings_from_args(parser.parse_args(["--codec-compile"]), environ={}).engine.codec_compile is True
-    assert settings_from_args(parser.parse_args([]), environ=None).engine.codec_compile is True  # the process's
+    default = settings_from_args(parser.parse_args([]), environ={}).engine
+    assert default.codec_compile_slots == 16
+    off = settings_from_args(parser.parse_args(["--codec-compile-slots", "0"]), environ={}).engine
+    assert off.codec_compile_slots == 0
+    assert settings_from_args(parser.parse_args([]), environ=None).engine.codec_compile_slots == 1  # the process's
+    assert codec_compile_slots(default, torch.device("cuda")) == 16
+    assert codec_compile_slots(default, torch.device("cpu")) == 0  # no Inductor C++ build on a CPU worker
 
 
 def test_the_pool_builds_batches_as_asked(monkeypatch):
-    """pool_for(codec, compile=...) (the runtime's warm-up) gives every batch it builds that choice; a later
-    pool_for(codec) (the engine's CodecRows) keeps the pool and its batches."""
+    """pool_for(codec, compile_from=...) (the runtime's warm-up) builds the batches of that many rows and more
+    compiled; a later pool_for(codec) (the engine's CodecRows) keeps the pool and its batches."""
     codec = tiny_codec(seed=1)
     built = []
     monkeypatch.setattr(SlotBatch, "_compile", lambda self: built.append(self.rows))
-    pool = pool_for(codec, compile=True)
-    assert pool.compile is True and pool_for(codec) is pool
-    batch = pool.acquire(1)
-    assert batch.compile and built == [1]
+    pool = pool_for(codec, compile_from=2)
+    assert pool.compile_from == 2 and pool_for(codec) is pool
+    small, batch = pool.acquire(1), pool.acquire(2)
+    assert not small.compile and batch.compile and built == [2]
     pool.release(batch)
-    assert pool_for(codec, compile=True) is pool and pool_for(codec).acquire(1) is batch
-    assert pool_for(codec, compile=False) is not pool and pool_for(codec).compile is False
+    assert pool_for(codec, compile_from=2) is pool and pool_for(codec).acquire(2) is batch
+    assert pool_for(codec, compile_from=0) is not pool and pool_for(codec).compile_from == 0

@@ -5,7 +5,7 @@ default).
 Per slot bucket: the CUDA graph's replay gives the eager step's audio at the same width bit for bit (the graph
 captures what the step runs, each convolution in the form tuned for that bucket); against the codec's own
 `Codec.decode_stream` the audio agrees to >= 90 dB SNR (the forms may sum in another order; about 100 dB was
-measured between the tuned and the library forms). The compiled step (the `codec_compile` setting) gives the
+measured between the tuned and the library forms). The compiled step (the `codec_compile_slots` setting) gives the
 uncompiled step's audio to >= 90 dB.
 """
 
@@ -67,7 +67,7 @@ def test_graphed_codec_step_equals_eager(codec, cuda, rows, write_figures):
 
 
 def test_compiled_codec_step_matches_the_uncompiled_one(codec, cuda, write_figures):
-    """The `codec_compile` setting (the step through Inductor before its capture, 4 slots): the same audio as
+    """The `codec_compile_slots` setting (the step through Inductor before its capture, 4 slots): the same audio as
     the uncompiled graphed step to >= 90 dB (fused element-wise kernels round differently; ~101 dB measured)."""
     rows = 4
     generator = torch.Generator().manual_seed(11)

@@ -62,7 +62,8 @@ def _one_long_job_on_each(client: BreezeClient, books, busy: tuple[ServedWorker,
             if queued_on:  # it waits behind a long job already running there
                 s.stream.cancel()
                 s.finish()
-                _wait(lambda: queued_on[0].metrics()["breeze_queued_requests"] == 0, 30, "the extra to leave")
+                held = queued_on[0]
+                _wait(lambda w=held: w.metrics()["breeze_queued_requests"] == 0, 30, "the extra to leave")
                 print(f"\nlong job {attempt} queued behind a running one; cancelled")
                 break
             assert s.is_alive() and time.monotonic() < deadline, f"a long job did not start: {s.error}"

@@ -323,8 +323,10 @@ class EngineSettings(_Section):
     reference_cache_entries: int = setting(64, "encoded references kept in memory", at_least=1)
     codec_tf32: bool = setting(True, "TF32 convolutions in the codec where the device has them (compute "
                                      "capability >= 8.0), as PyTorch's own default for cuDNN; off: strict FP32")
-    codec_compile: bool = setting(False, "compile the codec's batched step with torch.compile (Inductor) at "
-                                         "warm-up, each slot bucket once, before its CUDA graph (slower start)")
+    codec_compile_slots: int = setting(16, "on CUDA, compile the codec's batched step with torch.compile "
+                                            "(Inductor) for every slot bucket of at least this many slots, at "
+                                            "warm-up, before its CUDA graph (0: never; 1: every bucket; the "
+                                            "compiled code is cached, TORCHINDUCTOR_CACHE_DIR)", at_least=0)
     codec_overlap: bool = setting(False, "decode each step's audio on its own CUDA stream while the next step "
                                          "runs (experimental: multi-second stalls were seen at 16 streams)")
     fastpath: FastPathSettings = section(FastPathSettings)

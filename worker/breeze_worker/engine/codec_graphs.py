@@ -14,13 +14,17 @@ or when capture fails (logged, kept in `fallback_reason`), the same function run
 has no host sync and no value-dependent shape or branch (positions are only used in tensor arithmetic:
 streaming.window_mask).
 
-Compiled step (`compile`; the `codec_compile` setting, off by default): `decode_step` through
+Compiled step (`compile`; the `codec_compile_slots` setting: on CUDA, buckets of 16 slots and more by
+default): `decode_step` through
 `torch.compile` (Inductor, whole graph, static shapes), so that the eager step's many small element-wise
 kernels fuse: SnakeBeta alone is six (exp, mul, sin, pow, div, add), then the residual adds, the contexts'
 concatenations, LayerNorm and GELU, a large share of an eager step's kernel time. Inductor's default mode,
 not "reduce-overhead": our graph captures the compiled code, which must not capture CUDA graphs of its own.
 The convolution forms are tuned eagerly first and compiled in as chosen (`TwoFormConvolution.gemm_shapes` says
-why it is a dict).
+why it is a dict). Why only the large buckets by default: there the fused kernels save the most (a 32-slot step
+9.2 -> 7.0 ms in FP32, 6.2 -> 3.9 ms with TF32, batching runs 14-16 and 26-27 in docs/performance.md), while
+each bucket's compile costs 16-35 s of a cold start (Inductor's cache makes the next start's far shorter), and
+the small buckets' steps are short anyway.
 A failed compile is logged and kept in `fallback_reason`, and the batch runs (and captures) the
 uncompiled step.
 
@@ -155,7 +159,8 @@ class SlotBatch:
         the `codec_tf32` setting, engine/runtime.py `configure_codec_convolutions`); `tune`: choose each
         convolution's form by measurement before capture (`tune_convolutions`; `conv_tuning` keeps the
         report). These three matter on CUDA only. `compile`: the step through `torch.compile`, here, before
-        any capture (the `codec_compile` setting, off by default; `compiled` says whether it is, `compile_s` how long
+        any capture (the `codec_compile_slots` setting, through `SlotPool`; `compiled` says whether it is,
+        `compile_s` how long
         compiling took, apart from `capture_s`); `compile_backend`: torch.compile's backend (the CPU tests
         trace with "aot_eager", which generates no code)."""
         self.decoder = decoder
@@ -285,13 +290,13 @@ class SlotBatch:
 
 class SlotPool:
     """Built `SlotBatch`es of one codec decoder, free ones by row count; `acquire` builds (and captures)
-    one when none is free. Thread-safe. `compile`: what every batch it builds is given (the
-    `codec_compile` setting the runtime was started with)."""
+    one when none is free. Thread-safe. `compile_from`: the batches it builds of at least this many rows are
+    compiled (0: none; the `codec_compile_slots` setting the runtime was started with)."""
 
-    def __init__(self, decoder, compile: bool = False):
+    def __init__(self, decoder, compile_from: int = 0):
         self.decoder = decoder
         self.device = decoder.device
-        self.compile = compile
+        self.compile_from = compile_from
         self._free: dict[int, list[SlotBatch]] = {}
         self._lock = threading.RLock()  # a CodecRows finalizer may release from inside a locked allocation
 
@@ -301,7 +306,11 @@ class SlotPool:
             if free:
                 return free.pop()
         # outside the lock: capture runs gc, which may release
-        return SlotBatch(self.decoder, rows, compile=self.compile)
+        return SlotBatch(self.decoder, rows, compile=self.compiles(rows))
+
+    def compiles(self, rows: int) -> bool:
+        """Whether a batch of `rows` rows is built compiled."""
+        return 0 < self.compile_from <= rows
 
     def release(self, batch: SlotBatch) -> None:
         with self._lock:
@@ -322,13 +331,13 @@ _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # codec -> Slot
 _POOLS_LOCK = threading.Lock()
 
 
-def pool_for(codec, compile: bool | None = None) -> SlotPool:
-    """The pool of `codec` (a new one if the codec moved to another device, or if `compile` is given and is
-    not the pool's: its batches were built the other way). `compile` None: the pool as it is (a new pool:
-    uncompiled)."""
+def pool_for(codec, compile_from: int | None = None) -> SlotPool:
+    """The pool of `codec` (a new one if the codec moved to another device, or if `compile_from` is given and
+    is not the pool's: its batches were built the other way). `compile_from` None: the pool as it is (a new
+    pool: none compiled)."""
     with _POOLS_LOCK:
         pool = _POOLS.get(codec)
         if (pool is None or pool.decoder is not codec.decoder or pool.device != codec.device
-                or (compile is not None and pool.compile != compile)):
-            pool = _POOLS[codec] = SlotPool(codec.decoder, compile=bool(compile))
+                or (compile_from is not None and pool.compile_from != compile_from)):
+            pool = _POOLS[codec] = SlotPool(codec.decoder, compile_from=compile_from or 0)
         return pool

@@ -52,11 +52,17 @@ def configure_codec_convolutions(device: torch.device, tf32: bool) -> bool:
     return torch.backends.cudnn.allow_tf32
 
 
+def codec_compile_slots(settings: EngineSettings, device: torch.device) -> int:
+    """The smallest codec slot bucket compiled (0: none): the `codec_compile_slots` setting on CUDA. Not on the
+    CPU, where Inductor builds C++ for minutes and nothing is captured; there the setting is ignored."""
+    return settings.codec_compile_slots if device.type == "cuda" else 0
+
+
 class Runtime:
     """The loaded model, codec and decode path for one worker process."""
 
     def __init__(self, model, device: torch.device, decode_path: str, description: str,
-                 codec_compile: bool = False, fastpath: FastPathSettings | None = None):
+                 codec_compile_slots: int = 0, fastpath: FastPathSettings | None = None):
         self.model = model  # breeze_worker.model.loaded.LoadedModel
         self.codec = model.codec
         self.device = device
@@ -65,7 +71,7 @@ class Runtime:
         self.sample_rate = int(self.codec.sample_rate)
         self.warmup_s = 0.0
         self.stepper: Stepper | None = None  # built by `load` (or on first `stepper_for`)
-        self.codec_compile = codec_compile  # the `codec_compile` setting
+        self.codec_compile_slots = codec_compile_slots  # the `codec_compile_slots` setting (0: never)
         self.fastpath = fastpath or FastPathSettings()  # the fast path's settings (EngineSettings.fastpath)
 
     @property
@@ -95,8 +101,8 @@ class Runtime:
         decode_path = settings.fast_path
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"
-        runtime = cls(model, device, decode_path, description, codec_compile=settings.codec_compile,
-                      fastpath=settings.fastpath)
+        runtime = cls(model, device, decode_path, description,
+                      codec_compile_slots=codec_compile_slots(settings, device), fastpath=settings.fastpath)
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
         runtime.stepper_for(settings.max_active_streams)
@@ -131,14 +137,14 @@ class Runtime:
     # ---- start-up ----
     def warm_up(self, frames: int = 3, max_streams: int = 1) -> None:
         """Run a short job through the whole path so the first real request pays no first-call costs; the
-        codec's graphs for every batch bucket up to `max_streams` are captured (with `codec_compile`, first
-        compiled) here too."""
+        codec's graphs for every batch bucket up to `max_streams` are captured (those of at least
+        `codec_compile_slots` slots first compiled) here too."""
         t0 = time.perf_counter()
         params = _probe_request(frames)
         from breeze_worker.engine.codec_graphs import pool_for
         from breeze_worker.engine.codec_rows import CodecRows
 
-        pool_for(self.codec, compile=self.codec_compile)  # the engine's CodecRows take this pool's batches
+        pool_for(self.codec, compile_from=self.codec_compile_slots)  # the engine's CodecRows take its batches
         rows = CodecRows(self.codec)
         codec_s = rows.prepare(max_streams)
         if codec_s > 0.01:
