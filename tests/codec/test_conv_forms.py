@@ -5,12 +5,14 @@ without changing the decoded audio."""
 from __future__ import annotations
 
 import copy
+import json
+import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from breeze_worker.engine.codec_graphs import tune_convolutions
+from breeze_worker.engine.codec_graphs import FormStore, tune_convolutions
 from breeze_worker.model.codec.layers import (
     CausalConv1d,
     CausalTransposedConv1d,
@@ -117,3 +119,64 @@ def test_tuner_reports_every_one_group_convolution_and_keeps_the_audio(codec):
         library.append(decoder.decode_stream(frames[:, :, t: t + 1], state))
     assert torch.cat(library, -1).abs().mean() > 0.01
     torch.testing.assert_close(torch.cat(as_gemm, -1), torch.cat(library, -1), atol=1e-5, rtol=0)
+
+
+def _tune(codec, store):
+    decoder = copy.deepcopy(codec.decoder)  # forms live on the modules: a fresh copy starts with none
+    state = decoder.new_stream(2)
+    report = tune_convolutions(decoder, lambda: decoder.decode_stream(random_codes(2, 1, seed=3), state),
+                               repeats=1, store=store)
+    return decoder, report
+
+
+def test_forms_are_kept_per_host_and_the_next_start_takes_them_untimed(codec, tmp_path, monkeypatch):
+    """A store's file holds every choice a tuning made; a later start (a new store on the same file, a new
+    decoder) takes the file's choices without timing anything, whatever a timing would have said, and still
+    checks each GEMM's output."""
+    from breeze_worker.engine import codec_graphs
+
+    store = FormStore.for_decoder(codec.decoder, tf32=False, directory=tmp_path)
+    _, first = _tune(codec, store)
+    assert first and not any(r["stored"] for r in first) and all(r["library_us"] is not None for r in first)
+    doc = json.loads(store.path.read_text())
+    assert doc["identity"]["tf32"] is False and len(doc["forms"]) == len(first)
+    assert {f"{r['conv']}|{','.join(map(str, r['shape']))}" for r in first} == set(doc["forms"])
+
+    # every form flipped to the GEMM in the file: the next start follows the file, not a measurement
+    doc["forms"] = {key: True for key in doc["forms"]}
+    store.path.write_text(json.dumps(doc))
+
+    def no_timing(*_args, **_kwargs):
+        raise AssertionError("a stored form was timed again")
+
+    monkeypatch.setattr(codec_graphs, "_time_us", no_timing)
+    decoder, again = _tune(codec, FormStore.for_decoder(codec.decoder, tf32=False, directory=tmp_path))
+    assert all(r["stored"] and r["gemm"] and r["library_us"] is None for r in again)
+    modules = dict(decoder.named_modules())
+    assert all(tuple(r["shape"]) in modules[r["conv"]].gemm_shapes for r in again)
+
+
+def test_a_store_is_one_per_precision_and_device_and_survives_a_bad_file(codec, tmp_path, caplog):
+    """TF32 and strict FP32 keep separate files; a file of another identity, or an unreadable one, is timed
+    again and rewritten; a directory that cannot be written costs only the timing."""
+    fp32 = FormStore.for_decoder(codec.decoder, tf32=False, directory=tmp_path)
+    tf32 = FormStore.for_decoder(codec.decoder, tf32=True, directory=tmp_path)
+    assert fp32.path != tf32.path and fp32.identity["device"] == "cpu"
+
+    tf32.path.write_text(json.dumps({"identity": fp32.identity, "forms": {"x|1": True}}))  # not its own
+    _, report = _tune(codec, FormStore.for_decoder(codec.decoder, tf32=True, directory=tmp_path))
+    assert not any(r["stored"] for r in report)
+    assert json.loads(tf32.path.read_text())["identity"]["tf32"] is True
+
+    fp32.path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="breeze_worker.engine.codec_graphs"):
+        _, report = _tune(codec, FormStore.for_decoder(codec.decoder, tf32=False, directory=tmp_path))
+    assert not any(r["stored"] for r in report) and "unreadable" in caplog.text
+    assert len(json.loads(fp32.path.read_text())["forms"]) == len(report)
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="breeze_worker.engine.codec_graphs"):
+        _, report = _tune(codec, FormStore.for_decoder(codec.decoder, tf32=False, directory=blocked / "forms"))
+    assert report and "could not keep" in caplog.text

@@ -32,6 +32,11 @@ Convolution forms (`tune_convolutions`): before capture, each one-group causal c
 convolution is timed at this bucket's input shape as the library's (cuDNN, under the capture's flags)
 and as one GEMM (model/codec/layers.py `conv1d_as_gemm` over the stacked taps, `conv_transpose1d_as_gemm`
 with an overlap-add; true FP32), and the graph captures the faster (which one wins depends on the shape).
+The choices are kept per host (`FormStore`, a JSON file beside Inductor's cache) and the next start takes them
+without timing again: near a tie the measurement picks differently from one process to the next, and a
+compiled step whose forms changed is new code to Inductor, compiled again in full (on an H200, a start with
+warm caches compiled its 32- and 64-slot buckets in 21.9 and 25.1 s, their forms having changed, and its
+16-slot bucket, whose forms had not, in 4.6 s).
 
 `SlotPool` keeps the built batches of one codec by row count, so a graph captured once (e.g. at the
 runtime's warm-up, or by `prepare`) serves every later `CodecRows` (engine/codec_rows.py).
@@ -40,12 +45,17 @@ runtime's warm-up, or by `prepare`) serves every later `CodecRows` (engine/codec
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import os
+import tempfile
 import threading
 import time
 import types
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -73,14 +83,90 @@ def _time_us(fn, device: torch.device, repeats: int) -> float:
     return 1e6 * (time.perf_counter() - t0) / repeats
 
 
-def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> list[dict]:
+class FormStore:
+    """The convolution forms chosen on this host for one decoder, device and precision: a JSON file
+    {"identity": ..., "forms": {"<conv name>|<shape>": true/false}} read once and rewritten (whole, through a
+    rename) when a bucket adds choices. Only the choice is kept, never a result: a stored form still runs
+    through `tune_convolutions`' output check. An unreadable file counts as empty, an unwritable directory
+    costs the next start its timing, nothing else."""
+
+    def __init__(self, path: Path, identity: dict) -> None:
+        self.path = path
+        self.identity = identity
+        self._lock = threading.Lock()
+        self._forms: dict[str, bool] = self._read()
+
+    @classmethod
+    def for_decoder(cls, decoder, tf32: bool, directory: Path | None = None) -> FormStore:
+        """The store of `decoder`'s convolutions on its device with cuDNN's TF32 flag `tf32`, in `directory`
+        (default: `forms_directory()`). The identity names what a choice depends on: the GPU, the libraries,
+        the precision and every tunable convolution's geometry (not the weights' values)."""
+        device = decoder.device
+        convs = [[name, type(m).__name__, list(m.conv.weight.shape), list(m.conv.stride), list(m.conv.dilation)]
+                 for name, m in decoder.named_modules() if isinstance(m, TwoFormConvolution) and m.gemm_capable]
+        identity = {"device": (torch.cuda.get_device_name(device) if device.type == "cuda" else device.type),
+                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "tf32": bool(tf32),
+                    "convolutions": convs}
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        return cls((directory or forms_directory()) / f"codec-forms-{digest}.json", identity)
+
+    @staticmethod
+    def _key(name: str, shape) -> str:
+        return f"{name}|{','.join(str(int(n)) for n in shape)}"
+
+    def _read(self) -> dict[str, bool]:
+        try:
+            doc = json.loads(self.path.read_text())
+            forms = doc["forms"] if doc.get("identity") == self.identity else {}
+            return {str(k): bool(v) for k, v in forms.items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("codec convolution forms in %s unreadable (%s); timing them again", self.path, exc)
+            return {}
+
+    def get(self, name: str, shape) -> bool | None:
+        with self._lock:
+            return self._forms.get(self._key(name, shape))
+
+    def put(self, choices: dict[tuple[str, tuple[int, ...]], bool]) -> None:
+        """Add `choices` ((conv name, shape) -> GEMM) and rewrite the file (merged with what another process
+        may have written meanwhile)."""
+        with self._lock:
+            self._forms.update({self._key(n, s): bool(g) for (n, s), g in choices.items()})
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                merged = {**self._read(), **self._forms}
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"identity": self.identity, "forms": merged}, indent=1, sort_keys=True))
+                os.replace(tmp, self.path)
+            except OSError as exc:
+                log.warning("could not keep the codec convolution forms in %s (%s): the next start times them "
+                            "again", self.path, exc)
+
+
+def forms_directory() -> Path:
+    """Where `FormStore` files live: beside the compiled code they go with, in Inductor's cache directory
+    (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), under breeze/."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        base = Path(cache_dir())
+    except Exception:  # noqa: BLE001 - a private helper: fall back to the variable, then the temp directory
+        base = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / "torchinductor")
+    return base / "breeze"
+
+
+def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95,
+                      store: FormStore | None = None) -> list[dict]:
     """For every one-group causal convolution and transposed convolution of `decoder`, at the input shape
     `step()` (one decode step) gives it: time the library's convolution and the GEMM form
     (`conv1d_as_gemm`, `conv_transpose1d_as_gemm`) on random input of that shape, and run
     the shape as a GEMM when that takes less than `margin` x the library's time (the module's
     `gemm_shapes`). A GEMM whose output does not match the library's (relative difference > 1e-2: a bug,
-    not rounding) is never chosen. Returns per convolution: name, input shape, both times (us), the
-    choice, the relative difference."""
+    not rounding) is never chosen. With a `store`, a shape it holds a choice for takes that choice untimed
+    (the output check still runs), and the new choices go into it. Returns per convolution: name, input
+    shape, both times (us; None where stored), the choice, whether it was stored, the relative difference."""
     names = {m: name for name, m in decoder.named_modules()
              if isinstance(m, TwoFormConvolution) and m.gemm_capable}
     shapes: dict = {}
@@ -89,6 +175,7 @@ def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> 
         shapes.setdefault(module, module.input_shape(output))
 
     report = []
+    chosen: dict[tuple[str, tuple[int, ...]], bool] = {}
     with torch.no_grad():
         hooks = [m.register_forward_hook(record) for m in names]
         try:
@@ -97,18 +184,28 @@ def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95) -> 
             for hook in hooks:
                 hook.remove()
         for module, shape in shapes.items():
+            name, shape = names[module], tuple(int(n) for n in shape)
             weight = module.conv.weight
             generator = torch.Generator(device=weight.device).manual_seed(0)
             x = torch.randn(shape, generator=generator, device=weight.device, dtype=weight.dtype)
             library = module.convolve(x, gemm=False)
             gemm = module.convolve(x, gemm=True)
             diff = float((library - gemm).abs().max() / library.abs().max().clamp_min(1e-30))
-            library_us = _time_us(functools.partial(module.convolve, x, gemm=False), weight.device, repeats)
-            gemm_us = _time_us(functools.partial(module.convolve, x, gemm=True), weight.device, repeats)
-            use = gemm_us < margin * library_us and diff <= 1e-2
+            stored = store.get(name, shape) if store is not None else None
+            if stored is None:
+                library_us = _time_us(functools.partial(module.convolve, x, gemm=False), weight.device, repeats)
+                gemm_us = _time_us(functools.partial(module.convolve, x, gemm=True), weight.device, repeats)
+                faster = gemm_us < margin * library_us
+                chosen[(name, shape)] = faster
+            else:
+                library_us = gemm_us = None
+                faster = stored
+            use = faster and diff <= 1e-2
             module.set_form(shape, use)
-            report.append({"conv": names[module], "shape": list(shape), "library_us": library_us,
-                           "gemm_us": gemm_us, "gemm": use, "relative_diff": diff})
+            report.append({"conv": name, "shape": list(shape), "library_us": library_us, "gemm_us": gemm_us,
+                           "gemm": use, "stored": stored is not None, "relative_diff": diff})
+    if store is not None and chosen:
+        store.put(chosen)
     return report
 
 
@@ -152,15 +249,15 @@ class SlotBatch:
     """A static streaming state of `rows` slots, its codes input, and the step decoding all slots at once."""
 
     def __init__(self, decoder, rows: int, use_graphs: bool | None = None, *, benchmark: bool = True,
-                 tf32: bool | None = None, tune: bool = True, compile: bool = False,
+                 tf32: bool | None = None, tune: bool = True, keep_forms: bool = True, compile: bool = False,
                  compile_backend: str | Callable = "inductor"):
         """`benchmark`: cuDNN benchmark mode for the warm-up and capture; `tf32`: TF32 convolutions in the
         captured graph (None: the process's `torch.backends.cudnn.allow_tf32`, which the runtime sets from
         the `codec_tf32` setting, engine/runtime.py `configure_codec_convolutions`); `tune`: choose each
         convolution's form by measurement before capture (`tune_convolutions`; `conv_tuning` keeps the
-        report). These three matter on CUDA only. `compile`: the step through `torch.compile`, here, before
-        any capture (the `codec_compile_slots` setting, through `SlotPool`; `compiled` says whether it is,
-        `compile_s` how long
+        report); `keep_forms`: take and keep the choices in this host's `FormStore`. These four matter on
+        CUDA only. `compile`: the step through `torch.compile`, here, before any capture (the
+        `codec_compile_slots` setting, through `SlotPool`; `compiled` says whether it is, `compile_s` how long
         compiling took, apart from `capture_s`); `compile_backend`: torch.compile's backend (the CPU tests
         trace with "aot_eager", which generates no code)."""
         self.decoder = decoder
@@ -168,6 +265,7 @@ class SlotBatch:
         self.benchmark = benchmark
         self.tf32 = tf32
         self.tune = tune
+        self.keep_forms = keep_forms
         self.compile = compile
         self.compile_backend = compile_backend
         self.conv_tuning: list[dict] = []
@@ -262,7 +360,8 @@ class SlotBatch:
             with torch.inference_mode(), cudnn.flags(enabled=cudnn.enabled, benchmark=self.benchmark,
                                                      deterministic=cudnn.deterministic, allow_tf32=tf32):
                 if self.tune:  # eagerly, before compiling: the compiled step takes the forms chosen here
-                    self.conv_tuning = tune_convolutions(self.decoder, self.advance)
+                    store = FormStore.for_decoder(self.decoder, tf32) if self.keep_forms else None
+                    self.conv_tuning = tune_convolutions(self.decoder, self.advance, store=store)
                 if self.compile:
                     self._compile()
                 # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
@@ -282,10 +381,11 @@ class SlotBatch:
         self.capture_s = time.perf_counter() - t0 - self.compile_s
         if self.graph is not None:
             gemm = [c for c in self.conv_tuning if c["gemm"]]
-            saved = sum(c["library_us"] - c["gemm_us"] for c in gemm)
-            log.info("captured the codec step for %d slots in %.2f s (%d of %d convolutions as GEMMs, %.0f us "
-                     "less than the library's; %s)", self.rows, self.capture_s, len(gemm), len(self.conv_tuning),
-                     saved, f"compiled in {self.compile_s:.1f} s" if self.compiled else "not compiled")
+            stored = sum(c["stored"] for c in self.conv_tuning)
+            log.info("captured the codec step for %d slots in %.2f s (%d of %d convolutions as GEMMs, %d forms "
+                     "kept from an earlier start, %d timed now; %s)", self.rows, self.capture_s, len(gemm),
+                     len(self.conv_tuning), stored, len(self.conv_tuning) - stored,
+                     f"compiled in {self.compile_s:.1f} s" if self.compiled else "not compiled")
 
 
 class SlotPool:
