@@ -180,3 +180,11 @@ def test_a_store_is_one_per_precision_and_device_and_survives_a_bad_file(codec, 
     with caplog.at_level(logging.WARNING, logger="breeze_worker.engine.codec_graphs"):
         _, report = _tune(codec, FormStore.for_decoder(codec.decoder, tf32=False, directory=blocked / "forms"))
     assert report and "could not keep" in caplog.text
+
+
+def test_forms_live_in_inductors_cache_directory(tmp_path, monkeypatch):
+    """Beside the compiled code they go with: where TORCHINDUCTOR_CACHE_DIR points (Inductor's own rule)."""
+    from breeze_worker.engine.codec_graphs import forms_directory
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert forms_directory() == tmp_path / "inductor" / "breeze"

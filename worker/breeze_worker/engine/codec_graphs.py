@@ -147,13 +147,13 @@ class FormStore:
 
 def forms_directory() -> Path:
     """Where `FormStore` files live: beside the compiled code they go with, in Inductor's cache directory
-    (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), under breeze/."""
+    (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), under breeze/; Inductor's own helper says which."""
     try:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
         base = Path(cache_dir())
-    except Exception:  # noqa: BLE001 - a private helper: fall back to the variable, then the temp directory
-        base = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / "torchinductor")
+    except Exception:  # noqa: BLE001 - a private helper that may move: the temporary directory then
+        base = Path(tempfile.gettempdir()) / "torchinductor"
     return base / "breeze"
 
 
