@@ -6,8 +6,9 @@ One run, on one GPU host (one device call):
      process start to the ready line (health SERVING), with the worker's own split (load, codec graphs, warm-up);
   2. the first request after SERVING (time to first audio) against the steady TTFA of the next few requests;
   3. `breeze-client bench` at each --concurrency (a request mix: every 2nd client an instruction with CFG, every
-     4th a clone of --reference): client-side aggregate x real time, TTFA p50/p95, per-stream RTF, inter-chunk
-     gap p99 (in frames too), and the worker's CPU seconds per audio second during the run;
+     4th a clone of --reference, else of speech made here with espeak-ng; without either, no clones, and the
+     JSON's meta says so): client-side aggregate x real time, TTFA p50/p95, per-stream RTF, inter-chunk gap
+     p99 (in frames too), and the worker's CPU seconds per audio second during the run;
   4. start-up again with the caches warm;
   5. (--engine-bench) `breeze-worker bench --concurrency ...` on the same device: the engine's aggregate at the
      same concurrency without gRPC, and the ratio gRPC / engine;
@@ -151,14 +152,14 @@ def _single_requests(target: str, count: int, frames: int) -> list[tuple[float, 
     return out
 
 
-def _client_bench(target: str, concurrency: int, args: argparse.Namespace, reference: Path | None) -> dict:
+def _client_bench(target: str, concurrency: int, args: argparse.Namespace, reference: dict | None) -> dict:
     cmd = [sys.executable, "-m", "breeze_client.cli", "bench", "--target", target, "--labels", args.label,
            "--warmup", "1", "--iterations", str(args.iterations), "--concurrency", str(concurrency),
            "--timeout", "600", "--json", "--cfg-every", "2"]
     if args.frames:
         cmd += ["--frames", str(args.frames)]
     if reference is not None:
-        cmd += ["--clone-every", "4", "--reference", str(reference), "--reference-text", REFERENCE_TEXT]
+        cmd += ["--clone-every", "4", "--reference", reference["path"], "--reference-text", reference["text"]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"breeze-client bench failed: {proc.stderr[-2000:]}")
@@ -262,7 +263,7 @@ def _variant(text: str) -> dict:
             "tree": Path(spec["tree"]) if spec.get("tree") else None, "levels": levels, "args": tail.split()}
 
 
-def _load(worker: Worker, levels: list[int], args: argparse.Namespace, reference: Path | None, work: Path,
+def _load(worker: Worker, levels: list[int], args: argparse.Namespace, reference: dict | None, work: Path,
           tag: str, out: dict, save) -> None:
     """`breeze-client bench` at each concurrency against a running worker, with the worker's own cost, into
     `out` by level; `save()` after each level."""
@@ -301,14 +302,20 @@ def _meta(args: argparse.Namespace) -> dict:
     return meta
 
 
-def _reference(folder: Path) -> Path | None:
-    """A real speech reference for the clone requests (espeak-ng), or None where it is not installed."""
+def _reference(folder: Path, given: Path | None = None, text: str | None = None) -> dict | None:
+    """The clone requests' reference: `given` (its exact transcript `text`), else real speech made here with
+    espeak-ng, else None (no clone requests: a GPU host's image may lack espeak-ng; make the file where it is
+    and pass --reference). Returns {"path", "text", "source"}."""
+    if given is not None:
+        if not text:
+            raise SystemExit("--reference needs --reference-text, the recording's exact transcript")
+        return {"path": str(given), "text": text, "source": "--reference"}
     espeak = shutil.which("espeak-ng")
     if espeak is None:
         return None
     path = folder / "reference.wav"
     subprocess.run([espeak, "-w", str(path), REFERENCE_TEXT], check=True, timeout=60)
-    return path
+    return {"path": str(path), "text": REFERENCE_TEXT, "source": "espeak-ng"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--make-checkpoint", choices=("full", "mid", "tiny"), default=None,
                    help="write a synthetic checkpoint of this size first (breeze-worker make-checkpoint)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--reference", type=Path, default=None,
+                   help="reference speech for the clone requests (every 4th client; default: made with espeak-ng)")
+    p.add_argument("--reference-text", default=None, help="the --reference recording's exact transcript")
     p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(x) for x in s.split(",") if x])
     p.add_argument("--label", default="chunk-7.36s", help="breeze-client bench label (text and frame limit)")
     p.add_argument("--frames", type=int, default=None, help="frame limit override (quick runs)")
@@ -364,7 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         args.model = write_synthetic_checkpoint(work / f"checkpoint-{args.make_checkpoint}", args.make_checkpoint)
         doc["meta"]["checkpoint"] = {"synthetic": args.make_checkpoint, "write_s": time.perf_counter() - t0,
                                      "note": "random weights: the audio is not speech"}
-    reference = _reference(work)
+    reference = _reference(work, args.reference, args.reference_text)
+    doc["meta"]["reference"] = reference
+    if reference is None:
+        print("serve bench: no espeak-ng and no --reference: no clone requests in this run", file=sys.stderr)
     cache = work / "compile-cache"
     shutil.rmtree(cache, ignore_errors=True)
     worker = Worker(args, cache, work / "worker-cold.log", work / "artifacts")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,6 +37,7 @@ def test_serve_bench_on_the_cpu(tmp_path):
     four = doc["load"]["4"]
     assert four["requests"] == 4 and four["failed"] == 0
     assert four["kinds"] == {"plain": 2, "cfg": 1, "clone+cfg": 1}  # half CFG, a quarter cloning
+    assert doc["meta"]["reference"]["source"] == "espeak-ng"
     assert four["worker_cpu_s"] > 0 and four["rtf_per_stream_max"] >= four["rtf_per_stream_mean"] > 0
     assert four["ttfa_ms_p95"] >= four["ttfa_ms_p50"] > 0
     cost = four["worker_process"]  # the worker's own account of what its process cost
@@ -57,3 +60,21 @@ def test_serve_bench_on_the_cpu(tmp_path):
     assert {"worker-cold.log", "worker-python-defaults-startup_warm.log", "client_bench_main_c4.json"} <= kept
     assert "garbage collector:" in (tmp_path / "kept" / "worker-cold.log").read_text()
     assert "garbage collector:" not in (tmp_path / "kept" / "worker-python-defaults-startup_warm.log").read_text()
+
+
+def test_the_clone_reference_is_the_given_file_else_espeak_else_none(tmp_path, monkeypatch):
+    """A GPU host without espeak-ng gets its clone requests from --reference; with neither, the run has no
+    clones and its JSON says so (meta.reference null), never a silent mix without them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "benchmarks" / "serve_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec.loader.exec_module(bench)
+    given = tmp_path / "me.wav"
+    assert bench._reference(tmp_path, given, "Exactly what I said.") == {
+        "path": str(given), "text": "Exactly what I said.", "source": "--reference"}
+    with pytest.raises(SystemExit, match="--reference-text"):
+        bench._reference(tmp_path, given, None)
+    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    assert bench._reference(tmp_path) is None
