@@ -1,7 +1,9 @@
 """A burst onto an idle engine joins at one frame boundary (engine/scheduler.py, "Bursts"), through the real
-`Engine` on the CPU: the first request of a burst waits for the ones still being received (up to
-`join_gather_ms`), so all of them are admitted in one join; without the gather the first joins alone. A
-lone request, and one sent after a refused request, never wait for the gather."""
+`Engine` on the CPU: the first request of a burst waits for the ones still being received, and for those
+handed over one after another less than `join_gather_quiet_ms` apart (as the event loop hands over a burst
+of plain requests), up to `join_gather_ms` in all, so all of them are admitted in one join; without the
+gather the first joins alone. A lone request, and one sent after a refused request, wait no longer than the
+quiet gap."""
 
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from breeze_worker.engine.types import JobFinished, SynthesisRequest
 from breeze_worker.errors import InvalidRequest
 
 
-def _engine(tmp_path, gather_ms: float) -> Engine:
+def _engine(tmp_path, gather_ms: float, quiet_ms: float = 2.0) -> Engine:
     torch.set_num_threads(1)
-    settings = EngineSettings(device="cpu", max_active_streams=4, max_queue=4, join_gather_ms=gather_ms)
+    settings = EngineSettings(device="cpu", max_active_streams=4, max_queue=4, join_gather_ms=gather_ms,
+                              join_gather_quiet_ms=quiet_ms)
     return Engine(settings, ArtifactStore(ArtifactSettings(directory=tmp_path / f"artifacts-{gather_ms:g}")))
 
 
@@ -82,3 +85,47 @@ def test_a_lone_request_does_not_wait_for_the_gather(tmp_path, after_refusal):
     events = asyncio.run(main())
     assert isinstance(events[-1], JobFinished) and events[-1].stats.frames == 2
     assert engine.scheduler._arriving == 0
+
+
+def _one_after_another_join_sizes(engine: Engine, monkeypatch, gap_s: float) -> list[int]:
+    """Three plain requests handed over `gap_s` apart, each submitted before the next arrives (nothing is
+    ever counted as arriving when the engine looks); returns the number of joiners of each join."""
+    sizes: list[int] = []
+
+    async def main():
+        await engine.start()
+        stepper = engine.scheduler._stepper
+        join = stepper.join
+        monkeypatch.setattr(stepper, "join", lambda joiners: sizes.append(len(joiners)) or join(joiners))
+
+        async def later(i):
+            await asyncio.sleep(i * gap_s)
+            return await _run(engine, i + 1)
+
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*(later(i) for i in range(3))), 60)
+        finally:
+            await engine.stop()
+        assert all(isinstance(events[-1], JobFinished) for events in results)
+
+    asyncio.run(main())
+    return sizes
+
+
+def test_requests_handed_over_within_the_quiet_gap_join_together(tmp_path, monkeypatch):
+    engine = _engine(tmp_path, gather_ms=20_000, quiet_ms=1_000)
+    assert _one_after_another_join_sizes(engine, monkeypatch, gap_s=0.1) == [3]
+
+
+def test_requests_further_apart_than_the_quiet_gap_join_as_they_come(tmp_path, monkeypatch):
+    engine = _engine(tmp_path, gather_ms=20_000, quiet_ms=1)
+    sizes = _one_after_another_join_sizes(engine, monkeypatch, gap_s=0.5)
+    assert sizes[0] == 1 and sum(sizes) == 3
+
+
+def test_the_gather_ends_at_its_limit_even_while_requests_keep_coming(tmp_path, monkeypatch):
+    """A quiet gap longer than the whole gather: the first request still joins once `join_gather_ms` passed
+    (here before the third request is handed over)."""
+    engine = _engine(tmp_path, gather_ms=600, quiet_ms=60_000)  # arrivals at 0, 0.4 and 0.8 s
+    sizes = _one_after_another_join_sizes(engine, monkeypatch, gap_s=0.4)
+    assert sizes[0] == 2 and sum(sizes) == 3

@@ -316,6 +316,9 @@ class EngineSettings(_Section):
                                          "for the burst's requests still being received, so that they join at "
                                          "one frame boundary (0, the default: admit at once; not yet measured "
                                          "on a GPU)", at_least=0)
+    join_gather_quiet_ms: float = setting(2.0, "with join_gather_ms: the burst has ended once no request has "
+                                               "arrived for this long, milliseconds (what a lone request waits)",
+                                          at_least=0)
     max_text_chars: int = setting(2000, "longest accepted text, characters", at_least=1)
     max_reference_seconds: float = setting(30.0, "longest accepted reference audio, seconds", positive=True)
     min_reference_seconds: float = setting(1.0, "shortest accepted reference audio, seconds (less is too little "

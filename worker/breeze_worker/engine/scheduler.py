@@ -14,12 +14,17 @@ the slot back (`release`). So a full worker refuses or queues such a request bef
 
 Bursts: a request counts as arriving from the moment the transport hands it over until it is submitted
 (`arriving` ... `submit(arrived=True)`, or `arrival_failed`). An idle engine (no stream running) that finds
-jobs to admit while others are still arriving waits for them, up to `gather_s`, so that a burst onto an
-idle worker joins at one boundary: otherwise its first request joins alone and the rest wait behind that
-join and its first step. A lone request never waits (nothing else is arriving), and a busy engine never
-does (arrivals join at the next step's boundary anyway). Off by default (`join_gather_ms` 0): where a
-join's cost grows with its joiners and has little fixed part, as in benchmarks/host_overhead.py's simulated
-device, the wait costs more than it saves, and it has not been measured on a GPU yet.
+jobs to admit gathers the burst they may belong to, up to `gather_s` in all: it waits while others are
+arriving, and until `gather_quiet_s` has passed since the last arrival, so that a burst onto an idle worker
+joins at one boundary; otherwise its first request joins alone and the rest wait behind that join and its
+first step. Why the quiet gap and not the arriving count alone: the event loop runs a plain request's
+handler from its arrival to its submission without a pause, so the next request of a burst is not even
+handed over while the engine decides; on an H200 a 64-client burst sent within 12-15 ms reached the
+engine over 83-88 ms, 1.3 ms apart on average and at most 3.6-6.7 ms, slowed by the lone first join
+competing for the interpreter (M7, docs/performance.md). A lone request waits `gather_quiet_s`, no more; a
+busy engine never waits (arrivals join at the next step's boundary anyway). Off by default
+(`join_gather_ms` 0) until measured on a GPU: where a join's cost grows with its joiners and has little
+fixed part, as in benchmarks/host_overhead.py's simulated device, the wait costs more than it saves.
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
@@ -79,7 +84,8 @@ class Scheduler:
     """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
 
     def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
-                 metrics: EngineMetrics | None = None, overlap: bool = False, gather_s: float = 0.0):
+                 metrics: EngineMetrics | None = None, overlap: bool = False, gather_s: float = 0.0,
+                 gather_quiet_s: float = 0.002):
         self.runtime = runtime
         self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
@@ -97,6 +103,8 @@ class Scheduler:
         self._open: set[Job] = set()  # submitted and not ended yet (no final event or error sent)
         self._arriving = 0  # requests handed over by the transport and not submitted (or failed) yet
         self.gather_s = gather_s
+        self.gather_quiet_s = gather_quiet_s
+        self._last_arrival = 0.0  # time.monotonic() of the latest `arriving` or `submit`
         self._draining = False
         self.overlap = overlap
         self._codec = CodecRows(runtime.codec, overlap=self.overlap)
@@ -129,6 +137,7 @@ class Scheduler:
         follows."""
         with self._lock:
             self._arriving += 1
+            self._last_arrival = time.monotonic()
 
     def arrival_failed(self) -> None:
         """An arriving request will not be submitted (it was refused before)."""
@@ -139,6 +148,7 @@ class Scheduler:
     def submit(self, job: Job, arrived: bool = False) -> None:
         """Queue `job`; `arrived`: it was announced by `arriving` (its count ends here, refused or not)."""
         with self._lock:
+            self._last_arrival = time.monotonic()
             if arrived:
                 self._arriving -= 1
                 self._lock.notify_all()
@@ -211,10 +221,8 @@ class Scheduler:
                     self._lock.wait()
                 if self._stopping:
                     break
-                if not self._active and self._arriving and self.gather_s > 0:  # a burst onto an idle engine
-                    deadline = time.monotonic() + self.gather_s
-                    while self._arriving and not self._stopping and time.monotonic() < deadline:
-                        self._lock.wait(max(0.0, deadline - time.monotonic()))
+                if not self._active and self.gather_s > 0:  # a burst onto an idle engine ("Bursts")
+                    self._gather_locked()
             busy_from = time.perf_counter()
             self.metrics.engine_time(0.0, busy_from - waited)
             self._drop_gone(time.monotonic())  # frees slots before admission
@@ -254,6 +262,22 @@ class Scheduler:
         self._reserved.clear()
         self._prepared.clear()
         self.metrics.set_load(0, 0)
+
+    def _gather_locked(self) -> None:
+        """Wait (lock held) while requests are arriving, or until `gather_quiet_s` after the last arrival,
+        at most `gather_s` in all."""
+        deadline = time.monotonic() + self.gather_s
+        while not self._stopping:
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            if self._arriving:
+                self._lock.wait(deadline - now)
+                continue
+            quiet_from = self._last_arrival + self.gather_quiet_s
+            if now >= quiet_from:
+                return
+            self._lock.wait(min(deadline, quiet_from) - now)
 
     def _step_timed(self, streams: int, seconds: float) -> None:
         """Metrics for every step; a warning for a slow one, at most one per SLOW_STEP_LOG_EVERY_S (a CPU

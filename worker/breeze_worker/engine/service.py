@@ -92,6 +92,7 @@ class Engine:
             metrics=self.metrics,
             overlap=self.settings.codec_overlap,
             gather_s=self.settings.join_gather_ms / 1000,
+            gather_quiet_s=self.settings.join_gather_quiet_ms / 1000,
         )
 
     async def drain(self, grace_s: float) -> int:
