@@ -60,10 +60,12 @@ class SimulatedStepper:
     (behind the codec call queued before it), calls `while_running` (as the fast path does once the step's
     work is queued) and returns when the work is done."""
 
-    def __init__(self, device: SimulatedDevice, step_s: float, join_s_per_stream: float, trace):
+    def __init__(self, device: SimulatedDevice, step_s: float, join_s_per_stream: float, trace,
+                 join_fixed_s: float = 0.0, join_ops: int = 0):
         self.max_streams = 1 << 16
         self.device = device
         self.step_s, self.join_s = step_s, join_s_per_stream
+        self.join_fixed_s, self.join_ops = join_fixed_s, join_ops
         self._streams: dict[object, list[int]] = {}
         self._trace = trace
 
@@ -71,7 +73,17 @@ class SimulatedStepper:
         return len(self._streams)
 
     def join(self, joiners):
-        time.sleep(self.join_s * len(joiners))
+        """`join_ops` small tensor operations on the host, then the join's device time (`join_fixed_s` +
+        `join_s` a joiner). The operations stand for an eager join's launches (a full-size prefill is ~400):
+        each call of a torch operation lets go of the interpreter lock and takes it back, and while the event
+        loop is busy (a burst being received) each take-back may wait a whole switch interval."""
+        if self.join_ops:
+            import torch
+
+            x = torch.zeros(1)
+            for _ in range(self.join_ops):
+                x = torch.add(x, 1.0)
+        time.sleep(self.join_fixed_s + self.join_s * len(joiners))
         for key, params in joiners:
             self._streams[key] = [0, params.max_frames]
         return {}
@@ -190,7 +202,8 @@ async def _serve(args: argparse.Namespace) -> None:
     scheduler = engine.scheduler
     assert scheduler is not None
     device = SimulatedDevice()
-    scheduler._stepper = SimulatedStepper(device, args.step_ms / 1e3, args.join_ms / 1e3, trace)
+    scheduler._stepper = SimulatedStepper(device, args.step_ms / 1e3, args.join_ms / 1e3, trace,
+                                          join_fixed_s=args.join_fixed_ms / 1e3, join_ops=args.join_ops)
     scheduler._codec = SimulatedCodec(device, args.codec_ms / 1e3)
     await servers.set_serving(True)
     print(f"READY 127.0.0.1:{servers.synthesis_port}", flush=True)
@@ -216,7 +229,8 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
         env["PYTHONPATH"] = pythonpath_for(Path(args.tree), env.get("PYTHONPATH"))
     cmd = [sys.executable, __file__, "--serve", "--trace", str(trace), "--artifacts", str(artifacts),
            "--max-streams", str(streams), "--step-ms", str(args.step_ms), "--codec-ms", str(args.codec_ms),
-           "--join-ms", str(args.join_ms), *[f"--env={kv}" for kv in args.env]]
+           "--join-ms", str(args.join_ms), "--join-fixed-ms", str(args.join_fixed_ms), "--join-ops",
+           str(args.join_ops), *[f"--env={kv}" for kv in args.env]]
     worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert worker.stdout is not None
@@ -243,7 +257,14 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
             "host_ms_per_step": period_ms - device_ms if period_ms is not None else None,
             "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
             "device_bound_x_realtime": streams * FRAME_MS / device_ms,
-            "ttfa_ms_p50": label["ttfa_ms"]["p50"], "worker_ttfa_ms_mean": label["worker_ttfa_ms"]["mean"]}
+            "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _p95(label["per_request"], "ttfa_ms"),
+            "worker_ttfa_ms_mean": label["worker_ttfa_ms"]["mean"],
+            "worker_ttfa_ms_p95": _p95(label["per_request"], "worker_ttfa_ms")}
+
+
+def _p95(requests: list[dict], key: str) -> float | None:
+    values = [r[key] for r in requests if r.get(key) is not None]
+    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=20.0, help="simulated frame step (the language model)")
     p.add_argument("--codec-ms", type=float, default=4.0, help="simulated codec call")
     p.add_argument("--join-ms", type=float, default=1.0, help="simulated join time per joining stream")
+    p.add_argument("--join-fixed-ms", type=float, default=0.0, help="simulated join time, whatever the joiners")
+    p.add_argument("--join-ops", type=int, default=0,
+                   help="host tensor operations per join (an eager full-size prefill launches ~400)")
     p.add_argument("--frames", type=int, default=96)
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--tree", default=None, help="run the worker from this source tree (a baseline checkout)")

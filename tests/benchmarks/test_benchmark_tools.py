@@ -40,7 +40,8 @@ def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_p
     step no faster than the device (20 + 4 ms a step, one queue), and every request of the client's rounds
     completes through gRPC."""
     out = tmp_path / "host.json"
-    done = tool("host_overhead", "--streams", "4", "--frames", "8", "--iterations", "1", "--json", str(out))
+    done = tool("host_overhead", "--streams", "4", "--frames", "8", "--iterations", "1", "--join-ops", "50",
+                "--join-fixed-ms", "5", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert META_KEYS <= set(doc["meta"]) and doc["tree"] == "this checkout"
@@ -49,6 +50,8 @@ def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_p
     assert 24.0 * 0.98 <= level["step_period_ms_median"] < 240.0
     assert level["host_ms_per_step"] == level["step_period_ms_median"] - 24.0
     assert 0 < level["aggregate_x_realtime"] <= level["device_bound_x_realtime"] * 1.05
+    # a join costs at least its simulated device time: no request's first audio comes sooner
+    assert level["ttfa_ms_p95"] >= level["ttfa_ms_p50"] >= 5.0 and level["worker_ttfa_ms_p95"] >= 5.0
 
 
 def test_device_runner_writes_a_json_per_step_and_a_summary(tmp_path):

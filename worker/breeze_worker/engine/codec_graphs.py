@@ -192,13 +192,14 @@ def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95,
             gemm = module.convolve(x, gemm=True)
             diff = float((library - gemm).abs().max() / library.abs().max().clamp_min(1e-30))
             stored = store.get(name, shape) if store is not None else None
+            library_us: float | None = None
+            gemm_us: float | None = None
             if stored is None:
                 library_us = _time_us(functools.partial(module.convolve, x, gemm=False), weight.device, repeats)
                 gemm_us = _time_us(functools.partial(module.convolve, x, gemm=True), weight.device, repeats)
                 faster = gemm_us < margin * library_us
                 chosen[(name, shape)] = faster
             else:
-                library_us = gemm_us = None
                 faster = stored
             use = faster and diff <= 1e-2
             module.set_form(shape, use)
