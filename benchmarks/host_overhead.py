@@ -77,6 +77,7 @@ class SimulatedStepper:
         `join_s` a joiner). The operations stand for an eager join's launches (a full-size prefill is ~400):
         each call of a torch operation lets go of the interpreter lock and takes it back, and while the event
         loop is busy (a burst being received) each take-back may wait a whole switch interval."""
+        self._trace.write(f"join {time.perf_counter():.6f} {len(joiners)}\n")
         if self.join_ops:
             import torch
 
@@ -218,8 +219,16 @@ async def _serve(args: argparse.Namespace) -> None:
 # ---- the driver ----
 def _periods(trace: Path, streams: int) -> list[float]:
     """Seconds between consecutive steps that both stepped `streams` streams (full load)."""
-    rows = [(float(t), int(n)) for t, n in (line.split() for line in trace.read_text().splitlines() if line)]
+    lines = [line.split() for line in trace.read_text().splitlines() if line]
+    rows = [(float(t), int(n)) for t, n in (parts for parts in lines if len(parts) == 2)]
     return [b[0] - a[0] for a, b in zip(rows, rows[1:]) if a[1] == b[1] == streams]
+
+
+def _join_sizes(trace: Path) -> list[int]:
+    """The number of joiners of each join, in order (a burst onto an idle worker: one join, or the first
+    request alone and the rest after it)."""
+    return [int(parts[2]) for parts in (line.split() for line in trace.read_text().splitlines())
+            if len(parts) == 3 and parts[0] == "join"]
 
 
 def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
@@ -257,6 +266,7 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
             "host_ms_per_step": period_ms - device_ms if period_ms is not None else None,
             "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
             "device_bound_x_realtime": streams * FRAME_MS / device_ms,
+            "join_sizes": _join_sizes(trace),
             "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _p95(label["per_request"], "ttfa_ms"),
             "worker_ttfa_ms_mean": label["worker_ttfa_ms"]["mean"],
             "worker_ttfa_ms_p95": _p95(label["per_request"], "worker_ttfa_ms")}

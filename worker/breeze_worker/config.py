@@ -312,10 +312,9 @@ class EngineSettings(_Section):
     max_queue: int = setting(32, "requests waiting for a slot", at_least=1)
     max_queue_wait_s: float = setting(30.0, "longest wait for a slot, seconds (longer: RESOURCE_EXHAUSTED)",
                                       positive=True)
-    join_gather_ms: float = setting(0.0, "an idle engine admitting a burst waits up to this long, milliseconds, "
-                                         "for the burst's requests still being received, so that they join at "
-                                         "one frame boundary (0, the default: admit at once; not yet measured "
-                                         "on a GPU)", at_least=0)
+    join_gather_ms: float = setting(60.0, "an idle engine admitting a burst waits up to this long, milliseconds, "
+                                          "for the burst's requests still being received, so that they join at "
+                                          "one frame boundary (0: admit at once)", at_least=0)
     join_gather_quiet_ms: float = setting(2.0, "with join_gather_ms: the burst has ended once no request has "
                                                "arrived for this long, milliseconds (what a lone request waits)",
                                           at_least=0)

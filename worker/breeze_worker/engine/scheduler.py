@@ -22,9 +22,10 @@ handler from its arrival to its submission without a pause, so the next request 
 handed over while the engine decides; on an H200 a 64-client burst sent within 12-15 ms reached the
 engine over 83-88 ms, 1.3 ms apart on average and at most 3.6-6.7 ms, slowed by the lone first join
 competing for the interpreter (M7, docs/performance.md). A lone request waits `gather_quiet_s`, no more; a
-busy engine never waits (arrivals join at the next step's boundary anyway). Off by default
-(`join_gather_ms` 0) until measured on a GPU: where a join's cost grows with its joiners and has little
-fixed part, as in benchmarks/host_overhead.py's simulated device, the wait costs more than it saves.
+busy engine never waits (arrivals join at the next step's boundary anyway). On by default (`join_gather_ms`
+60, quiet gap 2 ms) on benchmarks/host_overhead.py's evidence with a join modelled on the H200's (400 host
+operations, 20 ms of device time plus 1.2 ms a joiner): 64-stream TTFA p95 252 -> 197 ms (medians of 7
+paired runs), the aggregate unchanged; not yet measured on a GPU.
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
