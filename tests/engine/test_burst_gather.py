@@ -30,9 +30,9 @@ async def _run(engine: Engine, seed: int, text: str = "one two three") -> list:
     return [event async for event in engine.synthesize(SynthesisRequest(text=text, seed=seed, max_frames=2))]
 
 
-def _burst_join_sizes(engine: Engine, monkeypatch) -> list[int]:
-    """Three requests sent together, the last two still being received (resolved) 300 ms after the first
-    was submitted; returns the number of joiners of each join."""
+def _join_sizes(engine: Engine, monkeypatch, requests) -> list[int]:
+    """Runs the coroutines `requests()` gives on the started engine, together; returns the number of joiners
+    of each join."""
     sizes: list[int] = []
 
     async def main():
@@ -40,23 +40,29 @@ def _burst_join_sizes(engine: Engine, monkeypatch) -> list[int]:
         stepper = engine.scheduler._stepper
         join = stepper.join
         monkeypatch.setattr(stepper, "join", lambda joiners: sizes.append(len(joiners)) or join(joiners))
-        resolve = engine._resolve
-
-        async def slow_resolve(request):
-            # every request of the burst has reached the worker (counts as arriving) before the first is
-            # submitted; the later two are still being received 300 ms after it
-            await asyncio.sleep(0 if request.seed == 1 else 0.3)
-            return await resolve(request)
-
-        monkeypatch.setattr(engine, "_resolve", slow_resolve)
         try:
-            results = await asyncio.wait_for(asyncio.gather(*(_run(engine, seed) for seed in (1, 2, 3))), 60)
+            results = await asyncio.wait_for(asyncio.gather(*requests()), 60)
         finally:
             await engine.stop()
         assert all(isinstance(events[-1], JobFinished) for events in results)
 
     asyncio.run(main())
     return sizes
+
+
+def _burst_join_sizes(engine: Engine, monkeypatch) -> list[int]:
+    """Three requests sent together, the last two still being received (resolved) 300 ms after the first
+    was submitted."""
+    resolve = engine._resolve
+
+    async def slow_resolve(request):
+        # every request of the burst has reached the worker (counts as arriving) before the first is
+        # submitted; the later two are still being received 300 ms after it
+        await asyncio.sleep(0 if request.seed == 1 else 0.3)
+        return await resolve(request)
+
+    monkeypatch.setattr(engine, "_resolve", slow_resolve)
+    return _join_sizes(engine, monkeypatch, lambda: [_run(engine, seed) for seed in (1, 2, 3)])
 
 
 def test_a_burst_onto_an_idle_engine_joins_at_one_boundary(tmp_path, monkeypatch):
@@ -89,27 +95,13 @@ def test_a_lone_request_does_not_wait_for_the_gather(tmp_path, after_refusal):
 
 def _one_after_another_join_sizes(engine: Engine, monkeypatch, gap_s: float) -> list[int]:
     """Three plain requests handed over `gap_s` apart, each submitted before the next arrives (nothing is
-    ever counted as arriving when the engine looks); returns the number of joiners of each join."""
-    sizes: list[int] = []
+    ever counted as arriving when the engine looks)."""
 
-    async def main():
-        await engine.start()
-        stepper = engine.scheduler._stepper
-        join = stepper.join
-        monkeypatch.setattr(stepper, "join", lambda joiners: sizes.append(len(joiners)) or join(joiners))
+    async def later(i):
+        await asyncio.sleep(i * gap_s)
+        return await _run(engine, i + 1)
 
-        async def later(i):
-            await asyncio.sleep(i * gap_s)
-            return await _run(engine, i + 1)
-
-        try:
-            results = await asyncio.wait_for(asyncio.gather(*(later(i) for i in range(3))), 60)
-        finally:
-            await engine.stop()
-        assert all(isinstance(events[-1], JobFinished) for events in results)
-
-    asyncio.run(main())
-    return sizes
+    return _join_sizes(engine, monkeypatch, lambda: [later(i) for i in range(3)])
 
 
 def test_requests_handed_over_within_the_quiet_gap_join_together(tmp_path, monkeypatch):
