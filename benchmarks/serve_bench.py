@@ -191,6 +191,7 @@ def _summary(doc: dict, cpu_s: float) -> dict:
         "inter_chunk_gap_frames_p99": gap_p99 / (FRAME_S * 1e3) if gap_p99 else None,
         "worker_cpu_s": cpu_s, "worker_cpu_s_per_audio_s": cpu_s / audio if audio else None,
         "kinds": doc["meta"].get("request_kinds"),
+        "ttfa_split_ms": label.get("ttfa_split_ms"),
     }
 
 
@@ -269,12 +270,39 @@ def _load(worker: Worker, levels: list[int], args: argparse.Namespace, reference
     `out` by level; `save()` after each level."""
     for c in levels:
         cpu0, m0 = worker.cpu_s(), worker.metrics()
-        bench = _client_bench(worker.target, c, args, reference)
+        profiler = _profile(worker, work / f"pyspy_{tag}_c{c}") if c in args.profile_levels else None
+        try:
+            bench = _client_bench(worker.target, c, args, reference)
+        finally:
+            _stop_profile(profiler)
         out[str(c)] = _summary(bench, worker.cpu_s() - cpu0)
         out[str(c)]["worker_process"] = _process_cost(m0, worker.metrics())
         (work / f"client_bench_{tag}_c{c}.json").write_text(json.dumps(bench))
         save()
         print(f"{tag} c={c}: {json.dumps(out[str(c)])}", flush=True)
+
+
+def _profile(worker: Worker, stem: Path) -> subprocess.Popen | None:
+    """py-spy sampling every thread of the worker (idle ones too, so waits show) while a load runs, as a
+    Chrome trace (the engine thread's timeline) and as folded stacks; None, with a note, when py-spy is not
+    installed. --nonblocking: the worker is never paused to be sampled."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("serve bench: py-spy is not installed: no profile", file=sys.stderr)
+        return None
+    assert worker.proc is not None
+    return subprocess.Popen([exe, "record", "--pid", str(worker.proc.pid), "--threads", "--idle", "--nonblocking",
+                             "--rate", "250", "--format", "chrometrace", "--output", f"{stem}.trace.json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_profile(profiler: subprocess.Popen | None) -> None:
+    if profiler is not None:  # py-spy writes its file on SIGINT
+        profiler.send_signal(signal.SIGINT)
+        try:
+            profiler.wait(60)
+        except subprocess.TimeoutExpired:
+            profiler.kill()
 
 
 def _meta(args: argparse.Namespace) -> dict:
@@ -345,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(cache=cold: empty compile caches of its own; tree: another source tree, a baseline)")
     p.add_argument("--variant-concurrency", default=None, type=lambda s: [int(x) for x in s.split(",") if x],
                    help="the variants' concurrency levels (default: --concurrency)")
+    p.add_argument("--profile-levels", default=[], type=lambda s: [int(x) for x in s.split(",") if x],
+                   help="concurrency levels of the main load to sample with py-spy (if installed)")
     p.add_argument("--keep", type=Path, default=None,
                    help="copy the worker logs and client JSON here (after every phase)")
     p.add_argument("--torch-logs", default="recompiles",
@@ -364,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         if args.keep is not None:  # after every phase: a run cut short by its time limit keeps what it had
             args.keep.mkdir(parents=True, exist_ok=True)
-            for path in sorted(work.glob("worker-*.log")) + sorted(work.glob("client_bench_*.json")):
+            for path in (sorted(work.glob("worker-*.log")) + sorted(work.glob("client_bench_*.json"))
+                         + sorted(work.glob("pyspy_*"))):
                 shutil.copy(path, args.keep / path.name)
 
     if args.make_checkpoint:

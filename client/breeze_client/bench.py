@@ -129,8 +129,25 @@ def _one(client: BreezeClient, request: SynthesisRequest, timeout_s: float | Non
         "ttfa_ms": timing.ttfa_ms, "worker_ttfa_ms": stats.ttfa_s * 1e3, "worker_rtf": stats.rtf,
         "gaps_ms": [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])],
         "stages_s": stats.stages.to_dict(), "queue_wait_s": result.job.queue_wait_s,
-        "template": result.job.template,
+        "template": result.job.template, "ttfa_split_ms": ttfa_split(timing, result.job.queue_wait_s),
     }
+
+
+TTFA_PARTS = ("to_queue", "queue", "worker", "transit")
+
+
+def ttfa_split(timing, queue_wait_s: float) -> dict | None:
+    """Where one request's time to first audio went, in ms, from the worker's stamps mapped to this clock:
+    `to_queue` request sent -> queued at the worker (network, the worker's receipt and checks), `queue` the
+    wait for an engine slot, `worker` job start -> first chunk left the engine, `transit` -> first chunk
+    received here (the event loop's send, the network, this process's receipt). The parts add up to the
+    client's TTFA; each carries the clock mapping's uncertainty (zero on one host). None without audio."""
+    started, first = timing.server_started_ns, timing.server_first_chunk_ns
+    if started is None or first is None or timing.first_chunk_received_ns is None:
+        return None
+    queued = started - round(queue_wait_s * 1e9)
+    return {"to_queue": (queued - timing.request_sent_ns) / 1e6, "queue": queue_wait_s * 1e3,
+            "worker": (first - started) / 1e6, "transit": (timing.first_chunk_received_ns - first) / 1e6}
 
 
 @dataclass(frozen=True)
@@ -185,6 +202,13 @@ def _failed(result: dict) -> bool:
     return "code" in result
 
 
+def _split_summary(requests: list[dict]) -> dict:
+    """p50 / p95 of each TTFA part (`ttfa_split`) over the requests that have one."""
+    splits = [r["ttfa_split_ms"] for r in requests if r.get("ttfa_split_ms")]
+    return {part: {"p50": percentile([s[part] for s in splits], 50),
+                   "p95": percentile([s[part] for s in splits], 95)} for part in TTFA_PARTS}
+
+
 def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds: list[list[dict]]) -> dict:
     """Statistics over the requests that completed; failed ones (in `requests` and `rounds` too) are counted
     by status code in `errors` and listed in `failures`."""
@@ -221,6 +245,7 @@ def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds:
         "worker_ttfa_ms": spread([r["worker_ttfa_ms"] for r in requests]),
         "inter_chunk_ms": quantiles([g for r in requests for g in r["gaps_ms"]]),
         "queue_wait_s": spread([r["queue_wait_s"] for r in requests]),
+        "ttfa_split_ms": _split_summary(requests),
         "worker_stages_s": stages,
         "rounds": throughput,
         "aggregate_x_realtime": spread([t["x_realtime"] for t in throughput if t["x_realtime"] is not None]),
