@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_env import pythonpath_for
+from bench_env import pythonpath_for, use_source_tree
 
 READY = re.compile(r"breeze-worker ready: synthesis=(\S+) artifacts=(\S+)")
 METRICS_AT = re.compile(r"metrics on (http://\S+/metrics)")
@@ -385,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", default=None, help="the commit to record (default: $BREEZE_COMMIT, else git HEAD; "
                    "a copied tree's git metadata may be stale: pass it)")
     args = p.parse_args(argv)
+    use_source_tree()  # the checkout's packages, here and in the worker and client processes
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="serve-bench-"))
     work.mkdir(parents=True, exist_ok=True)
