@@ -32,6 +32,7 @@ def _segments(model, lengths, seed=0):
     ([7, 3, 12], 4096),  # three rows padded to four
     ([30, 2, 17, 9, 25, 31, 1], 64),  # 32-token bucket, 2 rows per chunk: four chunks, the last one padded
     ([40, 3, 60], 128),  # 64-token bucket, 2 rows per chunk
+    ([40, 3, 60, 120, 5, 70], 256),  # three buckets (32, 64, 128), each chunked; starts follow the input order
 ])
 def test_padded_chunks_equal_the_unpadded_encoding(model, lengths, max_tokens):
     segments = _segments(model, lengths)
@@ -46,15 +47,23 @@ def test_padded_chunks_equal_the_unpadded_encoding(model, lengths, max_tokens):
 def test_plan_chunks_stay_within_the_token_budget_and_cover_every_segment():
     for count, longest, max_tokens in itertools.product([1, 2, 3, 5, 64, 130, 256], [1, 31, 33, 200, 512],
                                                         [512, 4096]):
-        length, chunks = plan([1] * (count - 1) + [longest], max_tokens)
-        assert length == next(b for b in TEXT_BUCKETS if longest <= b)
-        covered = [i for start, stop, _ in chunks for i in range(start, stop)]
+        lengths = [1 + (i * 37) % longest for i in range(count - 1)] + [longest]
+        chunks = plan(lengths, max_tokens)
+        covered = sorted(i for _, members, _ in chunks for i in members)
         assert covered == list(range(count))
-        for start, stop, rows in chunks:
-            assert rows >= stop - start and rows & (rows - 1) == 0
+        for length, members, rows in chunks:
+            # every segment in its own (smallest) bucket: a long one pads no short one
+            assert all(lengths[i] <= length and not any(lengths[i] <= b for b in TEXT_BUCKETS if b < length)
+                       for i in members)
+            assert members == sorted(members) and rows >= len(members) and rows & (rows - 1) == 0
             assert rows * length <= max_tokens or rows == 1
             assert (rows, length) in keys_for(count, max_tokens)  # start-up captured it
-    assert plan([513]) is None and plan([]) is None
+    assert plan([513]) is None and plan([]) is None and plan([3, 513]) is None
+
+
+def test_a_long_segment_leaves_the_short_ones_in_their_bucket():
+    chunks = plan([10] * 6 + [300], 4096)
+    assert chunks == [(32, [0, 1, 2, 3, 4, 5], 8), (512, [6], 1)]
 
 
 def test_a_request_brings_at_most_max_text_segments(model):

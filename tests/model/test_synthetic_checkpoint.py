@@ -79,3 +79,28 @@ def test_the_full_size_codec_config_is_the_released_one():
     decoder = released_decoder_config()
     assert (decoder.hidden_size, decoder.intermediate_size, decoder.codebook_dim, decoder.attention_head_dim) == (
         512, 1024, 512, 64)
+
+
+def test_the_full_size_tokenizer_counts_tokens_as_a_real_vocabulary_does():
+    """The benchmarks' texts come to 1-1.5 tokens a word (a 262k SentencePiece vocabulary's rate for English),
+    not one a letter, through tokenizer.json as the loader reads it; other text still spells and round-trips."""
+    from tokenizers import Tokenizer
+
+    from breeze_client.bench import LABELS
+    from breeze_worker.model.synthetic import WORDS
+    from breeze_worker.model.tokenizer import BreezeTokenizer
+
+    config = config_for("full")
+    written = BreezeTokenizer.tiny(config, WORDS)
+    tokenizer = BreezeTokenizer(Tokenizer.from_str(written.to_str()), config)  # as tokenizer.json is read
+    letters = BreezeTokenizer.tiny(config)
+    for label in LABELS.values():
+        words = len(label.text.split())
+        ids = tokenizer.encode(label.text)
+        assert len(ids) <= 1.5 * words, (label.name, len(ids), words)
+        assert len(letters.encode(label.text)) >= 4 * words
+        assert tokenizer.decode(ids) == label.text and max(ids) < config.text_vocab_size
+    odd = "Zebras quizzically vex 42 façades."
+    assert tokenizer.decode(tokenizer.encode(odd)) == odd
+    assert len(tokenizer.encode(" zebra")) == len(" zebra")  # not a listed word: spelled
+    assert len(tokenizer.encode(" junction")) == 1

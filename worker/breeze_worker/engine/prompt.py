@@ -164,18 +164,26 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest],
     text, starts = encoder.encode_flat([seg for segs in segments.values() for seg in segs])
     parts = [text]
     size = int(text.shape[0])
+    # every reference's frames in one host array, one copy (pinned: queued behind the encoder's work, not
+    # waiting for it) and one embedding call: the join's host work does not grow with its clone requests
     references: dict[int, tuple[int, int]] = {}  # request -> (first table row, frames) of its reference
+    frames: list[np.ndarray] = []
     for i, request in enumerate(requests):
         if i not in layouts or request.reference is None:
             continue
-        try:
-            codes = torch.tensor(np.asarray(request.reference.codes), dtype=torch.int64, device=device)
-            parts.append(lm.embed_frames(codes))  # [T, H]
-        except Exception as exc:  # noqa: BLE001
-            out[i] = exc
+        codes = np.asarray(request.reference.codes)
+        if codes.ndim != 2 or codes.shape[1] != config.num_codebooks or not np.issubdtype(codes.dtype, np.integer):
+            out[i] = ValueError(f"reference codes of shape {codes.shape} ({codes.dtype}); expected "
+                                f"[frames, {config.num_codebooks}] integers")
             continue
-        references[i] = (size, int(parts[-1].shape[0]))
+        references[i] = (size, int(codes.shape[0]))
         size += references[i][1]
+        frames.append(codes)
+    if frames:
+        host = torch.from_numpy(np.concatenate(frames).astype(np.int64, copy=False))
+        if device.type == "cuda":
+            host = host.pin_memory()
+        parts.append(lm.embed_frames(host.to(device, non_blocking=True)))  # [sum of frames, H]
     eos_frame = torch.full((config.num_codebooks,), config.codebook_eos_token_id, dtype=torch.int64, device=device)
     parts.append(lm.embed_frames(eos_frame)[None])
     eos_row = size

@@ -9,6 +9,10 @@ Its audio is NOT speech: the weights are random (normal(0, 0.02) matrices, norm 
 and so is what the model generates. It is for measuring speed, memory and start-up, and for exercising every
 code path at the real shapes; never for listening tests or quality claims.
 
+Its tokenizer spells text letter by letter, except `WORDS` (common English words and the benchmarks'),
+which are one token each at full and mid size, about as a real vocabulary has them: the prompts' token counts,
+and with them the text encoder's cost at a join, stay near a real checkpoint's.
+
 Weights are drawn on the CPU, one tensor at a time in sorted-name order from one seeded generator, and stored
 in the target dtype (bf16 by default, as the release ships): the same seed gives the same files on any machine.
 Peak host memory is about the weights in the target dtype (~7 GB for full size in bf16).
@@ -30,6 +34,29 @@ from breeze_worker.model.loader import write_checkpoint
 from breeze_worker.model.tokenizer import BreezeTokenizer
 
 SIZES = ("full", "mid", "tiny")
+# The full and mid tokenizers' whole-word tokens (model/tokenizer.py `build_tiny_tokenizer`): common English
+# words and those of the benchmarks' texts (breeze-client bench's labels, the serve bench's reference line,
+# the warm-up prompt), so their prompts come to about the 1-1.5 tokens a word of the real 262k vocabulary,
+# not one token a letter. tests/model/test_synthetic_checkpoint.py checks the labels' rate.
+WORDS = """
+a about after again all also an and any are as at back be because been before being both but by call can
+come could day did do does down each even every first for from get give go good had has have he her here him
+his how i if in into is it its just know like little long look made make many may me more most much must my
+new no not now of off on one only or other our out over own people right said same see she should so some
+still such take than that the their them then there these they thing think this those through time to too
+two under up us use very want was way we well were what when where which while who will with work would year
+you your
+The library opens nine tomorrow morning please bring card Our team spent afternoon testing speech system
+laptop corner office It read weather report recipe lentil soup pages travel guide northern coast Everyone
+agreed voice sounded calm pauses felt natural nobody noticed delay When ferry finally left harbour
+passengers crowded along railings watch town grow small behind A child pointed lighthouse asked lamp seen
+far sea Her grandfather explained glass around flame bent light narrow beam sailors once counted flashes
+which passing Later wind picked sky turned pale shade grey people went inside drink tea play cards By
+evening islands appeared horizon dark quiet few windows already glowing warmly dusk Thank calling service
+desk Your request received technician contact within full working days Please keep reference number ready
+call Turn next junction continue straight ahead three hundred metres until bridge package delivered front
+door Stella Ask things store Speak clearly naturally short sentence warm model Hello serve benchmark
+""".split()
 NOTICE = "SYNTHETIC.txt"
 _CHUNK = 1 << 24  # elements drawn at a time in float32 before the cast (64 MB)
 
@@ -98,7 +125,7 @@ def write_synthetic_checkpoint(out: str | Path, size: str, seed: int = 0, dtype:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty: choose a new directory")
     config = config_for(size)
-    model = LoadedModel(config=config, lm=random_lm(config, seed, dtype), tokenizer=BreezeTokenizer.tiny(config),
+    model = LoadedModel(config=config, lm=random_lm(config, seed, dtype), tokenizer=BreezeTokenizer.tiny(config, WORDS if size != "tiny" else ()),
                         generation_defaults=GenerationDefaults(), codec=_codec(size, seed),
                         is_tiny_default=False)
     write_checkpoint(model, out, dead_tensor_dtype=dtype)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import string
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,8 @@ class BreezeTokenizer:
         return cls(tokenizer, config)
 
     @classmethod
-    def tiny(cls, config: BreezeConfig) -> BreezeTokenizer:
-        return cls(build_tiny_tokenizer(config), config)
+    def tiny(cls, config: BreezeConfig, words: Iterable[str] = ()) -> BreezeTokenizer:
+        return cls(build_tiny_tokenizer(config, words), config)
 
     # ---- use ----
     @property
@@ -159,8 +160,14 @@ def apply_tokenizer_config(tokenizer: Tokenizer, settings: dict, where: Path) ->
                                   f"{got}: tokenizer.json and tokenizer_config.json do not belong together")
 
 
-def build_tiny_tokenizer(config: BreezeConfig) -> Tokenizer:
-    """A small Gemma-shaped tokenizer whose special ids are the config's (filler tokens fill any gap)."""
+def build_tiny_tokenizer(config: BreezeConfig, words: Iterable[str] = ()) -> Tokenizer:
+    """A small Gemma-shaped tokenizer whose special ids are the config's (filler tokens fill any gap).
+
+    Without `words` it spells text letter by letter (bytes for anything else). Each of `words` becomes one
+    token when it follows a space ("▁word", as a SentencePiece vocabulary of Gemma's size has its
+    common words): BPE merges that grow it from its first letter, so a merge never joins letters inside
+    another word. A synthetic checkpoint gives its tokenizer common words so that its prompts have about
+    the token counts a real checkpoint's have (the text encoder's cost follows them)."""
     fixed = {PAD: config.pad_token_id, EOS: config.eos_token_id, BOS: config.bos_token_id,
              AUDIO_TOKEN: config.audio_token_id, AUDIO_EOS_TOKEN: config.audio_eos_token_id,
              **config.speaker_token_ids}
@@ -169,7 +176,17 @@ def build_tiny_tokenizer(config: BreezeConfig) -> Tokenizer:
     if config.ins_eos_token_id is not None:
         fixed[config.ins_eos_token] = config.ins_eos_token_id
     eoi = config.text_encoder.eoi_token_index
-    pieces = ["<unk>", *(f"<0x{b:02X}>" for b in range(256)), "\u2581", *string.ascii_letters]
+    merges: list[tuple[str, str]] = []
+    grown: list[str] = []
+    for word in dict.fromkeys(words):  # in order, once each
+        piece = "\u2581"
+        for char in word:
+            if piece + char not in grown:
+                merges.append((piece, char))
+                grown.append(piece + char)
+            piece += char
+    pieces = ["<unk>", *(f"<0x{b:02X}>" for b in range(256)), "\u2581", *string.ascii_letters,
+              *sorted(set("".join(words)) - set(string.ascii_letters)), *grown]
     vocab: dict[str, int] = dict(fixed)
     used = set(fixed.values())
     if eoi not in used:
@@ -185,7 +202,9 @@ def build_tiny_tokenizer(config: BreezeConfig) -> Tokenizer:
     for filler in range(top + 1):  # no holes: tokenizers wants dense ids
         if filler not in used:
             vocab[f"<unused{filler}>"] = filler
-    model = models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True)
+    if max(vocab.values()) >= config.text_vocab_size:
+        raise ValueError(f"{len(grown)} word pieces do not fit a text vocabulary of {config.text_vocab_size}")
+    model = models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True)
     tokenizer = Tokenizer(model)
     tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
     tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])

@@ -4,10 +4,10 @@ A join's text segments (one to four per request, `MAX_TEXT_SEGMENTS`, from every
 run through the 26-layer encoder as one batch. Run eagerly that is ~1,000 launches, and the host issuing
 them holds every running stream's next step back; a graph replays them as one.
 
-Shapes: the segments are right-padded to a length bucket (`TEXT_BUCKETS`) and their count to a power of two
-(rows of one masked pad token fill the batch; rows never mix in the encoder, and padded keys are masked in
-every layer, so a real token's state is the unpadded computation's up to GEMM rounding on the GPU). A batch
-larger than `MAX_TOKENS` (rows x length) runs as several replays of consecutive segments. `prepare` captures
+Shapes: each segment is right-padded to its own length bucket (`TEXT_BUCKETS`; `plan`) and each bucket's
+count to a power of two (rows of one masked pad token fill the batch; rows never mix in the encoder, and
+padded keys are masked in every layer, so a real token's state is the unpadded computation's up to GEMM
+rounding on the GPU). A bucket's batch larger than `MAX_TOKENS` (rows x length) runs as several replays. `prepare` captures
 every (rows, length) key a worker of `max_streams` streams can reach, so serving never captures; a key not
 captured (a caller that skipped `prepare`) is captured on its first use. Segments longer than the last
 bucket, the CPU, and any capture failure use the model's own `encode_segments` (or, for the CPU tests of
@@ -38,20 +38,25 @@ MAX_TOKENS = 4096  # rows x padded length of one graph (its activations); larger
 MAX_TEXT_SEGMENTS = 4  # text segments of one request: reference transcript + text, twice with CFG (model/prompts.py)
 
 
-def plan(lengths: list[int], max_tokens: int = MAX_TOKENS) -> tuple[int, list[tuple[int, int, int]]] | None:
-    """How a batch of segments of these token lengths runs: (length bucket, [(start, stop, row bucket)]), the
-    chunks consecutive and each within `max_tokens`; None when the longest fits no bucket."""
-    if not lengths:
+def plan(lengths: list[int], max_tokens: int = MAX_TOKENS) -> list[tuple[int, list[int], int]] | None:
+    """How a batch of segments of these token lengths runs: chunks of (length bucket, segment indices, row
+    bucket). Each segment goes to its own length bucket (one long segment does not pad every short one of
+    the join to its length: the encoder's cost grows with rows x length, and its attention with length
+    squared); each bucket's segments, in their order, are split into chunks within `max_tokens`. Buckets
+    run shortest first. None when a segment fits no bucket or there are none."""
+    if not lengths or max(lengths) > TEXT_BUCKETS[-1]:
         return None
-    length = next((b for b in TEXT_BUCKETS if max(lengths) <= b), None)
-    if length is None:
-        return None
-    per_chunk = max(1, 1 << ((max_tokens // length).bit_length() - 1))  # a power of two
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(next(b for b in TEXT_BUCKETS if n <= b), []).append(i)
     chunks = []
-    for start in range(0, len(lengths), per_chunk):
-        stop = min(len(lengths), start + per_chunk)
-        chunks.append((start, stop, _next_power_of_two(stop - start)))
-    return length, chunks
+    for length in sorted(groups):
+        members = groups[length]
+        per_chunk = max(1, 1 << ((max_tokens // length).bit_length() - 1))  # a power of two
+        for start in range(0, len(members), per_chunk):
+            part = members[start:start + per_chunk]
+            chunks.append((length, part, _next_power_of_two(len(part))))
+    return chunks
 
 
 def keys_for(max_segments: int, max_tokens: int = MAX_TOKENS) -> list[tuple[int, int]]:
@@ -91,18 +96,18 @@ class TextEncoderGraphs:
         if not segments:
             weight = self.lm.text_encoder_proj.weight
             return weight.new_zeros((0, weight.shape[0])), []
-        planned = plan(lengths, self.max_tokens) if self.bucketed else None
-        if planned is None:  # the model's own padding: every segment to the longest, one batch
+        chunks = plan(lengths, self.max_tokens) if self.bucketed else None
+        if chunks is None:  # the model's own padding: every segment to the longest, one batch
             states = self.lm.encode_padded(segments)
             return states.reshape(-1, states.shape[-1]), [i * states.shape[1] for i in range(len(segments))]
-        length, chunks = planned
         parts: list[torch.Tensor] = []
-        starts: list[int] = []
+        starts = [0] * len(segments)
         offset = 0
-        for start, stop, rows in chunks:
-            states = self._run(segments[start:stop], rows, length)
+        for length, members, rows in chunks:
+            states = self._run([segments[i] for i in members], rows, length)
             parts.append(states.reshape(-1, states.shape[-1]))
-            starts.extend(offset + i * length for i in range(stop - start))
+            for k, i in enumerate(members):
+                starts[i] = offset + k * length
             offset += parts[-1].shape[0]
         return (torch.cat(parts) if len(parts) > 1 else parts[0]), starts
 
