@@ -125,7 +125,8 @@ def write_synthetic_checkpoint(out: str | Path, size: str, seed: int = 0, dtype:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty: choose a new directory")
     config = config_for(size)
-    model = LoadedModel(config=config, lm=random_lm(config, seed, dtype), tokenizer=BreezeTokenizer.tiny(config, WORDS if size != "tiny" else ()),
+    tokenizer = BreezeTokenizer.tiny(config, WORDS if size != "tiny" else ())
+    model = LoadedModel(config=config, lm=random_lm(config, seed, dtype), tokenizer=tokenizer,
                         generation_defaults=GenerationDefaults(), codec=_codec(size, seed),
                         is_tiny_default=False)
     write_checkpoint(model, out, dead_tensor_dtype=dtype)
