@@ -9,9 +9,10 @@ count to a power of two (rows of one masked pad token fill the batch; rows never
 padded keys are masked in every layer, so a real token's state is the unpadded computation's up to GEMM
 rounding on the GPU). A bucket's batch larger than `MAX_TOKENS` (rows x length) runs as several replays.
 `prepare` captures every (rows, length) key a worker of `max_streams` streams can reach, so serving never
-captures; a key not captured (a caller that skipped `prepare`) is captured on its first use. Segments longer than the last
-bucket, the CPU, and any capture failure use the model's own `encode_segments` (or, for the CPU tests of
-the bucketing, `use_graphs=False`: the same padded batches run eagerly). One instance per model
+captures; a key not captured (a caller that skipped `prepare`) is captured on its first use. Segments
+longer than the last bucket, the CPU, and any capture failure use the model's own `encode_segments` (or,
+for the CPU tests of the bucketing, `use_graphs=False`: the same padded batches run eagerly). One instance
+per model
 (`text_encoder_graphs`); replays are serialized by a lock and their outputs copied out.
 """
 
