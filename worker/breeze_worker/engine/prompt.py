@@ -167,7 +167,7 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest],
     # every reference's frames in one host array, one copy (pinned: queued behind the encoder's work, not
     # waiting for it) and one embedding call: the join's host work does not grow with its clone requests
     references: dict[int, tuple[int, int]] = {}  # request -> (first table row, frames) of its reference
-    frames: list[np.ndarray] = []
+    reference_codes: list[np.ndarray] = []
     for i, request in enumerate(requests):
         if i not in layouts or request.reference is None:
             continue
@@ -178,9 +178,9 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest],
             continue
         references[i] = (size, int(codes.shape[0]))
         size += references[i][1]
-        frames.append(codes)
-    if frames:
-        host = torch.from_numpy(np.concatenate(frames).astype(np.int64, copy=False))
+        reference_codes.append(codes)
+    if reference_codes:
+        host = torch.from_numpy(np.concatenate(reference_codes).astype(np.int64, copy=False))
         if device.type == "cuda":
             host = host.pin_memory()
         parts.append(lm.embed_frames(host.to(device, non_blocking=True)))  # [sum of frames, H]

@@ -12,8 +12,7 @@ rounding on the GPU). A bucket's batch larger than `MAX_TOKENS` (rows x length) 
 captures; a key not captured (a caller that skipped `prepare`) is captured on its first use. Segments
 longer than the last bucket, the CPU, and any capture failure use the model's own `encode_segments` (or,
 for the CPU tests of the bucketing, `use_graphs=False`: the same padded batches run eagerly). One instance
-per model
-(`text_encoder_graphs`); replays are serialized by a lock and their outputs copied out.
+per model (`text_encoder_graphs`); replays are serialized by a lock and their outputs copied out.
 """
 
 from __future__ import annotations
