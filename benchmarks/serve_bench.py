@@ -361,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=2, help="timed rounds per concurrency")
     p.add_argument("--single-requests", type=int, default=6, help="first + steady single requests after SERVING")
     p.add_argument("--engine-bench", action="store_true", help="also run the engine sweep (no gRPC)")
+    p.add_argument("--skip-warm-start", action="store_true",
+                   help="no second start on the warm caches (a call short of time that measured it before)")
     p.add_argument("--t4-projection", action="store_true", help="print the projected T4 figures")
     p.add_argument("--bytes-per-frame", type=float, default=12.96e9,
                    help="weight bytes read per frame at batch 1 (12.96e9: the full model in half precision)")
@@ -429,12 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         _load(worker, args.concurrency, args, reference, work, "main", doc["load"], save)
     finally:
         worker.stop()
-    warm = Worker(args, cache, work / "worker-warm.log", work / "artifacts")
-    try:
-        doc["startup"]["warm_caches"] = warm.start(args.startup_timeout)
-        save()
-    finally:
-        warm.stop()
+    if not args.skip_warm_start:
+        warm = Worker(args, cache, work / "worker-warm.log", work / "artifacts")
+        try:
+            doc["startup"]["warm_caches"] = warm.start(args.startup_timeout)
+            save()
+        finally:
+            warm.stop()
     if args.engine_bench:  # before the variants: the main run's figures come first in a call's time
         engine = _engine_bench(args, work, cache)
         doc["engine"] = engine
