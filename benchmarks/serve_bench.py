@@ -8,8 +8,10 @@ One run, on one GPU host (one device call):
   3. `breeze-client bench` at each --concurrency (a request mix: every 2nd client an instruction with CFG, every
      4th a clone of --reference, else of speech made here with espeak-ng; without either, no clones, and the
      JSON's meta says so): client-side aggregate x real time, TTFA p50/p95, per-stream RTF, inter-chunk gap
-     p99 (in frames too), and the worker's CPU seconds per audio second during the run;
-  4. start-up again with the caches warm;
+     p99 (in frames too), the worker's CPU seconds per audio second during the run, and where the TTFA went
+     (the client bench's `ttfa_split_ms`: to the worker's queue, the queue, the worker, the way back);
+     --profile-levels samples the worker's threads with py-spy during those levels' loads (when installed);
+  4. start-up again with the caches warm (--skip-warm-start: not);
   5. (--engine-bench) `breeze-worker bench --concurrency ...` on the same device: the engine's aggregate at the
      same concurrency without gRPC, and the ratio gRPC / engine;
   6. (--t4-projection) the projected T4 figures from the batch-1 run: the per-frame byte floor at a T4's

@@ -25,7 +25,9 @@ competing for the interpreter (M7, docs/performance.md). A lone request waits `g
 busy engine never waits (arrivals join at the next step's boundary anyway). On by default (`join_gather_ms`
 60, quiet gap 2 ms) on benchmarks/host_overhead.py's evidence with a join modelled on the H200's (400 host
 operations, 20 ms of device time plus 1.2 ms a joiner): 64-stream TTFA p95 252 -> 197 ms (medians of 7
-paired runs), the aggregate unchanged; not yet measured on a GPU.
+paired runs), the aggregate unchanged. On an H200 (M8, docs/performance.md) it was a wash: 201.0 vs 201.8x
+at 64 clients, TTFA p95 586 vs 572 ms; a round still joined in two parts, the burst reaching the engine
+over ~65 ms with gaps above the quiet gap.
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
