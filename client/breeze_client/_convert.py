@@ -58,7 +58,8 @@ def job_from_pb(m: synthesis_pb2.JobStarted, clock: ClockMapping) -> JobInfo:
         frames_per_chunk=p.frames_per_chunk, sample_rate=m.sample_rate, queue_wait_s=m.queue_wait_s,
         reference_id=m.reference_id, reference_seconds=p.reference_seconds,
         server_started_ns=clock.to_client(m.started_unix_ns), artifact_id=m.artifact_id,
-        artifact_endpoint=m.artifact_endpoint)
+        artifact_endpoint=m.artifact_endpoint,
+        server_received_ns=clock.to_client(m.received_unix_ns))
 
 
 def stats_from_pb(s: synthesis_pb2.JobStats) -> JobStats:

@@ -129,25 +129,31 @@ def _one(client: BreezeClient, request: SynthesisRequest, timeout_s: float | Non
         "ttfa_ms": timing.ttfa_ms, "worker_ttfa_ms": stats.ttfa_s * 1e3, "worker_rtf": stats.rtf,
         "gaps_ms": [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])],
         "stages_s": stats.stages.to_dict(), "queue_wait_s": result.job.queue_wait_s,
-        "template": result.job.template, "ttfa_split_ms": ttfa_split(timing, result.job.queue_wait_s),
+        "template": result.job.template,
+        "ttfa_split_ms": ttfa_split(timing, result.job.queue_wait_s, result.job.server_received_ns),
     }
 
 
 TTFA_PARTS = ("to_queue", "queue", "worker", "transit")
 
 
-def ttfa_split(timing, queue_wait_s: float) -> dict | None:
+def ttfa_split(timing, queue_wait_s: float, received_ns: int | None = None) -> dict | None:
     """Where one request's time to first audio went, in ms, from the worker's stamps mapped to this clock:
-    `to_queue` request sent -> queued at the worker (network, the worker's receipt and checks), `queue` the
-    wait for an engine slot, `worker` job start -> first chunk left the engine, `transit` -> first chunk
-    received here (the event loop's send, the network, this process's receipt). The parts add up to the
-    client's TTFA; each carries the clock mapping's uncertainty (zero on one host). None without audio."""
+    `to_queue` request sent -> queued at the worker (this process's send, the network, the worker's receipt
+    and checks), `queue` the wait for an engine slot, `worker` job start -> first chunk left the engine,
+    `transit` -> first chunk received here (the event loop's send, the network, this process's receipt). The
+    parts add up to the client's TTFA. With the worker's receipt stamp (`received_ns`, mapped) `to_worker`
+    says how much of `to_queue` passed before the worker's handler had the request (the rest is the
+    worker's admission). Each carries the clock mapping's uncertainty (zero on one host). None without audio."""
     started, first = timing.server_started_ns, timing.server_first_chunk_ns
     if started is None or first is None or timing.first_chunk_received_ns is None:
         return None
     queued = started - round(queue_wait_s * 1e9)
-    return {"to_queue": (queued - timing.request_sent_ns) / 1e6, "queue": queue_wait_s * 1e3,
-            "worker": (first - started) / 1e6, "transit": (timing.first_chunk_received_ns - first) / 1e6}
+    out = {"to_queue": (queued - timing.request_sent_ns) / 1e6, "queue": queue_wait_s * 1e3,
+           "worker": (first - started) / 1e6, "transit": (timing.first_chunk_received_ns - first) / 1e6}
+    if received_ns is not None:
+        out["to_worker"] = (received_ns - timing.request_sent_ns) / 1e6
+    return out
 
 
 @dataclass(frozen=True)
@@ -205,8 +211,9 @@ def _failed(result: dict) -> bool:
 def _split_summary(requests: list[dict]) -> dict:
     """p50 / p95 of each TTFA part (`ttfa_split`) over the requests that have one."""
     splits = [r["ttfa_split_ms"] for r in requests if r.get("ttfa_split_ms")]
-    return {part: {"p50": percentile([s[part] for s in splits], 50),
-                   "p95": percentile([s[part] for s in splits], 95)} for part in TTFA_PARTS}
+    parts = TTFA_PARTS + (("to_worker",) if any("to_worker" in s for s in splits) else ())
+    return {part: {"p50": percentile([s[part] for s in splits if part in s], 50),
+                   "p95": percentile([s[part] for s in splits if part in s], 95)} for part in parts}
 
 
 def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds: list[list[dict]]) -> dict:

@@ -73,6 +73,7 @@ class JobInfo(_Dict):
     server_started_ns: int | None  # worker's job start, mapped to the client clock
     artifact_id: str = ""  # the id the job's artifact gets once committed (fetchable after the job ends)
     artifact_endpoint: str = ""  # host:port of the Artifacts endpoint of the worker running the job (where to fetch)
+    server_received_ns: int | None = None  # the request reached the worker's handler (mapped; None: not stamped)
 
 
 @dataclass(frozen=True)

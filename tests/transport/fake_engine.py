@@ -35,7 +35,8 @@ class FakeEngine:
             return struct.pack(f"<{n}h", *(int(x * 32767) for x in xs))
         return struct.pack(f"<{n}f", *xs)
 
-    async def synthesize(self, request: et.SynthesisRequest, *, timeout_s: float | None = None):
+    async def synthesize(self, request: et.SynthesisRequest, *, timeout_s: float | None = None,
+                         received_ns: int | None = None):
         if not request.text.strip():
             raise InvalidRequest("text is empty: send the words to speak")
         if request.cfg_scale is not None and not request.cfg_scale > 0:
@@ -54,7 +55,7 @@ class FakeEngine:
         committed = False
         try:
             start = time.time_ns()
-            yield et.JobStarted(job_id, params, self.sample_rate, 0.0, start)
+            yield et.JobStarted(job_id, params, self.sample_rate, 0.0, start, received_at_ns=received_ns or start)
             offset = 0
             for i in range(frames):
                 await asyncio.sleep(self.frame_delay_s)

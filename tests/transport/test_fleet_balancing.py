@@ -38,7 +38,7 @@ class RefusingEngine(FakeEngine):
         super().__init__(store, **kw)
         self.refused = 0
 
-    async def synthesize(self, request, *, timeout_s=None):
+    async def synthesize(self, request, *, timeout_s=None, received_ns=None):
         self.refused += 1
         raise WorkerUnavailable("shutting down; retry on another worker")
         yield  # an async generator, like the real engine's
@@ -49,7 +49,7 @@ class DrainingEngine(FakeEngine):
 
     servers = None
 
-    async def synthesize(self, request, *, timeout_s=None):
+    async def synthesize(self, request, *, timeout_s=None, received_ns=None):
         await self.servers.set_serving(False)
         raise WorkerUnavailable("the worker is shutting down and this request had not started")
         yield  # an async generator, like the real engine's
@@ -62,7 +62,7 @@ class DyingEngine(FakeEngine):
         super().__init__(store, **kw)
         self.calls = 0
 
-    async def synthesize(self, request, *, timeout_s=None):
+    async def synthesize(self, request, *, timeout_s=None, received_ns=None):
         self.calls += 1
         n = 0
         async for event in super().synthesize(request, timeout_s=timeout_s):

@@ -114,7 +114,7 @@ class ResolvedParams(_message.Message):
     def __init__(self, instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., template: _Optional[_Union[Template, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., reference_seconds: _Optional[float] = ...) -> None: ...
 
 class JobStarted(_message.Message):
-    __slots__ = ("job_id", "params", "sample_rate", "encoding", "template", "queue_wait_s", "reference_id", "started_unix_ns", "artifact_id", "artifact_endpoint")
+    __slots__ = ("job_id", "params", "sample_rate", "encoding", "template", "queue_wait_s", "reference_id", "started_unix_ns", "artifact_id", "artifact_endpoint", "received_unix_ns")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class JobStarted(_message.Message):
     STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     params: ResolvedParams
     sample_rate: int
@@ -135,7 +136,8 @@ class JobStarted(_message.Message):
     started_unix_ns: int
     artifact_id: str
     artifact_endpoint: str
-    def __init__(self, job_id: _Optional[str] = ..., params: _Optional[_Union[ResolvedParams, _Mapping]] = ..., sample_rate: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., template: _Optional[_Union[Template, str]] = ..., queue_wait_s: _Optional[float] = ..., reference_id: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., artifact_id: _Optional[str] = ..., artifact_endpoint: _Optional[str] = ...) -> None: ...
+    received_unix_ns: int
+    def __init__(self, job_id: _Optional[str] = ..., params: _Optional[_Union[ResolvedParams, _Mapping]] = ..., sample_rate: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., template: _Optional[_Union[Template, str]] = ..., queue_wait_s: _Optional[float] = ..., reference_id: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., artifact_id: _Optional[str] = ..., artifact_endpoint: _Optional[str] = ..., received_unix_ns: _Optional[int] = ...) -> None: ...
 
 class AudioChunk(_message.Message):
     __slots__ = ("sequence", "sample_offset", "pcm", "num_samples", "emitted_unix_ns")

@@ -126,9 +126,13 @@ class Engine:
         return self.runtime.description if self.runtime else "not loaded"
 
     # ---- requests ----
-    async def synthesize(self, request: SynthesisRequest, *, timeout_s: float | None = None) -> AsyncIterator:
-        """Yield JobStarted, AudioChunk..., JobFinished; raise breeze_worker.errors.* on failure."""
+    async def synthesize(self, request: SynthesisRequest, *, timeout_s: float | None = None,
+                         received_ns: int | None = None) -> AsyncIterator:
+        """Yield JobStarted, AudioChunk..., JobFinished; raise breeze_worker.errors.* on failure.
+        `received_ns`: the wall clock when the transport took the request (default: now), in JobStarted."""
         from breeze_worker.engine.request import check_request_id
+
+        received_ns = time.time_ns() if received_ns is None else received_ns
 
         check_request_id(request.request_id)  # before any work: it labels this call's log lines
         if not self.ready:
@@ -144,7 +148,7 @@ class Engine:
             self.scheduler.arrival_failed()
             raise
         job = Job(job_id=new_job_id(), params=params, sink=EventSink(asyncio.get_running_loop()),
-                  deadline=deadline)
+                  deadline=deadline, received_at_ns=received_ns)
         logs.bind(job_id=job.job_id)  # every later line of this call names the job
         self.scheduler.submit(job, arrived=True)
         if params is None:

@@ -110,6 +110,7 @@ class Job:
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float = 0.0  # monotonic, when admitted
     started_at_ns: int = 0
+    received_at_ns: int = 0  # wall clock when the request reached the worker (the transport's handler)
     first_audio_at: float | None = None
     frames: int = 0
     samples_emitted: int = 0
@@ -145,6 +146,7 @@ class Job:
             queue_wait_s=self.started_at - self.submitted_at,
             started_at_ns=self.started_at_ns,
             artifact_id=getattr(self.artifact, "artifact_id", ""),
+            received_at_ns=self.received_at_ns,
         )
 
     def add_pcm(self, data: bytes, num_samples: int, *, flush: bool) -> AudioChunk | None:

@@ -138,6 +138,7 @@ class JobStarted:
     queue_wait_s: float
     started_at_ns: int  # server wall clock (time.time_ns)
     artifact_id: str = ""  # the id its artifact gets once committed ("" without an artifact writer)
+    received_at_ns: int = 0  # server wall clock when the request reached the transport's handler (0: unknown)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def event_to_pb(event, artifact_endpoint: str) -> synthesis_pb2.SynthesizeRespon
             queue_wait_s=event.queue_wait_s,
             reference_id=p.reference.reference_id if p.reference is not None else "",
             started_unix_ns=event.started_at_ns, artifact_id=event.artifact_id,
-            artifact_endpoint=artifact_endpoint))
+            artifact_endpoint=artifact_endpoint, received_unix_ns=event.received_at_ns))
     if isinstance(event, et.JobFinished):
         s = event.stats
         finished = synthesis_pb2.JobFinished(

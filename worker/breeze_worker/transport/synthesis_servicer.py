@@ -12,6 +12,7 @@ names the limit and what to change (gRPC's own receive limit sits well above it;
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -47,13 +48,15 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
         self._max_stream_buffer_bytes = max_stream_buffer_bytes
 
     async def Synthesize(self, request: synthesis_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
+        received_ns = time.time_ns()  # JobStarted.received_unix_ns: the client's way here vs. our admission
         logs.bind(request_id=request.request_id)  # clipped and escaped: it is the client's string
         async with mapped_errors(context, "Synthesize"):
             size = request.ByteSize()
             if self._max_request_bytes is not None and size > self._max_request_bytes:
                 raise request_too_large(size, self._max_request_bytes)
             engine_request = convert.synthesis_request_from_pb(request)
-            events = self._engine.synthesize(engine_request, timeout_s=context.time_remaining())
+            events = self._engine.synthesize(engine_request, timeout_s=context.time_remaining(),
+                                             received_ns=received_ns)
 
             async def write(event) -> None:
                 await context.write(convert.event_to_pb(event, self._artifact_endpoint))
