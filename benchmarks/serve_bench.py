@@ -12,8 +12,9 @@ One run, on one GPU host (one device call):
      (the client bench's `ttfa_split_ms`: to the worker's queue, the queue, the worker, the way back);
      --profile-levels samples the worker's threads with py-spy during those levels' loads (when installed);
   4. start-up again with the caches warm (--skip-warm-start: not);
-  5. (--engine-bench) `breeze-worker bench --concurrency ...` on the same device: the engine's aggregate at the
-     same concurrency without gRPC, and the ratio gRPC / engine;
+  5. (--engine-bench) `breeze-worker bench --concurrency ...` on the same device, on the same prompts (the
+     label's text, half with CFG, a quarter cloning the same reference): the engine's aggregate at the same
+     concurrency without gRPC, and the ratio gRPC / engine;
   6. (--t4-projection) the projected T4 figures from the batch-1 run: the per-frame byte floor at a T4's
      320 GB/s plus the overhead this run measured above this device's floor.
 
@@ -231,12 +232,18 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def _engine_bench(args: argparse.Namespace, out_dir: Path, cache: Path) -> dict:
-    """The engine sweep at the run's concurrency and frames, with the worker's compile caches (warm by now)."""
+def _engine_bench(args: argparse.Namespace, out_dir: Path, cache: Path, reference: dict | None) -> dict:
+    """The engine sweep at the run's concurrency and frames, with the worker's compile caches (warm by now), on
+    the client mix's prompts: the label's text for every stream, half with an instruction and CFG, every 4th
+    cloning the same reference (the streams differ from the client's only in which ones)."""
+    from breeze_client.bench import LABELS
+
     path = out_dir / "engine_sweep.json"
     cmd = [sys.executable, "-m", "breeze_worker.cli", "bench", "--device", args.device,
            "--concurrency", ",".join(map(str, args.concurrency)), "--json", str(path),
-           "--frames", str(_frames(args)),
+           "--frames", str(_frames(args)), "--text", LABELS[args.label].text,
+           *(["--clone-every", "4", "--reference", reference["path"], "--reference-text", reference["text"]]
+             if reference is not None else []),
            *(["--model", str(args.model)] if args.model else ["--size", args.make_checkpoint or "full"])]
     subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env={**os.environ, **_cache_env(cache)})
     return json.loads(path.read_text())
@@ -441,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             warm.stop()
     if args.engine_bench:  # before the variants: the main run's figures come first in a call's time
-        engine = _engine_bench(args, work, cache)
+        engine = _engine_bench(args, work, cache, reference)
         doc["engine"] = engine
         ratios = {}
         for row in engine.get("rows", []):

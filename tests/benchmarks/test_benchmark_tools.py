@@ -101,3 +101,49 @@ def test_serve_smoke_runs_the_product_end_to_end(tmp_path):
     assert set(doc["steps"]) == {"synth_plain", "synth_cfg", "fetch", "bench"}
     assert doc["steps"]["fetch"]["same_bytes_as_stream"] and doc["steps"]["fetch"]["json"]["verified"]
     assert doc["steps"]["synth_plain"]["wav"]["frames"] == 4 * 1920
+
+
+def test_the_engine_sweep_runs_the_client_mix_with_clones_of_real_speech(tmp_path):
+    """`breeze-worker bench --concurrency` with the serve bench's mix: every stream the given text, half with
+    CFG, every 2nd from the first cloning an espeak-ng recording encoded as the worker encodes one; its
+    length as soundfile reads the file (not our decoder) is what the JSON records."""
+    import shutil
+
+    import soundfile
+
+    espeak = shutil.which("espeak-ng")
+    assert espeak, "espeak-ng is not installed: apt-get install -y espeak-ng"
+    reference, words = tmp_path / "reference.wav", "Please call Stella. Ask her to bring these things."
+    subprocess.run([espeak, "-w", str(reference), words], check=True, timeout=60)
+    out = tmp_path / "sweep.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BREEZE_COMMIT")}
+    done = subprocess.run([sys.executable, "-m", "breeze_worker.cli", "bench", "--device", "cpu", "--size", "tiny",
+                           "--concurrency", "4", "--frames", "2", "--text", "The library opens at nine.",
+                           "--clone-every", "2", "--reference", str(reference), "--reference-text", words,
+                           "--json", str(out)], cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    mix = doc["meta"]["mix"]
+    assert mix["text"] == "The library opens at nine." and mix["clone_every"] == 2
+    assert mix["reference_seconds"] == pytest.approx(soundfile.info(str(reference)).duration, abs=1e-3)
+    [row] = doc["rows"]
+    assert (row["streams"], row["cfg_streams"], row["clone_streams"]) == (4, 2, 2)
+    assert row["aggregate_x_realtime"] > 0
+
+
+def test_stream_requests_clone_the_cfg_streams_and_speak_one_text():
+    import numpy as np
+
+    from breeze_worker.bench.concurrency import StreamMix, stream_requests
+    from breeze_worker.engine.types import ResolvedReference
+    from breeze_worker.model.tiny import tiny_model
+
+    model = tiny_model(seed=0, with_codec=False)
+    reference = ResolvedReference("ref-" + "1" * 32, "a reference line", np.zeros((5, 16), dtype=np.int64), 0.4)
+    requests = stream_requests(model, 8, 3, 1, StreamMix(text="one text", clone_every=4, reference=reference))
+    assert [r.reference is not None for r in requests] == [True, False, False, False] * 2
+    assert all(r.uses_cfg for r in requests if r.reference is not None)
+    assert {r.text for r in requests} == {"one text"} and sum(r.uses_cfg for r in requests) == 4
+    with pytest.raises(ValueError):
+        StreamMix(clone_every=2)

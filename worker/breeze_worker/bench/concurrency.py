@@ -22,6 +22,7 @@ import logging
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -31,7 +32,7 @@ from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
-from breeze_worker.engine.types import SynthesisRequest
+from breeze_worker.engine.types import ReferenceInput, ResolvedReference, SynthesisRequest
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,38 @@ TEXTS = ("The quick brown fox jumps over the lazy dog.",
 TARGETS = {"aggregate_x_at_32": 150.0, "stream_rtf_max": 0.5, "ttfa_p95_ms": 300.0}
 
 
-def stream_requests(model: LoadedModel, n: int, frames: int, seed: int) -> list:
-    """n requests, even-numbered with CFG (so 1 stream = CFG, and half of any even N)."""
+@dataclass(frozen=True)
+class StreamMix:
+    """What the streams of a burst ask for beyond the defaults: one `text` for all (None: `TEXTS` in turn), and
+    every `clone_every`-th stream (0: none) cloning `reference` (an encoded reference, `ReferenceStore.intake`).
+    The serve bench passes its client mix here, so that the engine and gRPC figures are of the same prompts."""
+
+    text: str | None = None
+    clone_every: int = 0
+    reference: ResolvedReference | None = None
+
+    def __post_init__(self) -> None:
+        if self.clone_every and self.reference is None:
+            raise ValueError("a mix that clones needs an encoded reference")
+
+    def clones(self, i: int) -> bool:
+        return bool(self.clone_every) and i % self.clone_every == 0
+
+
+def stream_requests(model: LoadedModel, n: int, frames: int, seed: int, mix: StreamMix | None = None) -> list:
+    """n requests, even-numbered with CFG (so 1 stream = CFG, and half of any even N); with a `mix` that
+    clones, every clone_every-th from stream 0 (CFG ones for an even clone_every, as the client bench's
+    clone requests are)."""
+    mix = mix or StreamMix()
     out = []
     for i in range(n):
         cfg = i % 2 == 0
-        req = SynthesisRequest(text=TEXTS[i % len(TEXTS)], instruction=INSTRUCTION if cfg else None,
-                               cfg_scale=2.0 if cfg else None, seed=seed + i, max_frames=frames)
-        out.append(resolve_request(req, model.generation_defaults, None, tokenizer=model.tokenizer))
+        reference = mix.reference if mix.clones(i) else None
+        req = SynthesisRequest(text=mix.text or TEXTS[i % len(TEXTS)], instruction=INSTRUCTION if cfg else None,
+                               cfg_scale=2.0 if cfg else None, seed=seed + i, max_frames=frames,
+                               reference=(ReferenceInput(reference_id=reference.reference_id)
+                                          if reference is not None else None))
+        out.append(resolve_request(req, model.generation_defaults, reference, tokenizer=model.tokenizer))
     return out
 
 
@@ -193,20 +218,23 @@ def _median(values: list[float]) -> float | None:
 def measure_concurrency(model: LoadedModel, device: torch.device, concurrency: list[int], *, frames: int,
                         seed: int, stepper: BatchedStepper | None = None, lm_only: bool = True,
                         compare_overlap: bool = False, on_row=None, stall_dump_s: float | None = None,
-                        settings: FastPathSettings | None = None, codec_overlap: bool = False) -> list[dict]:
+                        settings: FastPathSettings | None = None, codec_overlap: bool = False,
+                        mix: StreamMix | None = None) -> list[dict]:
     """One row per N (see the module doc). `lm_only`: also time N streams without the codec.
     `stall_dump_s`: see `run_burst`. `codec_overlap`: the worker's setting, how each burst runs its codec;
     `compare_overlap`: also run each burst with the codec overlap the other way round (`other_overlap`).
     `on_row(rows)` is called after each N (the command rewrites its JSON, so a run cut short keeps what it
-    measured). `settings`: the fast path's, for a stepper built here."""
+    measured). `settings`: the fast path's, for a stepper built here. `mix`: the requests' text and clones
+    (`StreamMix`)."""
     stepper = stepper if stepper is not None else BatchedStepper(model, max(concurrency), device, settings=settings)
     overlap = codec_overlap
     rows = []
     for n in concurrency:
-        requests = stream_requests(model, n, frames, seed)
-        run_burst(stepper, model.codec, stream_requests(model, n, 2, seed + 1000), device)  # warm this size
+        requests = stream_requests(model, n, frames, seed, mix)
+        run_burst(stepper, model.codec, stream_requests(model, n, 2, seed + 1000, mix), device)  # warm this size
         reset_peak_memory(device)
-        row = {"streams": n, "cfg_streams": sum(1 for q in requests if q.uses_cfg), "frames_per_stream": frames,
+        row = {"streams": n, "cfg_streams": sum(1 for q in requests if q.uses_cfg),
+               "clone_streams": sum(1 for q in requests if q.reference is not None), "frames_per_stream": frames,
                **_burst_figures(run_burst(stepper, model.codec, requests, device, overlap=overlap,
                                           stall_dump_s=stall_dump_s), n),
                "peak_memory_bytes": peak_memory_bytes(device), "codec": model.codec is not None,

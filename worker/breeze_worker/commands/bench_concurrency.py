@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-dump-s", type=float, default=5.0,
                         help="with --concurrency: a join or step still running after this many seconds dumps every "
                              "thread's stack to stderr (0: never)")
+    parser.add_argument("--text", default=None,
+                        help="with --concurrency: every stream speaks this text (default: the sweep's own lines)")
+    parser.add_argument("--clone-every", type=int, default=0,
+                        help="with --concurrency: every Nth stream, from the first, clones --reference (0: none)")
+    parser.add_argument("--reference", default=None, help="with --clone-every: reference audio (a WAV or FLAC file)")
+    parser.add_argument("--reference-text", default=None, help="with --clone-every: its exact transcript")
     parser.add_argument("--batch-shapes", default="all", choices=("all", "sweep"),
                         help="with --concurrency: build every bucket shape of the engine (all) or only those this "
                              "run's bursts land in (sweep: less start-up, the same shape per step)")
@@ -87,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.capacity:
         model.generation_defaults = replace(model.generation_defaults, max_sequence=args.capacity)
     mask_end_of_speech(model)
+    mix = _mix(args, model)
     max_streams = max(levels + [args.agreement_streams])
     shapes = (sweep.sweep_shapes(max_streams, levels, args.agreement_streams) if args.batch_shapes == "sweep"
               else None)
@@ -110,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
         "graph_fallback": stats["graph_fallback"], "compile_fallback": stats["compile_fallback"],
         "compiled": stats["compiled"], "stepper_build_s": build_s, "batch_shapes": args.batch_shapes,
         "stepper": stats, "codec": model.codec is not None, "codec_overlap": served.codec_overlap,
-        "codec_tf32": codec_tf32, "codec_compile_slots": compile_from}
+        "codec_tf32": codec_tf32, "codec_compile_slots": compile_from,
+        "mix": {"text": mix.text, "clone_every": mix.clone_every, "reference_seconds":
+                mix.reference.seconds if mix.reference is not None else None}}
     doc: dict[str, object] = {"schema": "breeze-bench-concurrency/2", "meta": meta}
 
     def save(rows=None) -> None:
@@ -123,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     rows = doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
                                                    stepper=stepper, compare_overlap=args.compare_overlap,
                                                    codec_overlap=served.codec_overlap, on_row=save,
-                                                   stall_dump_s=args.stall_dump_s or None)
+                                                   stall_dump_s=args.stall_dump_s or None, mix=mix)
     print(sweep.table(rows), flush=True)
     batch1_ms, source = args.batch1_ms, ("--batch1-ms" if args.batch1_ms is not None else None)
     targets = doc["targets"] = sweep.check_targets(rows, batch1_ms, source)
@@ -157,6 +166,18 @@ def run(args: argparse.Namespace) -> int:
     meta["stepper"] = stepper.stats()
     save()
     return 0
+
+
+def _mix(args: argparse.Namespace, model) -> sweep.StreamMix:
+    """The streams' text and clones from the options; the reference is encoded as the worker encodes one."""
+    if not args.clone_every:
+        return sweep.StreamMix(text=args.text)
+    if not args.reference or not args.reference_text or model.codec is None:
+        raise SystemExit("--clone-every needs --reference, --reference-text and a model with its codec")
+    from breeze_worker.engine.reference import ReferenceStore
+
+    reference = ReferenceStore(model.codec).intake(Path(args.reference).read_bytes(), args.reference_text)
+    return sweep.StreamMix(text=args.text, clone_every=args.clone_every, reference=reference)
 
 
 def _profile(model, stepper, device: torch.device, streams: int, seed: int, frames: int = 16) -> dict:
