@@ -1,17 +1,26 @@
-"""`breeze-client bench` against a real in-process worker that decodes two streams at once, with
---concurrency 2: the JSON document's shape and figures that must hold for any run."""
+"""`breeze-client bench`, run as the command a user runs (its own process), against a real in-process worker
+that decodes two streams at once, with --concurrency 2: the JSON document's shape and figures that must
+hold for any run."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+from served_worker import ENV
 from worker_helpers import WorkerThread
 
-from breeze_client.cli import main as client_main
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
 
 STAT_KEYS = {"mean", "stddev", "min", "max"}
+
+
+def bench(target: str, *args: str) -> subprocess.CompletedProcess:
+    """`breeze-client bench --target TARGET ARGS` in its own process (exit code, stdout, stderr)."""
+    return subprocess.run([sys.executable, "-m", "breeze_client.cli", "bench", "--target", target, *args],
+                          capture_output=True, text=True, timeout=240, env=ENV)
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +36,12 @@ def two_stream_worker(tmp_path_factory):
     thread.stop()
 
 
-def test_bench_concurrency_two_json(two_stream_worker, capsys):
-    code = client_main(["bench", "--target", two_stream_worker.target, "--labels", "short,chunk-4.80s",
-                        "--frames", "3", "--warmup", "1", "--iterations", "2", "--concurrency", "2",
-                        "--timeout", "120", "--json"])
-    out = capsys.readouterr().out
-    assert code == 0, out
+def test_bench_concurrency_two_json(two_stream_worker):
+    run = bench(two_stream_worker.target, "--labels", "short,chunk-4.80s",
+                "--frames", "3", "--warmup", "1", "--iterations", "2", "--concurrency", "2",
+                "--timeout", "120", "--json")
+    out = run.stdout
+    assert run.returncode == 0, run.stderr
     doc = json.loads(out)
     assert doc["schema"] == "breeze-client-bench/1"
     meta = doc["meta"]
@@ -69,18 +78,17 @@ def test_bench_concurrency_two_json(two_stream_worker, capsys):
             assert s["rounds"][i]["audio_s"] == pytest.approx(a["audio_s"] + b["audio_s"])
 
 
-def test_bench_table_says_frames_are_limited(two_stream_worker, capsys):
-    code = client_main(["bench", "--target", two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
-                        "--warmup", "0", "--iterations", "1", "--timeout", "120"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert "explicit frame limit" in captured.out and "chunk-4.80s" in captured.out
-    assert "tiny default" in captured.err
+def test_bench_table_says_frames_are_limited(two_stream_worker):
+    run = bench(two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
+                "--warmup", "0", "--iterations", "1", "--timeout", "120")
+    assert run.returncode == 0, run.stderr
+    assert "explicit frame limit" in run.stdout and "chunk-4.80s" in run.stdout
+    assert "tiny default" in run.stderr
 
 
-def test_unknown_label_is_a_usage_error(two_stream_worker, capsys):
-    assert client_main(["bench", "--target", two_stream_worker.target, "--labels", "huge"]) == 2
-    assert "unknown label" in capsys.readouterr().err
+def test_unknown_label_is_a_usage_error(two_stream_worker):
+    run = bench(two_stream_worker.target, "--labels", "huge")
+    assert run.returncode == 2 and "unknown label" in run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -112,13 +120,13 @@ def one_slot_worker(tmp_path_factory):
     patch.undo()
 
 
-def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker, capsys):
+def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker):
     """1 slot and 1 queue place for 3 clients at once: the third is refused (RESOURCE_EXHAUSTED); the bench
     goes on, counts it per label and keeps it out of the statistics."""
-    code = client_main(["bench", "--target", one_slot_worker.target, "--labels", "chunk-4.80s", "--frames", "40",
-                        "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json"])
-    out = capsys.readouterr().out
-    assert code == 0, out
+    run = bench(one_slot_worker.target, "--labels", "chunk-4.80s", "--frames", "40",
+                "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json")
+    out = run.stdout
+    assert run.returncode == 0, run.stderr
     s = json.loads(out)["labels"][0]
     assert s["attempted"] == 6 and s["requests"] + sum(s["errors"].values()) == 6
     assert set(s["errors"]) == {"RESOURCE_EXHAUSTED"} and s["errors"]["RESOURCE_EXHAUSTED"] >= 1
@@ -131,7 +139,7 @@ def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker, capsy
     assert s["wall_s"]["min"] > 0 and s["inter_chunk_ms"]["count"] == sum(r["frames"] - 1 for r in s["per_request"])
 
 
-def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, capsys, tmp_path):
+def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, tmp_path):
     """--cfg-every 2 --clone-every 4 over 4 clients: client 1 instruction + CFG, client 3 a clone with an
     instruction (direction), clients 0 and 2 plain; the worker's reported template says so."""
     import shutil
@@ -139,12 +147,12 @@ def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, capsys, t
 
     reference = tmp_path / "ref.wav"
     subprocess.run([shutil.which("espeak-ng"), "-w", str(reference), "Please call Stella."], check=True, timeout=60)
-    code = client_main(["bench", "--target", two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
-                        "--warmup", "0", "--iterations", "1", "--concurrency", "4", "--cfg-every", "2",
-                        "--clone-every", "4", "--reference", str(reference), "--reference-text",
-                        "Please call Stella.", "--timeout", "120", "--json"])
-    out = capsys.readouterr().out
-    assert code == 0, out
+    run = bench(two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
+                "--warmup", "0", "--iterations", "1", "--concurrency", "4", "--cfg-every", "2",
+                "--clone-every", "4", "--reference", str(reference), "--reference-text",
+                "Please call Stella.", "--timeout", "120", "--json")
+    out = run.stdout
+    assert run.returncode == 0, run.stderr
     doc = json.loads(out)
     assert doc["meta"]["request_kinds"] == {"plain": 2, "cfg": 1, "clone+cfg": 1}
     by_client = {r["client"]: r for r in doc["labels"][0]["per_request"]}
@@ -152,6 +160,6 @@ def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, capsys, t
         0: ("plain", "plain"), 1: ("cfg", "instruction"), 2: ("plain", "plain"), 3: ("clone+cfg", "direction")}
 
 
-def test_a_clone_mix_without_a_reference_is_refused(two_stream_worker, capsys):
-    assert client_main(["bench", "--target", two_stream_worker.target, "--clone-every", "4"]) == 2
-    assert "--reference" in capsys.readouterr().err
+def test_a_clone_mix_without_a_reference_is_refused(two_stream_worker):
+    run = bench(two_stream_worker.target, "--clone-every", "4")
+    assert run.returncode == 2 and "--reference" in run.stderr

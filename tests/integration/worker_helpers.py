@@ -1,11 +1,15 @@
 """The integration tests' worker: the real Engine on the tiny default and real grpc.aio servers on port 0,
-in a background thread with its own event loop (the tests talk to it over real channels)."""
+on one background event loop thread shared by every such worker (the tests talk to them over real
+channels)."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from dataclasses import dataclass
+
+from shared_loop import shared_loop
 
 from breeze_client.sdk import BreezeClient
 from breeze_worker.artifacts.store import ArtifactStore
@@ -33,24 +37,17 @@ class RunningWorker:
 
 
 class WorkerThread:
+    """A worker on the shared test loop: `start()` returns once it serves, `stop()` shuts it down."""
+
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
+        self._done: concurrent.futures.Future | None = None
         self.worker: RunningWorker | None = None
-        self._thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # surfaced by start()
-            self._error = exc
-            self._ready.set()
 
     async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         store = ArtifactStore(self.settings.artifacts)
         engine = Engine(self.settings.engine, store)
@@ -66,16 +63,20 @@ class WorkerThread:
             await engine.stop()
 
     def start(self, timeout_s: float = 300) -> RunningWorker:
-        self._thread.start()
+        self._loop = shared_loop()
+        self._done = asyncio.run_coroutine_threadsafe(self._main(), self._loop)
+        self._done.add_done_callback(lambda _: self._ready.set())  # a failed start wakes start() too
         assert self._ready.wait(timeout_s), "the test worker did not start in time"
-        if self._error is not None:
-            raise self._error
+        if self._done.done():
+            self._done.result()  # raises what the start raised
+            raise RuntimeError("the test worker stopped while starting")
         return self.worker
 
     def stop(self) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
+        if self._done is not None:
+            self._done.result(30)
 
 
 def assert_still_serving(client: BreezeClient) -> None:

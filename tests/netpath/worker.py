@@ -1,8 +1,9 @@
 """An in-process worker on loopback (port 0) for the retrieval tests and the benchmark.
 
-`InProcessWorker` runs `create_server` + the engine on the tiny embedded default (CPU) on a private event
-loop in a background thread, so synchronous SDK code can call it. Fault settings are the worker's
-test-only ArtifactSettings fields and can be changed between runs (`set_faults`).
+`InProcessWorker` runs `create_server` + the engine on the tiny embedded default (CPU) on the session's
+shared worker loop (tests/shared_loop.py, a background thread), so synchronous SDK code can call it.
+Fault settings are the worker's test-only ArtifactSettings fields and can be changed between runs
+(`set_faults`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from shared_loop import shared_loop
+
 
 class InProcessWorker:
     def __init__(self, artifact_dir: str | Path | None = None, *, host: str = "127.0.0.1", engine_factory=None,
@@ -22,8 +25,7 @@ class InProcessWorker:
         self._tmp = None if artifact_dir else tempfile.TemporaryDirectory(prefix="breeze-artifacts-")
         self.artifact_dir = Path(artifact_dir or self._tmp.name)
         self._artifact_settings = artifact_settings
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="in-process-worker", daemon=True)
+        self._loop = shared_loop()
         self.servers = self.engine = self.store = None
 
     @property
@@ -65,7 +67,6 @@ class InProcessWorker:
             fault_storage_write_bytes_per_s=storage_write_bytes_per_s)
 
     def __enter__(self) -> InProcessWorker:
-        self._thread.start()
         try:
             self._call(self._start())
         except BaseException:
@@ -82,8 +83,6 @@ class InProcessWorker:
         try:
             self._call(stop(), timeout=60)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
             if self._tmp is not None:
                 self._tmp.cleanup()
 

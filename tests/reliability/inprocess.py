@@ -4,7 +4,8 @@ engine in reach, for tests that count what the engine did (decodes, slots)."""
 from __future__ import annotations
 
 import asyncio
-import threading
+
+from shared_loop import shared_loop
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import WorkerSettings
@@ -17,8 +18,7 @@ class InProcessWorker:
         self.settings = settings
         self.engine: Engine | None = None
         self.servers = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="reliability-worker", daemon=True)
+        self._loop = shared_loop()
 
     @property
     def target(self) -> str:
@@ -43,13 +43,8 @@ class InProcessWorker:
         await self.engine.stop()
 
     def __enter__(self) -> InProcessWorker:
-        self._thread.start()
         self._call(self._start())
         return self
 
     def __exit__(self, *exc) -> None:
-        try:
-            self._call(self._stop(), 60)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
+        self._call(self._stop(), 60)
