@@ -94,3 +94,81 @@ def test_configure_installs_one_handler_and_refuses_unknown_settings():
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def _pipe_handler(capacity: int):
+    """A BackgroundHandler writing JSON lines into a real OS pipe; returns (handler, read end)."""
+    import os
+
+    read_end, write_end = os.pipe()
+    handler = logs.BackgroundHandler(os.fdopen(write_end, "w"), capacity=capacity)
+    handler.setFormatter(logs.JsonFormatter())
+    return handler, read_end
+
+
+def _drain(read_end: int, handler, then=None) -> list[dict]:
+    """Empty the pipe from now on, let the handler write what it holds, log `then` (a message), close the
+    handler; the records read, in order."""
+    import os
+    import threading
+
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 65536), b"")))
+    reader.start()
+    handler.flush()
+    if then is not None:
+        handler.handle(_record(then))
+    handler.close()
+    handler.stream.close()
+    reader.join(30)
+    os.close(read_end)
+    return [json.loads(line) for line in b"".join(chunks).decode().splitlines()]
+
+
+def test_a_log_nobody_reads_never_blocks_the_caller_and_says_what_it_dropped():
+    """20,000 records into a pipe nobody reads: every call returns (a plain stream handler would block at the
+    first line that did not fit); what did not fit is dropped, counted, and named by one line at each gap."""
+    import threading
+
+    handler, read_end = _pipe_handler(capacity=100)
+    done = threading.Event()
+
+    def log_many():
+        for i in range(20_000):
+            handler.handle(_record("record %d", i))
+        done.set()
+
+    threading.Thread(target=log_many, daemon=True).start()
+    assert done.wait(60), "logging blocked on a pipe nobody reads"
+    dropped = handler.dropped
+    assert dropped > 0
+    records = _drain(read_end, handler, then="after the gap")
+    expected, notices = 0, 0  # each record in order, and at each gap one line saying how many records it holds
+    for record in records[:-1]:
+        message = record["message"]
+        if message.startswith("record "):
+            assert message == f"record {expected}"
+            expected += 1
+        else:
+            count = int(message.split()[0])
+            assert record["level"] == "WARNING" and message.startswith(f"{count} log records dropped here")
+            assert "job_id" not in record and "request_id" not in record
+            expected, notices = expected + count, notices + count
+    assert expected == 20_000 and notices == dropped
+    assert records[-1]["message"] == "after the gap"
+
+
+def test_lines_are_formatted_in_the_calling_context_and_written_at_close():
+    handler, read_end = _pipe_handler(capacity=1000)
+
+    async def call(i: int):
+        logs.bind(request_id=f"r-{i}")
+        handler.handle(_record("job queued"))
+
+    async def main():
+        await asyncio.gather(*(call(i) for i in range(50)))
+
+    asyncio.run(main())
+    records = _drain(read_end, handler)  # close(): the held lines are written first
+    assert [r["request_id"] for r in records] == [f"r-{i}" for i in range(50)]
+    assert handler.dropped == 0

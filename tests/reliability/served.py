@@ -31,8 +31,11 @@ class ServedWorker:
     """One worker process. Fixed ports (picked free once) so a restart comes back on the same address."""
 
     def __init__(self, artifact_dir: Path, *args: str, port: int | None = None, artifact_port: int | None = None,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", stderr: int | None = None):
+        """`stderr`: a file descriptor for the worker's log (a pipe the test reads, or never reads), closed in
+        this process once the worker is spawned; by default the log is collected into `log`."""
         self.artifact_dir = artifact_dir
+        self.stderr = stderr
         self.host = host
         self.args = list(args)
         self.port = port or free_port()
@@ -55,9 +58,12 @@ class ServedWorker:
              "--metrics-host", "127.0.0.1", "--port", str(self.port),
              "--artifact-port", str(self.artifact_port), "--artifact-dir", str(self.artifact_dir),
              "--metrics-port", str(self.metrics_port), *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE if self.stderr is None else self.stderr, text=True, env=ENV)
         log = self.log
-        threading.Thread(target=lambda p=self.proc: log.extend(p.stderr), daemon=True).start()
+        if self.stderr is not None:
+            os.close(self.stderr)  # the worker has its copy: the pipe ends when it exits
+        else:
+            threading.Thread(target=lambda p=self.proc: log.extend(p.stderr), daemon=True).start()
         ready: list[str] = []
         reader = threading.Thread(target=lambda p=self.proc: ready.append(p.stdout.readline()), daemon=True)
         reader.start()

@@ -99,7 +99,7 @@ def test_a_job_longer_than_the_grace_ends_unavailable_and_leaves_no_temp_file(tm
             assert worker.wait(60) == 0
     finally:
         worker.stop()
-    assert worker.logged("still running after --grace-s 1.0 s end now with UNAVAILABLE")
+    assert worker.wait_logged("still running after --grace-s 1.0 s end now with UNAVAILABLE")
     assert not list(tmp_path.glob(".art-*")) and not list(tmp_path.glob("art-*"))
 
 

@@ -63,7 +63,7 @@ def test_a_disk_that_fills_mid_stream_costs_the_writing_jobs_their_artifacts_onl
                 reason = _degraded(client)
                 assert "artifact disk" in reason
                 assert worker.metrics()["breeze_artifact_store_degraded"] == 1
-                assert worker.logged("artifact store DEGRADED")
+                assert worker.wait_logged("artifact store DEGRADED")
                 # a job starting now cannot have the headroom: it streams without an artifact
                 refused = client.synthesize("No room.", max_frames=4, seed=4)
                 assert refused.artifact is None and "headroom" in refused.artifact_unavailable
@@ -130,7 +130,7 @@ def test_eio_while_writing_costs_that_artifact_only(tmp_path):
             assert "I/O error (EIO" in failing.result.artifact_unavailable
             _assert_fetched(client, worker, fitting)
             assert worker.metrics()['breeze_artifacts_unavailable_total{cause="io_error"}'] == 1
-        assert worker.logged("TEST-ONLY FAULT INJECTION IS ON (fault_eio_after_bytes=40000)")
+        assert worker.wait_logged("TEST-ONLY FAULT INJECTION IS ON (fault_eio_after_bytes=40000)")
         assert not list(tmp_path.glob(".art-*"))
     finally:
         worker.stop()

@@ -1,6 +1,7 @@
 """Worker logging: configured once by the entry point, one record per line, client strings bounded and escaped.
 
-`configure(level, fmt)` installs the one handler (stderr) in the text or the JSON format. Per-call fields
+`configure(level, fmt)` installs the one handler (stderr) in the text or the JSON format. It writes from a
+thread of its own (`BackgroundHandler`): no thread that logs ever waits on whoever reads stderr. Per-call fields
 (`job_id`, `request_id`, `method`, `peer`) live in a context variable: the transport binds the method,
 peer and request id for each call and the engine adds the job id, so every line a call logs carries them
 (a record from the engine thread gets its job id from the job id it names). Both formats escape control
@@ -13,11 +14,14 @@ Importable from every layer (it imports nothing of ours), like `breeze_worker.er
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import json
 import logging
 import re
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 
 FORMATS = ("text", "json")
@@ -25,6 +29,9 @@ FIELDS = ("job_id", "request_id", "method", "peer")
 MAX_FIELD_CHARS = 128  # a job id, a request id, a method name or a peer address
 MAX_MESSAGE_CHARS = 4096
 MAX_TRACEBACK_LINES = 200
+
+QUEUED_LINES = 10_000  # lines held while stderr is not being read; past that, records are dropped and counted
+FLUSH_WAIT_S = 2.0  # how long flush() (and so the exit) waits for the held lines to be written
 
 _JOB_ID = re.compile(r"job-[0-9a-f]{24}")  # engine.service.new_job_id()
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -123,6 +130,101 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(obj, ensure_ascii=False)
 
 
+class BackgroundHandler(logging.Handler):
+    """Formats each record in the thread that logs it (so its per-call fields are that call's) and writes the
+    lines to `stream` from a thread of its own.
+
+    Why: with a plain stream handler every thread that logs writes to stderr itself, and a write blocks while
+    the pipe is full. A pipe nobody reads, or a container runtime's log driver in blocking mode that falls
+    behind, would stop the event loop (every call) or the engine thread (every stream) at its next line.
+    Here, while the writer is stuck, up to `capacity` lines wait; past that, records are dropped and counted
+    (`dropped`), and a WARNING line where the gap is says how many. `flush()` waits up to FLUSH_WAIT_S for
+    what is held, so the lines logged before a normal exit are written."""
+
+    def __init__(self, stream, capacity: int = QUEUED_LINES) -> None:
+        super().__init__()
+        self.stream = stream
+        self.capacity = capacity
+        self.dropped = 0  # records dropped since the start
+        self._gap = 0  # records dropped since the last line held
+        self._held: collections.deque[str] = collections.deque()
+        self._writing = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:  # called with the handler's lock held
+        try:
+            line = self.format(record)
+        except Exception:  # noqa: BLE001 - logging's own policy for a record that cannot be formatted
+            self.handleError(record)
+            return
+        with self._cond:
+            room = self.capacity - len(self._held)
+            if self._gap and room >= 2 and not self._closed:
+                self._held.append(self._gap_line(self._gap))
+                self._gap, room = 0, room - 1
+            if self._gap or room < 1 or self._closed:
+                self._gap += 1
+                self.dropped += 1
+                return
+            self._held.append(line)
+            self._cond.notify()
+
+    def _gap_line(self, count: int) -> str:
+        note = logging.LogRecord("breeze_worker.logs", logging.WARNING, __file__, 0,
+                                 "%d log records dropped here: the log output (stderr) was not read fast enough",
+                                 (count,), None)
+        return contextvars.Context().run(self.format, note)  # no call's fields: it belongs to no call
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._held and not self._closed:
+                    self._cond.wait()
+                if not self._held:
+                    return
+                lines = list(self._held)
+                self._held.clear()
+                if self._gap:  # records were dropped after the last of these lines (none was held since)
+                    lines.append(self._gap_line(self._gap))
+                    self._gap = 0
+                self._writing = True
+            try:
+                self.stream.write("".join(line + "\n" for line in lines))
+                self.stream.flush()
+            except (OSError, ValueError):  # the reader went away (EPIPE) or the stream was closed
+                with self._cond:
+                    self.dropped += len(lines)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def flush(self) -> None:
+        deadline = time.monotonic() + FLUSH_WAIT_S
+        with self._cond:
+            while self._held or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        super().close()
+
+
+def dropped_records() -> int:
+    """Records the installed handler dropped because stderr was not read fast enough (0 before configure)."""
+    root = logging.getLogger()
+    return sum(h.dropped for h in root.handlers if isinstance(h, BackgroundHandler))
+
+
 def configure(level: str = "INFO", fmt: str = "text") -> None:
     """Install the one stderr handler on the root logger (replacing any), in `fmt` ('text' or 'json')."""
     if fmt not in FORMATS:
@@ -130,11 +232,13 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     numeric = logging.getLevelName(str(level).upper())
     if not isinstance(numeric, int):
         raise ValueError(f"log level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {level!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BackgroundHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
+        if isinstance(old, BackgroundHandler):  # ours from an earlier configure: write what it holds, stop
+            old.close()
     root.addHandler(handler)
     root.setLevel(numeric)
     logging.captureWarnings(True)  # Python warnings become records of the `py.warnings` logger

@@ -18,6 +18,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from breeze_worker import logs
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
@@ -32,6 +34,7 @@ class EngineMetrics:
         r = self.registry
         if artifact_status is not None:
             r.register(_ArtifactCollector(artifact_status))
+        r.register(_LogCollector())
         self._jobs = Counter("breeze_jobs_total", "jobs finished, by end reason (end_of_speech, frame_limit, "
                              "cancelled, error)", ["end_reason"], registry=r)
         self._frames = Counter("breeze_frames_total", "audio frames (80 ms each) generated", registry=r)
@@ -104,6 +107,14 @@ class EngineMetrics:
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry).decode()
+
+
+class _LogCollector:
+    """Log records dropped because stderr was not read fast enough (logs.BackgroundHandler), at each scrape."""
+
+    def collect(self):
+        yield CounterMetricFamily("breeze_log_records_dropped", "log records dropped because the log output "
+                                  "(stderr) was not read fast enough", value=logs.dropped_records())
 
 
 class _ArtifactCollector:
