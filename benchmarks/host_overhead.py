@@ -2,9 +2,10 @@
 """Host overhead: what the worker process's own Python side adds to every engine step, measured on any CPU.
 
 The real worker (gRPC server and servicers, the engine thread and its scheduler, the sessions, the artifact
-store) serves requests whose device work is simulated: a frame step takes --step-ms and a codec call --codec-ms,
-during which the interpreter lock is free, as on a GPU where the host waits for the device. Work the scheduler
-does while a step "runs" (its `while_running` callback) overlaps that time, as it does on CUDA. A client process
+store, its log at INFO into a file) serves requests whose device work is simulated: a frame step takes --step-ms
+and a codec call --codec-ms, during which the interpreter lock is free, as on a GPU where the host waits for the
+device. Work the scheduler does while a step "runs" (its `while_running` callback) overlaps that time, as it does
+on CUDA. A client process
 (`breeze-client bench`, every 2nd request with CFG) loads it at each concurrency. The figure is the engine
 thread's step period at full load against the simulated device time per step (step + codec): the difference is
 what the host adds (the engine thread's per-stream work, the event loop's per-message work, and the waits for the
@@ -181,11 +182,13 @@ class SimulatedCodec:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    from breeze_worker import logs
     from breeze_worker.artifacts.store import ArtifactStore
     from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.service import Engine
     from breeze_worker.transport.server import create_server
 
+    logs.configure("INFO", "text")  # as `breeze-worker serve` logs by default: its lines cost the event loop too
     settings = WorkerSettings.load(environ={
         "BREEZE_SERVER_PORT": "0", "BREEZE_SERVER_ARTIFACT_PORT": "0", "BREEZE_ENGINE_DEVICE": "cpu",
         "BREEZE_ARTIFACTS_DIRECTORY": args.artifacts, "BREEZE_ENGINE_MAX_ACTIVE_STREAMS": str(args.max_streams),
@@ -240,7 +243,8 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
            "--max-streams", str(streams), "--step-ms", str(args.step_ms), "--codec-ms", str(args.codec_ms),
            "--join-ms", str(args.join_ms), "--join-fixed-ms", str(args.join_fixed_ms), "--join-ops",
            str(args.join_ops), *[f"--env={kv}" for kv in args.env]]
-    worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    with open(work / f"worker-{streams}.log", "w") as log:  # the worker's log, as a served worker's would go
+        worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     try:
         assert worker.stdout is not None
         line = worker.stdout.readline()
@@ -266,7 +270,7 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
             "host_ms_per_step": period_ms - device_ms if period_ms is not None else None,
             "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
             "device_bound_x_realtime": streams * FRAME_MS / device_ms,
-            "join_sizes": _join_sizes(trace),
+            "join_sizes": _join_sizes(trace), "worker_log": str(work / f"worker-{streams}.log"),
             "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _p95(label["per_request"], "ttfa_ms"),
             "worker_ttfa_ms_mean": label["worker_ttfa_ms"]["mean"],
             "worker_ttfa_ms_p95": _p95(label["per_request"], "worker_ttfa_ms"),

@@ -52,6 +52,9 @@ def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_p
     assert 0 < level["aggregate_x_realtime"] <= level["device_bound_x_realtime"] * 1.05
     # a join costs at least its simulated device time: no request's first audio comes sooner
     assert level["ttfa_ms_p95"] >= level["ttfa_ms_p50"] >= 5.0 and level["worker_ttfa_ms_p95"] >= 5.0
+    log = Path(level["worker_log"]).read_text()  # the worker logs at INFO, as a served one does
+    assert log.count(" INFO breeze_worker.engine.service job ") >= 8  # queued: a warm-up and a timed round of 4
+    assert log.count(" committed for job ") >= 8
 
 
 def test_device_runner_writes_a_json_per_step_and_a_summary(tmp_path):
