@@ -1,9 +1,9 @@
 """One event loop thread for every in-process worker of a test session.
 
 grpc.aio binds each event loop it sees to its one process-wide completion-queue poller: every loop adds a
-reader on the same socket, and a loop that is stopped but never closed stays bound. A session that started
-each worker on its own loop thread ran several loops competing for grpc's events, a layout the product
-never has (the worker runs one loop per process). Tests that run a worker in-process put it here instead.
+reader on the same socket, and each of grpc's events wakes them all. A session that started each worker on
+its own loop thread ran several loops competing for grpc's events, a layout the product never has (the
+worker runs one loop per process). Tests that run a worker in-process put it here instead.
 
     future = asyncio.run_coroutine_threadsafe(coro, shared_loop())
 """
