@@ -236,6 +236,7 @@ def _join_sizes(trace: Path) -> list[int]:
 
 def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
     trace, artifacts = work / f"steps-{streams}.txt", work / f"artifacts-{streams}"
+    log_path = work / f"worker-{streams}.log"  # the worker's log, as a served worker's would go
     env = dict(os.environ)
     if args.tree:
         env["PYTHONPATH"] = pythonpath_for(Path(args.tree), env.get("PYTHONPATH"))
@@ -243,7 +244,7 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
            "--max-streams", str(streams), "--step-ms", str(args.step_ms), "--codec-ms", str(args.codec_ms),
            "--join-ms", str(args.join_ms), "--join-fixed-ms", str(args.join_fixed_ms), "--join-ops",
            str(args.join_ops), *[f"--env={kv}" for kv in args.env]]
-    with open(work / f"worker-{streams}.log", "w") as log:  # the worker's log, as a served worker's would go
+    with open(log_path, "w") as log:
         worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     try:
         assert worker.stdout is not None
@@ -270,7 +271,7 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
             "host_ms_per_step": period_ms - device_ms if period_ms is not None else None,
             "aggregate_x_realtime": label["aggregate_x_realtime"]["mean"],
             "device_bound_x_realtime": streams * FRAME_MS / device_ms,
-            "join_sizes": _join_sizes(trace), "worker_log": str(work / f"worker-{streams}.log"),
+            "join_sizes": _join_sizes(trace), "worker_log": str(log_path),
             "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _p95(label["per_request"], "ttfa_ms"),
             "worker_ttfa_ms_mean": label["worker_ttfa_ms"]["mean"],
             "worker_ttfa_ms_p95": _p95(label["per_request"], "worker_ttfa_ms"),

@@ -161,14 +161,14 @@ class BackgroundHandler(logging.Handler):
             self.handleError(record)
             return
         with self._cond:
-            room = self.capacity - len(self._held)
-            if self._gap and room >= 2 and not self._closed:
-                self._held.append(self._gap_line(self._gap))
-                self._gap, room = 0, room - 1
-            if self._gap or room < 1 or self._closed:
+            needed = 2 if self._gap else 1  # after a gap, its line goes first
+            if self._closed or self.capacity - len(self._held) < needed:
                 self._gap += 1
                 self.dropped += 1
                 return
+            if self._gap:
+                self._held.append(self._gap_line(self._gap))
+                self._gap = 0
             self._held.append(line)
             self._cond.notify()
 
