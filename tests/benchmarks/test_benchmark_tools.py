@@ -35,6 +35,15 @@ def test_each_tool_says_what_it_measures(name):
     assert len(done.stdout) > 600  # the docstring: what is measured, how, and a command line
 
 
+def test_the_gpu_host_wheels_script_says_what_it_fetches_and_how_to_install_it():
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_host_wheels.sh"), "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "scripts/gpu_host_wheels.sh [DIR] [PYVER]" in done.stdout and "JSON" in done.stdout
+    assert "pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl" in done.stdout
+    assert not (ROOT / "--help").exists()  # --help downloads nothing into a folder of that name
+
+
 def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_path):
     """The worker's transport, engine thread and artifact store with a simulated device: the engine thread can
     step no faster than the device (20 + 4 ms a step, one queue), and every request of the client's rounds
