@@ -174,8 +174,12 @@ def test_mid_transfer_drop_resumes_and_verifies(worker, ram_path):
     assert json.loads(json.dumps(run.to_dict()))["runs"][0]["resumes"] == 1
 
 
-def diagnose_through_tbf(worker, rate_mbit: float, queue_latency_ms: float = 50.0, **kw):
-    """Run diagnose_jobs with the artifact channel crossing a veth pair shaped by tbf: (run, qdisc, bytes down)."""
+def diagnose_through_tbf(worker, rate_mbit: float, queue_latency_ms: float = 400.0, **kw):
+    """Run diagnose_jobs with the artifact channel crossing a veth pair shaped by tbf: (run, qdisc, bytes down).
+
+    The default queue (400 ms: 200 KB at 4 Mbit/s) holds a whole 40-frame file, so the link limits the rate
+    and drops nothing. With a 50 ms one (25 KB), TCP's first window overflowed it and a retransmission timeout
+    (>= 200 ms) sometimes landed inside a transfer: 0.49 s where the rate gives 0.31 s, 123 packets dropped."""
     host, port = worker.artifact_target.rsplit(":", 1)
     with VethLink(rate_mbit=rate_mbit, queue_latency_ms=queue_latency_ms) as link:
         made = {link.client_ns, link.server_ns}
@@ -216,9 +220,7 @@ def test_tbf_bandwidth_limit_with_the_default_chunk_is_named(worker):
     """The user's files are smaller than one default chunk: their bytes must still land in the transfer
     phase (and be called bandwidth), not in first-byte transit (once called per-file overhead)."""
     rate_mbit, frames = 4.0, 40  # 153,644 bytes: one default (256 KiB) chunk
-    # a queue that holds the whole file (400 ms at 4 Mbit/s = 200 KB): with the default 25 KB one, TCP's
-    # first window overflows it and a retransmission timeout (>= 200 ms) lands inside this one-file transfer
-    run, qdisc, _ = diagnose_through_tbf(worker, rate_mbit, queue_latency_ms=400.0, frames=frames)
+    run, qdisc, _ = diagnose_through_tbf(worker, rate_mbit, frames=frames)  # its queue holds the whole file
     verdict = run.diagnosis.verdict
     assert verdict.phase == "transfer" and verdict.cause == "bandwidth", verdict.evidence
     assert any("Mbit/s" in e for e in verdict.evidence)
