@@ -80,12 +80,14 @@ def test_fast_frames_equal_eager_in_fp32(mid_model, eager_frames, cuda, cfg, var
     assert len(fast) == FRAMES and not differing, f"frames {differing} differ from the eager reference"
 
 
-def _agreement(model, cuda, compile: bool, shapes=None) -> dict:
+def _agreement(model, cuda, compile: bool, shapes=None, dynamic_shapes: bool = False) -> dict:
     from breeze_worker.bench.concurrency import agreement, alone_frames, stream_requests
     from breeze_worker.engine.batching import BatchedStepper
 
     stepper = BatchedStepper(model, 8, cuda, eos_masked=True, shapes=shapes,
-                             settings=FastPathSettings(compile="on" if compile else "off"))
+                             settings=FastPathSettings(compile="on" if compile else "off",
+                                                       dynamic_shapes=dynamic_shapes))
+    assert stepper.stats()["compile_fallback"] is None
     alone = alone_frames(stepper, stream_requests(model, 8, 16, 99), cuda)
     return {mode: agreement(model, cuda, streams=8, frames=16, seed=99, stepper=stepper,
                             batch_joins=mode == "batched", alone=alone) for mode in ("batched", "per-stream")}
@@ -97,12 +99,17 @@ def test_batched_engine_equals_each_stream_alone(mid_model, cuda):
         assert result["identical_fraction"] == 1.0, (mode, result)
 
 
-def test_compiled_batched_engine_agrees_with_each_stream_alone(mid_model, cuda, write_figures):
+@pytest.mark.parametrize("dynamic_shapes", [False, True], ids=["static", "dynamic"])
+def test_compiled_batched_engine_agrees_with_each_stream_alone(mid_model, cuda, write_figures, dynamic_shapes):
     """Compiled, the served shapes of this test (1 stream: 1x2 rows, fused kernels; 8 streams: 8x12 rows,
     library GEMMs with the attention kernels). Floor 0.75 of frames identical: one flipped code costs at most
     its own stream's remaining frames (1/8 of the total), FP32 rounding flips a draw with a probability of the
-    order of 1e-5 over ~2,000 draws, so two flips are already unlikely; broken kernels agree on ~none."""
-    results = _agreement(mid_model, cuda, compile=True, shapes=[(1, 2), (8, 12)])
-    write_figures("batched_agreement_fp32", {"model": "random-mid", "precision": "fp32", **results})
+    order of 1e-5 over ~2,000 draws, so two flips are already unlikely; broken kernels agree on ~none.
+    `dynamic`: the `dynamic_shapes` setting, with a 4x8 shape before 8x12, so that the 8x12 views run the
+    symbolic graphs Dynamo compiled on meeting a second shape of the same form."""
+    shapes = [(1, 2), (4, 8), (8, 12)] if dynamic_shapes else [(1, 2), (8, 12)]
+    results = _agreement(mid_model, cuda, compile=True, shapes=shapes, dynamic_shapes=dynamic_shapes)
+    write_figures("batched_agreement_fp32" + ("_dynamic" if dynamic_shapes else ""),
+                  {"model": "random-mid", "precision": "fp32", "dynamic_shapes": dynamic_shapes, **results})
     for mode, result in results.items():
         assert result["identical_fraction"] >= 0.75, (mode, result)
