@@ -356,7 +356,7 @@ def _reference(folder: Path, given: Path | None = None, text: str | None = None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="checkpoint directory")
     p.add_argument("--make-checkpoint", choices=("full", "mid", "tiny"), default=None,
                    help="write a synthetic checkpoint of this size first (breeze-worker make-checkpoint)")

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench",
-         "host_overhead")
+         "host_overhead", "serve_bench")
 META_KEYS = {"date", "commit", "gpu", "driver", "torch", "triton", "python"}
 
 
