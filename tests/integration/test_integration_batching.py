@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from worker_helpers import MAX_REQUEST_BYTES, WorkerThread
+from inprocess_worker import InProcessWorker
+from worker_helpers import MAX_REQUEST_BYTES
 
 from breeze_client.sdk import BreezeClient
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
@@ -27,10 +28,8 @@ def batched_worker(tmp_path_factory):
         artifacts=ArtifactSettings(directory=tmp_path_factory.mktemp("artifacts-batched")),
         server=ServerSettings(port=0, artifact_port=0, max_request_bytes=MAX_REQUEST_BYTES),
     )
-    thread = WorkerThread(settings)
-    running = thread.start()
-    yield running
-    thread.stop()
+    with InProcessWorker(settings) as running:
+        yield running
 
 
 def _synthesize(target: str, options: dict):

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from inprocess_worker import InProcessWorker
 from served_worker import ENV
-from worker_helpers import WorkerThread
 
 from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
 
@@ -30,10 +30,8 @@ def two_stream_worker(tmp_path_factory):
         artifacts=ArtifactSettings(directory=tmp_path_factory.mktemp("bench-artifacts")),
         server=ServerSettings(port=0, artifact_port=0),
     )
-    thread = WorkerThread(settings)
-    running = thread.start()
-    yield running
-    thread.stop()
+    with InProcessWorker(settings) as running:
+        yield running
 
 
 def test_bench_concurrency_two_json(two_stream_worker):
@@ -113,10 +111,8 @@ def one_slot_worker(tmp_path_factory):
         artifacts=ArtifactSettings(directory=tmp_path_factory.mktemp("bench-one-slot")),
         server=ServerSettings(port=0, artifact_port=0),
     )
-    thread = WorkerThread(settings)
-    running = thread.start()
-    yield running
-    thread.stop()
+    with InProcessWorker(settings) as running:
+        yield running
     patch.undo()
 
 

@@ -1,62 +1,35 @@
-"""An in-process worker on loopback (port 0) for the retrieval tests and the benchmark.
+"""The retrieval tests' and benchmark's workers on loopback (port 0), the tiny embedded default on the CPU.
 
-`InProcessWorker` runs `create_server` + the engine on the tiny embedded default (CPU) on the session's
-shared worker loop (tests/shared_loop.py, a background thread), so synchronous SDK code can call it.
-Fault settings are the worker's test-only ArtifactSettings fields and can be changed between runs
-(`set_faults`).
+`InProcessWorker` is tests/inprocess_worker.py's worker with the artifact settings these tests vary: its own
+artifact directory (a temporary one by default) and the store's test-only fault settings, which can change
+between runs (`set_faults`). `WorkerProcess` is `breeze-worker serve` as a subprocess.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import tempfile
 import threading
 from pathlib import Path
 
-from shared_loop import shared_loop
+import inprocess_worker
+
+from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
 
 
-class InProcessWorker:
+class InProcessWorker(inprocess_worker.InProcessWorker):
     def __init__(self, artifact_dir: str | Path | None = None, *, host: str = "127.0.0.1", engine_factory=None,
                  **artifact_settings):
-        self.host = host
-        self._engine_factory = engine_factory  # (EngineSettings, store) -> engine; default: the real Engine
         self._tmp = None if artifact_dir else tempfile.TemporaryDirectory(prefix="breeze-artifacts-")
         self.artifact_dir = Path(artifact_dir or self._tmp.name)
-        self._artifact_settings = artifact_settings
-        self._loop = shared_loop()
-        self.servers = self.engine = self.store = None
-
-    @property
-    def target(self) -> str:
-        return f"{self.host}:{self.servers.synthesis_port}"
-
-    @property
-    def artifact_target(self) -> str:
-        return f"{self.host}:{self.servers.artifact_port}"
-
-    def _call(self, coro, timeout: float = 300.0):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    async def _start(self) -> None:
-        from breeze_worker.artifacts.store import ArtifactStore
-        from breeze_worker.config import ArtifactSettings, EngineSettings, ServerSettings, WorkerSettings
-        from breeze_worker.engine.service import Engine
-        from breeze_worker.transport.server import create_server
-
         settings = WorkerSettings(
             engine=EngineSettings(device="cpu"),
             # the free-space headroom scaled to the tests' small volumes (a 64 MB loop device)
             artifacts=ArtifactSettings(directory=self.artifact_dir, **{"min_free_bytes": 1 << 20,
-                                                                      **self._artifact_settings}),
-            server=ServerSettings(host=self.host, port=0, artifact_port=0, grace_s=0.5),
+                                                                      **artifact_settings}),
+            server=ServerSettings(host=host, port=0, artifact_port=0, grace_s=0.5),
         ).validate()
-        self.store = ArtifactStore(settings.artifacts)
-        self.engine = (self._engine_factory or Engine)(settings.engine, self.store)
-        self.servers = await create_server(settings, self.engine, self.store)
-        await self.engine.start()
-        await self.servers.set_serving(True)
+        super().__init__(settings, engine_factory=engine_factory)
 
     def set_faults(self, *, commit_delay_s: float = 0.0, first_byte_delay_s: float = 0.0,
                    storage_read_bytes_per_s: float = 0.0, storage_write_bytes_per_s: float = 0.0) -> None:
@@ -66,22 +39,9 @@ class InProcessWorker:
             fault_storage_read_bytes_per_s=storage_read_bytes_per_s,
             fault_storage_write_bytes_per_s=storage_write_bytes_per_s)
 
-    def __enter__(self) -> InProcessWorker:
+    def stop(self, timeout_s: float = 60) -> None:
         try:
-            self._call(self._start())
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        async def stop():
-            if self.servers is not None:
-                await self.servers.stop(0.5)
-            if self.engine is not None:
-                await self.engine.stop()
-        try:
-            self._call(stop(), timeout=60)
+            super().stop(timeout_s)
         finally:
             if self._tmp is not None:
                 self._tmp.cleanup()

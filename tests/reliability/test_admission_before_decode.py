@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-from inprocess import InProcessWorker
+from inprocess_worker import InProcessWorker
 from streams import StreamInThread
 
 from breeze_client.errors import InvalidArgument, ResourceExhausted
