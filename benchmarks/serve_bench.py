@@ -249,6 +249,24 @@ def _engine_bench(args: argparse.Namespace, out_dir: Path, cache: Path, referenc
     return json.loads(path.read_text())
 
 
+def _synthetic_checkpoint(work: Path, size: str) -> tuple[Path, dict]:
+    """The work directory's synthetic checkpoint of `size`: reused when an earlier run of this bench finished
+    writing it (its notice, written last, names the size and seed 0), else written afresh (a partial one is
+    removed first). Returns the directory and the run's `meta.checkpoint`."""
+    from breeze_worker.model.synthetic import NOTICE, write_synthetic_checkpoint
+
+    out = work / f"checkpoint-{size}"
+    meta = {"synthetic": size, "note": "random weights: the audio is not speech"}
+    notice = out / NOTICE
+    if notice.is_file() and notice.read_text(encoding="utf-8").startswith(
+            f"Synthetic Breeze TTS 2 checkpoint ({size} size, seed 0,"):
+        return out, {**meta, "reused": True}
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    write_synthetic_checkpoint(out, size)
+    return out, {**meta, "write_s": time.perf_counter() - t0, "reused": False}
+
+
 def _frames(args: argparse.Namespace) -> int:
     """Frames a request of the run asks for (the label's limit unless --frames overrides it)."""
     from breeze_client.bench import LABELS
@@ -411,12 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(path, args.keep / path.name)
 
     if args.make_checkpoint:
-        from breeze_worker.model.synthetic import write_synthetic_checkpoint
-
-        t0 = time.perf_counter()
-        args.model = write_synthetic_checkpoint(work / f"checkpoint-{args.make_checkpoint}", args.make_checkpoint)
-        doc["meta"]["checkpoint"] = {"synthetic": args.make_checkpoint, "write_s": time.perf_counter() - t0,
-                                     "note": "random weights: the audio is not speech"}
+        args.model, doc["meta"]["checkpoint"] = _synthetic_checkpoint(work, args.make_checkpoint)
     reference = _reference(work, args.reference, args.reference_text)
     doc["meta"]["reference"] = reference
     if reference is None:

@@ -78,3 +78,28 @@ def test_the_clone_reference_is_the_given_file_else_espeak_else_none(tmp_path, m
         bench._reference(tmp_path, given, None)
     monkeypatch.setattr(bench.shutil, "which", lambda name: None)
     assert bench._reference(tmp_path) is None
+
+
+def test_a_synthetic_checkpoint_written_whole_is_reused_and_a_partial_one_rewritten(tmp_path, monkeypatch):
+    """A second run in the same --work-dir reuses the checkpoint the first one finished (a rerun on a warm GPU
+    host saves the write: 43 s at full size on the H200); a directory a killed run left half written is
+    written again, not served."""
+    import importlib.util
+
+    from breeze_worker.model.loader import load_checkpoint
+    from breeze_worker.model.synthetic import NOTICE
+
+    spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "benchmarks" / "serve_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec.loader.exec_module(bench)
+    path, meta = bench._synthetic_checkpoint(tmp_path, "tiny")
+    assert meta["reused"] is False and meta["write_s"] > 0 and (path / NOTICE).is_file()
+    written = {str(p.relative_to(path)): p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file()}
+    again, meta = bench._synthetic_checkpoint(tmp_path, "tiny")
+    assert again == path and meta["reused"] is True and "write_s" not in meta
+    assert {str(p.relative_to(path)): p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file()} == written
+    (path / NOTICE).unlink()  # as a run killed before its last file leaves it
+    _, meta = bench._synthetic_checkpoint(tmp_path, "tiny")
+    assert meta["reused"] is False and (path / NOTICE).is_file()
+    load_checkpoint(path, device="cpu")  # the rewritten directory is a whole checkpoint
