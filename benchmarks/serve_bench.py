@@ -377,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="checkpoint directory")
     p.add_argument("--make-checkpoint", choices=("full", "mid", "tiny"), default=None,
-                   help="write a synthetic checkpoint of this size first (breeze-worker make-checkpoint)")
+                   help="write a synthetic checkpoint of this size first (breeze-worker make-checkpoint; one "
+                        "a run already wrote whole into --work-dir is reused)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--reference", type=Path, default=None,
                    help="reference speech for the clone requests (every 4th client; default: made with espeak-ng)")
