@@ -253,13 +253,11 @@ def _synthetic_checkpoint(work: Path, size: str) -> tuple[Path, dict]:
     """The work directory's synthetic checkpoint of `size`: reused when an earlier run of this bench finished
     writing it (its notice, written last, names the size and seed 0), else written afresh (a partial one is
     removed first). Returns the directory and the run's `meta.checkpoint`."""
-    from breeze_worker.model.synthetic import NOTICE, write_synthetic_checkpoint
+    from breeze_worker.model.synthetic import write_synthetic_checkpoint, written_whole
 
     out = work / f"checkpoint-{size}"
     meta = {"synthetic": size, "note": "random weights: the audio is not speech"}
-    notice = out / NOTICE
-    if notice.is_file() and notice.read_text(encoding="utf-8").startswith(
-            f"Synthetic Breeze TTS 2 checkpoint ({size} size, seed 0,"):
+    if written_whole(out, size):
         return out, {**meta, "reused": True}
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()

@@ -119,6 +119,17 @@ def _codec(size: str, seed: int):
     return codec_from_config(CodecConfig(decoder=released_decoder_config(), encoder=released_encoder_config()), seed)
 
 
+def _notice_head(size: str, seed: int) -> str:
+    return f"Synthetic Breeze TTS 2 checkpoint ({size} size, seed {seed}, "
+
+
+def written_whole(out: str | Path, size: str, seed: int = 0) -> bool:
+    """Whether `out` holds a synthetic checkpoint of `size` and `seed` that `write_synthetic_checkpoint` finished
+    writing (its notice, the last file written, names both)."""
+    notice = Path(out) / NOTICE
+    return notice.is_file() and notice.read_text(encoding="utf-8").startswith(_notice_head(size, seed))
+
+
 def write_synthetic_checkpoint(out: str | Path, size: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write a synthetic checkpoint directory (see the module doc); `out` must not hold files yet."""
     out = Path(out)
@@ -131,7 +142,7 @@ def write_synthetic_checkpoint(out: str | Path, size: str, seed: int = 0, dtype:
                         is_tiny_default=False)
     write_checkpoint(model, out, dead_tensor_dtype=dtype)
     (out / NOTICE).write_text(
-        f"Synthetic Breeze TTS 2 checkpoint ({size} size, seed {seed}, {str(dtype).removeprefix('torch.')}), "
+        f"{_notice_head(size, seed)}{str(dtype).removeprefix('torch.')}), "
         "written by `breeze-worker make-checkpoint`.\n"
         "The weights are RANDOM: what it generates is NOT speech. Use it to measure speed, memory and start-up "
         "and to run every code path at real shapes; never for listening tests or quality claims.\n",
