@@ -195,6 +195,7 @@ def _summary(doc: dict, cpu_s: float) -> dict:
         "worker_cpu_s": cpu_s, "worker_cpu_s_per_audio_s": cpu_s / audio if audio else None,
         "kinds": doc["meta"].get("request_kinds"),
         "ttfa_split_ms": label.get("ttfa_split_ms"),
+        "end_split_ms": label.get("end_split_ms"),
     }
 
 

@@ -131,6 +131,7 @@ def _one(client: BreezeClient, request: SynthesisRequest, timeout_s: float | Non
         "stages_s": stats.stages.to_dict(), "queue_wait_s": result.job.queue_wait_s,
         "template": result.job.template,
         "ttfa_split_ms": ttfa_split(timing, result.job.queue_wait_s, result.job.server_received_ns),
+        "end_split_ms": end_split(timing, result.artifact),
     }
 
 
@@ -154,6 +155,23 @@ def ttfa_split(timing, queue_wait_s: float, received_ns: int | None = None) -> d
     if received_ns is not None:
         out["to_worker"] = (received_ns - timing.request_sent_ns) / 1e6
     return out
+
+
+END_PARTS = ("commit", "storage", "to_client")
+
+
+def end_split(timing, artifact) -> dict | None:
+    """Where one request's time after its last frame went, in ms, from the worker's stamps mapped to this
+    clock: `commit` generation done -> artifact committed (the wait for an artifact-I/O thread and the
+    commit itself), of which `storage` is inside the commit's storage calls (fsyncs, hash, renames), and
+    `to_client` committed -> the final message received here. None when the worker did not report them."""
+    done, committed = timing.server_done_ns, timing.server_committed_ns
+    if done is None or committed is None or timing.final_received_ns is None:
+        return None
+    commit = None if artifact is None else artifact.commit
+    return {"commit": (committed - done) / 1e6,
+            "storage": None if commit is None else commit.storage_ns / 1e6,
+            "to_client": (timing.final_received_ns - committed) / 1e6}
 
 
 @dataclass(frozen=True)
@@ -216,6 +234,17 @@ def _split_summary(requests: list[dict]) -> dict:
                    "p95": percentile([s[part] for s in splits if part in s], 95)} for part in parts}
 
 
+def _end_summary(requests: list[dict]) -> dict:
+    """p50 / p95 / max of each part of the time after the last frame (`end_split`)."""
+    splits = [r["end_split_ms"] for r in requests if r.get("end_split_ms")]
+    out = {}
+    for part in END_PARTS:
+        values = [s[part] for s in splits if s.get(part) is not None]
+        out[part] = {"p50": percentile(values, 50), "p95": percentile(values, 95),
+                     "max": max(values) if values else None}
+    return out
+
+
 def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds: list[list[dict]]) -> dict:
     """Statistics over the requests that completed; failed ones (in `requests` and `rounds` too) are counted
     by status code in `errors` and listed in `failures`."""
@@ -253,6 +282,7 @@ def summarize(label: BenchLabel, frame_limit: int, requests: list[dict], rounds:
         "inter_chunk_ms": quantiles([g for r in requests for g in r["gaps_ms"]]),
         "queue_wait_s": spread([r["queue_wait_s"] for r in requests]),
         "ttfa_split_ms": _split_summary(requests),
+        "end_split_ms": _end_summary(requests),
         "worker_stages_s": stages,
         "rounds": throughput,
         "aggregate_x_realtime": spread([t["x_realtime"] for t in throughput if t["x_realtime"] is not None]),

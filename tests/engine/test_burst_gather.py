@@ -8,14 +8,17 @@ quiet gap."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import ArtifactSettings, EngineSettings
 from breeze_worker.engine.service import Engine
-from breeze_worker.engine.types import JobFinished, SynthesisRequest
+from breeze_worker.engine.types import JobFinished, ReferenceInput, SynthesisRequest
 from breeze_worker.errors import InvalidRequest
 
 
@@ -121,3 +124,51 @@ def test_the_gather_ends_at_its_limit_even_while_requests_keep_coming(tmp_path, 
     engine = _engine(tmp_path, gather_ms=600, quiet_ms=60_000)  # arrivals at 0, 0.4 and 0.8 s
     sizes = _one_after_another_join_sizes(engine, monkeypatch, gap_s=0.4)
     assert sizes[0] == 2 and sum(sizes) == 3
+
+
+def test_the_gather_ends_once_the_queued_jobs_fill_every_free_slot(tmp_path, monkeypatch):
+    """Four requests for four slots, handed over 0.1 s apart: the gather ends as the fourth is queued, not
+    after its quiet gap or limit (a minute each: waiting for either would outlast the test's limit)."""
+    engine = _engine(tmp_path, gather_ms=60_000, quiet_ms=60_000)
+
+    async def later(i):
+        await asyncio.sleep(i * 0.1)
+        return await asyncio.wait_for(_run(engine, i + 1), 20)
+
+    assert _join_sizes(engine, monkeypatch, lambda: [later(i) for i in range(4)]) == [4]
+
+
+def _reference_wav(path) -> bytes:
+    """Two seconds of a 24 kHz tone with a varying loudness (sound in every 20 ms frame), as WAV bytes."""
+    t = np.arange(48000) / 24000
+    signal = 0.3 * np.sin(2 * np.pi * 220 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+    sf.write(path, signal.astype(np.float32), 24000, subtype="PCM_16")
+    return path.read_bytes()
+
+
+def test_a_clone_in_a_burst_prepares_during_the_gather_and_joins_with_the_rest(tmp_path, monkeypatch):
+    """A request with new reference audio gets its slot while the engine gathers the burst, so its decode and
+    encode overlap the gather and it joins with the plain requests; before, it got its slot after the gather
+    and joined one step later, alone."""
+    engine = _engine(tmp_path, gather_ms=20_000, quiet_ms=300)
+    audio = _reference_wav(tmp_path / "reference.wav")
+    engine_intake = None
+
+    async def clone():
+        request = SynthesisRequest(text="one two three", seed=9, max_frames=2,
+                                   reference=ReferenceInput(audio=audio, transcript="a tone, not words"))
+        return [event async for event in engine.synthesize(request)]
+
+    def requests():
+        nonlocal engine_intake
+        store = engine.references
+        engine_intake = store.intake
+
+        def slow_intake(*args):  # slower than the quiet gap: the gather must wait for it, not for silence
+            time.sleep(0.6)
+            return engine_intake(*args)
+
+        monkeypatch.setattr(store, "intake", slow_intake)
+        return [clone(), *(_run(engine, seed) for seed in (1, 2, 3))]
+
+    assert _join_sizes(engine, monkeypatch, requests) == [4]

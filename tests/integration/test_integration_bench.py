@@ -67,6 +67,12 @@ def test_bench_concurrency_two_json(two_stream_worker):
             assert min(split.values()) > -0.5 and split["worker"] == pytest.approx(r["worker_ttfa_ms"], abs=0.5)
             assert -0.5 < to_worker <= split["to_queue"] + 0.01
         assert set(s["ttfa_split_ms"]) == {"to_queue", "queue", "worker", "transit", "to_worker"}
+        for r in s["per_request"]:  # after the last frame: the commit (its storage calls inside it), the final message
+            end = r["end_split_ms"]
+            assert 0 < end["storage"] <= end["commit"] and end["to_client"] > -0.5
+            assert r["wall_s"] * 1e3 > end["commit"] + end["to_client"]
+        assert set(s["end_split_ms"]) == {"commit", "storage", "to_client"}
+        assert all(v["p50"] <= v["p95"] <= v["max"] for v in s["end_split_ms"].values())
         assert all(v["p50"] <= v["p95"] for v in s["ttfa_split_ms"].values())
         assert s["inter_chunk_ms"]["p50"] <= s["inter_chunk_ms"]["p90"] <= s["inter_chunk_ms"]["p99"]
         assert len(s["rounds"]) == 2

@@ -312,12 +312,16 @@ class EngineSettings(_Section):
     max_queue: int = setting(32, "requests waiting for a slot", at_least=1)
     max_queue_wait_s: float = setting(30.0, "longest wait for a slot, seconds (longer: RESOURCE_EXHAUSTED)",
                                       positive=True)
-    join_gather_ms: float = setting(60.0, "an idle engine admitting a burst waits up to this long, milliseconds, "
+    join_gather_ms: float = setting(120.0, "an idle engine admitting a burst waits up to this long, milliseconds, "
                                           "for the burst's requests still being received, so that they join at "
-                                          "one frame boundary (0: admit at once)", at_least=0)
+                                          "one frame boundary, and no longer once they fill every free slot "
+                                          "(0: admit at once)", at_least=0)
     join_gather_quiet_ms: float = setting(2.0, "with join_gather_ms: the burst has ended once no request has "
                                                "arrived for this long, milliseconds (what a lone request waits)",
                                           at_least=0)
+    artifact_commit_threads: int = setting(8, "threads committing finished jobs' artifacts (fsync, hash, "
+                                              "rename), each job's final message waiting for its commit",
+                                           at_least=1)
     max_text_chars: int = setting(2000, "longest accepted text, characters", at_least=1)
     max_reference_seconds: float = setting(30.0, "longest accepted reference audio, seconds", positive=True)
     min_reference_seconds: float = setting(1.0, "shortest accepted reference audio, seconds (less is too little "

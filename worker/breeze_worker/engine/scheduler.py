@@ -5,7 +5,7 @@ of the loop drops cancelled or expired streams (their slots are free at once), a
 free slots (all joiners of a pass in one `join`), and gives every active stream one frame through the
 runtime's *stepper* (engine/stepper.py: one batched frame step on the fast path, engine/batching.py),
 then decodes all the step's frames in ONE batched codec call. A job that ends hands its artifact commit
-(fsync + rename) to a small I/O pool so the other streams never wait on the disk.
+(fsync + rename) to an I/O pool (`commit_threads`) so the other streams never wait on the disk.
 
 Slots before work: a job whose request still needs preparing (reference audio to decode and encode) has no
 parameters yet. When a slot frees, the engine thread *reserves* it for that job and tells its caller
@@ -19,15 +19,14 @@ arriving, and until `gather_quiet_s` has passed since the last arrival, so that 
 joins at one boundary; otherwise its first request joins alone and the rest wait behind that join and its
 first step. Why the quiet gap and not the arriving count alone: the event loop runs a plain request's
 handler from its arrival to its submission without a pause, so the next request of a burst is not even
-handed over while the engine decides; on an H200 a 64-client burst sent within 12-15 ms reached the
-engine over 83-88 ms, 1.3 ms apart on average and at most 3.6-6.7 ms, slowed by the lone first join
-competing for the interpreter (M7, docs/performance.md). A lone request waits `gather_quiet_s`, no more; a
-busy engine never waits (arrivals join at the next step's boundary anyway). On by default (`join_gather_ms`
-60, quiet gap 2 ms) on benchmarks/host_overhead.py's evidence with a join modelled on the H200's (400 host
-operations, 20 ms of device time plus 1.2 ms a joiner): 64-stream TTFA p95 252 -> 197 ms (medians of 7
-paired runs), the aggregate unchanged. On an H200 (M8, docs/performance.md) it was a wash: 201.0 vs 201.8x
-at 64 clients, TTFA p95 586 vs 572 ms; a round still joined in two parts, the burst reaching the engine
-over ~65 ms with gaps above the quiet gap.
+handed over while the engine decides; on an H200 a 64-client burst sent within 12-26 ms reached the
+engine over 63-88 ms, about 1 ms apart (M7, M12 in docs/performance.md). The gather ends at once when the
+jobs waiting fill every free slot (no one else could join), and jobs that need preparing (reference audio
+to decode and encode) get their slots during the gather, which waits for their preparation too, so they
+join with the rest instead of one step later. A lone request waits `gather_quiet_s`, no more; a busy
+engine never waits (arrivals join at the next step's boundary anyway). On by default (`join_gather_ms`
+120, quiet gap 2 ms): with a 60 ms cap, M12's 64-client rounds on an H200 joined in two parts (47-49 at
+the cap, the rest ~140 ms later), and their last streams ended ~90 ms after the first.
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
@@ -88,7 +87,7 @@ class Scheduler:
 
     def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
                  metrics: EngineMetrics | None = None, overlap: bool = False, gather_s: float = 0.0,
-                 gather_quiet_s: float = 0.002):
+                 gather_quiet_s: float = 0.002, commit_threads: int = 2):
         self.runtime = runtime
         self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
@@ -117,7 +116,7 @@ class Scheduler:
         self._lock = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="artifact-io")
+        self._io = ThreadPoolExecutor(max_workers=commit_threads, thread_name_prefix="artifact-io")
         self.steps = 0  # engine loop passes that stepped at least one stream (for tests and metrics)
         self._slow_unlogged = 0  # slow steps since the last warning
         self._slow_logged_at = float("-inf")
@@ -267,20 +266,42 @@ class Scheduler:
         self.metrics.set_load(0, 0)
 
     def _gather_locked(self) -> None:
-        """Wait (lock held) while requests are arriving, or until `gather_quiet_s` after the last arrival,
-        at most `gather_s` in all."""
+        """Wait (lock held) while requests are arriving or their reference audio is being prepared, or until
+        `gather_quiet_s` after the last arrival, at most `gather_s` in all; at once when the jobs waiting fill
+        every free slot. Jobs that need preparing get their slots now, so that they prepare during the gather
+        and join with the rest."""
         deadline = time.monotonic() + self.gather_s
         while not self._stopping:
+            self._reserve_for_preparing()
             now = time.monotonic()
             if now >= deadline:
                 return
-            if self._arriving:
+            full = len(self._pending) + len(self._reserved) >= self.max_active  # no one else could join
+            if len(self._reserved) > len(self._prepared) or (self._arriving and not full):
                 self._lock.wait(deadline - now)
                 continue
+            if full:
+                return
             quiet_from = self._last_arrival + self.gather_quiet_s
             if now >= quiet_from:
                 return
             self._lock.wait(min(deadline, quiet_from) - now)
+
+    def _reserve_for_preparing(self) -> None:
+        """Reserve free slots for queued jobs still to be prepared (lock held, engine idle). In queue order: a
+        prepared job queued ahead keeps its claim on a slot, as at admission (`_take_admissible`)."""
+        if not any(job.params is None for job in self._pending):
+            return
+        kept: collections.deque[Job] = collections.deque()
+        free = self.max_active - self._slots_held()
+        for job in self._pending:
+            if free > 0 and job.params is None and not job.cancelled:
+                self._reserved.append(job)
+                job.sink.put(SLOT_GRANTED)
+            else:
+                kept.append(job)
+            free -= 1
+        self._pending = kept
 
     def _step_timed(self, streams: int, seconds: float) -> None:
         """Metrics for every step; a warning for a slow one, at most one per SLOW_STEP_LOG_EVERY_S (a CPU
