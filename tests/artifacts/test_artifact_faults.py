@@ -145,3 +145,96 @@ def test_headroom_evicts_the_oldest_artifacts_past_min_keep_then_degrades(tmp_pa
         assert not store.status().degraded
         assert store.begin("job-f", 24000, PcmEncoding.S16LE).commit() is not None
         assert os.path.exists(store.wav_path(young))
+
+
+def _writers(store: ArtifactStore, n: int) -> list:
+    writers = []
+    for i in range(n):
+        w = store.begin(f"job-{i}", 24000, PcmEncoding.S16LE)
+        w.append(bytes([i]) * (4000 + 2 * i))
+        writers.append(w)
+    return writers
+
+
+def test_a_group_commit_shares_its_syncs_and_each_artifact_is_whole(tmp_path, monkeypatch):
+    """Three artifacts committed together: one syncfs for their WAVs, one for their sidecars, one directory
+    fsync, no fsync of a file; each is then whole (size, hash) and described by its sidecar."""
+    from breeze_worker.artifacts import store as store_module
+
+    store = _store(tmp_path)
+    writers = _writers(store, 3)
+    calls = {"syncfs": 0, "fsync": 0}
+    real_syncfs, real_fsync = store_module._syncfs, os.fsync
+
+    def syncfs(fd):
+        calls["syncfs"] += 1
+        return real_syncfs(fd)
+
+    def fsync(fd):
+        calls["fsync"] += 1
+        return real_fsync(fd)
+
+    monkeypatch.setattr(store_module, "_syncfs", syncfs)
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    infos = store.commit_together(writers)
+    assert calls == {"syncfs": 2, "fsync": 1}  # the one fsync: the directory's
+    assert len({info.commit.started_at_ns for info in infos}) == 1
+    for i, info in enumerate(infos):
+        data = store.wav_path(info.artifact_id).read_bytes()
+        assert len(data) == info.size_bytes == 44 + 4000 + 2 * i and data.endswith(bytes([i]) * (4000 + 2 * i))
+        assert hashlib.sha256(data).hexdigest() == info.sha256 == store.describe(info.artifact_id)["sha256"]
+        assert store.describe(info.artifact_id)["job_id"] == f"job-{i}"
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_syncfs_works_on_this_kernel(tmp_path):
+    """The ctypes binding against the real system call (Linux 5.8 and later: every host these tests run on)."""
+    from breeze_worker.artifacts import store as store_module
+
+    assert store_module._syncfs_usable()
+    with open(tmp_path / "f", "wb") as f:
+        f.write(b"x")
+        assert store_module._syncfs(f.fileno()) is True
+
+
+def test_a_failed_sync_in_a_group_gives_up_that_artifact_only(tmp_path, monkeypatch):
+    """The group's syncfs fails (a write-back error somewhere on the volume): the store syncs file by file,
+    which names the failing file; that artifact is given up and left nowhere, the others commit."""
+    from breeze_worker.artifacts import store as store_module
+
+    store = _store(tmp_path)
+    writers = _writers(store, 3)
+    real_fsync = os.fsync
+
+    def fsync(fd):  # the second WAV's data fails to reach the disk
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f".{writers[1].artifact_id}.partial"):
+            raise OSError(5, os.strerror(5))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(store_module, "_syncfs", lambda fd: False)
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    infos = store.commit_together(writers)
+    assert infos[0] is not None and infos[2] is not None and infos[1] is None
+    assert "I/O error" in writers[1].unavailable_reason
+    assert _files(tmp_path) == sorted(f"{i.artifact_id}.{ext}" for i in (infos[0], infos[2]) for ext in ("json", "wav"))
+
+
+def test_a_disk_full_at_the_sidecars_step_of_a_group_commit_leaves_no_half_artifact(tmp_path):
+    """A real full tmpfs: the WAVs' data went out before the disk filled, so their headers, syncs and renames
+    succeed; a sidecar (a new file) that does not fit gives its artifact up, its renamed WAV removed too
+    (which frees room for the next ones): a reader never finds a WAV without its sidecar, nor a temp file."""
+    with small_tmpfs(tmp_path / "disk", 2 * MIB) as disk:
+        store = _store(disk)
+        writers = _writers(store, 4)
+        for w in writers:
+            w._file.flush()
+        fill(disk)
+        infos = store.commit_together(writers)
+        assert infos[0] is None and "disk is full" in writers[0].unavailable_reason
+        for w, info in zip(writers, infos):
+            if info is None:
+                assert not store.wav_path(w.artifact_id).exists() and not store.sidecar_path(w.artifact_id).exists()
+            else:
+                assert store.wav_path(w.artifact_id).stat().st_size == info.size_bytes
+                assert store.describe(w.artifact_id)["sha256"] == info.sha256
+        assert not list(disk.glob(".*partial"))

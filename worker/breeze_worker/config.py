@@ -319,9 +319,9 @@ class EngineSettings(_Section):
     join_gather_quiet_ms: float = setting(2.0, "with join_gather_ms: the burst has ended once no request has "
                                                "arrived for this long, milliseconds (what a lone request waits)",
                                           at_least=0)
-    artifact_commit_threads: int = setting(8, "threads committing finished jobs' artifacts (fsync, hash, "
-                                              "rename), each job's final message waiting for its commit",
-                                           at_least=1)
+    artifact_commit_threads: int = setting(2, "threads committing finished jobs' artifacts (the jobs that "
+                                              "end at one step commit as one group; each job's final message "
+                                              "waits for its commit)", at_least=1)
     max_text_chars: int = setting(2000, "longest accepted text, characters", at_least=1)
     max_reference_seconds: float = setting(30.0, "longest accepted reference audio, seconds", positive=True)
     min_reference_seconds: float = setting(1.0, "shortest accepted reference audio, seconds (less is too little "

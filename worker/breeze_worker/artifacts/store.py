@@ -18,6 +18,7 @@ slow volume from a worker that was slow around its storage calls.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import errno
 import hashlib
@@ -58,6 +59,41 @@ def check_artifact_id(artifact_id: str) -> str:
             "('art-' followed by 32 lowercase hex digits)"
         )
     return artifact_id
+
+
+def _syncfs_usable() -> bool:
+    """syncfs reports write-back errors since Linux 5.8; before, it could return success after a failed
+    write-back, so it is used only there."""
+    system = os.uname()
+    if system.sysname != "Linux":
+        return False
+    found = re.match(r"(\d+)\.(\d+)", system.release)
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= (5, 8)
+
+
+_SYNCFS: list = []  # [the libc function, or None]: looked up once
+
+
+def _syncfs(fd: int) -> bool:
+    """Flush the whole file system holding `fd` (one call for a group of files); False when syncfs is not
+    usable here or failed (the caller syncs file by file, which names the failing file)."""
+    if not _SYNCFS:
+        function = None
+        if _syncfs_usable():
+            try:
+                function = ctypes.CDLL(None, use_errno=True).syncfs
+                function.argtypes = [ctypes.c_int]
+            except (OSError, AttributeError):
+                function = None
+        _SYNCFS.append(function)
+    function = _SYNCFS[0]
+    if function is None:
+        return False
+    if function(fd) != 0:
+        log.warning("syncfs on the artifact volume failed (%s); syncing file by file",
+                    os.strerror(ctypes.get_errno()))
+        return False
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -118,61 +154,61 @@ class ArtifactWriter:
 
     def commit(self) -> ArtifactInfo | None:
         """Fix the header, fsync, rename into place, record the sha256; returns the committed info, whose
-        commit time is after the last fsync (WAV, sidecar, directory) and whose `commit` times each step, or
-        None when the artifact was given up (`unavailable_reason` says why)."""
-        if self._info is not None:
-            return self._info
-        if self.unavailable_reason is not None:
-            return None
-        if self._file is None:
-            raise RuntimeError(f"artifact {self.artifact_id} was aborted")
-        started_ns, clock = time.time_ns(), time.perf_counter_ns
-        delay = self._store.settings.fault_commit_delay_s
-        if delay > 0:  # test-only fault injection (diagnosis tests): a stall outside the storage calls
-            time.sleep(delay)
-        f = self._file
+        commit time is after the last sync (WAV, sidecar, directory) and whose `commit` times each step, or
+        None when the artifact was given up (`unavailable_reason` says why). `ArtifactStore.commit_together`
+        commits several at once."""
+        return self._store.commit_together([self])[0]
+
+    # ---- the steps of a commit (ArtifactStore.commit_together runs them for a group) ----
+    def _seal(self) -> bool:
+        """Write the final header and flush (no sync yet); False when the disk failed it (given up)."""
+        assert self._file is not None
+        try:
+            self._file.seek(0)
+            self._file.write(wav_header(self.encoding, self.sample_rate, self._data_bytes))
+            self._file.flush()
+        except OSError as exc:
+            self._give_up(exc)
+            return False
+        return True
+
+    def _publish_wav(self) -> tuple[str, int, int, int] | None:
+        """After the sync: hash the WAV, close it and rename it into place; (sha256, size, hash ns, rename
+        ns), or None when the disk failed it (given up)."""
+        f, clock = self._file, time.perf_counter_ns
+        assert f is not None
         try:
             t0 = clock()
             f.seek(0)
-            f.write(wav_header(self.encoding, self.sample_rate, self._data_bytes))
-            f.flush()
-            self._store.storage_fault(header_size(self.encoding) + self._data_bytes, write=True)
-            os.fsync(f.fileno())
-            t1 = clock()
-            f.seek(0)
             digest = hashlib.file_digest(f, "sha256").hexdigest()
             size = f.seek(0, os.SEEK_END)
-            t2 = clock()
+            t1 = clock()
             self._file = None
             f.close()
+            os.replace(self._temp_path, self._store.wav_path(self.artifact_id))
         except OSError as exc:
+            self._store._remove_quietly(self._store.wav_path(self.artifact_id))
             self._give_up(exc)
             return None
         except BaseException:
             self.abort()
             raise
+        return digest, size, t1 - t0, clock() - t1
+
+    def _unpublish(self, exc: BaseException) -> None:
+        """A commit step after the rename failed: readers lose sight of the artifact (sidecar first)."""
         store = self._store
-        try:
-            os.replace(self._temp_path, store.wav_path(self.artifact_id))
-            timing = CommitTiming(started_at_ns=started_ns, bytes_synced=size, wav_fsync_ns=t1 - t0,
-                                  hash_ns=t2 - t1, rename_ns=clock() - t2)
-            info = ArtifactInfo(artifact_id=self.artifact_id, size_bytes=size, sha256=digest,
-                                committed_at_ns=0, commit=timing)
-            info = store._write_sidecar(info, job_id=self.job_id, sample_rate=self.sample_rate,
-                                        encoding=self.encoding)
-        except BaseException as exc:
-            store._remove_quietly(store.sidecar_path(self.artifact_id))  # readers lose sight of it first
-            store._remove_quietly(store.wav_path(self.artifact_id))
-            self._remove_temp()
-            if isinstance(exc, OSError):
-                self._give_up(exc)
-                return None
-            raise
+        store._remove_quietly(store.sidecar_path(self.artifact_id))
+        store._remove_quietly(store.wav_path(self.artifact_id))
+        self._remove_temp()
+        if isinstance(exc, OSError):
+            self._give_up(exc)
+
+    def _committed(self, info: ArtifactInfo) -> None:
         self._info = info
-        store.space.write_succeeded()
+        self._store.space.write_succeeded()
         log.info("artifact %s committed for job %s: %d bytes, sha256 %s", info.artifact_id, self.job_id,
-                 size, digest)
-        return info
+                 info.size_bytes, info.sha256)
 
     def abort(self) -> None:
         """Discard the temporary file; a committed artifact is left alone. Removes it even when closing fails
@@ -248,35 +284,144 @@ class ArtifactStore:
         if rate > 0 and nbytes > 0:
             time.sleep(nbytes / rate)
 
-    def _write_sidecar(self, info: ArtifactInfo, **extra) -> ArtifactInfo:
-        """Write the sidecar (temp file, fsync, rename, directory fsync); the returned info's commit time
-        is after all of it. The sidecar records the time just before it is written, and the steps before."""
-        record = {
-            "artifact_id": info.artifact_id, "size_bytes": info.size_bytes,
-            "sha256": info.sha256, "committed_at_ns": time.time_ns(),
-            **{k: (v.value if isinstance(v, PcmEncoding) else v) for k, v in extra.items()},
-        }
-        if info.commit is not None:
-            record["commit"] = dataclasses.asdict(info.commit)
-        final = self.sidecar_path(info.artifact_id)
-        temp = self.directory / f".{info.artifact_id}.json.partial"
-        t0 = time.perf_counter_ns()
+    def commit_together(self, writers: list[ArtifactWriter]) -> list[ArtifactInfo | None]:
+        """Commit finished artifacts as one group: every step as `ArtifactWriter.commit`, but each sync is
+        shared (group commit). Per writer, in order: the committed info, or None when it was given up (its
+        `unavailable_reason` says why; the others are unaffected).
+
+        The steps: headers written; the WAVs synced; each hashed and renamed into place; the sidecars
+        written; synced; renamed into place; the directory synced. An artifact exists for readers once its
+        sidecar exists, so a reader never sees one whose WAV or sidecar is not on disk. A sync of several
+        files is one `syncfs` of the artifact volume where the kernel reports write-back errors through it
+        (Linux 5.8 and later), else, or when it fails, an fsync per file (which tells whose data failed).
+        Why: jobs that end at one step commit together, and on the H200 host's volume each fsync took ~3 ms
+        (M13, docs/performance.md): a 64-stream round's last final message came ~100 ms after its last frame.
+        Each artifact's timing counts the group's shared syncs in full (it waited for all of them)."""
+        results: dict[ArtifactWriter, ArtifactInfo | None] = {}
+        live = []
+        for w in writers:
+            if w._info is not None or w.unavailable_reason is not None:
+                results[w] = w._info
+            elif w._file is None:
+                raise RuntimeError(f"artifact {w.artifact_id} was aborted")
+            else:
+                live.append(w)
+        if live:
+            for w, info in zip(live, self._commit_live(live)):
+                results[w] = info
+        return [results[w] for w in writers]
+
+    def _commit_live(self, live: list[ArtifactWriter]) -> list[ArtifactInfo | None]:
+        started_ns, clock = time.time_ns(), time.perf_counter_ns
+        delay = self.settings.fault_commit_delay_s
+        if delay > 0:  # test-only fault injection (diagnosis tests): a stall outside the storage calls
+            time.sleep(delay)
+        published = []
         try:
-            with open(temp, "w", encoding="utf-8") as f:
+            t0 = clock()
+            sealed = [w for w in live if w._seal()]
+            self.storage_fault(sum(header_size(w.encoding) + w.data_bytes for w in sealed), write=True)
+            for w, exc in self._sync([(w, w._file) for w in sealed]):
+                w._give_up(exc)
+            wav_sync_ns = clock() - t0
+            for w in sealed:
+                if w.unavailable_reason is None:
+                    done = w._publish_wav()
+                    if done is not None:
+                        published.append((w, done))
+            infos = self._write_sidecars(published, started_ns, wav_sync_ns)
+        except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
+            renamed = {w for w, _ in published}
+            for w in live:
+                if w._info is not None or w.unavailable_reason is not None:
+                    continue
+                if w in renamed:
+                    w._unpublish(exc)
+                else:
+                    w.abort()
+            raise
+        for w, info in infos.items():
+            w._committed(info)
+        return [infos.get(w) for w in live]
+
+    def _write_sidecars(self, published: list, started_ns: int, wav_sync_ns: int) -> dict:
+        """Write, sync and rename every published WAV's sidecar, then sync the directory; the infos of those
+        whose sidecars made it (the others are unpublished and given up). The sidecar records the time just
+        before it is written, and the steps before."""
+        clock = time.perf_counter_ns
+        t0 = clock()
+        open_sidecars = []  # (writer, info, temp path, file, bytes)
+        for w, (digest, size, hash_ns, rename_ns) in published:
+            timing = CommitTiming(started_at_ns=started_ns, bytes_synced=size, wav_fsync_ns=wav_sync_ns,
+                                  hash_ns=hash_ns, rename_ns=rename_ns)
+            info = ArtifactInfo(artifact_id=w.artifact_id, size_bytes=size, sha256=digest, committed_at_ns=0,
+                                commit=timing)
+            record = {"artifact_id": w.artifact_id, "size_bytes": size, "sha256": digest,
+                      "committed_at_ns": time.time_ns(), "job_id": w.job_id, "sample_rate": w.sample_rate,
+                      "encoding": w.encoding.value, "commit": dataclasses.asdict(timing)}
+            temp = self.directory / f".{w.artifact_id}.json.partial"
+            try:
+                f = open(temp, "w", encoding="utf-8")
+            except OSError as exc:
+                w._unpublish(exc)
+                continue
+            try:
                 json.dump(record, f)
                 f.flush()
-                sidecar_bytes = f.tell()
-                os.fsync(f.fileno())
-            os.replace(temp, final)
-            t1 = time.perf_counter_ns()
-            _fsync_dir(self.directory)
-            t2 = time.perf_counter_ns()
+                open_sidecars.append((w, info, temp, f, f.tell()))
+            except OSError as exc:
+                self._close_quietly(f)
+                self._remove_quietly(temp)
+                w._unpublish(exc)
+        try:
+            failed = dict(self._sync([(w, f) for w, _, _, f, _ in open_sidecars]))
         finally:
-            self._remove_quietly(temp)
-        commit = None if info.commit is None else dataclasses.replace(
-            info.commit, bytes_synced=info.commit.bytes_synced + sidecar_bytes, sidecar_fsync_ns=t1 - t0,
-            dir_fsync_ns=t2 - t1)
-        return ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns(), commit)
+            for _, _, _, f, _ in open_sidecars:
+                self._close_quietly(f)
+        kept = []
+        for w, info, temp, f, nbytes in open_sidecars:
+            try:
+                if w in failed:
+                    raise failed[w]
+                os.replace(temp, self.sidecar_path(w.artifact_id))
+            except OSError as exc:
+                self._remove_quietly(temp)
+                w._unpublish(exc)
+                continue
+            kept.append((w, info, nbytes))
+        t1 = clock()
+        if kept:
+            try:
+                _fsync_dir(self.directory)
+            except OSError as exc:
+                for w, _, _ in kept:
+                    w._unpublish(exc)
+                return {}
+        t2 = clock()
+        return {w: ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns(),
+                                dataclasses.replace(info.commit, bytes_synced=info.commit.bytes_synced + nbytes,
+                                                    sidecar_fsync_ns=t1 - t0, dir_fsync_ns=t2 - t1))
+                for w, info, nbytes in kept}
+
+    def _sync(self, files: list[tuple[object, BinaryIO]]) -> list[tuple[object, OSError]]:
+        """Make the files' written data durable: one syncfs for several, else an fsync each; the (owner,
+        error) of each file that failed."""
+        if len(files) > 1 and _syncfs(files[0][1].fileno()):
+            return []
+        failed = []
+        for owner, f in files:
+            try:
+                os.fsync(f.fileno())
+            except OSError as exc:
+                failed.append((owner, exc))
+        return failed
+
+    @staticmethod
+    def _close_quietly(f) -> None:
+        try:
+            f.close()
+        except OSError:
+            pass
 
     # ---- reading ----
     def _read_sidecar(self, artifact_id: str) -> dict:

@@ -116,6 +116,7 @@ class Scheduler:
         self._lock = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._ending: list = []  # (job, stats, done ns) ended, not yet handed to `_commit` (engine thread)
         self._io = ThreadPoolExecutor(max_workers=commit_threads, thread_name_prefix="artifact-io")
         self.steps = 0  # engine loop passes that stepped at least one stream (for tests and metrics)
         self._slow_unlogged = 0  # slow steps since the last warning
@@ -255,6 +256,7 @@ class Scheduler:
                 continue
             self.metrics.engine_time(time.perf_counter() - busy_from, 0.0)
         self._deliver()  # audio already decoded goes out; jobs whose last frame it held finish
+        self._commit_ended()
         for job in list(self._active):
             self._drop(job, Unavailable("the worker shut down before this job finished; retry"))
         for job in list(self._pending) + list(self._reserved):
@@ -424,6 +426,7 @@ class Scheduler:
                 frames[job] = out.frame
                 if out.end_reason is not None:  # that is its last frame
                     ending[job] = out.end_reason
+        self._commit_ended()
         for job, bad in self._out_of_range(frames).items():  # those streams only: never to the codec
             del frames[job]
             ending.pop(job, None)
@@ -498,6 +501,7 @@ class Scheduler:
         for job in flight.jobs:
             if job in flight.ending:
                 self._finish(job, flight.ending[job])
+        self._commit_ended()
 
     def _take_stream_info(self, job: Job) -> None:
         info = self._stepper.stream_info(job)
@@ -525,21 +529,29 @@ class Scheduler:
         done_at_ns = time.time_ns()
         stats = job.stats(end_reason, self.runtime.sample_rate, done_at)
         self.metrics.job_ended(end_reason.value, stats)
-        self._io.submit(self._commit, job, stats, done_at_ns)
+        self._ending.append((job, stats, done_at_ns))
 
-    def _commit(self, job: Job, stats, done_at_ns: int) -> None:
-        """Commit the artifact (a storage fault gives it up, the job still finishes); then the final event."""
-        artifact = job.artifact
+    def _commit_ended(self) -> None:
+        """Hand the jobs that ended since the last call to an I/O thread, to commit their artifacts together
+        (one group: ArtifactStore.commit_together shares the syncs)."""
+        if self._ending:
+            group, self._ending = self._ending, []
+            self._io.submit(self._commit, group)
+
+    def _commit(self, group: list) -> None:
+        """Commit the group's artifacts (a storage fault gives one up, its job still finishes); then each
+        job's final event."""
         try:
-            assert artifact is not None  # every admitted job has one (`_admit`)
-            info = artifact.commit()
-        except BaseException as exc:  # a bug, not a storage fault (the writer contains those)
-            log.exception("job %s: artifact commit failed", job.job_id)
-            self._fail(job, exc)
+            infos = self.artifact_store.commit_together([job.artifact for job, _, _ in group])
+        except BaseException as exc:  # a bug, not a storage fault (the writers contain those)
+            log.exception("artifact commit failed for %d job(s)", len(group))
+            for job, _, _ in group:
+                self._fail(job, exc)
             return
-        job.sink.put(job.finished_event(stats, done_at_ns, info, artifact.unavailable_reason))
-        job.sink.close()
-        self._ended(job)
+        for (job, stats, done_at_ns), info in zip(group, infos):
+            job.sink.put(job.finished_event(stats, done_at_ns, info, job.artifact.unavailable_reason))
+            job.sink.close()
+            self._ended(job)
 
     def _ended(self, job: Job) -> None:
         with self._lock:
