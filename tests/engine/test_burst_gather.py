@@ -22,10 +22,11 @@ from breeze_worker.engine.types import JobFinished, ReferenceInput, SynthesisReq
 from breeze_worker.errors import InvalidRequest
 
 
-def _engine(tmp_path, gather_ms: float, quiet_ms: float = 2.0) -> Engine:
+def _engine(tmp_path, gather_ms: float, quiet_ms: float = 2.0, burst_quiet_ms: float = 0.0) -> Engine:
+    """burst_quiet_ms 0: a burst's quiet gap is the lone request's (`join_gather_quiet_ms`)."""
     torch.set_num_threads(1)
     settings = EngineSettings(device="cpu", max_active_streams=4, max_queue=4, join_gather_ms=gather_ms,
-                              join_gather_quiet_ms=quiet_ms)
+                              join_gather_quiet_ms=quiet_ms, join_gather_burst_quiet_ms=burst_quiet_ms)
     return Engine(settings, ArtifactStore(ArtifactSettings(directory=tmp_path / f"artifacts-{gather_ms:g}")))
 
 
@@ -172,3 +173,17 @@ def test_a_clone_in_a_burst_prepares_during_the_gather_and_joins_with_the_rest(t
         return [clone(), *(_run(engine, seed) for seed in (1, 2, 3))]
 
     assert _join_sizes(engine, monkeypatch, requests) == [4]
+
+
+@pytest.mark.parametrize("burst_quiet_ms", [20, 800])
+def test_once_two_requests_wait_the_burst_ends_after_the_longer_quiet_gap(tmp_path, monkeypatch, burst_quiet_ms):
+    """Two requests handed over together, a third 0.3 s later: with a 20 ms gap for a lone request and a burst
+    gap of 800 ms the third joins the first two; with both gaps 20 ms the first two join without it."""
+    engine = _engine(tmp_path, gather_ms=20_000, quiet_ms=20, burst_quiet_ms=burst_quiet_ms)
+
+    async def later(i):
+        await asyncio.sleep(0 if i < 2 else 0.3)
+        return await _run(engine, i + 1)
+
+    sizes = _join_sizes(engine, monkeypatch, lambda: [later(i) for i in range(3)])
+    assert sizes == ([3] if burst_quiet_ms == 800 else [2, 1])

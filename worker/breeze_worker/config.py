@@ -322,6 +322,9 @@ class EngineSettings(_Section):
     artifact_commit_threads: int = setting(2, "threads committing finished jobs' artifacts (the jobs that "
                                               "end at one step commit as one group; each job's final message "
                                               "waits for its commit)", at_least=1)
+    join_gather_burst_quiet_ms: float = setting(10.0, "with join_gather_ms: once two requests wait, the burst "
+                                                      "has ended only after this long without an arrival, "
+                                                      "milliseconds", at_least=0)
     max_text_chars: int = setting(2000, "longest accepted text, characters", at_least=1)
     max_reference_seconds: float = setting(30.0, "longest accepted reference audio, seconds", positive=True)
     min_reference_seconds: float = setting(1.0, "shortest accepted reference audio, seconds (less is too little "

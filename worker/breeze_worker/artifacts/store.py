@@ -30,6 +30,7 @@ import re
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 ARTIFACT_ID_PATTERN = re.compile(r"art-[0-9a-f]{32}")
 WRITE_BUFFER_BYTES = 64 * 1024  # ~1.4 s of 24 kHz s16 audio (17 frames) between writes to the file
+COMMIT_READERS = 4  # threads reading a group commit's WAVs back for their hashes
 _ORPHAN_GRACE_S = 60.0  # a WAV without sidecar younger than this may be mid-commit
 
 
@@ -257,6 +259,7 @@ class ArtifactStore:
         self.directory = Path(settings.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_each`)
         self.space = SpaceKeeper(self)
         self._sweep_leftovers()
 
@@ -294,9 +297,11 @@ class ArtifactStore:
         sidecar exists, so a reader never sees one whose WAV or sidecar is not on disk. A sync of several
         files is one `syncfs` of the artifact volume where the kernel reports write-back errors through it
         (Linux 5.8 and later), else, or when it fails, an fsync per file (which tells whose data failed).
-        Why: jobs that end at one step commit together, and on the H200 host's volume each fsync took ~3 ms
-        (M13, docs/performance.md): a 64-stream round's last final message came ~100 ms after its last frame.
-        Each artifact's timing counts the group's shared syncs in full (it waited for all of them)."""
+        Why: jobs that end at one step commit together; on the H200 host's volume one commit's storage calls
+        took ~3 ms (three fsyncs, the read-back, two renames), so committed one after another on two threads
+        a 64-stream round's last final message came 99-114 ms after its last frame (M13, M14 in
+        docs/performance.md). Each artifact's timing counts the group's steps in full (it waited for all of
+        them): its storage time is the group's."""
         results: dict[ArtifactWriter, ArtifactInfo | None] = {}
         live = []
         for w in writers:
@@ -323,13 +328,17 @@ class ArtifactStore:
             self.storage_fault(sum(header_size(w.encoding) + w.data_bytes for w in sealed), write=True)
             for w, exc in self._sync([(w, w._file) for w in sealed]):
                 w._give_up(exc)
-            wav_sync_ns = clock() - t0
-            for w in sealed:
-                if w.unavailable_reason is None:
-                    done = w._publish_wav()
-                    if done is not None:
-                        published.append((w, done))
-            infos = self._write_sidecars(published, started_ns, wav_sync_ns)
+            t1 = clock()
+            sealed = [w for w in sealed if w.unavailable_reason is None]
+            # each WAV read back for its hash, closed and renamed, on several threads: hashlib lets go of the
+            # interpreter while it hashes, and a 64-stream group reads back ~24 MB
+            done = self._each(ArtifactWriter._publish_wav, sealed)
+            publish_ns = clock() - t1
+            for w, result in zip(sealed, done):
+                if result is not None:  # the group's read-back and renames, in full: this one waited for them
+                    digest, size, _, rename_ns = result
+                    published.append((w, (digest, size, publish_ns - rename_ns, rename_ns)))
+            infos = self._write_sidecars(published, started_ns, t1 - t0)
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
             renamed = {w for w, _ in published}
             for w in live:
@@ -402,6 +411,19 @@ class ArtifactStore:
                                 dataclasses.replace(info.commit, bytes_synced=info.commit.bytes_synced + nbytes,
                                                     sidecar_fsync_ns=t1 - t0, dir_fsync_ns=t2 - t1))
                 for w, info, nbytes in kept}
+
+    def _each(self, fn, items: list) -> list:
+        """[fn(item) for item in items], on the store's commit threads when there are several (in order;
+        the first exception raised is raised here, once all are done)."""
+        if len(items) < 2:
+            return [fn(item) for item in items]
+        with self._lock:
+            if self._commit_pool is None:
+                self._commit_pool = ThreadPoolExecutor(max_workers=COMMIT_READERS,
+                                                       thread_name_prefix="artifact-commit")
+        futures = [self._commit_pool.submit(fn, item) for item in items]
+        wait(futures)
+        return [f.result() for f in futures]
 
     def _sync(self, files: list[tuple[object, BinaryIO]]) -> list[tuple[object, OSError]]:
         """Make the files' written data durable: one syncfs for several, else an fsync each; the (owner,

@@ -23,10 +23,12 @@ handed over while the engine decides; on an H200 a 64-client burst sent within 1
 engine over 63-88 ms, about 1 ms apart (M7, M12 in docs/performance.md). The gather ends at once when the
 jobs waiting fill every free slot (no one else could join), and jobs that need preparing (reference audio
 to decode and encode) get their slots during the gather, which waits for their preparation too, so they
-join with the rest instead of one step later. A lone request waits `gather_quiet_s`, no more; a busy
-engine never waits (arrivals join at the next step's boundary anyway). On by default (`join_gather_ms`
-120, quiet gap 2 ms): with a 60 ms cap, M12's 64-client rounds on an H200 joined in two parts (47-49 at
-the cap, the rest ~140 ms later), and their last streams ended ~90 ms after the first.
+join with the rest instead of one step later. A lone request waits `gather_quiet_s`, no more; once two
+jobs wait, the burst has ended only after `gather_burst_quiet_s` without an arrival (a 2 ms gap inside a
+64-request burst split one round of M14 in two). A busy engine never waits (arrivals join at the next
+step's boundary anyway). On by default (`join_gather_ms` 120, quiet gaps 2 and 10 ms): with a 60 ms cap,
+M12's 64-client rounds on an H200 joined in two parts (47-49 at the cap, the rest ~140 ms later), and their
+last streams ended ~90 ms after the first.
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
@@ -87,7 +89,7 @@ class Scheduler:
 
     def __init__(self, runtime, artifact_store, *, max_active: int, max_queue: int, max_queue_wait_s: float,
                  metrics: EngineMetrics | None = None, overlap: bool = False, gather_s: float = 0.0,
-                 gather_quiet_s: float = 0.002, commit_threads: int = 2):
+                 gather_quiet_s: float = 0.002, gather_burst_quiet_s: float = 0.01, commit_threads: int = 2):
         self.runtime = runtime
         self.metrics = metrics or EngineMetrics()
         self.artifact_store = artifact_store
@@ -106,6 +108,7 @@ class Scheduler:
         self._arriving = 0  # requests handed over by the transport and not submitted (or failed) yet
         self.gather_s = gather_s
         self.gather_quiet_s = gather_quiet_s
+        self.gather_burst_quiet_s = max(gather_quiet_s, gather_burst_quiet_s)
         self._last_arrival = 0.0  # time.monotonic() of the latest `arriving` or `submit`
         self._draining = False
         self.overlap = overlap
@@ -284,7 +287,8 @@ class Scheduler:
                 continue
             if full:
                 return
-            quiet_from = self._last_arrival + self.gather_quiet_s
+            burst = len(self._pending) + len(self._reserved) > 1  # a burst is on: its end is a longer silence
+            quiet_from = self._last_arrival + (self.gather_burst_quiet_s if burst else self.gather_quiet_s)
             if now >= quiet_from:
                 return
             self._lock.wait(min(deadline, quiet_from) - now)

@@ -93,6 +93,7 @@ class Engine:
             overlap=self.settings.codec_overlap,
             gather_s=self.settings.join_gather_ms / 1000,
             gather_quiet_s=self.settings.join_gather_quiet_ms / 1000,
+            gather_burst_quiet_s=self.settings.join_gather_burst_quiet_ms / 1000,
             commit_threads=self.settings.artifact_commit_threads,
         )
 
