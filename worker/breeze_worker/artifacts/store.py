@@ -344,7 +344,7 @@ class ArtifactStore:
             for w in live:
                 if w._info is not None or w.unavailable_reason is not None:
                     continue
-                if w in renamed:
+                if w in renamed or w._file is None:  # its WAV may be in place already
                     w._unpublish(exc)
                 else:
                     w.abort()
