@@ -1,7 +1,8 @@
 """Jobs that end at the same step commit their artifacts as one group (engine/scheduler.py,
 artifacts/store.py `commit_together`): one commit's stall, not one per job, before their final messages.
 Measured through the real `Engine` on the CPU, with each commit held back by the store's commit-delay fault
-(a sleep at a commit's start, after its start is stamped), on one artifact-I/O thread."""
+(a sleep at a commit's start, after its start is stamped), on one artifact-I/O thread. No time bound is
+asserted: the structure (one start stamp for all) is what tells one group from four commits in a row."""
 
 from __future__ import annotations
 
@@ -37,12 +38,9 @@ def test_jobs_ending_at_one_step_commit_together(tmp_path):
 
     finals = [events[-1] for events in asyncio.run(main())]
     assert all(isinstance(f, JobFinished) and f.artifact is not None for f in finals)
-    done = [f.done_at_ns for f in finals]  # one join, one last step
-    assert (max(done) - min(done)) / 1e9 < DELAY_S / 4
-    # one group: one start stamp, one stall; one at a time on the one thread they would be DELAY_S apart
+    # one group: one start stamp (one stall); one at a time on the one thread they would be DELAY_S apart
     assert len({f.artifact.commit.started_at_ns for f in finals}) == 1
-    committed = [f.artifact.committed_at_ns for f in finals]
-    assert (max(committed) - min(done)) / 1e9 < 2 * DELAY_S
+    assert all(f.artifact.committed_at_ns - f.artifact.commit.started_at_ns >= DELAY_S * 1e9 for f in finals)
     for f in finals:  # each is whole on disk and described by its sidecar
         record = store.describe(f.artifact.artifact_id)
         assert record["sha256"] == f.artifact.sha256 and record["size_bytes"] == f.artifact.size_bytes
