@@ -32,7 +32,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO, TypeVar
 
 from breeze_worker.artifacts.space import SpaceKeeper, StoreStatus
 from breeze_worker.artifacts.wav import header_size, wav_header
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 ARTIFACT_ID_PATTERN = re.compile(r"art-[0-9a-f]{32}")
 WRITE_BUFFER_BYTES = 64 * 1024  # ~1.4 s of 24 kHz s16 audio (17 frames) between writes to the file
+_Owner = TypeVar("_Owner")  # what a synced file belongs to (`ArtifactStore._sync`)
 COMMIT_READERS = 4  # threads reading a group commit's WAVs back for their hashes
 _ORPHAN_GRACE_S = 60.0  # a WAV without sidecar younger than this may be mid-commit
 
@@ -326,7 +327,7 @@ class ArtifactStore:
             t0 = clock()
             sealed = [w for w in live if w._seal()]
             self.storage_fault(sum(header_size(w.encoding) + w.data_bytes for w in sealed), write=True)
-            for w, exc in self._sync([(w, w._file) for w in sealed]):
+            for w, exc in self._sync([(w, w._file) for w in sealed if w._file is not None]):
                 w._give_up(exc)
             t1 = clock()
             sealed = [w for w in sealed if w.unavailable_reason is None]
@@ -388,7 +389,7 @@ class ArtifactStore:
             for _, _, _, f, _ in open_sidecars:
                 self._close_quietly(f)
         kept = []
-        for w, info, temp, f, nbytes in open_sidecars:
+        for w, info, temp, _, nbytes in open_sidecars:
             try:
                 if w in failed:
                     raise failed[w]
@@ -407,10 +408,13 @@ class ArtifactStore:
                     w._unpublish(exc)
                 return {}
         t2 = clock()
-        return {w: ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns(),
-                                dataclasses.replace(info.commit, bytes_synced=info.commit.bytes_synced + nbytes,
-                                                    sidecar_fsync_ns=t1 - t0, dir_fsync_ns=t2 - t1))
-                for w, info, nbytes in kept}
+        infos = {}
+        for w, info, nbytes in kept:
+            assert info.commit is not None  # set above
+            commit = dataclasses.replace(info.commit, bytes_synced=info.commit.bytes_synced + nbytes,
+                                         sidecar_fsync_ns=t1 - t0, dir_fsync_ns=t2 - t1)
+            infos[w] = ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns(), commit)
+        return infos
 
     def _each(self, fn, items: list) -> list:
         """[fn(item) for item in items], on the store's commit threads when there are several (in order;
@@ -425,7 +429,7 @@ class ArtifactStore:
         wait(futures)
         return [f.result() for f in futures]
 
-    def _sync(self, files: list[tuple[object, BinaryIO]]) -> list[tuple[object, OSError]]:
+    def _sync(self, files: list[tuple[_Owner, IO[Any]]]) -> list[tuple[_Owner, OSError]]:
         """Make the files' written data durable: one syncfs for several, else an fsync each; the (owner,
         error) of each file that failed."""
         if len(files) > 1 and _syncfs(files[0][1].fileno()):
