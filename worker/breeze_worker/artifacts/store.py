@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -74,22 +75,23 @@ def _syncfs_usable() -> bool:
     return found is not None and (int(found.group(1)), int(found.group(2))) >= (5, 8)
 
 
-_SYNCFS: list = []  # [the libc function, or None]: looked up once
+@functools.cache
+def _libc_syncfs():
+    """The C library's syncfs, where it is usable (`_syncfs_usable`); else None."""
+    if not _syncfs_usable():
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    return function
 
 
 def _syncfs(fd: int) -> bool:
     """Flush the whole file system holding `fd` (one call for a group of files); False when syncfs is not
     usable here or failed (the caller syncs file by file, which names the failing file)."""
-    if not _SYNCFS:
-        function = None
-        if _syncfs_usable():
-            try:
-                function = ctypes.CDLL(None, use_errno=True).syncfs
-                function.argtypes = [ctypes.c_int]
-            except (OSError, AttributeError):
-                function = None
-        _SYNCFS.append(function)
-    function = _SYNCFS[0]
+    function = _libc_syncfs()
     if function is None:
         return False
     if function(fd) != 0:
@@ -175,28 +177,26 @@ class ArtifactWriter:
             return False
         return True
 
-    def _publish_wav(self) -> tuple[str, int, int, int] | None:
-        """After the sync: hash the WAV, close it and rename it into place; (sha256, size, hash ns, rename
-        ns), or None when the disk failed it (given up)."""
-        f, clock = self._file, time.perf_counter_ns
+    def _publish_wav(self) -> tuple[str, int, int] | None:
+        """After the sync: hash the WAV, close it and rename it into place; (sha256, size, rename ns), or
+        None when the disk failed it (given up; the rename is the last step, so nothing is in place)."""
+        f = self._file
         assert f is not None
         try:
-            t0 = clock()
             f.seek(0)
             digest = hashlib.file_digest(f, "sha256").hexdigest()
             size = f.seek(0, os.SEEK_END)
-            t1 = clock()
             self._file = None
             f.close()
+            t0 = time.perf_counter_ns()
             os.replace(self._temp_path, self._store.wav_path(self.artifact_id))
         except OSError as exc:
-            self._store._remove_quietly(self._store.wav_path(self.artifact_id))
             self._give_up(exc)
             return None
         except BaseException:
             self.abort()
             raise
-        return digest, size, t1 - t0, clock() - t1
+        return digest, size, time.perf_counter_ns() - t0
 
     def _unpublish(self, exc: BaseException) -> None:
         """A commit step after the rename failed: readers lose sight of the artifact (sidecar first)."""
@@ -337,7 +337,7 @@ class ArtifactStore:
             publish_ns = clock() - t1
             for w, result in zip(sealed, done):
                 if result is not None:  # the group's read-back and renames, in full: this one waited for them
-                    digest, size, _, rename_ns = result
+                    digest, size, rename_ns = result
                     published.append((w, (digest, size, publish_ns - rename_ns, rename_ns)))
             infos = self._write_sidecars(published, started_ns, t1 - t0)
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
