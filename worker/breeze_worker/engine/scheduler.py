@@ -281,13 +281,14 @@ class Scheduler:
             now = time.monotonic()
             if now >= deadline:
                 return
-            full = len(self._pending) + len(self._reserved) >= self.max_active  # no one else could join
+            waiting = len(self._pending) + len(self._reserved)
+            full = waiting >= self.max_active  # no one else could join
             if len(self._reserved) > len(self._prepared) or (self._arriving and not full):
                 self._lock.wait(deadline - now)
                 continue
             if full:
                 return
-            burst = len(self._pending) + len(self._reserved) > 1  # a burst is on: its end is a longer silence
+            burst = waiting > 1  # a burst is on: its end is a longer silence
             quiet_from = self._last_arrival + (self.gather_burst_quiet_s if burst else self.gather_quiet_s)
             if now >= quiet_from:
                 return
@@ -302,12 +303,16 @@ class Scheduler:
         free = self.max_active - self._slots_held()
         for job in self._pending:
             if free > 0 and job.params is None and not job.cancelled:
-                self._reserved.append(job)
-                job.sink.put(SLOT_GRANTED)
+                self._grant_slot(job)
             else:
                 kept.append(job)
             free -= 1
         self._pending = kept
+
+    def _grant_slot(self, job: Job) -> None:
+        """Reserve a slot for a job still to be prepared and tell its caller to prepare it (lock held)."""
+        self._reserved.append(job)
+        job.sink.put(SLOT_GRANTED)
 
     def _step_timed(self, streams: int, seconds: float) -> None:
         """Metrics for every step; a warning for a slow one, at most one per SLOW_STEP_LOG_EVERY_S (a CPU
@@ -352,8 +357,7 @@ class Scheduler:
                     f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
             elif len(self._active) + len(taken) + len(self._reserved) < self.max_active:
                 if job.params is None:  # its caller prepares it now, holding the slot
-                    self._reserved.append(job)
-                    job.sink.put(SLOT_GRANTED)
+                    self._grant_slot(job)
                 else:
                     taken.append(job)
             else:
