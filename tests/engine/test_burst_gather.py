@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import numpy as np
 import pytest
-import soundfile as sf
 import torch
+from engine_helpers import tone_wav
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import ArtifactSettings, EngineSettings
@@ -139,20 +138,12 @@ def test_the_gather_ends_once_the_queued_jobs_fill_every_free_slot(tmp_path, mon
     assert _join_sizes(engine, monkeypatch, lambda: [later(i) for i in range(4)]) == [4]
 
 
-def _reference_wav(path) -> bytes:
-    """Two seconds of a 24 kHz tone with a varying loudness (sound in every 20 ms frame), as WAV bytes."""
-    t = np.arange(48000) / 24000
-    signal = 0.3 * np.sin(2 * np.pi * 220 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
-    sf.write(path, signal.astype(np.float32), 24000, subtype="PCM_16")
-    return path.read_bytes()
-
-
 def test_a_clone_in_a_burst_prepares_during_the_gather_and_joins_with_the_rest(tmp_path, monkeypatch):
     """A request with new reference audio gets its slot while the engine gathers the burst, so its decode and
     encode overlap the gather and it joins with the plain requests; before, it got its slot after the gather
     and joined one step later, alone."""
     engine = _engine(tmp_path, gather_ms=20_000, quiet_ms=300)
-    audio = _reference_wav(tmp_path / "reference.wav")
+    audio = tone_wav(2.0)
     engine_intake = None
 
     async def clone():

@@ -253,18 +253,13 @@ def test_cfg_scale_that_overflows_is_rejected(scale):
 
 # ---- the reference transcript is used exactly as sent ----
 def test_reference_transcript_is_kept_exactly_and_blank_is_rejected(tiny):
-    import io
-
-    import soundfile
+    from engine_helpers import tone_wav
 
     from breeze_worker.engine.reference import ReferenceStore, reference_id
     from breeze_worker.model.codec import tiny_codec
     from breeze_worker.model.prompts import build_prompt, positive_segments
 
-    buffer = io.BytesIO()
-    t = np.arange(24000) / 24000
-    soundfile.write(buffer, (0.4 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 24000, format="WAV")
-    audio = buffer.getvalue()
+    audio = tone_wav(1.0)
     store = ReferenceStore(tiny_codec(seed=0), max_entries=4)
     sent = "  the words \n"
     ref = store.intake(audio, sent)
