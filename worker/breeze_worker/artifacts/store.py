@@ -298,11 +298,10 @@ class ArtifactStore:
         sidecar exists, so a reader never sees one whose WAV or sidecar is not on disk. A sync of several
         files is one `syncfs` of the artifact volume where the kernel reports write-back errors through it
         (Linux 5.8 and later), else, or when it fails, an fsync per file (which tells whose data failed).
-        Why: jobs that end at one step commit together; on the H200 host's volume one commit's storage calls
-        took ~3 ms (three fsyncs, the read-back, two renames), so committed one after another on two threads
-        a 64-stream round's last final message came 99-114 ms after its last frame (M13, M14 in
-        docs/performance.md). Each artifact's timing counts the group's steps in full (it waited for all of
-        them): its storage time is the group's."""
+        Why: the jobs of a batched step end together, and each one's final message waits for its commit;
+        one at a time, the last job waits for every other job's syncs (the decision log in
+        docs/performance.md has the figures). Each artifact's timing counts the group's steps in full (it
+        waited for all of them): its storage time is the group's."""
         results: dict[ArtifactWriter, ArtifactInfo | None] = {}
         live = []
         for w in writers:

@@ -24,11 +24,10 @@ engine over 63-88 ms, about 1 ms apart (M7, M12 in docs/performance.md). The gat
 jobs waiting fill every free slot (no one else could join), and jobs that need preparing (reference audio
 to decode and encode) get their slots during the gather, which waits for their preparation too, so they
 join with the rest instead of one step later. A lone request waits `gather_quiet_s`, no more; once two
-jobs wait, the burst has ended only after `gather_burst_quiet_s` without an arrival (a 2 ms gap inside a
-64-request burst split one round of M14 in two). A busy engine never waits (arrivals join at the next
-step's boundary anyway). On by default (`join_gather_ms` 120, quiet gaps 2 and 10 ms): with a 60 ms cap,
-M12's 64-client rounds on an H200 joined in two parts (47-49 at the cap, the rest ~140 ms later), and their
-last streams ended ~90 ms after the first.
+jobs wait, the burst has ended only after `gather_burst_quiet_s` without an arrival (the event loop can
+pause longer than the lone request's gap inside a burst). A busy engine never waits (arrivals join at the
+next step's boundary anyway). On by default (`join_gather_ms` 120, quiet gaps 2 and 10 ms): a burst split
+in two loses a join and a step for the streams left out (docs/performance.md, M12-M15).
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
