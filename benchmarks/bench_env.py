@@ -96,3 +96,13 @@ def write_json(path: str | Path, doc: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def child_json(script: str | Path, argv: list[str], tree: Path | None = None) -> dict:
+    """Run `script` with `argv` in a child Python, with the packages of source tree `tree` (a baseline
+    checkout; None: this checkout's) on its path, and parse the JSON object its last output line holds."""
+    env = dict(os.environ, PYTHONPATH=pythonpath_for(tree if tree is not None else ROOT, None))
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(script).name} {' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench",
-         "host_overhead", "serve_bench")
+         "host_overhead", "serve_bench", "request_intake", "group_commit")
 META_KEYS = {"date", "commit", "gpu", "driver", "torch", "triton", "python"}
 
 
@@ -64,6 +64,40 @@ def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_p
     log = Path(level["worker_log"]).read_text()  # the worker logs at INFO, as a served one does
     assert log.count(" INFO breeze_worker.engine.service job ") >= 8  # queued: a warm-up and a timed round of 4
     assert log.count(" committed for job ") >= 8
+
+
+def test_request_intake_times_each_kind_of_the_mix_in_two_trees(tmp_path):
+    """This checkout against itself as the other tree: every kind of the serve mix timed in both, the ratio of
+    their mix means reported (two runs of one tree: close to 1)."""
+    out = tmp_path / "intake.json"
+    done = tool("request_intake", "--tree", str(ROOT), "--rounds", "1", "--calls", "20", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert META_KEYS <= set(doc["meta"]) and doc["mix"] == ["plain", "instruction+cfg", "plain",
+                                                            "clone+instruction+cfg"]
+    for name in ("this checkout", "other tree"):
+        kinds = doc[name]["us_per_request"]
+        assert set(kinds) == {"plain", "instruction+cfg", "clone+instruction+cfg"}
+        # guidance lays out two prompts, a clone a reference's frames too: each costs more than a plain one
+        assert 0 < kinds["plain"] < kinds["instruction+cfg"] < kinds["clone+instruction+cfg"]
+    assert 0.2 < doc["other_over_this"] < 5.0
+    assert "other tree / this checkout" in done.stdout
+
+
+def test_group_commit_commits_whole_groups_and_times_their_steps(tmp_path):
+    """Two groups of 8 artifacts, each committed whole (the tool fails on an artifact given up), the steps
+    timed from the artifacts' own commit timing, and the store left empty."""
+    out, store = tmp_path / "commit.json", tmp_path / "volume"
+    done = tool("group_commit", "--dir", str(store), "--streams", "8", "--frames", "4", "--commits", "2",
+                "--rounds", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert META_KEYS <= set(doc["meta"]) and doc["streams"] == 8 and "other_over_this" not in doc
+    mine = doc["this checkout"]
+    low, high = mine["commit_ms_range"]
+    assert 0 < low <= mine["commit_ms_median"] <= high
+    assert mine["steps_ms_median"]["wav_fsync_ns"] > 0 and sum(mine["steps_ms_median"].values()) <= high
+    assert not any(store.rglob("*.wav")) and not any(store.rglob("*.partial"))
 
 
 def test_device_runner_writes_a_json_per_step_and_a_summary(tmp_path):

@@ -35,11 +35,11 @@ def _resolve(model, tokenizer=True, reference=None, **kwargs):
 
 @pytest.fixture
 def layouts_made(monkeypatch):
-    """Counts every prompt laid out (model/prompts.build_prompt: the tokenizer's work)."""
+    """Counts every prompt laid out (model/prompts.build_prompts, one per branch: the tokenizer's work)."""
     calls = []
-    real = prompts.build_prompt
-    monkeypatch.setattr(prompts, "build_prompt", lambda tokenizer, segments: calls.append(1) or real(tokenizer,
-                                                                                                     segments))
+    real = prompts.build_prompts
+    monkeypatch.setattr(prompts, "build_prompts",
+                        lambda tokenizer, branches: calls.extend([1] * len(branches)) or real(tokenizer, branches))
     return calls
 
 

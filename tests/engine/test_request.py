@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 
 import numpy as np
 import pytest
@@ -71,6 +72,19 @@ def test_non_positive_or_non_finite_cfg_scale(scale):
 def test_bad_text(text, match):
     with pytest.raises(InvalidRequest, match=match):
         resolve(text=text)
+
+
+def test_every_control_character_but_tab_and_line_ends_is_refused_where_it_is():
+    """Every code point the standard library classes as a control character (Cc), at a position in a text."""
+    controls = [chr(p) for p in range(0x110000) if unicodedata.category(chr(p)) == "Cc"]
+    assert len(controls) == 65
+    for ch in controls:
+        if ch in "\t\n\r":
+            assert resolve(text=f"ab{ch}cd").text == f"ab{ch}cd"
+            continue
+        with pytest.raises(InvalidRequest, match=f"control character U\\+{ord(ch):04X} at position 2"):
+            resolve(text=f"ab{ch}c{ch}d")
+    assert resolve(text="no controls: \u200b\u00ad\ufeff\U000e0001").text  # format characters (Cf) pass
 
 
 def test_text_is_kept_exactly():
@@ -141,6 +155,31 @@ def test_default_frame_limit_follows_text_length_in_latin_and_cjk():
     assert expected_speech_seconds("你好世界" * 10) == pytest.approx(10.0)
     assert cjk > resolve(text="abcd" * 10).max_frames
     assert resolve(text="x" * 1000).max_frames == 1500  # capped by the model (83 s of speech: it fits)
+
+
+_CJK_RANGES = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xAC00, 0xD7AF), (0xF900, 0xFAFF),
+               (0x20000, 0x2FA1F))
+
+
+def _reading_seconds(ch: str) -> float:
+    """The reading-time rule for one character, from the standard library's character classes."""
+    if any(lo <= ord(ch) <= hi for lo, hi in _CJK_RANGES):
+        return 1 / 4
+    return 0.0 if ch.isspace() or unicodedata.category(ch)[0] == "C" else 1 / 12
+
+
+def test_reading_time_counts_every_character_by_its_class():
+    """Over every code point of the BMP and the CJK supplementary ranges, in runs of 61 (mixed classes in
+    one text): each run's reading time is the sum of its characters' by the rule."""
+    points = [*range(0x10000), *range(0x20000, 0x20400), *range(0x2F800, 0x2FA40)]
+    for start in range(0, len(points), 61):
+        run = "".join(chr(p) for p in points[start:start + 61])
+        assert expected_speech_seconds(run) == pytest.approx(sum(_reading_seconds(ch) for ch in run)), hex(start)
+    for point in range(128):  # ASCII-only texts, each character alone and all together
+        assert expected_speech_seconds(chr(point) * 3) == pytest.approx(3 * _reading_seconds(chr(point))), point
+    ascii_text = "".join(map(chr, range(128)))
+    assert expected_speech_seconds(ascii_text) == pytest.approx(sum(map(_reading_seconds, ascii_text)))
+    assert expected_speech_seconds("Hi, 你好 ok\t\n") == pytest.approx(5 / 12 + 2 / 4)
 
 
 def test_explicit_frame_limit_is_checked_against_the_cap(tiny):

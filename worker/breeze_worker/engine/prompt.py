@@ -75,7 +75,7 @@ def lay_out(tokenizer, template: Template, text: str, instruction: str | None,
         if negative is None:
             raise ValueError(f"guidance on the {template_name} template, which has no negative prompt")
         branches.append(negative)
-    return LaidOutPrompt(layouts=tuple(prompts.build_prompt(tokenizer, segments) for segments in branches),
+    return LaidOutPrompt(layouts=tuple(prompts.build_prompts(tokenizer, branches)),
                          source=source)
 
 

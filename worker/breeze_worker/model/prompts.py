@@ -25,6 +25,7 @@ added token that looks like a marker (`<...>` or `[...]` without whitespace, e.g
 
 from __future__ import annotations
 
+import bisect
 import re
 import weakref
 from dataclasses import dataclass
@@ -145,12 +146,49 @@ def render(tokenizer: BreezeTokenizer, segment: Segment) -> str:
 
 def build_prompt(tokenizer: BreezeTokenizer, segments: list[Segment]) -> PromptLayout:
     """Token ids of a prompt and which positions are text segments, audio frames and the audio end."""
-    rendered = [render(tokenizer, seg) for seg in segments]
-    ids = tuple(tokenizer.encode("".join(rendered), add_special_tokens=False))
+    return build_prompts(tokenizer, [segments])[0]
+
+
+def build_prompts(tokenizer: BreezeTokenizer, branches: list[list[Segment]]) -> list[PromptLayout]:
+    """`build_prompt` of each branch (a request's prompt and its negative prompt), rendering a text segment
+    the branches share once.
+
+    The segment boundaries come from the whole prompt's own tokenization: a token belongs to the rendered
+    piece its characters start in. A token whose characters run into the next piece means the boundary
+    merged with its neighbour, and the prompt is refused, as it is when the pieces' tokens do not cover the
+    prompt. Where no token crosses a boundary, each piece's run of tokens is what tokenizing the piece alone
+    gives (the tokenizer splits at the added markers before anything else; tests/model check it against
+    transformers' tokenizer). Why not tokenize each piece again: a clone prompt's audio piece is one marker
+    per reference frame, and tokenizing it twice per branch was most of a request's layout time."""
+    rendered: dict[str, str] = {}
+    layouts = []
+    for segments in branches:
+        pieces = []
+        for seg in segments:
+            if seg.kind == TEXT:
+                if seg.text not in rendered:
+                    rendered[seg.text] = render(tokenizer, seg)
+                pieces.append(rendered[seg.text])
+            else:
+                pieces.append(render(tokenizer, seg))
+        layouts.append(_lay_out_pieces(tokenizer, segments, pieces))
+    return layouts
+
+
+def _lay_out_pieces(tokenizer: BreezeTokenizer, segments: list[Segment], pieces: list[str]) -> PromptLayout:
+    ids_list, offsets = tokenizer.encode_with_offsets("".join(pieces))
+    ids = tuple(ids_list)
     spans: list[Span] = []
-    start = 0
-    for seg, piece in zip(segments, rendered):
-        length = len(tokenizer.encode(piece, add_special_tokens=False))
+    start = 0  # the piece's first token
+    end_char = 0
+    for seg, piece in zip(segments, pieces):
+        end_char += len(piece)
+        # the tokens come in text order and do not overlap: the piece's last token is the one that could cross
+        stop = bisect.bisect_left(offsets, (end_char,), lo=start)
+        if stop > start and offsets[stop - 1][1] > end_char:
+            raise ValueError("a token of the prompt spans two of its segments; a segment boundary merged "
+                             "with its neighbour")
+        length = stop - start
         if seg.kind == TEXT:
             spans.append(Span(TEXT, start, length))
         else:
@@ -158,16 +196,17 @@ def build_prompt(tokenizer: BreezeTokenizer, segments: list[Segment]) -> PromptL
             spans.append(Span(AUDIO_EOS, start + seg.frames, 1))
             if length != seg.frames + 1:
                 raise ValueError("the audio markers did not tokenize one token per frame")
-        start += length
+        start = stop
     if start != len(ids):
         raise ValueError(f"prompt segments cover {start} tokens but the prompt has {len(ids)}; "
                          "a segment boundary merged with its neighbour")
+    markers = {tokenizer.audio_token_id, tokenizer.audio_eos_token_id}
     for span in spans:
         want = {AUDIO: tokenizer.audio_token_id, AUDIO_EOS: tokenizer.audio_eos_token_id}.get(span.kind)
         got = ids[span.start : span.start + span.length]
-        if want is not None and any(t != want for t in got):
+        if want is not None and got.count(want) != len(got):
             raise ValueError("reference audio markers are not where the layout puts them")
-        if want is None and any(t in (tokenizer.audio_token_id, tokenizer.audio_eos_token_id) for t in got):
+        if want is None and not markers.isdisjoint(got):
             raise ValueError(f"text contains an audio marker ({AUDIO_TOKEN} or {AUDIO_EOS_TOKEN})")
     return PromptLayout(ids, tuple(spans))
 

@@ -93,6 +93,11 @@ class BreezeTokenizer:
         """Token ids; `add_special_tokens` applies the post-processor (prepends <bos>)."""
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids without special tokens, and each token's (start, end) character offsets in `text`."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
