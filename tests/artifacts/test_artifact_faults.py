@@ -219,6 +219,65 @@ def test_a_failed_sync_in_a_group_gives_up_that_artifact_only(tmp_path, monkeypa
     assert _files(tmp_path) == sorted(f"{i.artifact_id}.{ext}" for i in (infos[0], infos[2]) for ext in ("json", "wav"))
 
 
+def test_the_read_back_for_the_hashes_runs_while_the_wavs_sync(tmp_path, monkeypatch):
+    """The WAVs' sync waits (up to 5 s) for a read-back to begin: it does when the hashing runs alongside the
+    sync, and the artifacts are whole; hashing only after the sync would leave the sync waiting in vain."""
+    import threading
+
+    from breeze_worker.artifacts import store as store_module
+
+    store = _store(tmp_path)
+    writers = _writers(store, 3)
+    hashing, seen_during_sync = threading.Event(), []
+    real_syncfs, real_digest = store_module._syncfs, hashlib.file_digest
+
+    def syncfs(fd):
+        if not seen_during_sync:  # the first sync: the WAVs'
+            seen_during_sync.append(hashing.wait(5.0))
+        return real_syncfs(fd)
+
+    def file_digest(f, name):
+        hashing.set()
+        return real_digest(f, name)
+
+    monkeypatch.setattr(store_module, "_syncfs", syncfs)
+    monkeypatch.setattr(store_module.hashlib, "file_digest", file_digest)
+    started = time.perf_counter_ns()
+    infos = store.commit_together(writers)
+    elapsed = time.perf_counter_ns() - started
+    assert seen_during_sync == [True]
+    for info in infos:
+        data = store.wav_path(info.artifact_id).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == info.sha256 and len(data) == info.size_bytes
+    # the recorded steps do not overlap (the read-back counts only after the sync), so they fit in the commit
+    timing = infos[0].commit
+    steps = (timing.wav_fsync_ns, timing.hash_ns, timing.rename_ns, timing.sidecar_fsync_ns, timing.dir_fsync_ns)
+    assert min(steps) >= 0 and timing.wav_fsync_ns > 0 and sum(steps) <= elapsed
+
+
+def test_a_failed_read_back_in_a_group_gives_up_that_artifact_only(tmp_path, monkeypatch):
+    """Reading the second WAV back for its hash fails with EIO: that artifact is given up and left nowhere,
+    the others commit whole."""
+    from breeze_worker.artifacts import store as store_module
+
+    store = _store(tmp_path)
+    writers = _writers(store, 3)
+    real_digest = hashlib.file_digest
+
+    def file_digest(f, name):
+        if str(f.name).endswith(f".{writers[1].artifact_id}.partial"):
+            raise OSError(5, os.strerror(5))
+        return real_digest(f, name)
+
+    monkeypatch.setattr(store_module.hashlib, "file_digest", file_digest)
+    infos = store.commit_together(writers)
+    assert infos[0] is not None and infos[2] is not None and infos[1] is None
+    assert "I/O error" in writers[1].unavailable_reason
+    assert _files(tmp_path) == sorted(f"{i.artifact_id}.{ext}" for i in (infos[0], infos[2]) for ext in ("json", "wav"))
+    for info in (infos[0], infos[2]):
+        assert hashlib.sha256(store.wav_path(info.artifact_id).read_bytes()).hexdigest() == info.sha256
+
+
 def test_a_disk_full_at_the_sidecars_step_of_a_group_commit_leaves_no_half_artifact(tmp_path):
     """A real full tmpfs: the WAVs' data went out before the disk filled, so their headers, syncs and renames
     succeed; a sidecar (a new file) that does not fit gives its artifact up, its renamed WAV removed too

@@ -31,7 +31,7 @@ import re
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar
 
@@ -177,26 +177,34 @@ class ArtifactWriter:
             return False
         return True
 
-    def _publish_wav(self) -> tuple[str, int, int] | None:
-        """After the sync: hash the WAV, close it and rename it into place; (sha256, size, rename ns), or
-        None when the disk failed it (given up; the rename is the last step, so nothing is in place)."""
+    def _digest(self) -> tuple[str, int] | OSError:
+        """Read the sealed WAV back for its (sha256, size), or the disk's error (the commit's thread gives the
+        artifact up: this runs on a read-back thread while that one syncs the group)."""
         f = self._file
         assert f is not None
         try:
             f.seek(0)
             digest = hashlib.file_digest(f, "sha256").hexdigest()
-            size = f.seek(0, os.SEEK_END)
+            return digest, f.seek(0, os.SEEK_END)
+        except OSError as exc:
+            return exc
+
+    def _publish_wav(self) -> bool:
+        """After the sync and the read-back: close the WAV and rename it into place; False when the disk
+        failed it (given up; the rename is the last step, so nothing is in place)."""
+        f = self._file
+        assert f is not None
+        try:
             self._file = None
             f.close()
-            t0 = time.perf_counter_ns()
             os.replace(self._temp_path, self._store.wav_path(self.artifact_id))
         except OSError as exc:
             self._give_up(exc)
-            return None
+            return False
         except BaseException:
             self.abort()
             raise
-        return digest, size, time.perf_counter_ns() - t0
+        return True
 
     def _unpublish(self, exc: BaseException) -> None:
         """A commit step after the rename failed: readers lose sight of the artifact (sidecar first)."""
@@ -321,25 +329,38 @@ class ArtifactStore:
         delay = self.settings.fault_commit_delay_s
         if delay > 0:  # test-only fault injection (diagnosis tests): a stall outside the storage calls
             time.sleep(delay)
-        published = []
+        published: list = []
+        reading: list[Future] = []
         try:
             t0 = clock()
             sealed = [w for w in live if w._seal()]
             self.storage_fault(sum(header_size(w.encoding) + w.data_bytes for w in sealed), write=True)
-            for w, exc in self._sync([(w, w._file) for w in sealed if w._file is not None]):
-                w._give_up(exc)
+            # each sealed WAV is read back for its hash on the read-back threads while this thread syncs them
+            # (the hash covers the bytes the file holds, which the sync does not change; hashlib lets go of
+            # the interpreter while it hashes, and a 64-stream group reads back ~24 MB)
+            reading = self._start_each(ArtifactWriter._digest, sealed)
+            unsynced = dict(self._sync([(w, w._file) for w in sealed if w._file is not None]))
             t1 = clock()
-            sealed = [w for w in sealed if w.unavailable_reason is None]
-            # each WAV read back for its hash, closed and renamed, on several threads: hashlib lets go of the
-            # interpreter while it hashes, and a 64-stream group reads back ~24 MB
-            done = self._each(ArtifactWriter._publish_wav, sealed)
-            publish_ns = clock() - t1
-            for w, result in zip(sealed, done):
-                if result is not None:  # the group's read-back and renames, in full: this one waited for them
-                    digest, size, rename_ns = result
-                    published.append((w, (digest, size, publish_ns - rename_ns, rename_ns)))
+            digests = self._finish_each(reading)
+            reading = []
+            t2 = clock()
+            in_place = []
+            for w, digest in zip(sealed, digests):
+                failure = unsynced.get(w)
+                if failure is None and isinstance(digest, OSError):
+                    failure = digest
+                if failure is not None:  # the disk failed its sync or its read-back: this artifact only
+                    w._give_up(failure)
+                    continue
+                assert not isinstance(digest, OSError)
+                if w._publish_wav():
+                    in_place.append((w, digest))
+            t3 = clock()
+            # each artifact's steps are the group's, in full: it waited for every one of them
+            published = [(w, (sha256, size, t2 - t1, t3 - t2)) for w, (sha256, size) in in_place]
             infos = self._write_sidecars(published, started_ns, t1 - t0)
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
+            self._finish_each(reading, quietly=True)  # no read-back thread still reads a file removed below
             renamed = {w for w, _ in published}
             for w in live:
                 if w._info is not None or w.unavailable_reason is not None:
@@ -415,18 +436,20 @@ class ArtifactStore:
             infos[w] = ArtifactInfo(info.artifact_id, info.size_bytes, info.sha256, time.time_ns(), commit)
         return infos
 
-    def _each(self, fn, items: list) -> list:
-        """[fn(item) for item in items], on the store's commit threads when there are several (in order;
-        the first exception raised is raised here, once all are done)."""
-        if len(items) < 2:
-            return [fn(item) for item in items]
+    def _start_each(self, fn, items: list) -> list[Future]:
+        """fn(item) for each item, started on the store's read-back threads; `_finish_each` waits for them."""
         with self._lock:
             if self._commit_pool is None:
                 self._commit_pool = ThreadPoolExecutor(max_workers=COMMIT_READERS,
                                                        thread_name_prefix="artifact-commit")
-        futures = [self._commit_pool.submit(fn, item) for item in items]
+        return [self._commit_pool.submit(fn, item) for item in items]
+
+    @staticmethod
+    def _finish_each(futures: list[Future], quietly: bool = False) -> list:
+        """The results of `_start_each`'s calls, in order, once all are done; the first exception raised is
+        raised here (not when `quietly`: then only the waiting is wanted)."""
         wait(futures)
-        return [f.result() for f in futures]
+        return [] if quietly else [f.result() for f in futures]
 
     def _sync(self, files: list[tuple[_Owner, IO[Any]]]) -> list[tuple[_Owner, OSError]]:
         """Make the files' written data durable: one syncfs for several, else an fsync each; the (owner,
