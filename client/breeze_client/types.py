@@ -113,7 +113,7 @@ class CommitTiming(_Dict):
     server_started_ns: int | None  # the artifact writer took the job up (generation was done)
     bytes_synced: int  # the WAV and its sidecar
     wav_fsync_ns: int  # header write + fsync of the WAV
-    hash_ns: int  # reading the WAV back for its SHA-256
+    hash_ns: int  # reading the WAV back for its SHA-256: the part after the fsync (it runs alongside it)
     rename_ns: int
     sidecar_fsync_ns: int  # sidecar write + fsync + rename (0 from Stat)
     dir_fsync_ns: int  # directory fsync (0 from Stat)

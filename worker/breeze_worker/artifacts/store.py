@@ -268,7 +268,7 @@ class ArtifactStore:
         self.directory = Path(settings.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_each`)
+        self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_start_each`)
         self.space = SpaceKeeper(self)
         self._sweep_leftovers()
 
@@ -301,8 +301,8 @@ class ArtifactStore:
         shared (group commit). Per writer, in order: the committed info, or None when it was given up (its
         `unavailable_reason` says why; the others are unaffected).
 
-        The steps: headers written; the WAVs synced; each hashed and renamed into place; the sidecars
-        written; synced; renamed into place; the directory synced. An artifact exists for readers once its
+        The steps: headers written; the WAVs synced, and meanwhile read back for their hashes; each renamed
+        into place; the sidecars written; synced; renamed into place; the directory synced. An artifact exists for readers once its
         sidecar exists, so a reader never sees one whose WAV or sidecar is not on disk. A sync of several
         files is one `syncfs` of the artifact volume where the kernel reports write-back errors through it
         (Linux 5.8 and later), else, or when it fails, an fsync per file (which tells whose data failed).

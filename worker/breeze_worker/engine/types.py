@@ -179,7 +179,7 @@ class CommitTiming:
     started_at_ns: int  # the artifact writer took the job up (generation was done)
     bytes_synced: int  # the WAV and its sidecar
     wav_fsync_ns: int  # header write + fsync of the WAV
-    hash_ns: int  # reading the WAV back for its SHA-256
+    hash_ns: int  # reading the WAV back for its SHA-256: the part after the fsync (it runs alongside it)
     rename_ns: int
     sidecar_fsync_ns: int = 0  # sidecar write + fsync + rename (unknown to Stat: 0)
     dir_fsync_ns: int = 0  # directory fsync (unknown to Stat: 0)

@@ -12,7 +12,8 @@ Tokenization follows the official recipe: each text segment is tokenized *with* 
 gains a leading <bos>) and decoded back to a string; an audio segment renders as T `<|AUDIO|>` markers and
 one `<|audio_eos|>`; the strings are concatenated and the whole is tokenized once without special tokens.
 A clone / direction prompt therefore carries a second `<bos>` in the middle, at the start of the text
-segment after the reference audio. Segment lengths are measured by tokenizing each rendered piece alone;
+segment after the reference audio. Each rendered piece's share of the prompt is the run of tokens that start in
+it (the whole prompt's character offsets; `build_prompts`), which is what tokenizing the piece alone gives;
 each text segment (its <bos> included) is encoded by the text encoder on its own.
 
 User strings (text, instruction, transcript) must not contain a control token: the tokenizer would read
