@@ -275,7 +275,7 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
             "ttfa_ms_p50": label["ttfa_ms"]["p50"], "ttfa_ms_p95": _p95(label["per_request"], "ttfa_ms"),
             "worker_ttfa_ms_mean": label["worker_ttfa_ms"]["mean"],
             "worker_ttfa_ms_p95": _p95(label["per_request"], "worker_ttfa_ms"),
-            "ttfa_split_ms": label.get("ttfa_split_ms")}
+            "ttfa_split_ms": label.get("ttfa_split_ms"), "end_split_ms": label.get("end_split_ms")}
 
 
 def _p95(requests: list[dict], key: str) -> float | None:
