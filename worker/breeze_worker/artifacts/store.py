@@ -302,8 +302,9 @@ class ArtifactStore:
         `unavailable_reason` says why; the others are unaffected).
 
         The steps: headers written; the WAVs synced, and meanwhile read back for their hashes; each renamed
-        into place; the sidecars written; synced; renamed into place; the directory synced. An artifact exists for readers once its
-        sidecar exists, so a reader never sees one whose WAV or sidecar is not on disk. A sync of several
+        into place; the sidecars written; synced; renamed into place; the directory synced. An artifact
+        exists for readers once its sidecar exists, so a reader never sees one whose WAV or sidecar is not on
+        disk. A sync of several
         files is one `syncfs` of the artifact volume where the kernel reports write-back errors through it
         (Linux 5.8 and later), else, or when it fails, an fsync per file (which tells whose data failed).
         Why: the jobs of a batched step end together, and each one's final message waits for its commit;
