@@ -4,6 +4,7 @@ line, its log, /metrics over HTTP, SIGTERM and kill -9 from outside."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -21,10 +22,35 @@ READY = re.compile(r"breeze-worker ready: synthesis=(\S+):(\d+) artifacts=(\S+):
 METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$")
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections' local ports."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, for a worker that binds it later (and again after a restart). Picked below the
+    kernel's range for outgoing connections, since any client socket may take a port from that range as its
+    own before the worker binds (a fleet test once failed so), and never the same port twice in a process."""
+    low, rng = 20000, random.Random()
+    high = max(low + 1000, _ephemeral_low())
+    for _ in range(500):
+        port = rng.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {low}-{high}")
 
 
 class ServedWorker:
