@@ -106,3 +106,23 @@ def child_json(script: str | Path, argv: list[str], tree: Path | None = None) ->
     if done.returncode != 0:
         raise RuntimeError(f"{Path(script).name} {' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def take_turns(tree: str | None, rounds: int, turn) -> dict[str, list]:
+    """`turn(source_tree)` `rounds` times for this checkout (None) and, with `tree`, for that source tree,
+    alternated so that both see the same drift of a shared host: {"this checkout": [...], "other tree": [...]}."""
+    trees = {"this checkout": None, **({"other tree": Path(tree)} if tree else {})}
+    turns: dict[str, list] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, path in trees.items():
+            turns[name].append(turn(path))
+    return turns
+
+
+def compare_trees(summary: dict, key: str, what: str) -> None:
+    """Where `summary` has both trees: the other tree's `key` over this checkout's, printed and kept as
+    `other_over_this`."""
+    if "other tree" in summary:
+        ratio = summary["other tree"][key] / summary["this checkout"][key]
+        summary["other_over_this"] = ratio
+        print(f"other tree / this checkout: {ratio:.2f}x {what}")

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_env import child_json, describe, use_source_tree, write_json
+from bench_env import child_json, compare_trees, describe, take_turns, use_source_tree, write_json
 
 SAMPLES_PER_FRAME = 1920
 STEPS = ("wav_fsync_ns", "hash_ns", "rename_ns", "sidecar_fsync_ns", "dir_fsync_ns")
@@ -75,20 +75,21 @@ def main() -> None:
         return
     use_source_tree()
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="group-commit-"))
-    trees = {"this checkout": None, **({"other tree": Path(args.tree)} if args.tree else {})}
-    turns: dict[str, list[dict]] = {name: [] for name in trees}
+    directory = base / "store"
+
+    def turn(tree: Path | None) -> dict:
+        try:
+            return child_json(__file__, ["--measure", str(directory), "--streams", str(args.streams), "--frames",
+                                         str(args.frames), "--commits", str(args.commits)], tree)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
     try:
-        for _ in range(args.rounds):
-            for name, tree in trees.items():
-                directory = base / "store"
-                turns[name].append(child_json(__file__, [
-                    "--measure", str(directory), "--streams", str(args.streams), "--frames", str(args.frames),
-                    "--commits", str(args.commits)], tree))
-                shutil.rmtree(directory, ignore_errors=True)
+        turns = take_turns(args.tree, args.rounds, turn)
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
-    summary = {}
+    summary: dict = {}
     for name, runs in turns.items():
         totals = [ms for run in runs for ms in run["commit_ms"]]
         steps = {step: statistics.median(ms for run in runs for ms in run["steps_ms"][step]) for step in STEPS}
@@ -98,10 +99,7 @@ def main() -> None:
         median = summary[name]["commit_ms_median"]
         print(f"{name}: {args.streams} artifacts of {args.frames} frames committed in {median:.1f} ms (median of "
               f"{len(totals)}; range {min(totals):.1f}-{max(totals):.1f}); steps: {cells}")
-    if args.tree:
-        ratio = summary["other tree"]["commit_ms_median"] / summary["this checkout"]["commit_ms_median"]
-        summary["other_over_this"] = ratio
-        print(f"other tree / this checkout: {ratio:.2f}x the commit time")
+    compare_trees(summary, "commit_ms_median", "the commit time")
     if args.json:
         write_json(args.json, {"schema": "breeze-group-commit/1", "meta": describe(), "tree": args.tree,
                                "dir": str(base), "streams": args.streams, "frames": args.frames,

@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench_env import child_json, describe, use_source_tree, write_json
+from bench_env import child_json, compare_trees, describe, take_turns, use_source_tree, write_json
 
 KINDS = ("plain", "instruction+cfg", "plain", "clone+instruction+cfg")  # clients 0..3 of every 4 in the mix
 INSTRUCTION = "Speak clearly and naturally."  # breeze_client.bench's mix default
@@ -88,12 +88,8 @@ def main() -> None:
         print(json.dumps(measure(args.label, args.reference_text, args.reference_seconds, args.calls)))
         return
     use_source_tree()
-    trees = {"this checkout": None, **({"other tree": Path(args.tree)} if args.tree else {})}
-    turns: dict[str, list[dict]] = {name: [] for name in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
-            turns[name].append(_child(tree, args))
-    summary = {}
+    turns = take_turns(args.tree, args.rounds, lambda tree: _child(tree, args))
+    summary: dict = {}
     for name, runs in turns.items():
         kinds = {kind: statistics.median(run[kind] for run in runs) for kind in runs[0]}
         summary[name] = {"us_per_request": kinds, "mix_mean_us": statistics.median(_mix_mean(r) for r in runs),
@@ -101,10 +97,7 @@ def main() -> None:
         cells = ", ".join(f"{kind} {us:.0f}" for kind, us in kinds.items())
         print(f"{name}: mix mean {summary[name]['mix_mean_us']:.0f} µs a request ({cells}; medians of "
               f"{args.rounds} turns)")
-    if args.tree:
-        ratio = summary["other tree"]["mix_mean_us"] / summary["this checkout"]["mix_mean_us"]
-        summary["other_over_this"] = ratio
-        print(f"other tree / this checkout: {ratio:.2f}x the CPU time a request")
+    compare_trees(summary, "mix_mean_us", "the CPU time a request")
     if args.json:
         write_json(args.json, {"schema": "breeze-request-intake/1", "meta": describe(), "tree": args.tree,
                                "rounds": args.rounds, "calls": args.calls, "label": args.label,
