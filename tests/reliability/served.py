@@ -95,7 +95,9 @@ class ServedWorker:
         reader.start()
         reader.join(timeout_s)
         line = ready[0] if ready else ""
-        assert READY.match(line.strip()), f"no ready line, got {line!r}; log: {''.join(self.log)[-3000:]}"
+        if not READY.match(line.strip()):
+            self.stop()  # a worker that never became ready is not left running
+            raise AssertionError(f"no ready line, got {line!r}; log: {''.join(self.log)[-3000:]}")
         threading.Thread(target=lambda p=self.proc: [None for _ in p.stdout], daemon=True).start()
         return self
 
@@ -158,4 +160,7 @@ def start_all(workers: list[ServedWorker], timeout_s: float = 300) -> None:
         t.start()
     for t in threads:
         t.join(timeout_s + 10)
+    if errors:  # the workers that did start are stopped too: nothing outlives the failed test
+        for worker in workers:
+            worker.stop()
     assert not errors, errors
