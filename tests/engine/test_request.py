@@ -85,6 +85,10 @@ def test_every_control_character_but_tab_and_line_ends_is_refused_where_it_is():
         with pytest.raises(InvalidRequest, match=f"control character U\\+{ord(ch):04X} at position 2"):
             resolve(text=f"ab{ch}c{ch}d")
     assert resolve(text="no controls: \u200b\u00ad\ufeff\U000e0001").text  # format characters (Cf) pass
+    for ch in controls:  # a request id may hold none of them, tab and line ends included
+        with pytest.raises(InvalidRequest, match=f"request_id contains the control character U\\+{ord(ch):04X} "
+                                                 "at position 3"):
+            resolve(request_id=f"id-{ch}")
 
 
 def test_text_is_kept_exactly():

@@ -61,8 +61,10 @@ MAX_REQUEST_ID_CHARS = 128
 
 _CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 _ASCII_UNCOUNTED = re.compile("[\x00-\x20\x7f]")  # ASCII's whitespace and control characters
-# Unicode's control characters (category Cc: U+0000-001F and U+007F-009F) but tab, line feed, carriage return
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# Unicode's control characters (category Cc: U+0000-001F and U+007F-009F); in a text, all but tab, line feed
+# and carriage return
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def expected_speech_seconds(text: str) -> float:
@@ -79,7 +81,11 @@ def expected_speech_seconds(text: str) -> float:
 
 
 def default_frame_limit(text: str, frame_rate: float) -> int:
-    return math.ceil((LIMIT_MULTIPLE * expected_speech_seconds(text) + LIMIT_SLACK_S) * frame_rate)
+    return _frame_limit(expected_speech_seconds(text), frame_rate)
+
+
+def _frame_limit(speech_s: float, frame_rate: float) -> int:
+    return math.ceil((LIMIT_MULTIPLE * speech_s + LIMIT_SLACK_S) * frame_rate)
 
 
 def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
@@ -91,7 +97,7 @@ def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if len(value) > max_chars:
         raise InvalidRequest(f"{name} has {len(value)} characters, more than the limit of {max_chars}: "
                              "shorten it or split it into several requests")
-    control = _CONTROL.search(value)
+    control = _CONTROL_IN_TEXT.search(value)
     if control is not None:
         raise InvalidRequest(f"{name} contains the control character U+{ord(control.group()):04X} at position "
                              f"{control.start()}: remove it (only tab, line feed and carriage return are allowed)")
@@ -110,10 +116,10 @@ def check_request_id(request_id: str | None) -> None:
     if len(request_id) > MAX_REQUEST_ID_CHARS:
         raise InvalidRequest(f"request_id has {len(request_id):,} characters, more than the limit of "
                              f"{MAX_REQUEST_ID_CHARS}: use a shorter id (a UUID has 36)")
-    control = next((i for i, c in enumerate(request_id) if unicodedata.category(c) == "Cc"), None)
+    control = _CONTROL.search(request_id)
     if control is not None:
-        raise InvalidRequest(f"request_id contains the control character U+{ord(request_id[control]):04X} at "
-                             f"position {control}: use printable characters only")
+        raise InvalidRequest(f"request_id contains the control character U+{ord(control.group()):04X} at "
+                             f"position {control.start()}: use printable characters only")
 
 
 def _finite(value, name: str) -> float:
@@ -199,9 +205,10 @@ def _check_reference(req: SynthesisRequest, reference: ResolvedReference | None,
                              "re-send the audio")
 
 
-def _check_fits(text: str, cap: int, defaults: GenerationDefaults) -> None:
-    """A text whose expected speech (x1) is longer than the frames this request may have would be cut off."""
-    expected_s, allowed_s = expected_speech_seconds(text), cap / defaults.frame_rate
+def _check_fits(expected_s: float, cap: int, defaults: GenerationDefaults) -> None:
+    """A text whose expected speech (x1, `expected_speech_seconds`) is longer than the frames this request may
+    have would be cut off."""
+    allowed_s = cap / defaults.frame_rate
     if expected_s > allowed_s:
         raise InvalidRequest(f"the text is about {expected_s:.0f} s of speech; this request allows at most "
                              f"{allowed_s:.1f} s ({cap} frames: the model's {defaults.max_frames}-frame cap and "
@@ -239,8 +246,9 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
                                  "leaving no room for audio: shorten the text, instruction or reference")
         cap = min(cap, room)
     if req.max_frames is None:
-        _check_fits(req.text, cap, defaults)
-        max_frames = min(cap, default_frame_limit(req.text, defaults.frame_rate))
+        expected_s = expected_speech_seconds(req.text)
+        _check_fits(expected_s, cap, defaults)
+        max_frames = min(cap, _frame_limit(expected_s, defaults.frame_rate))
     else:
         max_frames = req.max_frames
         if isinstance(max_frames, bool) or not isinstance(max_frames, int) or max_frames < 1:
