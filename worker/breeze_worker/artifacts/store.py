@@ -304,9 +304,9 @@ class ArtifactStore:
         The steps: headers written; the WAVs synced, and meanwhile read back for their hashes; each renamed
         into place; the sidecars written; synced; renamed into place; the directory synced. An artifact
         exists for readers once its sidecar exists, so a reader never sees one whose WAV or sidecar is not on
-        disk. A sync of several
-        files is one `syncfs` of the artifact volume where the kernel reports write-back errors through it
-        (Linux 5.8 and later), else, or when it fails, an fsync per file (which tells whose data failed).
+        disk. A sync of several files is one `syncfs` of the artifact volume where the kernel reports
+        write-back errors through it (Linux 5.8 and later), else, or when it fails, an fsync per file (which
+        tells whose data failed).
         Why: the jobs of a batched step end together, and each one's final message waits for its commit;
         one at a time, the last job waits for every other job's syncs (the decision log in
         docs/performance.md has the figures). Each artifact's timing counts the group's steps in full (it
@@ -330,7 +330,6 @@ class ArtifactStore:
         delay = self.settings.fault_commit_delay_s
         if delay > 0:  # test-only fault injection (diagnosis tests): a stall outside the storage calls
             time.sleep(delay)
-        published: list = []
         reading: list[Future] = []
         try:
             t0 = clock()
@@ -362,11 +361,10 @@ class ArtifactStore:
             infos = self._write_sidecars(published, started_ns, t1 - t0)
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
             self._finish_each(reading, quietly=True)  # no read-back thread still reads a file removed below
-            renamed = {w for w, _ in published}
             for w in live:
                 if w._info is not None or w.unavailable_reason is not None:
                     continue
-                if w in renamed or w._file is None:  # its WAV may be in place already
+                if w._file is None:  # closed for its rename: its WAV may be in place already
                     w._unpublish(exc)
                 else:
                     w.abort()
