@@ -278,6 +278,25 @@ def test_a_failed_read_back_in_a_group_gives_up_that_artifact_only(tmp_path, mon
         assert hashlib.sha256(store.wav_path(info.artifact_id).read_bytes()).hexdigest() == info.sha256
 
 
+@pytest.mark.parametrize("step", ["read-back", "sidecars"])
+def test_an_error_not_of_the_disk_takes_the_whole_group_off_disk(tmp_path, monkeypatch, step):
+    """A bug, not a disk fault, in a group commit: in the read-back (no WAV renamed yet) or at the sidecars
+    (every WAV already renamed into place). The error reaches the caller and no artifact of the group is left:
+    no WAV, no sidecar, no temp file."""
+    from breeze_worker.artifacts import store as store_module
+
+    store = _store(tmp_path)
+    writers = _writers(store, 3)
+    if step == "read-back":
+        monkeypatch.setattr(store_module.hashlib, "file_digest", lambda f, name: 1 / 0)
+    else:
+        monkeypatch.setattr(store_module.json, "dump", lambda record, f: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        store.commit_together(writers)
+    assert _files(tmp_path) == [] and not list(tmp_path.glob(".*"))
+    assert all(store.list_ids() == [] and w.unavailable_reason is None for w in writers)
+
+
 def test_a_disk_full_at_the_sidecars_step_of_a_group_commit_leaves_no_half_artifact(tmp_path):
     """A real full tmpfs: the WAVs' data went out before the disk filled, so their headers, syncs and renames
     succeed; a sidecar (a new file) that does not fit gives its artifact up, its renamed WAV removed too

@@ -207,10 +207,12 @@ class ArtifactWriter:
         return True
 
     def _unpublish(self, exc: BaseException) -> None:
-        """A commit step after the rename failed: readers lose sight of the artifact (sidecar first)."""
+        """A commit step after the rename failed: readers lose sight of the artifact (sidecar first), and
+        neither temp file (the WAV's, the sidecar's) stays behind."""
         store = self._store
         store._remove_quietly(store.sidecar_path(self.artifact_id))
         store._remove_quietly(store.wav_path(self.artifact_id))
+        store._remove_quietly(store._sidecar_temp_path(self.artifact_id))
         self._remove_temp()
         if isinstance(exc, OSError):
             self._give_up(exc)
@@ -278,6 +280,10 @@ class ArtifactStore:
 
     def sidecar_path(self, artifact_id: str) -> Path:
         return self.directory / f"{check_artifact_id(artifact_id)}.json"
+
+    def _sidecar_temp_path(self, artifact_id: str) -> Path:
+        """Where a sidecar is written before its rename into place (never served)."""
+        return self.directory / f".{artifact_id}.json.partial"
 
     # ---- writing ----
     def begin(self, job_id: str, sample_rate: int, encoding: PcmEncoding) -> ArtifactWriter:
@@ -388,7 +394,7 @@ class ArtifactStore:
             record = {"artifact_id": w.artifact_id, "size_bytes": size, "sha256": digest,
                       "committed_at_ns": time.time_ns(), "job_id": w.job_id, "sample_rate": w.sample_rate,
                       "encoding": w.encoding.value, "commit": dataclasses.asdict(timing)}
-            temp = self.directory / f".{w.artifact_id}.json.partial"
+            temp = self._sidecar_temp_path(w.artifact_id)
             try:
                 f = open(temp, "w", encoding="utf-8")
             except OSError as exc:
