@@ -6,8 +6,8 @@ another (engine/request.py `resolve_request`), so a burst of 64 reaches the engi
 the loop gets through them. This times that step for the serve benchmark's request mix (client i: an
 instruction with CFG when i is odd, a clone of a reference with it when i % 4 == 3; the label's text) with the
 full-size checkpoint's tokenizer (`make-checkpoint --size full`), in this checkout and, with --tree, in another
-source tree, in separate processes taking turns (--rounds), and prints microseconds per request of each kind,
-the mix's mean and the ratio to the other tree.
+source tree, in separate processes taking turns (--rounds), and prints microseconds per request of each kind
+(`breeze_client.bench.RequestMix`'s names), the mix's mean and the ratio to the other tree.
 
     python benchmarks/request_intake.py --tree ../baseline-checkout --rounds 5 --json intake.json
 """
@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
 
 from bench_env import child_json, compare_trees, describe, take_turns, use_source_tree, write_json
 
-KINDS = ("plain", "instruction+cfg", "plain", "clone+instruction+cfg")  # clients 0..3 of every 4 in the mix
-INSTRUCTION = "Speak clearly and naturally."  # breeze_client.bench's mix default
-CFG_SCALE = 2.0
+CFG_EVERY, CLONE_EVERY = 2, 4  # serve_bench's mix (breeze-client bench --cfg-every 2 --clone-every 4)
 
 
 def measure(label: str, reference_text: str, reference_seconds: float, calls: int) -> dict:
     """µs per resolve_request call of each kind, in this process's source tree."""
     import numpy as np
 
-    from breeze_client.bench import LABELS
+    from breeze_client.bench import LABELS, RequestMix
     from breeze_worker.engine.request import resolve_request
     from breeze_worker.engine.types import ReferenceInput, ResolvedReference, SynthesisRequest
     from breeze_worker.model.loaded import GenerationDefaults
@@ -45,13 +44,17 @@ def measure(label: str, reference_text: str, reference_seconds: float, calls: in
     frames = max(1, round(reference_seconds * defaults.frame_rate))
     reference = ResolvedReference(reference_id="ref-" + "0" * 32, transcript=reference_text,
                                   codes=np.zeros((frames, 16), dtype=np.int64), seconds=reference_seconds)
-    requests = {
-        "plain": (SynthesisRequest(text=text, seed=1), None),
-        "instruction+cfg": (SynthesisRequest(text=text, instruction=INSTRUCTION, cfg_scale=CFG_SCALE, seed=1), None),
-        "clone+instruction+cfg": (SynthesisRequest(
-            text=text, instruction=INSTRUCTION, cfg_scale=CFG_SCALE, seed=1,
-            reference=ReferenceInput(audio=b"RIFF", transcript=reference_text)), reference),
-    }
+    # each kind of request the client mix sends, as the worker receives it (its reference already taken in)
+    mix = RequestMix(cfg_every=CFG_EVERY, clone_every=CLONE_EVERY, reference_audio=b"RIFF",
+                     reference_text=reference_text)
+    requests = {}
+    for i in range(math.lcm(CFG_EVERY, CLONE_EVERY)):
+        options = mix.options(i)
+        clone = options.get("reference_audio") is not None
+        requests[mix.kind(i)] = (SynthesisRequest(
+            text=text, seed=1, instruction=options.get("instruction"), cfg_scale=options.get("cfg_scale"),
+            reference=ReferenceInput(audio=options["reference_audio"], transcript=options["reference_text"])
+            if clone else None), reference if clone else None)
     out = {}
     for kind, (request, ref) in requests.items():
         resolve_request(request, defaults, ref, tokenizer=tokenizer)  # first call outside the timing
@@ -68,8 +71,16 @@ def _child(tree: Path | None, args) -> dict:
                       tree)
 
 
+def _kinds() -> list[str]:
+    """The kind of request each client of one cycle of the mix sends."""
+    from breeze_client.bench import RequestMix
+
+    mix = RequestMix(cfg_every=CFG_EVERY, clone_every=CLONE_EVERY)
+    return [mix.kind(i) for i in range(math.lcm(CFG_EVERY, CLONE_EVERY))]
+
+
 def _mix_mean(per_kind: dict) -> float:
-    return statistics.fmean(per_kind[kind] for kind in KINDS)
+    return statistics.fmean(per_kind[kind] for kind in _kinds())
 
 
 def main() -> None:
@@ -101,7 +112,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, {"schema": "breeze-request-intake/1", "meta": describe(), "tree": args.tree,
                                "rounds": args.rounds, "calls": args.calls, "label": args.label,
-                               "reference_seconds": args.reference_seconds, "mix": list(KINDS), **summary})
+                               "reference_seconds": args.reference_seconds, "mix": _kinds(), **summary})
 
 
 if __name__ == "__main__":

@@ -73,13 +73,12 @@ def test_request_intake_times_each_kind_of_the_mix_in_two_trees(tmp_path):
     done = tool("request_intake", "--tree", str(ROOT), "--rounds", "1", "--calls", "20", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert META_KEYS <= set(doc["meta"]) and doc["mix"] == ["plain", "instruction+cfg", "plain",
-                                                            "clone+instruction+cfg"]
+    assert META_KEYS <= set(doc["meta"]) and doc["mix"] == ["plain", "cfg", "plain", "clone+cfg"]
     for name in ("this checkout", "other tree"):
         kinds = doc[name]["us_per_request"]
-        assert set(kinds) == {"plain", "instruction+cfg", "clone+instruction+cfg"}
+        assert set(kinds) == {"plain", "cfg", "clone+cfg"}
         # guidance lays out two prompts, a clone a reference's frames too: each costs more than a plain one
-        assert 0 < kinds["plain"] < kinds["instruction+cfg"] < kinds["clone+instruction+cfg"]
+        assert 0 < kinds["plain"] < kinds["cfg"] < kinds["clone+cfg"]
     assert 0.2 < doc["other_over_this"] < 5.0
     assert "other tree / this checkout" in done.stdout
 
