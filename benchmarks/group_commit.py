@@ -8,6 +8,10 @@ artifacts of --frames frames (24 kHz s16, the size a 64-stream round of the serv
 another source tree, in separate processes taking turns (--rounds) on the same volume. It prints each tree's
 median commit time and each step's (from the artifacts' own commit timing) and the ratio.
 
+The frames are written as a round writes them: one frame for every artifact each --step-ms (the engine step at
+that many streams; 18.5 ms is the H200's at 64, M15), so the kernel's write-back can run while they stream, and
+the commit follows the last frame at once. --step-ms 0 writes everything at once, then waits 0.2 s.
+
     python benchmarks/group_commit.py --dir /var/lib/breeze/artifacts-bench --tree ../baseline --json commit.json
 
 Run it on the volume the worker's artifacts use: the figure is that volume's sync time as much as the code's.
@@ -29,7 +33,7 @@ SAMPLES_PER_FRAME = 1920
 STEPS = ("wav_fsync_ns", "hash_ns", "rename_ns", "sidecar_fsync_ns", "dir_fsync_ns")
 
 
-def measure(directory: Path, streams: int, frames: int, commits: int) -> dict:
+def measure(directory: Path, streams: int, frames: int, commits: int, step_s: float) -> dict:
     """Commit times (ms) of `commits` groups, and each step's (ms, the first artifact's: the group's)."""
     from breeze_worker.artifacts.store import ArtifactStore
     from breeze_worker.config import ArtifactSettings
@@ -40,10 +44,14 @@ def measure(directory: Path, streams: int, frames: int, commits: int) -> dict:
     totals, steps = [], {name: [] for name in STEPS}
     for _ in range(commits):
         writers = [store.begin(f"bench-{i}", 24000, PcmEncoding.S16LE) for i in range(streams)]
-        for w in writers:
-            for start in range(0, len(pcm), SAMPLES_PER_FRAME * 2):  # a frame at a time, as a stream writes
+        step_at = time.perf_counter()
+        for start in range(0, len(pcm), SAMPLES_PER_FRAME * 2):  # a frame for every stream a step
+            for w in writers:
                 w.append(pcm[start:start + SAMPLES_PER_FRAME * 2])
-        time.sleep(0.2)  # the pages wait for write-back a little, as the last frames of a round do
+            step_at += step_s
+            time.sleep(max(0.0, step_at - time.perf_counter()))
+        if step_s == 0:
+            time.sleep(0.2)  # the pages wait for write-back a little, as the last frames of a round do
         start = time.perf_counter_ns()
         infos = store.commit_together(writers)
         totals.append((time.perf_counter_ns() - start) / 1e6)
@@ -63,6 +71,7 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--frames", type=int, default=96)
     p.add_argument("--commits", type=int, default=3, help="group commits in a turn")
+    p.add_argument("--step-ms", type=float, default=18.5, help="time between a round's frames (0: all at once)")
     p.add_argument("--rounds", type=int, default=6, help="turns each tree takes, alternated")
     p.add_argument("--tree", default=None, help="another source tree to compare (a baseline checkout)")
     p.add_argument("--json", default=None)
@@ -71,7 +80,7 @@ def main() -> None:
     if args.measure:
         import json
 
-        print(json.dumps(measure(Path(args.measure), args.streams, args.frames, args.commits)))
+        print(json.dumps(measure(Path(args.measure), args.streams, args.frames, args.commits, args.step_ms / 1e3)))
         return
     use_source_tree()
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="group-commit-"))
@@ -80,7 +89,8 @@ def main() -> None:
     def turn(tree: Path | None) -> dict:
         try:
             return child_json(__file__, ["--measure", str(directory), "--streams", str(args.streams), "--frames",
-                                         str(args.frames), "--commits", str(args.commits)], tree)
+                                         str(args.frames), "--commits", str(args.commits), "--step-ms",
+                                         str(args.step_ms)], tree)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -103,7 +113,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, {"schema": "breeze-group-commit/1", "meta": describe(), "tree": args.tree,
                                "dir": str(base), "streams": args.streams, "frames": args.frames,
-                               "commits": args.commits, "rounds": args.rounds, **summary})
+                               "commits": args.commits, "rounds": args.rounds, "step_ms": args.step_ms, **summary})
 
 
 if __name__ == "__main__":

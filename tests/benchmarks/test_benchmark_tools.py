@@ -88,10 +88,11 @@ def test_group_commit_commits_whole_groups_and_times_their_steps(tmp_path):
     timed from the artifacts' own commit timing, and the store left empty."""
     out, store = tmp_path / "commit.json", tmp_path / "volume"
     done = tool("group_commit", "--dir", str(store), "--streams", "8", "--frames", "4", "--commits", "2",
-                "--rounds", "1", "--json", str(out))
+                "--step-ms", "5", "--rounds", "1", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert META_KEYS <= set(doc["meta"]) and doc["streams"] == 8 and "other_over_this" not in doc
+    assert META_KEYS <= set(doc["meta"]) and (doc["streams"], doc["step_ms"]) == (8, 5)
+    assert "other_over_this" not in doc
     mine = doc["this checkout"]
     low, high = mine["commit_ms_range"]
     assert 0 < low <= mine["commit_ms_median"] <= high

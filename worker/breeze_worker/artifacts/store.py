@@ -14,6 +14,11 @@ temp file, stops writing and reports why (`unavailable_reason`), and the job str
 Opening the store sweeps the temp files a crashed run left; `space.py` keeps the free-space headroom.
 Every commit step is timed (`ArtifactInfo.commit`, also kept in the sidecar): the evidence that tells a
 slow volume from a worker that was slow around its storage calls.
+
+Write-back while streaming: each block of PCM a writer hands to the kernel is queued for write-back at once
+(`sync_file_range`, on the store's write-back thread: the call can block while the volume is busy), so the
+commit's sync finds most of a job's audio already on its way to the disk instead of all of it dirty in memory.
+It changes when the data moves, not what a commit guarantees: the commit still syncs every WAV.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import io
 import json
 import logging
 import os
+import queue
 import re
 import secrets
 import threading
@@ -101,6 +107,70 @@ def _syncfs(fd: int) -> bool:
     return True
 
 
+@functools.cache
+def _libc_sync_file_range():
+    """The C library's sync_file_range (Linux), else None."""
+    if os.uname().sysname != "Linux":
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return function
+
+
+SYNC_FILE_RANGE_WRITE = 2  # start write-back of the range's dirty pages; wait for nothing
+
+
+class _WriteBack:
+    """One thread that starts the kernel's write-back of the blocks the writers hand it (`queue`).
+
+    A hint for a writer whose file has been closed since is dropped: the writer's lock keeps the descriptor
+    from being closed (and its number reused) during the call. A failed call is only logged: write-back errors
+    reach the commit through its sync, which names the artifact."""
+
+    def __init__(self, function) -> None:
+        self._function = function
+        self._hints: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.failed = False  # a call failed (logged once)
+
+    def queue(self, writer: ArtifactWriter, offset: int, nbytes: int) -> None:
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="artifact-writeback", daemon=True)
+                    self._thread.start()
+        self._hints.put((writer, offset, nbytes))
+
+    def drain(self) -> None:
+        """Wait until every hint queued before this call has been handled (tests, benchmarks)."""
+        done = threading.Event()
+        self._hints.put(done)
+        if self._thread is not None:
+            done.wait()
+
+    def _run(self) -> None:
+        while True:
+            hint = self._hints.get()
+            if isinstance(hint, threading.Event):
+                hint.set()
+                continue
+            writer, offset, nbytes = hint
+            with writer._lock:
+                f = writer._file
+                if f is None or f.closed:
+                    continue
+                failed = self._function(f.fileno(), offset, nbytes, SYNC_FILE_RANGE_WRITE) != 0
+                error = ctypes.get_errno()
+            if failed and not self.failed:
+                self.failed = True
+                log.warning("artifact volume: starting write-back failed (%s); commits sync everything at the end",
+                            os.strerror(error))
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -125,17 +195,20 @@ class ArtifactWriter:
         self.encoding = PcmEncoding(encoding)
         self._store = store
         self._temp_path = store.directory / f".{artifact_id}.partial"
-        self._file: io.BufferedRandom | None = None  # exclusive create, read and write
+        self._file: io.FileIO | None = None  # exclusive create, read and write
+        self._lock = threading.Lock()  # held while the file is closed, and by the write-back thread's calls
+        # the writer's own buffer: the engine thread appends every stream's frame (~4 KB) each step, and a write
+        # call per frame would be a system call (and a hand-over of the interpreter lock) per stream; each block
+        # written out is then handed to the write-back thread
+        self._buffer = bytearray(header_size(self.encoding))  # the header, reserved; filled in at commit
+        self._written = 0  # bytes of the file written out to the kernel
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable
         if unavailable is not None:
             return
         try:
-            # a large buffer: the engine thread appends every stream's frame (~4 KB) each step, and a write
-            # call per frame would be a system call (and a hand-over of the interpreter lock) per stream
-            self._file = io.BufferedRandom(io.FileIO(self._temp_path, "x+"), buffer_size=WRITE_BUFFER_BYTES)
-            self._file.write(b"\0" * header_size(self.encoding))  # reserved; filled in at commit
+            self._file = io.FileIO(self._temp_path, "x+")
         except OSError as exc:
             self._give_up(exc)
 
@@ -151,11 +224,27 @@ class ArtifactWriter:
             raise RuntimeError(f"artifact {self.artifact_id} is already committed or aborted")
         try:
             self._fault_check(len(pcm))
-            self._file.write(pcm)
+            self._buffer += pcm
+            if len(self._buffer) >= WRITE_BUFFER_BYTES:
+                self._write_out(hint=True)
         except OSError as exc:
             self._give_up(exc)
             return
         self._data_bytes += len(pcm)
+
+    def _write_out(self, hint: bool) -> None:
+        """Write the buffer to the file; with `hint`, queue its write-back (a commit follows otherwise)."""
+        assert self._file is not None
+        start, view = self._written, memoryview(self._buffer)
+        while view:
+            n = self._file.write(view)  # a regular file in blocking mode: a short write only before an error
+            view = view[n:]
+            self._written += n
+        view.release()
+        self._buffer.clear()
+        writeback = self._store._writeback
+        if hint and writeback is not None:
+            writeback.queue(self, start, self._written - start)
 
     def commit(self) -> ArtifactInfo | None:
         """Fix the header, fsync, rename into place, record the sha256; returns the committed info, whose
@@ -169,9 +258,10 @@ class ArtifactWriter:
         """Write the final header and flush (no sync yet); False when the disk failed it (given up)."""
         assert self._file is not None
         try:
-            self._file.seek(0)
-            self._file.write(wav_header(self.encoding, self.sample_rate, self._data_bytes))
-            self._file.flush()
+            self._write_out(hint=False)
+            header = wav_header(self.encoding, self.sample_rate, self._data_bytes)
+            if os.pwrite(self._file.fileno(), header, 0) != len(header):
+                raise OSError(errno.EIO, "the WAV header was written short", str(self._temp_path))
         except OSError as exc:
             self._give_up(exc)
             return False
@@ -195,8 +285,9 @@ class ArtifactWriter:
         f = self._file
         assert f is not None
         try:
-            self._file = None
-            f.close()
+            with self._lock:
+                self._file = None
+                f.close()
             os.replace(self._temp_path, self._store.wav_path(self.artifact_id))
         except OSError as exc:
             self._give_up(exc)
@@ -228,10 +319,11 @@ class ArtifactWriter:
         (a full disk fails the close's flush too)."""
         if self._info is not None:
             return
-        f, self._file = self._file, None
         try:
-            if f is not None:
-                f.close()
+            with self._lock:
+                f, self._file = self._file, None
+                if f is not None:
+                    f.close()
         except OSError as exc:
             log.debug("artifact %s: closing its temp file failed (%s); removing it anyway", self.artifact_id, exc)
         finally:
@@ -271,6 +363,8 @@ class ArtifactStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_start_each`)
+        function = _libc_sync_file_range()
+        self._writeback = _WriteBack(function) if function is not None else None  # None: no early write-back
         self.space = SpaceKeeper(self)
         self._sweep_leftovers()
 
