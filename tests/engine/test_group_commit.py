@@ -7,6 +7,7 @@ asserted: the structure (one start stamp for all) is what tells one group from f
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import torch
 
@@ -45,3 +46,39 @@ def test_jobs_ending_at_one_step_commit_together(tmp_path):
         record = store.describe(f.artifact.artifact_id)
         assert record["sha256"] == f.artifact.sha256 and record["size_bytes"] == f.artifact.size_bytes
         assert store.wav_path(f.artifact.artifact_id).stat().st_size == f.artifact.size_bytes
+
+
+def test_a_groups_final_events_reach_the_event_loop_in_one_wake_up(tmp_path):
+    """Every job of the group gets its final event and its end from the committing thread in one hand-over
+    (session.post): one write to the loop's wake-up pipe, not two a job."""
+    torch.set_num_threads(1)
+    settings = EngineSettings(device="cpu", max_active_streams=4, max_queue=4, join_gather_ms=20_000,
+                              join_gather_quiet_ms=1_000, artifact_commit_threads=1)
+    engine = Engine(settings, ArtifactStore(ArtifactSettings(directory=tmp_path / "artifacts")))
+
+    async def main():
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        handed: list[list] = []  # the items of each wake-up from the committing thread
+        original = loop.call_soon_threadsafe
+
+        def counted(callback, *args, **kwargs):
+            if threading.current_thread().name.startswith("artifact-io"):
+                handed.append([item for _, item in args[0]])
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+
+        async def one(seed):
+            return [event async for event in engine.synthesize(SynthesisRequest(text="one two", seed=seed,
+                                                                                max_frames=2))]
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(seed) for seed in range(4))), 60), handed
+        finally:
+            await engine.stop()
+
+    streams, handed = asyncio.run(main())
+    assert all(isinstance(events[-1], JobFinished) and events[-1].artifact is not None for events in streams)
+    assert len(handed) == 1 and len(handed[0]) == 8  # four final events and four ends
+    assert [type(item).__name__ for item in handed[0][::2]] == ["JobFinished"] * 4
+    assert {id(events[-1]) for events in streams} == {id(item) for item in handed[0][::2]}

@@ -546,8 +546,8 @@ class Scheduler:
             self._io.submit(self._commit, group)
 
     def _commit(self, group: list) -> None:
-        """Commit the group's artifacts (a storage fault gives one up, its job still finishes); then each
-        job's final event."""
+        """Commit the group's artifacts (a storage fault gives one up, its job still finishes); then every
+        job's final event and end, handed to the event loop at once (one wake-up, not two a job)."""
         try:
             infos = self.artifact_store.commit_together([job.artifact for job, _, _ in group])
         except BaseException as exc:  # a bug, not a storage fault (the writers contain those)
@@ -555,9 +555,10 @@ class Scheduler:
             for job, _, _ in group:
                 self._fail(job, exc)
             return
-        for (job, stats, done_at_ns), info in zip(group, infos):
-            job.sink.put(job.finished_event(stats, done_at_ns, info, job.artifact.unavailable_reason))
-            job.sink.close()
+        post([delivery for (job, stats, done_at_ns), info in zip(group, infos)
+              for delivery in job.sink.last(job.finished_event(stats, done_at_ns, info,
+                                                               job.artifact.unavailable_reason))])
+        for job, _, _ in group:
             self._ended(job)
 
     def _ended(self, job: Job) -> None:

@@ -82,6 +82,10 @@ class EventSink:
     def close(self) -> None:
         self.put(self._DONE)
 
+    def last(self, item) -> list[tuple[EventSink, object]]:
+        """The deliveries that hand `item` and then end the stream, for `post` (many jobs' ends at once)."""
+        return [(self, item), (self, self._DONE)]
+
     async def get(self):
         """The next event, an exception to raise, or None at the end of the stream."""
         item = await self._queue.get()
