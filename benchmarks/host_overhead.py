@@ -177,7 +177,12 @@ class SimulatedCodec:
     def launch(self, frames: dict, timed: bool = False) -> SimulatedAudio:
         import torch
 
-        torch.stack([torch.as_tensor(f).reshape(-1) for f in frames.values()])  # the codes' one host upload
+        try:  # the codes' one host upload, stacked as the codec's rows stack them
+            from breeze_worker.engine.codec_rows import stack_frames
+        except ImportError:  # a --tree from before stack_frames
+            torch.stack([torch.as_tensor(f).reshape(-1) for f in frames.values()])
+        else:
+            stack_frames(frames.values())
         return SimulatedAudio(list(frames), self.device.queue(self.codec_s))
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from breeze_worker.engine.codec_graphs import SlotBatch, bucket_for, pool_for
-from breeze_worker.engine.codec_rows import CodecRows
+from breeze_worker.engine.codec_rows import CodecRows, stack_frames
 from breeze_worker.engine.syncaudit import SyncDetector
 from breeze_worker.model.codec import DecoderStreamState, tiny_codec
 
@@ -218,3 +218,22 @@ def test_batches_are_pooled_per_codec(codec):
         third.add("n")
     with pytest.raises(RuntimeError, match="one frame per active stream"):
         third.decode({})
+
+
+def test_frames_stack_to_the_same_codes_whatever_form_they_come_in():
+    """The stepper's rows of one readout stack as they are; lists, arrays, other integer types and [1, 16]
+    tensors are converted: every form gives the int64 [n, 16] codes numpy reads from the same numbers."""
+    readout = torch.randint(0, 2048, (5, 18), generator=torch.Generator().manual_seed(3))
+    rows = list(readout[:, :16])  # views into one tensor, as BatchedStepper.step returns them
+    expected = readout[:, :16].clone().numpy()
+    forms = [rows, [r.tolist() for r in rows], [r.numpy().astype(np.int32) for r in rows],
+             [r.to(torch.int32) for r in rows], [r.reshape(1, 16) for r in rows],
+             rows[:2] + [rows[2].tolist()] + rows[3:]]
+    for frames in forms:
+        stacked = stack_frames(frames)
+        assert stacked.dtype == torch.long and stacked.shape == (5, 16)
+        assert np.array_equal(stacked.numpy(), expected)
+    stacked = stack_frames(iter(rows))  # any iterable, in its order
+    assert np.array_equal(stacked.numpy(), expected)
+    readout[0, 0] = -7  # a copy: the readout's next step does not change frames already stacked
+    assert stacked[0, 0].item() == expected[0, 0] != -7

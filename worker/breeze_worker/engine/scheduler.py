@@ -51,9 +51,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
-
-from breeze_worker.engine.codec_rows import CodecRows, PendingAudio
+from breeze_worker.engine.codec_rows import CodecRows, PendingAudio, stack_frames
 from breeze_worker.engine.metrics import EngineMetrics
 from breeze_worker.engine.session import SLOT_GRANTED, Job, bytes_per_sample, encode_pcm, post
 from breeze_worker.engine.stepper import StepOutcome
@@ -462,7 +460,7 @@ class Scheduler:
         holding one; checked for all streams in one call."""
         if not frames:
             return {}
-        stacked = torch.stack([torch.as_tensor(f).reshape(-1) for f in frames.values()])
+        stacked = stack_frames(frames.values())
         bad = (stacked < 0) | (stacked >= self._codebook_size)
         if not bool(bad.any()):
             return {}
