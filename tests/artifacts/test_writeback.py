@@ -13,7 +13,7 @@ import re
 import pytest
 
 from breeze_worker.artifacts import store as store_module
-from breeze_worker.artifacts.store import WRITE_BUFFER_BYTES, ArtifactStore, _WriteBack
+from breeze_worker.artifacts.store import PAGE_BYTES, WRITE_BUFFER_BYTES, ArtifactStore, _WriteBack
 from breeze_worker.config import ArtifactSettings
 from breeze_worker.engine.types import PcmEncoding
 
@@ -79,9 +79,11 @@ def test_the_blocks_written_out_are_under_write_back_before_the_commit(tmp_path)
     hinted._writeback.drain()
     written = [w._written for w in writers]
     assert written[0] == written[1] >= 6 * WRITE_BUFFER_BYTES  # the same blocks reached the kernel in both
+    whole = writers[0]._hinted  # every page written whole so far (the last one may wait for the next block)
+    assert written[0] - PAGE_BYTES < whole <= written[0] and whole % PAGE_BYTES == 0
     # without hints the kernel leaves them dirty for its own timer (tens of seconds): the test can tell
-    assert _dirty_pages(writers[1]._temp_path, written[1]) > 0
-    assert _dirty_pages(writers[0]._temp_path, written[0]) == 0
+    assert _dirty_pages(writers[1]._temp_path, whole) > whole // PAGE_BYTES // 2
+    assert _dirty_pages(writers[0]._temp_path, whole) == 0
 
     for w in writers:  # and the artifact is the streamed audio, byte for byte, as without hints
         info = w.commit()
@@ -113,8 +115,10 @@ def test_each_block_is_hinted_once_in_order_and_a_closed_file_never(tmp_path):
     blocks = [(offset, nbytes) for _, offset, nbytes, _ in recorder.calls]
     assert blocks and all(call[0] == fd and call[3] == store_module.SYNC_FILE_RANGE_WRITE for call in recorder.calls)
     assert blocks[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(blocks, blocks[1:]))  # contiguous
-    assert sum(nbytes for _, nbytes in blocks) == writer._written
-    assert all(nbytes >= WRITE_BUFFER_BYTES for _, nbytes in blocks)
+    assert all((offset + nbytes) % PAGE_BYTES == 0 for offset, nbytes in blocks)  # whole pages only
+    end = blocks[-1][0] + blocks[-1][1]
+    assert end == writer._hinted and writer._written - PAGE_BYTES < end <= writer._written  # all but a part page
+    assert all(nbytes > WRITE_BUFFER_BYTES - PAGE_BYTES for _, nbytes in blocks)  # a hint a block, not a frame
 
     calls = len(recorder.calls)
     recorder_writeback.queue(writer, 0, 4096)

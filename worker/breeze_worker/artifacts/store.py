@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import queue
 import re
@@ -121,6 +122,7 @@ def _libc_sync_file_range():
 
 
 SYNC_FILE_RANGE_WRITE = 2  # start write-back of the range's dirty pages; wait for nothing
+PAGE_BYTES = mmap.PAGESIZE  # write-back moves whole pages: a hint ends at the last page already written whole
 
 
 class _WriteBack:
@@ -146,7 +148,7 @@ class _WriteBack:
         self._hints.put((writer, offset, nbytes))
 
     def drain(self) -> None:
-        """Wait until every hint queued before this call has been handled (tests, benchmarks)."""
+        """Wait until every hint queued before this call has been handled (tests)."""
         done = threading.Event()
         self._hints.put(done)
         if self._thread is not None:
@@ -169,6 +171,13 @@ class _WriteBack:
                 self.failed = True
                 log.warning("artifact volume: starting write-back failed (%s); commits sync everything at the end",
                             os.strerror(error))
+
+
+@functools.cache
+def _process_writeback() -> _WriteBack | None:
+    """The process's one write-back thread (every store shares it), or None where sync_file_range is missing."""
+    function = _libc_sync_file_range()
+    return _WriteBack(function) if function is not None else None
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -202,6 +211,7 @@ class ArtifactWriter:
         # written out is then handed to the write-back thread
         self._buffer = bytearray(header_size(self.encoding))  # the header, reserved; filled in at commit
         self._written = 0  # bytes of the file written out to the kernel
+        self._hinted = 0  # the file's first bytes queued for write-back (whole pages)
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable
@@ -233,9 +243,11 @@ class ArtifactWriter:
         self._data_bytes += len(pcm)
 
     def _write_out(self, hint: bool) -> None:
-        """Write the buffer to the file; with `hint`, queue its write-back (a commit follows otherwise)."""
+        """Write the buffer to the file; with `hint`, queue the write-back of the pages it completed (a commit
+        follows otherwise). A page the next block still writes into is left for that block's hint: hinted while
+        half written, it would be under write-back when the rest arrives, and the next hint would skip it."""
         assert self._file is not None
-        start, view = self._written, memoryview(self._buffer)
+        view = memoryview(self._buffer)
         while view:
             n = self._file.write(view)  # a regular file in blocking mode: a short write only before an error
             view = view[n:]
@@ -243,8 +255,10 @@ class ArtifactWriter:
         view.release()
         self._buffer.clear()
         writeback = self._store._writeback
-        if hint and writeback is not None:
-            writeback.queue(self, start, self._written - start)
+        whole = self._written - self._written % PAGE_BYTES
+        if hint and writeback is not None and whole > self._hinted:
+            writeback.queue(self, self._hinted, whole - self._hinted)
+            self._hinted = whole
 
     def commit(self) -> ArtifactInfo | None:
         """Fix the header, fsync, rename into place, record the sha256; returns the committed info, whose
@@ -255,7 +269,8 @@ class ArtifactWriter:
 
     # ---- the steps of a commit (ArtifactStore.commit_together runs them for a group) ----
     def _seal(self) -> bool:
-        """Write the final header and flush (no sync yet); False when the disk failed it (given up)."""
+        """Write out the buffered rest and the final header (no sync yet); False when the disk failed it (given
+        up)."""
         assert self._file is not None
         try:
             self._write_out(hint=False)
@@ -315,8 +330,8 @@ class ArtifactWriter:
                  info.size_bytes, info.sha256)
 
     def abort(self) -> None:
-        """Discard the temporary file; a committed artifact is left alone. Removes it even when closing fails
-        (a full disk fails the close's flush too)."""
+        """Discard the temporary file and what is still buffered; a committed artifact is left alone. Removes the
+        file even when closing it fails."""
         if self._info is not None:
             return
         try:
@@ -363,8 +378,7 @@ class ArtifactStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_start_each`)
-        function = _libc_sync_file_range()
-        self._writeback = _WriteBack(function) if function is not None else None  # None: no early write-back
+        self._writeback = _process_writeback()  # None: no early write-back (not Linux)
         self.space = SpaceKeeper(self)
         self._sweep_leftovers()
 
