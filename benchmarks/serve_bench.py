@@ -11,7 +11,9 @@ One run, on one GPU host (one device call):
      p99 (in frames too), the worker's CPU seconds per audio second during the run, and where the TTFA went
      (the client bench's `ttfa_split_ms`: to the worker's queue, the queue, the worker, the way back);
      --profile-levels samples the worker's threads with py-spy during those levels' loads (when installed);
-  4. start-up again with the caches warm (--skip-warm-start: not);
+  4. start-up again with the caches warm (--skip-warm-start: not); --profile-startup samples every start-up
+     with py-spy and splits its time by what ran: Dynamo, AOT autograd, Inductor, Triton, CUDA graph capture,
+     weights, imports, else our innermost function (the load thread's waits included);
   5. (--engine-bench) `breeze-worker bench --concurrency ...` on the same device, on the same prompts (the
      label's text, half with CFG, a quarter cloning the same reference): the engine's aggregate at the same
      concurrency without gRPC, and the ratio gRPC / engine;
@@ -52,7 +54,22 @@ SPLIT = {  # worker log line -> start-up phase
     "codec_graphs_s": re.compile(r"codec graphs for up to \d+ streams ready in ([\d.]+) s"),
     "warmup_s": re.compile(r"warm-up done in ([\d.]+) s"),
     "engine_ready_s": re.compile(r"engine ready in ([\d.]+) s"),
+    # the batched fast path's own parts (CUDA): compiling its step, capturing its graphs, the text encoder's
+    "batched_step_compile_s": re.compile(r"compiled the batched step for \d+ batch shapes in ([\d.]+) s"),
+    "batched_step_capture_s": re.compile(r"captured \d+ CUDA graphs for \d+ batch shapes in ([\d.]+) s"),
+    "text_encoder_capture_s": re.compile(r"captured the text encoder for \d+ batch shapes .* in ([\d.]+) s"),
 }
+# A start-up profile's sample belongs to the category of its innermost frame that names one (a Triton call
+# inside Inductor's compile is Triton's); a sample with none is "other" with its innermost frame of ours.
+STARTUP_CATEGORIES = (
+    ("CUDA graph capture", ("torch/cuda/graphs.py",)),
+    ("Triton (kernel compile and load)", ("triton/",)),
+    ("Inductor (lowering, code generation, its caches)", ("torch/_inductor/",)),
+    ("AOT autograd", ("torch/_functorch/",)),
+    ("Dynamo (tracing, guards)", ("torch/_dynamo/",)),
+    ("weights (read, convert)", ("safetensors", "breeze_worker/model/loader.py")),
+    ("imports", ("<frozen importlib._bootstrap",)),
+)
 FRAME_S = 0.08
 T4_BANDWIDTH = 320e9  # bytes/s, the T4's memory bandwidth (datasheet)
 REFERENCE_TEXT = "Please call Stella. Ask her to bring these things with her from the store."
@@ -91,28 +108,37 @@ class Worker:
         self.target = ""
         self.metrics_url = ""
 
-    def start(self, timeout_s: float) -> dict:
+    def start(self, timeout_s: float, profile: Path | None = None) -> dict:
+        """Start and wait for the ready line; the start-up's time and the worker's own split. `profile`: sample
+        the start-up with py-spy into that file (folded stacks) and summarize it (`startup_profile`)."""
         t0 = time.perf_counter()
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=self.env)
+        profiler = _profile_startup(self.proc.pid, profile) if profile is not None else None
         assert self.proc.stdout is not None
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the worker exited before it was ready; log: {self.log_path}")
-            match = READY.search(line)
-            if match:
-                self.target = match.group(1)
-                break
-            if time.perf_counter() - t0 > timeout_s:
-                raise RuntimeError(f"the worker was not ready in {timeout_s:.0f} s")
+        try:
+            while True:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"the worker exited before it was ready; log: {self.log_path}")
+                match = READY.search(line)
+                if match:
+                    self.target = match.group(1)
+                    break
+                if time.perf_counter() - t0 > timeout_s:
+                    raise RuntimeError(f"the worker was not ready in {timeout_s:.0f} s")
+        finally:
+            _stop_profile(profiler)
         ready_s = time.perf_counter() - t0
         self.log.flush()
         text = self.log_path.read_text()
         found = METRICS_AT.search(text)
         self.metrics_url = found.group(1) if found else ""
         split = {k: float(m.group(1)) for k, pattern in SPLIT.items() if (m := pattern.search(text))}
-        return {"process_start_to_serving_s": ready_s, **split}
+        result = {"process_start_to_serving_s": ready_s, **split}
+        if profiler is not None and profile is not None and profile.exists():
+            result["profile"] = {"file": profile.name, **startup_profile(profile.read_text(), PROFILE_RATE_HZ)}
+        return result
 
     def metrics(self) -> dict[str, float]:
         """The worker's /metrics samples by name (with labels), {} when it has no metrics port."""
@@ -322,6 +348,79 @@ def _profile(worker: Worker, stem: Path) -> subprocess.Popen | None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+PROFILE_RATE_HZ = 100
+
+
+def _profile_startup(pid: int, path: Path) -> subprocess.Popen | None:
+    """py-spy sampling the starting worker and its subprocesses (compile workers), waits included, as folded
+    stacks; None, with a note, when py-spy is not installed."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("serve bench: py-spy is not installed: no start-up profile", file=sys.stderr)
+        return None
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--subprocesses", "--threads", "--idle",
+                             "--nonblocking", "--rate", str(PROFILE_RATE_HZ), "--format", "raw", "--output",
+                             str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _startup_file(args: argparse.Namespace, work: Path, name: str) -> Path | None:
+    return work / f"pyspy_startup_{name}.folded" if args.profile_startup else None
+
+
+PROFILE_OTHERS = 12  # "other" functions of ours named one by one; the rest are summed
+
+
+def _category(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for name, marks in STARTUP_CATEGORIES:
+            if any(mark in frame for mark in marks):
+                return name
+    ours = next((f for f in reversed(frames) if "breeze_worker/" in f), None)
+    return "other: " + re.sub(r":\d+\)$", ")", ours) if ours else "other"  # by function, not by line
+
+
+def startup_profile(folded: str, rate_hz: float) -> dict:
+    """Seconds of a start-up by category (STARTUP_CATEGORIES), for the thread that loads the model (the one
+    whose stacks hold `Engine._load`: its waits count, they are the start-up's), for the main thread, and the
+    subprocesses' samples in all. `folded`: py-spy's raw output with --subprocesses --threads, one line a stack
+    (`process PID:"cmd";[process CHILD:"cmd";]thread (TID)[: name];frame;... count`)."""
+    threads: dict[str, list[tuple[list[str], int]]] = {}
+    root, sub_samples = None, 0
+    for line in folded.splitlines():
+        stack, _, count = line.rpartition(" ")
+        parts = stack.split(";")
+        if not count.isdigit() or not parts[0].startswith("process "):
+            continue  # a piece of a subprocess's command line that held a line break
+        root = root or re.match(r"process (\d+)", parts[0])
+        if len(parts) > 1 and parts[1].startswith("process "):
+            sub_samples += int(count)
+            continue
+        thread = re.match(r"thread \((\d+)\)", parts[1]) if len(parts) > 1 else None
+        if thread is not None:
+            threads.setdefault(thread.group(1), []).append((parts[2:], int(count)))
+
+    def by_category(samples: list[tuple[list[str], int]]) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for frames, n in samples:
+            name = _category(frames)
+            totals[name] = totals.get(name, 0.0) + n / rate_hz
+        ranked = sorted(totals.items(), key=lambda item: -item[1])
+        named = [name for name, _ in ranked if name.startswith("other: ")][:PROFILE_OTHERS]
+        kept: dict[str, float] = {}
+        for name, seconds in ranked:
+            key = name if not name.startswith("other: ") or name in named else "other: the rest of ours"
+            kept[key] = round(kept.get(key, 0.0) + seconds, 3)
+        return dict(sorted(kept.items(), key=lambda item: -item[1]))
+
+    loading = next((t for t, samples in threads.items()
+                    if any("Engine._load" in frame for frames, _ in samples for frame in frames)), None)
+    main = root.group(1) if root is not None else None
+    return {"rate_hz": rate_hz,
+            "load_thread_s": by_category(threads[loading]) if loading else {},
+            "main_thread_s": by_category(threads[main]) if main in threads else {},
+            "subprocesses_samples_s": sub_samples / rate_hz}
+
+
 def _stop_profile(profiler: subprocess.Popen | None) -> None:
     if profiler is not None:  # py-spy writes its file on SIGINT
         profiler.send_signal(signal.SIGINT)
@@ -404,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the variants' concurrency levels (default: --concurrency)")
     p.add_argument("--profile-levels", default=[], type=lambda s: [int(x) for x in s.split(",") if x],
                    help="concurrency levels of the main load to sample with py-spy (if installed)")
+    p.add_argument("--profile-startup", action="store_true",
+                   help="sample every start-up with py-spy (when installed): seconds by category in the JSON")
     p.add_argument("--keep", type=Path, default=None,
                    help="copy the worker logs and client JSON here (after every phase)")
     p.add_argument("--torch-logs", default="recompiles",
@@ -438,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(cache, ignore_errors=True)
     worker = Worker(args, cache, work / "worker-cold.log", work / "artifacts")
     try:
-        doc["startup"]["cold"] = worker.start(args.startup_timeout)
+        doc["startup"]["cold"] = worker.start(args.startup_timeout, _startup_file(args, work, "cold"))
         save()
         pairs = _single_requests(worker.target, args.single_requests, frames=4)
         ttfa, worker_ttfa = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -456,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_warm_start:
         warm = Worker(args, cache, work / "worker-warm.log", work / "artifacts")
         try:
-            doc["startup"]["warm_caches"] = warm.start(args.startup_timeout)
+            doc["startup"]["warm_caches"] = warm.start(args.startup_timeout, _startup_file(args, work, "warm"))
             save()
         finally:
             warm.stop()
@@ -481,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in starts:
             w = Worker(args, v_cache, work / f"worker-{name}-{key}.log", work / "artifacts", v["args"], v["tree"])
             try:
-                entry[key] = w.start(args.startup_timeout)
+                entry[key] = w.start(args.startup_timeout, _startup_file(args, work, f"{name}-{key}"))
                 if key == starts[-1]:
                     _load(w, v["levels"] or args.variant_concurrency or args.concurrency, args, reference, work,
                           name, entry.setdefault("load", {}), save)

@@ -62,6 +62,28 @@ def test_serve_bench_on_the_cpu(tmp_path):
     assert "garbage collector:" not in (tmp_path / "kept" / "worker-python-defaults-startup_warm.log").read_text()
 
 
+def test_a_start_up_profile_splits_the_start_by_what_ran(tmp_path):
+    """--profile-startup: py-spy samples the worker from its launch to its ready line; the JSON splits the load
+    thread's time (waits included) by what ran. On the CPU the tiny worker's start is mostly imports and the
+    eager warm-up: the categories must cover the engine's whole start-up, and the folded stacks are kept."""
+    out = tmp_path / "serve.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "--make-checkpoint", "tiny",
+                           "--device", "cpu", "--concurrency", "1", "--frames", "2", "--iterations", "1",
+                           "--single-requests", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out),
+                           "--skip-warm-start", "--profile-startup", "--keep", str(tmp_path / "kept")],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cold = json.loads(out.read_text())["startup"]["cold"]
+    profile = cold["profile"]
+    assert profile["file"] == "pyspy_startup_cold.folded" and (tmp_path / "kept" / profile["file"]).exists()
+    loading, main = profile["load_thread_s"], profile["main_thread_s"]
+    assert loading["imports"] > 0 and main["imports"] > 0  # the process's own imports, then the model's
+    assert any(name.startswith("other: ") and "breeze_worker/" in name for name in loading)
+    # the load thread is sampled from before the engine's start to the ready line, waits included
+    assert 0.5 * cold["engine_ready_s"] <= sum(loading.values()) <= cold["process_start_to_serving_s"] + 1.0
+    assert list(loading.values()) == sorted(loading.values(), reverse=True)
+
+
 def test_the_clone_reference_is_the_given_file_else_espeak_else_none(tmp_path, monkeypatch):
     """A GPU host without espeak-ng gets its clone requests from --reference; with neither, the run has no
     clones and its JSON says so (meta.reference null), never a silent mix without them."""
