@@ -9,6 +9,7 @@ import hashlib
 import os
 import platform
 import re
+import threading
 
 import pytest
 
@@ -92,42 +93,81 @@ def test_the_blocks_written_out_are_under_write_back_before_the_commit(tmp_path)
 
 
 class _Recorder:
-    """Stands in for sync_file_range: records the calls, returns `result` (errno EIO when it fails)."""
+    """Stands in for sync_file_range: records (the file's inode, offset, bytes, flags) of each call, returns
+    `result` (errno EIO when it fails); with `hold`, each call waits for it, as on a busy volume."""
 
-    def __init__(self, result: int = 0) -> None:
+    def __init__(self, result: int = 0, hold: threading.Event | None = None) -> None:
         self.calls: list[tuple[int, int, int, int]] = []
+        self.after: list[int | None] = []  # the descriptor's inode when the call returns (None: closed)
         self.result = result
+        self.hold = hold
+        self.entered = threading.Event()
 
     def __call__(self, fd: int, offset: int, nbytes: int, flags: int) -> int:
-        self.calls.append((fd, offset, nbytes, flags))
+        self.calls.append((os.fstat(fd).st_ino, offset, nbytes, flags))
+        self.entered.set()
+        if self.hold is not None:
+            self.hold.wait(30)
+        try:
+            self.after.append(os.fstat(fd).st_ino)
+        except OSError:
+            self.after.append(None)
         if self.result:
             ctypes.set_errno(5)
         return self.result
 
 
-def test_each_block_is_hinted_once_in_order_and_a_closed_file_never(tmp_path):
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_each_block_is_hinted_once_in_order(tmp_path):
     store = ArtifactStore(ArtifactSettings(directory=tmp_path, min_free_bytes=0))
-    store._writeback = recorder_writeback = _WriteBack(_Recorder())
-    recorder = recorder_writeback._function
+    recorder = _Recorder()
+    store._writeback = writeback = _WriteBack(recorder)
+    before = _open_descriptors()
     writer = _write(store)
-    fd = writer._file.fileno()
-    recorder_writeback.drain()
+    writeback.drain()
+    assert _open_descriptors() == before + 1  # the writer's own file, nothing more
+    inode = os.fstat(writer._file.fileno()).st_ino
     blocks = [(offset, nbytes) for _, offset, nbytes, _ in recorder.calls]
-    assert blocks and all(call[0] == fd and call[3] == store_module.SYNC_FILE_RANGE_WRITE for call in recorder.calls)
+    assert blocks and all(call[0] == inode and call[3] == store_module.SYNC_FILE_RANGE_WRITE
+                          for call in recorder.calls)
     assert blocks[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(blocks, blocks[1:]))  # contiguous
     assert all((offset + nbytes) % PAGE_BYTES == 0 for offset, nbytes in blocks)  # whole pages only
     end = blocks[-1][0] + blocks[-1][1]
     assert end == writer._hinted and writer._written - PAGE_BYTES < end <= writer._written  # all but a part page
     assert all(nbytes > WRITE_BUFFER_BYTES - PAGE_BYTES for _, nbytes in blocks)  # a hint a block, not a frame
 
-    calls = len(recorder.calls)
-    recorder_writeback.queue(writer, 0, 4096)
-    recorder_writeback.drain()
-    assert len(recorder.calls) == calls + 1  # an open file's hint is passed on
-    assert writer.commit() is not None  # the file is closed (and its descriptor's number free for reuse)
-    recorder_writeback.queue(writer, 0, 4096)  # a hint that was still queued at the close
-    recorder_writeback.drain()
-    assert len(recorder.calls) == calls + 1  # dropped
+
+def test_a_write_back_call_that_blocks_holds_up_no_abort_and_no_commit(tmp_path):
+    """The engine thread aborts a cancelled job's artifact: it must not wait for a write-back call stuck on a
+    busy volume. The file is removed at once, and closed by the write-back thread once its call returns."""
+    store = ArtifactStore(ArtifactSettings(directory=tmp_path, min_free_bytes=0))
+    hold = threading.Event()
+    recorder = _Recorder(hold=hold)
+    store._writeback = writeback = _WriteBack(recorder)
+    before = _open_descriptors()
+    try:
+        aborted, committed = _write(store), _write(store)
+        assert recorder.entered.wait(10)  # the write-back thread is inside a call that does not return
+        results: list = []
+        workers = [threading.Thread(target=aborted.abort), threading.Thread(target=lambda: results.append(
+            committed.commit()))]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(10)
+        assert not any(t.is_alive() for t in workers) and not hold.is_set()
+        assert not list(tmp_path.glob(".art-*"))  # the aborted temp file is gone, the other one committed
+        info = results[0]
+        raw = store.wav_path(info.artifact_id).read_bytes()
+        assert raw[44:] == FRAME * FRAMES and hashlib.sha256(raw).hexdigest() == info.sha256
+    finally:
+        hold.set()
+        writeback.drain()
+    assert _open_descriptors() == before  # the aborted file was closed after the call it was under
+    assert recorder.after[0] == recorder.calls[0][0]  # not before: the call's descriptor stayed that file's
 
 
 def test_a_failing_write_back_is_logged_once_and_commits_stay_whole(tmp_path, caplog):

@@ -128,9 +128,11 @@ PAGE_BYTES = mmap.PAGESIZE  # write-back moves whole pages: a hint ends at the l
 class _WriteBack:
     """One thread that starts the kernel's write-back of the blocks the writers hand it (`queue`).
 
-    A hint for a writer whose file has been closed since is dropped: the writer's lock keeps the descriptor
-    from being closed (and its number reused) during the call. A failed call is only logged: write-back errors
-    reach the commit through its sync, which names the artifact."""
+    A writer that lets go of its file (commit, abort) never waits for a call, which may block while the volume
+    is busy (the engine thread aborts): when a call on that file is in progress, this thread closes the file
+    after it (`ArtifactWriter._let_go`), so the descriptor is never closed, nor its number reused, under a call.
+    A hint for a file let go of is dropped. A failed call is only logged: write-back errors reach the commit
+    through its sync, which names the artifact."""
 
     def __init__(self, function) -> None:
         self._function = function
@@ -140,6 +142,7 @@ class _WriteBack:
         self.failed = False  # a call failed (logged once)
 
     def queue(self, writer: ArtifactWriter, offset: int, nbytes: int) -> None:
+        """Start the write-back of `nbytes` from `offset` of the writer's file."""
         if self._thread is None:
             with self._start_lock:
                 if self._thread is None:
@@ -161,12 +164,22 @@ class _WriteBack:
                 hint.set()
                 continue
             writer, offset, nbytes = hint
-            with writer._lock:
+            with writer._guard:
                 f = writer._file
-                if f is None or f.closed:
+                if f is None:
                     continue
+                writer._hinting = True
+            try:
                 failed = self._function(f.fileno(), offset, nbytes, SYNC_FILE_RANGE_WRITE) != 0
                 error = ctypes.get_errno()
+            except Exception:  # noqa: BLE001 - a hint is never worth this thread
+                failed, error = True, errno.EIO
+            finally:
+                with writer._guard:
+                    writer._hinting = False
+                    let_go, writer._let_go_during_hint = writer._let_go_during_hint, None
+                if let_go is not None:
+                    ArtifactStore._close_quietly(let_go)
             if failed and not self.failed:
                 self.failed = True
                 log.warning("artifact volume: starting write-back failed (%s); commits sync everything at the end",
@@ -205,7 +218,11 @@ class ArtifactWriter:
         self._store = store
         self._temp_path = store.directory / f".{artifact_id}.partial"
         self._file: io.FileIO | None = None  # exclusive create, read and write
-        self._lock = threading.Lock()  # held while the file is closed, and by the write-back thread's calls
+        # the write-back thread's claim on the file: `_guard` is held only to look at or change these (never
+        # across a system call); a file let go of during a call is closed by that thread after it
+        self._guard = threading.Lock()
+        self._hinting = False
+        self._let_go_during_hint: io.FileIO | None = None
         # the writer's own buffer: the engine thread appends every stream's frame (~4 KB) each step, and a write
         # call per frame would be a system call (and a hand-over of the interpreter lock) per stream; each block
         # written out is then handed to the write-back thread
@@ -297,11 +314,10 @@ class ArtifactWriter:
     def _publish_wav(self) -> bool:
         """After the sync and the read-back: close the WAV and rename it into place; False when the disk
         failed it (given up; the rename is the last step, so nothing is in place)."""
-        f = self._file
-        assert f is not None
+        assert self._file is not None
         try:
-            with self._lock:
-                self._file = None
+            f = self._let_go()
+            if f is not None:
                 f.close()
             os.replace(self._temp_path, self._store.wav_path(self.artifact_id))
         except OSError as exc:
@@ -311,6 +327,15 @@ class ArtifactWriter:
             self.abort()
             raise
         return True
+
+    def _let_go(self) -> io.FileIO | None:
+        """Give up the file: returned for the caller to close, or None when a write-back call on it is in
+        progress (the write-back thread closes it after the call) or it was let go of before."""
+        with self._guard:
+            f, self._file = self._file, None
+            if f is not None and self._hinting:
+                self._let_go_during_hint, f = f, None
+        return f
 
     def _unpublish(self, exc: BaseException) -> None:
         """A commit step after the rename failed: readers lose sight of the artifact (sidecar first), and
@@ -334,11 +359,10 @@ class ArtifactWriter:
         file even when closing it fails."""
         if self._info is not None:
             return
+        f = self._let_go()
         try:
-            with self._lock:
-                f, self._file = self._file, None
-                if f is not None:
-                    f.close()
+            if f is not None:
+                f.close()
         except OSError as exc:
             log.debug("artifact %s: closing its temp file failed (%s); removing it anyway", self.artifact_id, exc)
         finally:
