@@ -338,7 +338,7 @@ def _profile(worker: Worker, stem: Path) -> subprocess.Popen | None:
     """py-spy sampling every thread of the worker (idle ones too, so waits show) while a load runs, as a
     Chrome trace (the engine thread's timeline) and as folded stacks; None, with a note, when py-spy is not
     installed. --nonblocking: the worker is never paused to be sampled."""
-    exe = shutil.which("py-spy")
+    exe = _py_spy()
     if exe is None:
         print("serve bench: py-spy is not installed: no profile", file=sys.stderr)
         return None
@@ -351,10 +351,16 @@ def _profile(worker: Worker, stem: Path) -> subprocess.Popen | None:
 PROFILE_RATE_HZ = 100
 
 
+def _py_spy() -> str | None:
+    """py-spy beside this interpreter (a virtual environment need not be on PATH), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
 def _profile_startup(pid: int, path: Path) -> subprocess.Popen | None:
     """py-spy sampling the starting worker and its subprocesses (compile workers), waits included, as folded
     stacks; None, with a note, when py-spy is not installed."""
-    exe = shutil.which("py-spy")
+    exe = _py_spy()
     if exe is None:
         print("serve bench: py-spy is not installed: no start-up profile", file=sys.stderr)
         return None
