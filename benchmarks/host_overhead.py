@@ -156,6 +156,14 @@ class SimulatedCodec:
         self.device = device
         self.codec_s = codec_s
         self._keys: dict[object, None] = {}
+        try:  # the codes' one host upload, stacked as the codec's rows stack them
+            from breeze_worker.engine.codec_rows import stack_frames
+        except ImportError:  # a --tree from before stack_frames
+            import torch
+
+            def stack_frames(frames):
+                return torch.stack([torch.as_tensor(f).reshape(-1) for f in frames])
+        self._stack = stack_frames
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -175,14 +183,7 @@ class SimulatedCodec:
             self.remove(key)
 
     def launch(self, frames: dict, timed: bool = False) -> SimulatedAudio:
-        import torch
-
-        try:  # the codes' one host upload, stacked as the codec's rows stack them
-            from breeze_worker.engine.codec_rows import stack_frames
-        except ImportError:  # a --tree from before stack_frames
-            torch.stack([torch.as_tensor(f).reshape(-1) for f in frames.values()])
-        else:
-            stack_frames(frames.values())
+        self._stack(frames.values())
         return SimulatedAudio(list(frames), self.device.queue(self.codec_s))
 
 

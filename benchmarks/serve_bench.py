@@ -334,39 +334,34 @@ def _load(worker: Worker, levels: list[int], args: argparse.Namespace, reference
         print(f"{tag} c={c}: {json.dumps(out[str(c)])}", flush=True)
 
 
-def _profile(worker: Worker, stem: Path) -> subprocess.Popen | None:
-    """py-spy sampling every thread of the worker (idle ones too, so waits show) while a load runs, as a
-    Chrome trace (the engine thread's timeline) and as folded stacks; None, with a note, when py-spy is not
-    installed. --nonblocking: the worker is never paused to be sampled."""
-    exe = _py_spy()
+def _py_spy_record(pid: int, options: list[str], what: str) -> subprocess.Popen | None:
+    """`py-spy record --pid PID --threads --idle --nonblocking OPTIONS` (idle threads too, so waits show; the
+    worker is never paused to be sampled); None, with a note, when py-spy is not installed. py-spy is looked
+    for beside this interpreter first (a virtual environment need not be on PATH)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    exe = str(beside) if beside.exists() else shutil.which("py-spy")
     if exe is None:
-        print("serve bench: py-spy is not installed: no profile", file=sys.stderr)
+        print(f"serve bench: py-spy is not installed: no {what}", file=sys.stderr)
         return None
-    assert worker.proc is not None
-    return subprocess.Popen([exe, "record", "--pid", str(worker.proc.pid), "--threads", "--idle", "--nonblocking",
-                             "--rate", "250", "--format", "chrometrace", "--output", f"{stem}.trace.json"],
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--threads", "--idle", "--nonblocking", *options],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _profile(worker: Worker, stem: Path) -> subprocess.Popen | None:
+    """py-spy sampling every thread of the worker while a load runs, as a Chrome trace (the engine thread's
+    timeline)."""
+    assert worker.proc is not None
+    return _py_spy_record(worker.proc.pid, ["--rate", "250", "--format", "chrometrace", "--output",
+                                            f"{stem}.trace.json"], "profile")
 
 
 PROFILE_RATE_HZ = 100
 
 
-def _py_spy() -> str | None:
-    """py-spy beside this interpreter (a virtual environment need not be on PATH), else on PATH."""
-    beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.exists() else shutil.which("py-spy")
-
-
 def _profile_startup(pid: int, path: Path) -> subprocess.Popen | None:
-    """py-spy sampling the starting worker and its subprocesses (compile workers), waits included, as folded
-    stacks; None, with a note, when py-spy is not installed."""
-    exe = _py_spy()
-    if exe is None:
-        print("serve bench: py-spy is not installed: no start-up profile", file=sys.stderr)
-        return None
-    return subprocess.Popen([exe, "record", "--pid", str(pid), "--subprocesses", "--threads", "--idle",
-                             "--nonblocking", "--rate", str(PROFILE_RATE_HZ), "--format", "raw", "--output",
-                             str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """py-spy sampling the starting worker and its subprocesses (compile workers) as folded stacks."""
+    return _py_spy_record(pid, ["--subprocesses", "--rate", str(PROFILE_RATE_HZ), "--format", "raw", "--output",
+                                str(path)], "start-up profile")
 
 
 def _startup_file(args: argparse.Namespace, work: Path, name: str) -> Path | None:
@@ -411,12 +406,12 @@ def startup_profile(folded: str, rate_hz: float) -> dict:
             name = _category(frames)
             totals[name] = totals.get(name, 0.0) + n / rate_hz
         ranked = sorted(totals.items(), key=lambda item: -item[1])
-        named = [name for name, _ in ranked if name.startswith("other: ")][:PROFILE_OTHERS]
+        lumped = set([name for name, _ in ranked if name.startswith("other: ")][PROFILE_OTHERS:])
         kept: dict[str, float] = {}
         for name, seconds in ranked:
-            key = name if not name.startswith("other: ") or name in named else "other: the rest of ours"
-            kept[key] = round(kept.get(key, 0.0) + seconds, 3)
-        return dict(sorted(kept.items(), key=lambda item: -item[1]))
+            key = "other: the rest of ours" if name in lumped else name
+            kept[key] = kept.get(key, 0.0) + seconds
+        return {name: round(seconds, 3) for name, seconds in sorted(kept.items(), key=lambda item: -item[1])}
 
     loading = next((t for t, samples in threads.items()
                     if any("Engine._load" in frame for frames, _ in samples for frame in frames)), None)
