@@ -66,7 +66,7 @@ EVIDENCE: dict[str, str] = {
     "commit_started": "worker (mapped): the artifact writer took the job up",
     "commit_storage_ns": "worker: time inside the commit's storage calls (fsyncs, hash read-back, renames)",
     "commit_fsync_ns": "worker: time inside the commit's fsyncs (WAV, sidecar, directory)",
-    "commit_bytes": "worker: bytes the commit made durable (the WAV and its sidecar)",
+    "commit_bytes": "worker: bytes the commit's syncs wrote (the WAV's part not yet on the volume, and the sidecar)",
     "worker_open_ns": "worker: request received -> file opened and checked",
     "worker_read_ns": "worker: time reading (and compressing) the chunks",
     "worker_send_wait_ns": "worker: time its writes waited for the connection to take the chunks",

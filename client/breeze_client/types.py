@@ -111,7 +111,7 @@ class CommitTiming(_Dict):
     """How the worker committed an artifact: its timed steps (ns) and when it began (mapped)."""
 
     server_started_ns: int | None  # the artifact writer took the job up (generation was done)
-    bytes_synced: int  # the WAV and its sidecar
+    bytes_synced: int  # what the syncs still had to write: the WAV's part not yet on the volume, and the sidecar
     wav_fsync_ns: int  # header write + fsync of the WAV
     hash_ns: int  # reading the WAV back for its SHA-256: the part after the fsync (it runs alongside it)
     rename_ns: int

@@ -14,6 +14,15 @@ temp file, stops writing and reports why (`unavailable_reason`), and the job str
 Opening the store sweeps the temp files a crashed run left; `space.py` keeps the free-space headroom.
 Every commit step is timed (`ArtifactInfo.commit`, also kept in the sidecar): the evidence that tells a
 slow volume from a worker that was slow around its storage calls.
+
+Write-back while streaming: each block of PCM a writer hands to the kernel is queued for write-back at once
+(`sync_file_range`, on the store's write-back thread: the call can block while the volume is busy), so the
+commit's sync finds most of a job's audio already on its way to the disk instead of all of it dirty in memory.
+It changes when the data moves, not what a commit guarantees: the commit still syncs every WAV. The commit's
+timing then counts the bytes its sync still had to write (`CommitTiming.bytes_synced`): the WAV's pages the
+kernel holds dirty or under write-back when the sync begins (`cachestat`, Linux 6.5 and later), so that bytes
+over sync time stays the volume's rate, the figure the retrieval diagnosis reports. Where the kernel cannot
+say, nothing is queued early and the whole WAV is counted, as before.
 """
 
 from __future__ import annotations
@@ -26,9 +35,12 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
+import queue
 import re
 import secrets
+import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -101,6 +113,141 @@ def _syncfs(fd: int) -> bool:
     return True
 
 
+@functools.cache
+def _libc_sync_file_range():
+    """The C library's sync_file_range (Linux), else None."""
+    if os.uname().sysname != "Linux":
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return function
+
+
+SYNC_FILE_RANGE_WRITE = 2  # start write-back of the range's dirty pages; wait for nothing
+PAGE_BYTES = mmap.PAGESIZE  # write-back moves whole pages: a hint ends at the last page already written whole
+
+
+class _WriteBack:
+    """One thread that starts the kernel's write-back of the blocks the writers hand it (`queue`).
+
+    A writer that lets go of its file (commit, abort) never waits for a call, which may block while the volume
+    is busy (the engine thread aborts): when a call on that file is in progress, this thread closes the file
+    after it (`ArtifactWriter._let_go`), so the descriptor is never closed, nor its number reused, under a call.
+    A hint for a file let go of is dropped. A failed call is only logged: write-back errors reach the commit
+    through its sync, which names the artifact."""
+
+    def __init__(self, function) -> None:
+        self._function = function
+        self._hints: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.failed = False  # a call failed (logged once)
+
+    def queue(self, writer: ArtifactWriter, offset: int, nbytes: int) -> None:
+        """Start the write-back of `nbytes` from `offset` of the writer's file."""
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="artifact-writeback", daemon=True)
+                    self._thread.start()
+        self._hints.put((writer, offset, nbytes))
+
+    def drain(self) -> None:
+        """Wait until every hint queued before this call has been handled (tests)."""
+        done = threading.Event()
+        self._hints.put(done)
+        if self._thread is not None:
+            done.wait()
+
+    def _run(self) -> None:
+        while True:
+            hint = self._hints.get()
+            if isinstance(hint, threading.Event):
+                hint.set()
+                continue
+            writer, offset, nbytes = hint
+            with writer._guard:
+                f = writer._file
+                if f is None:
+                    continue
+                writer._hinting = True
+            try:
+                failed = self._function(f.fileno(), offset, nbytes, SYNC_FILE_RANGE_WRITE) != 0
+                error = ctypes.get_errno()
+            except Exception:  # noqa: BLE001 - a hint is never worth this thread
+                failed, error = True, errno.EIO
+            finally:
+                with writer._guard:
+                    writer._hinting = False
+                    let_go, writer._let_go_during_hint = writer._let_go_during_hint, None
+                if let_go is not None:
+                    ArtifactStore._close_quietly(let_go)
+            if failed and not self.failed:
+                self.failed = True
+                log.warning("artifact volume: starting write-back failed (%s); commits sync everything at the end",
+                            os.strerror(error))
+
+
+@functools.cache
+def _process_writeback() -> _WriteBack | None:
+    """The process's one write-back thread (every store shares it), or None where sync_file_range is missing."""
+    function = _libc_sync_file_range()
+    return _WriteBack(function) if function is not None else None
+
+
+CACHESTAT_SYSCALL = 451  # Linux 6.5+; one number on x86-64 and arm64 (and every architecture of the generic table)
+
+
+class _CacheRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]  # len 0: to the end of the file
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64)
+                for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+@functools.cache
+def _libc_syscall():
+    """The C library's `syscall` where cachestat's number is known (Linux on x86-64 or arm64), else None."""
+    if os.uname().sysname != "Linux" or os.uname().machine not in ("x86_64", "aarch64"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_long
+    return function
+
+
+def unsynced_bytes(fd: int, size: int) -> int | None:
+    """Of the file's first `size` bytes, those the kernel still has to write to the volume: its pages that are
+    dirty or under write-back (cachestat), counted whole and capped at `size`. None where the kernel cannot say
+    (before Linux 6.5, another system, a call refused)."""
+    function = _libc_syscall()
+    if function is None:
+        return None
+    stat = _CacheStat()
+    if function(CACHESTAT_SYSCALL, ctypes.c_uint(fd), ctypes.byref(_CacheRange(0, 0)), ctypes.byref(stat),
+                ctypes.c_uint(0)) != 0:
+        return None
+    return min(size, (stat.nr_dirty + stat.nr_writeback) * PAGE_BYTES)
+
+
+def _counts_unsynced(directory: Path) -> bool:
+    """Whether `unsynced_bytes` answers for files in `directory` (tried once on a file of its own)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory) as f:
+            f.write(b"\0")
+            f.flush()
+            return unsynced_bytes(f.fileno(), 1) is not None
+    except OSError:
+        return False
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -125,17 +272,25 @@ class ArtifactWriter:
         self.encoding = PcmEncoding(encoding)
         self._store = store
         self._temp_path = store.directory / f".{artifact_id}.partial"
-        self._file: io.BufferedRandom | None = None  # exclusive create, read and write
+        self._file: io.FileIO | None = None  # exclusive create, read and write
+        # the write-back thread's claim on the file: `_guard` is held only to look at or change these (never
+        # across a system call); a file let go of during a call is closed by that thread after it
+        self._guard = threading.Lock()
+        self._hinting = False
+        self._let_go_during_hint: io.FileIO | None = None
+        # the writer's own buffer: the engine thread appends every stream's frame (~4 KB) each step, and a write
+        # call per frame would be a system call (and a hand-over of the interpreter lock) per stream; each block
+        # written out is then handed to the write-back thread
+        self._buffer = bytearray(header_size(self.encoding))  # the header, reserved; filled in at commit
+        self._written = 0  # bytes of the file written out to the kernel
+        self._hinted = 0  # the file's first bytes queued for write-back (whole pages)
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable
         if unavailable is not None:
             return
         try:
-            # a large buffer: the engine thread appends every stream's frame (~4 KB) each step, and a write
-            # call per frame would be a system call (and a hand-over of the interpreter lock) per stream
-            self._file = io.BufferedRandom(io.FileIO(self._temp_path, "x+"), buffer_size=WRITE_BUFFER_BYTES)
-            self._file.write(b"\0" * header_size(self.encoding))  # reserved; filled in at commit
+            self._file = io.FileIO(self._temp_path, "x+")
         except OSError as exc:
             self._give_up(exc)
 
@@ -151,11 +306,33 @@ class ArtifactWriter:
             raise RuntimeError(f"artifact {self.artifact_id} is already committed or aborted")
         try:
             self._fault_check(len(pcm))
-            self._file.write(pcm)
+            self._buffer += pcm
+            if len(self._buffer) >= WRITE_BUFFER_BYTES:
+                self._write_out(hint=True)
         except OSError as exc:
             self._give_up(exc)
             return
         self._data_bytes += len(pcm)
+
+    def _write_out(self, hint: bool) -> None:
+        """Write the buffer to the file; with `hint`, queue the write-back of the pages it completed (a commit
+        follows otherwise). A page the next block still writes into is left for that block's hint: hinted while
+        half written, it would be under write-back when the rest arrives, and the next hint would skip it."""
+        assert self._file is not None
+        view = memoryview(self._buffer)
+        while view:
+            n = self._file.write(view)  # a regular file in blocking mode: a short write only before an error
+            view = view[n:]
+            self._written += n
+        view.release()
+        self._buffer.clear()
+        writeback = self._store._writeback
+        if self._store.settings.fault_storage_write_bytes_per_s > 0:  # the simulated volume writes at the sync
+            writeback = None
+        whole = self._written - self._written % PAGE_BYTES
+        if hint and writeback is not None and whole > self._hinted:
+            writeback.queue(self, self._hinted, whole - self._hinted)
+            self._hinted = whole
 
     def commit(self) -> ArtifactInfo | None:
         """Fix the header, fsync, rename into place, record the sha256; returns the committed info, whose
@@ -166,12 +343,14 @@ class ArtifactWriter:
 
     # ---- the steps of a commit (ArtifactStore.commit_together runs them for a group) ----
     def _seal(self) -> bool:
-        """Write the final header and flush (no sync yet); False when the disk failed it (given up)."""
+        """Write out the buffered rest and the final header (no sync yet); False when the disk failed it (given
+        up)."""
         assert self._file is not None
         try:
-            self._file.seek(0)
-            self._file.write(wav_header(self.encoding, self.sample_rate, self._data_bytes))
-            self._file.flush()
+            self._write_out(hint=False)
+            header = wav_header(self.encoding, self.sample_rate, self._data_bytes)
+            if os.pwrite(self._file.fileno(), header, 0) != len(header):
+                raise OSError(errno.EIO, "the WAV header was written short", str(self._temp_path))
         except OSError as exc:
             self._give_up(exc)
             return False
@@ -192,11 +371,11 @@ class ArtifactWriter:
     def _publish_wav(self) -> bool:
         """After the sync and the read-back: close the WAV and rename it into place; False when the disk
         failed it (given up; the rename is the last step, so nothing is in place)."""
-        f = self._file
-        assert f is not None
+        assert self._file is not None
         try:
-            self._file = None
-            f.close()
+            f = self._let_go()
+            if f is not None:
+                f.close()
             os.replace(self._temp_path, self._store.wav_path(self.artifact_id))
         except OSError as exc:
             self._give_up(exc)
@@ -205,6 +384,15 @@ class ArtifactWriter:
             self.abort()
             raise
         return True
+
+    def _let_go(self) -> io.FileIO | None:
+        """Give up the file: returned for the caller to close, or None when a write-back call on it is in
+        progress (the write-back thread closes it after the call) or it was let go of before."""
+        with self._guard:
+            f, self._file = self._file, None
+            if f is not None and self._hinting:
+                self._let_go_during_hint, f = f, None
+        return f
 
     def _unpublish(self, exc: BaseException) -> None:
         """A commit step after the rename failed: readers lose sight of the artifact (sidecar first), and
@@ -224,11 +412,11 @@ class ArtifactWriter:
                  info.size_bytes, info.sha256)
 
     def abort(self) -> None:
-        """Discard the temporary file; a committed artifact is left alone. Removes it even when closing fails
-        (a full disk fails the close's flush too)."""
+        """Discard the temporary file and what is still buffered; a committed artifact is left alone. Removes the
+        file even when closing it fails."""
         if self._info is not None:
             return
-        f, self._file = self._file, None
+        f = self._let_go()
         try:
             if f is not None:
                 f.close()
@@ -271,6 +459,8 @@ class ArtifactStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_start_each`)
+        # early write-back only where a commit can tell what its sync still wrote (its rate evidence)
+        self._writeback = _process_writeback() if _counts_unsynced(self.directory) else None
         self.space = SpaceKeeper(self)
         self._sweep_leftovers()
 
@@ -340,19 +530,20 @@ class ArtifactStore:
         try:
             t0 = clock()
             sealed = [w for w in live if w._seal()]
-            self.storage_fault(sum(header_size(w.encoding) + w.data_bytes for w in sealed), write=True)
+            unsynced = {w: self._unsynced(w) for w in sealed}
+            self.storage_fault(sum(unsynced.values()), write=True)
             # each sealed WAV is read back for its hash on the read-back threads while this thread syncs them
             # (the hash covers the bytes the file holds, which the sync does not change; hashlib lets go of
             # the interpreter while it hashes, and a 64-stream group reads back ~24 MB)
             reading = self._start_each(ArtifactWriter._digest, sealed)
-            unsynced = dict(self._sync([(w, w._file) for w in sealed if w._file is not None]))
+            failed = dict(self._sync([(w, w._file) for w in sealed if w._file is not None]))
             t1 = clock()
             digests = self._finish_each(reading)
             reading = []
             t2 = clock()
             in_place = []
             for w, digest in zip(sealed, digests):
-                failure = unsynced.get(w)
+                failure = failed.get(w)
                 if failure is None and isinstance(digest, OSError):
                     failure = digest
                 if failure is not None:  # the disk failed its sync or its read-back: this artifact only
@@ -363,7 +554,7 @@ class ArtifactStore:
                     in_place.append((w, digest))
             t3 = clock()
             # each artifact's steps are the group's, in full: it waited for every one of them
-            published = [(w, (sha256, size, t2 - t1, t3 - t2)) for w, (sha256, size) in in_place]
+            published = [(w, (sha256, size, unsynced[w], t2 - t1, t3 - t2)) for w, (sha256, size) in in_place]
             infos = self._write_sidecars(published, started_ns, t1 - t0)
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
             self._finish_each(reading, quietly=True)  # no read-back thread still reads a file removed below
@@ -379,6 +570,16 @@ class ArtifactStore:
             w._committed(info)
         return [infos.get(w) for w in live]
 
+    def _unsynced(self, w: ArtifactWriter) -> int:
+        """Bytes of a sealed WAV its sync still has to write: the kernel's count of its pages not yet on the
+        volume, else (or under the test-only write fault, which stands for a volume that writes everything at
+        the sync) the whole file."""
+        size = header_size(w.encoding) + w.data_bytes
+        if self._writeback is None or self.settings.fault_storage_write_bytes_per_s > 0 or w._file is None:
+            return size
+        pending = unsynced_bytes(w._file.fileno(), size)
+        return size if pending is None else pending
+
     def _write_sidecars(self, published: list, started_ns: int, wav_sync_ns: int) -> dict:
         """Write, sync and rename every published WAV's sidecar, then sync the directory; the infos of those
         whose sidecars made it (the others are unpublished and given up). The sidecar records the time just
@@ -386,8 +587,8 @@ class ArtifactStore:
         clock = time.perf_counter_ns
         t0 = clock()
         open_sidecars = []  # (writer, info, temp path, file, bytes)
-        for w, (digest, size, hash_ns, rename_ns) in published:
-            timing = CommitTiming(started_at_ns=started_ns, bytes_synced=size, wav_fsync_ns=wav_sync_ns,
+        for w, (digest, size, unsynced, hash_ns, rename_ns) in published:
+            timing = CommitTiming(started_at_ns=started_ns, bytes_synced=unsynced, wav_fsync_ns=wav_sync_ns,
                                   hash_ns=hash_ns, rename_ns=rename_ns)
             info = ArtifactInfo(artifact_id=w.artifact_id, size_bytes=size, sha256=digest, committed_at_ns=0,
                                 commit=timing)

@@ -177,7 +177,7 @@ class CommitTiming:
     """The timed steps of one artifact commit (durations in ns; `started_at_ns` on the wall clock)."""
 
     started_at_ns: int  # the artifact writer took the job up (generation was done)
-    bytes_synced: int  # the WAV and its sidecar
+    bytes_synced: int  # what the syncs still had to write: the WAV's part not yet on the volume, and the sidecar
     wav_fsync_ns: int  # header write + fsync of the WAV
     hash_ns: int  # reading the WAV back for its SHA-256: the part after the fsync (it runs alongside it)
     rename_ns: int
