@@ -252,3 +252,16 @@ def test_under_the_simulated_slow_volume_nothing_is_hinted_and_the_whole_wav_cou
     assert recorder.calls == [] and writer._hinted == 0
     info = writer.commit()
     assert info.commit.bytes_synced == 44 + FRAME_BYTES * FRAMES + _sidecar_bytes(store, info)
+
+
+def test_where_the_kernel_cannot_count_unwritten_pages_nothing_is_hinted(tmp_path, monkeypatch, caplog):
+    """Before Linux 6.5, or where a seccomp profile refuses cachestat, the commit could not say what its sync
+    wrote: the store hints nothing, says so once, and counts the whole WAV."""
+    monkeypatch.setattr(store_module, "_libc_syscall", lambda: None)
+    with caplog.at_level("INFO", logger="breeze_worker.artifacts.store"):
+        store = ArtifactStore(ArtifactSettings(directory=tmp_path, min_free_bytes=0))
+    assert store._writeback is None and "no write-back while streaming" in caplog.text
+    writer = _write(store)
+    assert writer._hinted == 0
+    info = writer.commit()
+    assert info.commit.bytes_synced == 44 + FRAME_BYTES * FRAMES + _sidecar_bytes(store, info)

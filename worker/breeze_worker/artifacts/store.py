@@ -461,6 +461,9 @@ class ArtifactStore:
         self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_start_each`)
         # early write-back only where a commit can tell what its sync still wrote (its rate evidence)
         self._writeback = _process_writeback() if _counts_unsynced(self.directory) else None
+        if self._writeback is None:
+            log.info("artifact store %s: no write-back while streaming (it needs sync_file_range and cachestat, "
+                     "Linux 6.5 or later): each commit syncs its whole WAV", self.directory)
         self.space = SpaceKeeper(self)
         self._sweep_leftovers()
 
