@@ -100,6 +100,19 @@ def test_a_long_commit_is_storage_only_when_the_fsyncs_took_it():
     stalled = diagnose([with_evidence(slow, commit_storage_ns=40 * MS, commit_fsync_ns=30 * MS,
                                       commit_bytes=1_300_000)])
     assert stalled.verdict.cause == "worker_busy"
+    assert not any("while it streamed" in e for e in on_disk.verdict.evidence)  # it synced the whole file
+
+
+def test_a_commit_that_synced_part_of_the_file_says_the_rest_was_written_while_streaming():
+    """The worker writes a WAV back while it streams; its commit counts what was left: the rate is over that."""
+    slow = make_timeline(slow="commit", extra_ms=20_000)
+    part = slow.file_bytes // 4
+    run = diagnose([with_evidence(slow, commit_storage_ns=19_900 * MS, commit_fsync_ns=19_800 * MS,
+                                  commit_bytes=part)])
+    assert run.verdict.cause == "storage_write"
+    (line,) = [e for e in run.verdict.evidence if "made durable" in e]
+    assert f"of the {slow.file_bytes / 1e6:.2f} MB file" in line and "while it streamed" in line, line
+    assert f"{part / 19.8 / 1e3:.1f} kB/s" in line, line  # the rate over the bytes synced, not the file
 
 
 def test_a_slow_transfer_is_a_slow_disk_read_a_window_or_the_link_by_its_evidence():

@@ -104,7 +104,10 @@ def _commit(t: Timeline, pt: PhaseTime) -> Finding:
     if storage >= STORAGE_SHARE * d:
         synced_in = fsync or storage
         rate = _rate(nbytes / (synced_in / 1e9), bits=False)
-        ev.append(f"{nbytes / 1e6:.2f} MB made durable in {_s(synced_in)} = {rate}: the commit's time went to "
+        # the worker writes back while streaming: its count is what was still in memory when the sync began
+        part = (f" (what the worker still held of the {t.file_bytes / 1e6:.2f} MB file; the rest reached the volume "
+                "while it streamed)" if t.file_bytes and nbytes < t.file_bytes else "")
+        ev.append(f"{nbytes / 1e6:.2f} MB{part} made durable in {_s(synced_in)} = {rate}: the commit's time went to "
                   "the volume")
         return Finding("storage_write", ev)
     ev.append("most of the commit went by outside the storage calls: the worker was busy or stalled around them")
