@@ -326,9 +326,7 @@ class ArtifactWriter:
             self._written += n
         view.release()
         self._buffer.clear()
-        writeback = self._store._writeback
-        if self._store.settings.fault_storage_write_bytes_per_s > 0:  # the simulated volume writes at the sync
-            writeback = None
+        writeback = self._store._early_writeback()
         whole = self._written - self._written % PAGE_BYTES
         if hint and writeback is not None and whole > self._hinted:
             writeback.queue(self, self._hinted, whole - self._hinted)
@@ -573,12 +571,16 @@ class ArtifactStore:
             w._committed(info)
         return [infos.get(w) for w in live]
 
+    def _early_writeback(self) -> _WriteBack | None:
+        """The write-back thread, when blocks are queued for write-back as they are written: not under the
+        test-only write fault, which stands for a volume that writes everything at the sync."""
+        return None if self.settings.fault_storage_write_bytes_per_s > 0 else self._writeback
+
     def _unsynced(self, w: ArtifactWriter) -> int:
-        """Bytes of a sealed WAV its sync still has to write: the kernel's count of its pages not yet on the
-        volume, else (or under the test-only write fault, which stands for a volume that writes everything at
-        the sync) the whole file."""
+        """Bytes of a sealed WAV its sync still has to write: with early write-back, the kernel's count of its
+        pages not yet on the volume; else the whole file."""
         size = header_size(w.encoding) + w.data_bytes
-        if self._writeback is None or self.settings.fault_storage_write_bytes_per_s > 0 or w._file is None:
+        if self._early_writeback() is None or w._file is None:
             return size
         pending = unsynced_bytes(w._file.fileno(), size)
         return size if pending is None else pending
