@@ -47,6 +47,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar
 
+from breeze_worker import threadcpu
 from breeze_worker.artifacts.space import SpaceKeeper, StoreStatus
 from breeze_worker.artifacts.wav import header_size, wav_header
 from breeze_worker.config import ArtifactSettings
@@ -447,6 +448,29 @@ class ArtifactWriter:
             self.abort()
 
 
+@dataclasses.dataclass
+class _StorageWait:
+    """A commit's wait for a CPU inside its storage steps (ns; 0 where the counters are missing)."""
+
+    fsync_ns: int = 0  # the committing thread's, inside the WAV's sync and the sidecars' and directory's
+    readback_ns: int = 0  # the read-back threads', beyond the committing thread's own during the sync
+    rename_ns: int = 0  # the committing thread's, inside the renames
+
+    def total(self) -> int:
+        return self.fsync_ns + self.readback_ns + self.rename_ns
+
+
+def _between(a: threadcpu.CpuSample | None, b: threadcpu.CpuSample | None) -> int:
+    return (b.wait_since(a) or 0) if b is not None else 0
+
+
+def _digest_waited(w: ArtifactWriter) -> tuple[tuple[str, int] | OSError, int | None]:
+    """A read-back (`ArtifactWriter._digest`) and its thread's wait for a CPU."""
+    with threadcpu.PoolTask() as task:
+        digest = w._digest()
+    return digest, task.wait_ns
+
+
 class ArtifactStore:
     """Committed WAV artifacts under one directory, with retention by age and total size."""
 
@@ -523,25 +547,45 @@ class ArtifactStore:
         return [results[w] for w in writers]
 
     def _commit_live(self, live: list[ArtifactWriter]) -> list[ArtifactInfo | None]:
+        with threadcpu.PoolTask() as task:  # on an I/O thread: its wait to be woken for the commit counts
+            start = threadcpu.held()
+            infos, storage_wait = self._commit_steps(live)
+        held = threadcpu.held().wait_since(start)  # a CPU quota holds the read-back threads too
+        for w, info in infos.items():
+            if info.commit is not None and task.wait_ns is not None:
+                storage = storage_wait.total()
+                info = dataclasses.replace(info, commit=dataclasses.replace(
+                    info.commit, cpu_wait_ns=max(task.wait_ns + storage_wait.readback_ns, held or 0),
+                    cpu_run_ns=task.run_ns, storage_cpu_wait_ns=storage, fsync_cpu_wait_ns=storage_wait.fsync_ns))
+            w._committed(info)
+            infos[w] = info
+        return [infos.get(w) for w in live]
+
+    def _commit_steps(self, live: list[ArtifactWriter]) -> tuple[dict[ArtifactWriter, ArtifactInfo], _StorageWait]:
         started_ns, clock = time.time_ns(), time.perf_counter_ns
+        waits = _StorageWait()
         delay = self.settings.fault_commit_delay_s
         if delay > 0:  # test-only fault injection (diagnosis tests): a stall outside the storage calls
             time.sleep(delay)
         reading: list[Future] = []
         try:
-            t0 = clock()
+            t0, cpu0 = clock(), threadcpu.sample()
             sealed = [w for w in live if w._seal()]
             unsynced = {w: self._unsynced(w) for w in sealed}
             self.storage_fault(sum(unsynced.values()), write=True)
             # each sealed WAV is read back for its hash on the read-back threads while this thread syncs them
             # (the hash covers the bytes the file holds, which the sync does not change; hashlib lets go of
             # the interpreter while it hashes, and a 64-stream group reads back ~24 MB)
-            reading = self._start_each(ArtifactWriter._digest, sealed)
+            reading = self._start_each(_digest_waited, sealed)
             failed = dict(self._sync([(w, w._file) for w in sealed if w._file is not None]))
-            t1 = clock()
-            digests = self._finish_each(reading)
+            t1, cpu1 = clock(), threadcpu.sample()
+            waits.fsync_ns = _between(cpu0, cpu1)
+            read_back = self._finish_each(reading)
             reading = []
-            t2 = clock()
+            digests = [digest for digest, _ in read_back]
+            # the read-backs ran beside the sync: their wait counts where it outlasted the committing thread's
+            waits.readback_ns = max(0, max((wait or 0 for _, wait in read_back), default=0) - waits.fsync_ns)
+            t2, cpu2 = clock(), threadcpu.sample()
             in_place = []
             for w, digest in zip(sealed, digests):
                 failure = failed.get(w)
@@ -553,10 +597,12 @@ class ArtifactStore:
                 assert not isinstance(digest, OSError)
                 if w._publish_wav():
                     in_place.append((w, digest))
-            t3 = clock()
+            t3, cpu3 = clock(), threadcpu.sample()
+            waits.rename_ns = _between(cpu2, cpu3)
             # each artifact's steps are the group's, in full: it waited for every one of them
             published = [(w, (sha256, size, unsynced[w], t2 - t1, t3 - t2)) for w, (sha256, size) in in_place]
             infos = self._write_sidecars(published, started_ns, t1 - t0)
+            waits.fsync_ns += _between(cpu3, threadcpu.sample())  # the sidecars' writes and syncs, the directory's
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
             self._finish_each(reading, quietly=True)  # no read-back thread still reads a file removed below
             for w in live:
@@ -567,9 +613,7 @@ class ArtifactStore:
                 else:
                     w.abort()
             raise
-        for w, info in infos.items():
-            w._committed(info)
-        return [infos.get(w) for w in live]
+        return infos, waits
 
     def _early_writeback(self) -> _WriteBack | None:
         """The write-back thread, when blocks are queued for write-back as they are written: not under the

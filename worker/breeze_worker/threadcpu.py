@@ -1,0 +1,204 @@
+"""The worker's own CPU evidence: how long its threads waited for a CPU while they served a request.
+
+Linux keeps three counters per thread in `/proc/thread-self/schedstat` (another thread of this process:
+`/proc/self/task/<tid>/schedstat`): nanoseconds on a CPU, nanoseconds runnable but waiting on a run queue,
+and time slices. A thread that a busy host or a cgroup CPU quota holds back waits there, and nowhere else:
+a commit whose fsync "took" two seconds may have spent them waiting to run after the disk was done. The
+worker samples the counters around what it does for a request (the commit, the open, each chunk's read, the
+Fetch handler, the final message) and sends the differences with its other evidence, so a client tells a
+starved worker from a slow volume or path. The counter grows when the waiting thread gets its CPU, so a
+sample taken when a thread starts a task already holds the wait for that start; `PoolTask` adds it back
+for threads that sleep between tasks (the artifact I/O and read threads).
+
+Where the kernel does not expose the counters (not Linux, or a kernel built without schedstats) every
+sample is None, and the messages leave their CPU fields unset: the client then says it does not know.
+
+A thread that is not runnable does not wait: while gRPC's own threads read a request off the socket or send
+a response, the event loop thread may sleep, and a CPU quota that stops the whole process then shows on no
+thread the worker samples. So where a span crosses such work (a Fetch's arrival and its handler), the
+worker also reads how long its cgroup's CPU quota held all its threads (`Held`: `cpu.stat`'s throttled
+time, of its own cgroup and each ancestor with a limit) and reports the longer of the two waits.
+
+`finals` keeps, per artifact, what was sampled when its job's final message was handed to gRPC, so the
+artifact's first Fetch can say how long the worker was held between the two: the time a request spends
+reaching a starved worker's handler.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+_SELF = "/proc/thread-self/schedstat"
+FINALS_KEPT = 1024  # final-message samples kept for artifacts not yet fetched (the oldest go first)
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    run_ns: int  # time on a CPU so far
+    wait_ns: int  # time runnable but waiting for a CPU so far
+    tid: int  # the thread the counters belong to
+
+    def wait_since(self, earlier: CpuSample | None) -> int | None:
+        """Nanoseconds this thread waited for a CPU since `earlier` (None when unknown or another thread's)."""
+        if earlier is None or earlier.tid != self.tid:
+            return None
+        return max(0, self.wait_ns - earlier.wait_ns)
+
+    def run_since(self, earlier: CpuSample | None) -> int | None:
+        if earlier is None or earlier.tid != self.tid:
+            return None
+        return max(0, self.run_ns - earlier.run_ns)
+
+
+def sample(tid: int | None = None) -> CpuSample | None:
+    """The counters of the calling thread, or of thread `tid` of this process; None where there are none."""
+    own = tid is None
+    tid = threading.get_native_id() if tid is None else tid
+    try:
+        with open(_SELF if own else f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+            run, wait, *_ = f.read().split()
+        return CpuSample(int(run), int(wait), tid)
+    except (OSError, ValueError):
+        return None
+
+
+def waited(start: CpuSample | None) -> int | None:
+    """The calling thread's wait for a CPU since `start` (taken on this thread)."""
+    end = sample() if start is not None else None
+    return None if end is None else end.wait_since(start)
+
+
+_idle = threading.local()  # a pool thread's counters when it finished its previous task
+
+
+class PoolTask:
+    """The wait for a CPU of one task on a pool thread (`with PoolTask() as task: ...; task.wait_ns`): from the
+    end of the thread's previous task, when it went idle (an idle thread sleeps, it does not wait), through the
+    end of this one; so the wait to be woken for this task counts. A thread's first task counts from its start."""
+
+    def __init__(self) -> None:
+        self.wait_ns: int | None = None
+        self.run_ns: int | None = None
+        self._start: CpuSample | None = None
+
+    def __enter__(self) -> PoolTask:
+        now = sample()
+        before = getattr(_idle, "sample", None)
+        self._start = before if before is not None and now is not None and before.tid == now.tid else now
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = sample()
+        if end is not None:
+            self.wait_ns, self.run_ns = end.wait_since(self._start), end.run_since(self._start)
+        _idle.sample = end
+
+
+def _cgroup_mounts() -> tuple[str | None, tuple[str, str] | None]:
+    """(the cgroup v2 mount point, (v1 cpu controller's mount point, its root)) from /proc/self/mountinfo."""
+    v2, v1 = None, None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, kind = left.split(), right.split()
+                if len(fields) < 5 or len(kind) < 3:
+                    continue
+                if kind[0] == "cgroup2" and v2 is None:
+                    v2 = fields[4]
+                elif kind[0] == "cgroup" and "cpu" in kind[2].split(","):
+                    v1 = (fields[4], fields[3])
+    except OSError:
+        pass
+    return v2, v1
+
+
+_MOUNTS = _cgroup_mounts()
+
+
+def _quota_stats() -> list[str]:
+    """The cpu.stat files of this process's CPU cgroup and its ancestors (it may be moved while it runs)."""
+    v2, v1 = _MOUNTS
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        hierarchy, controllers, path = line.split(":", 2)
+        if v1 is not None and "cpu" in controllers.split(","):
+            base, root = v1
+            path = path[len(root):] if root != "/" and path.startswith(root) else path
+        elif v1 is None and v2 is not None and hierarchy == "0":
+            base = v2
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        return ["/".join([base, *parts[:n], "cpu.stat"]) for n in range(len(parts), 0, -1)]
+    return []
+
+
+def _throttled() -> dict[str, int]:
+    """cpu.stat path -> time its CPU quota held the cgroup's threads so far (ns)."""
+    out = {}
+    for path in _quota_stats():
+        try:
+            with open(path, encoding="ascii") as f:
+                for line in f:
+                    key, value = line.split()
+                    if key == "throttled_time":  # v1, ns
+                        out[path] = int(value)
+                    elif key == "throttled_usec":  # v2
+                        out[path] = int(value) * 1000
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """The calling thread's counters and the worker's CPU-quota throttling, sampled together."""
+
+    thread: CpuSample | None
+    throttled: dict[str, int]  # cpu.stat path -> throttled ns so far
+
+    def wait_since(self, earlier: Held | None) -> int | None:
+        """The longer of this thread's wait for a CPU and the time the worker's CPU quota held all its threads,
+        since `earlier` (None when neither is known)."""
+        if earlier is None:
+            return None
+        thread = None if self.thread is None else self.thread.wait_since(earlier.thread)
+        quota = [v - earlier.throttled[k] for k, v in self.throttled.items() if k in earlier.throttled]
+        if thread is None and not quota:
+            return None
+        return max([thread or 0, *quota])
+
+
+def held(tid: int | None = None) -> Held:
+    """The counters of the calling thread (or thread `tid` of this process) and the CPU quota's throttling."""
+    return Held(sample(tid), _throttled())
+
+
+class _Finals:
+    """artifact id -> what `held` read as its job's final message was handed to gRPC."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: OrderedDict[str, Held] = OrderedDict()
+
+    def record(self, artifact_id: str, s: Held) -> None:
+        with self._lock:
+            self._samples[artifact_id] = s
+            while len(self._samples) > FINALS_KEPT:
+                self._samples.popitem(last=False)
+
+    def wait_since(self, artifact_id: str, now: Held) -> int | None:
+        """How long the worker was held from the artifact's final message to `now`; once per artifact."""
+        with self._lock:
+            then = self._samples.pop(artifact_id, None)
+        return now.wait_since(then)
+
+
+finals = _Finals()
