@@ -305,5 +305,5 @@ def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
     code = cli.main(["diagnose", *out["runs"][0]["label"].split()[:1], "--target", worker.target,
                      "--artifact-target", worker.artifact_target, "--timeout", str(CALL_TIMEOUT_S)])
     text = capsys.readouterr().out
-    assert code == 0 and "dominant phase:" in text and "fix:" in text and "artifact commit" in text
+    assert code == 0 and "verdict: healthy" in text and "fix:" in text and "artifact commit" in text
     assert "generation done is unknown for existing artifacts" in text and " p50 -" not in text

@@ -124,17 +124,37 @@ def test_a_slow_transfer_is_a_slow_disk_read_a_window_or_the_link_by_its_evidenc
     assert window.verdict.cause == "window_limited"
     link = diagnose([with_evidence(base, **flow, path_queue_ns=1500 * MS)])  # ... while bytes queued on the path
     assert link.verdict.cause == "bandwidth"
-    starved = diagnose([with_evidence(base, client_cpu_wait_ns=900 * MS, client_cpu_run_ns=30 * MS)])
+    starved = diagnose([with_evidence(base, client_cpu_wait_ns=1100 * MS, client_cpu_run_ns=30 * MS)])
     assert starved.verdict.cause == "client_cpu" and "CPU" in starved.verdict.fix
+    # a wait that is a large share of the fetch but less than half the transfer does not account for it
+    partly = diagnose([with_evidence(base, **flow, path_queue_ns=1500 * MS, client_cpu_wait_ns=600 * MS)])
+    assert partly.verdict.cause == "bandwidth", partly.verdict.evidence
 
 
 def test_a_held_first_byte_is_a_buffer_and_a_slow_one_on_a_slow_path_is_latency():
     held = make_timeline(slow="first_byte_transit", extra_ms=900, transfer_ms=3, rtt_ms=2)
-    buffered = diagnose([with_evidence(held, data_receive_span_ns=3 * MS)])
+    # the worker sent the response over 890 ms; its first byte arrived after the last was sent, all data within 3 ms
+    sent_over = with_evidence(held, data_receive_span_ns=3 * MS,
+                              last_byte_sent=held.events["first_byte_sent"] + 890 * MS)
+    buffered = diagnose([sent_over])
     assert buffered.verdict.cause == "buffering_intermediary"
-    assert any("delivered" in e for e in buffered.verdict.evidence)
+    assert any("after the last one was sent" in e for e in buffered.verdict.evidence + buffered.verdict.details)
+    assert any("delivered" in e for e in buffered.verdict.evidence + buffered.verdict.details)
+    # a response sent at once: nothing shows the rest was held, but 900 ms is far past any one-way delay
+    at_once = diagnose([with_evidence(held, data_receive_span_ns=3 * MS)]).verdict
+    assert at_once.cause == "buffering_intermediary" and any("held the first message" in e for e in at_once.evidence)
     far = dataclasses.replace(held, rtt_ns=1900 * MS)  # a path whose round trip is that long
     assert diagnose([with_evidence(far, data_receive_span_ns=3 * MS)]).verdict.cause == "network_latency"
+
+
+def test_a_first_byte_a_little_late_on_a_slow_path_is_latency_not_a_buffer():
+    """A loaded machine adds tens of ms to one message's transit; on a 150 ms path a one-chunk response that
+    came 60 ms past the round trip was once called a buffer (its data all arrived at once, as one chunk does)."""
+    late = make_timeline(slow="first_byte_transit", extra_ms=210, transfer_ms=0.2, rtt_ms=150, chunks=1)
+    one_chunk = with_evidence(late, data_receive_span_ns=0, last_byte_sent=late.events["first_byte_sent"] + MS // 5)
+    assert diagnose([one_chunk]).verdict.cause == "network_latency"
+    waited = with_evidence(one_chunk, client_cpu_wait_ns=40 * MS)  # part of the lateness was the client's CPU wait
+    assert diagnose([waited]).verdict.cause == "network_latency"
 
 
 @pytest.mark.parametrize("slow,ev", [
@@ -151,4 +171,4 @@ def test_the_cause_does_not_depend_on_the_number_of_runs(slow, ev):
 
 def test_a_cause_only_several_runs_can_tell_apart_says_so():
     gap = diagnose([make_timeline(slow="client_gap", extra_ms=500)]).verdict
-    assert gap.cause == "cold_start" and "-n 3" in gap.needs_runs
+    assert gap.cause == "client_delay" and "-n 3" in gap.needs_runs

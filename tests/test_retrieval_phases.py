@@ -180,8 +180,12 @@ def test_a_slow_first_message_with_file_bytes_is_a_rate_not_per_file_overhead():
     v = diagnose(runs).verdict
     assert v.phase == "first_byte_transit" and v.cause == "bandwidth", v.evidence
     assert any("4.0 Mbit/s" in e for e in v.evidence), v.evidence
-    # the same transit without file bytes in the first message is latency paid per file
-    latency = [dataclasses.replace(t, first_chunk_bytes=0) for t in runs]
+    # the same transit without file bytes in the first message moved no bytes: no rate explains it, and at 17 round
+    # trips no path delay does either: something held it
+    held = [dataclasses.replace(t, first_chunk_bytes=0) for t in runs]
+    assert diagnose(held).verdict.cause == "buffering_intermediary"
+    # on a path whose round trip is as long, it is the latency paid per file
+    latency = [dataclasses.replace(t, first_chunk_bytes=0, rtt_ns=int(transit_ms * 1.1 * MS)) for t in runs]
     assert diagnose(latency).verdict.cause == "network_latency"
 
 
