@@ -11,7 +11,7 @@ the fix. The faults:
 - a buffering gRPC proxy (its own process) behind a tbf-limited veth pair;
 - a client whose HTTP/2 stream window is fixed small, over a delaying proxy;
 - a client process starved of CPU by a cgroup CPU quota (without one: sharing one CPU at nice 10 with a
-  busy loop);
+  busy loop); a worker process held the same way while other jobs keep its engine busy;
 - a worker process whose wall clock steps, or runs 5% fast (`netpath.fakeclock`);
 - one delaying-proxy path diagnosed with one run and with three: the same cause.
 The bandwidth limit (tbf), the delaying proxy, a dropped connection and a slow first byte are in
@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 from netpath.buffering import BufferingProxy
 from netpath.cgroups import Cgroup, CpuContention, LoopVolume, cpu_limit_support, io_limit_support
+from netpath.client_app import other_jobs
 from netpath.client_proc import ClientProcess
 from netpath.fakeclock import SHIM_DIR, FakeClock
 from netpath.pathd import PathProcess
@@ -267,6 +268,55 @@ def test_a_client_starved_of_cpu_is_named(worker, record_property):
     if throttled is not None:  # the kernel saw the throttling the client's evidence reports
         assert throttled >= 0.5 * wait, (throttled, wait)
     assert "CPU" in verdict["fix"] and any("waited" in e and "for a CPU" in e for e in verdict["evidence"])
+
+
+@pytest.fixture(scope="module")
+def process_worker():
+    """A worker process of its own (a cgroup holds whole processes)."""
+    with tempfile.TemporaryDirectory(prefix="breeze-artifacts-", dir=RAM_DIR) as d, WorkerProcess(d) as w:
+        yield w
+
+
+@contextmanager
+def worker_starved_of_cpu(pid: int):
+    """Hold the worker to 5% of a CPU (a cgroup quota: 5 ms a 100 ms period), or without one make it share a CPU
+    with a busy loop. Alone, a retrieval's few ms of CPU often fit in one period's share (the quota's stalls then
+    fall in a different phase of each run, or in none); with other jobs on the worker, every retrieval waits."""
+    if cpu_limit_support():
+        with Cgroup("cpu") as group:
+            group.limit_cpu(0.05)
+            group.add(pid)
+            yield group
+    else:
+        with CpuContention(pid):
+            yield None
+
+
+WORKER_WAITS = ("worker_commit_cpu_wait_ns", "worker_notify_cpu_wait_ns", "worker_arrival_cpu_wait_ns",
+                "worker_handler_cpu_wait_ns", "worker_open_cpu_wait_ns")
+
+
+def test_a_worker_starved_of_cpu_is_named_with_one_run_or_three(process_worker, record_property):
+    """Once blamed on the connection (a 948 ms request transit), on the disk (a 1.95 s fsync) or on a phase that
+    held 3% of the total: the worker now reports its own wait for a CPU around each phase it serves."""
+    record_property("cpu_fault", CPU_FAULT)
+    w = process_worker
+    with other_jobs(w.target, w.artifact_target), worker_starved_of_cpu(w.proc.pid) as group:
+        before = group.throttled_ns() if group else 0
+        runs = {n: diagnose_jobs(w, jobs=n, frames=8) for n in (1, 3)}
+        throttled = group.throttled_ns() - before if group else None
+    for n, run in runs.items():
+        v = run.diagnosis.verdict
+        assert v.cause == "worker_cpu", (n, v.phase, v.evidence, v.details)
+        assert "CPU" in v.fix and "--artifact-dir" not in v.fix
+        assert any("for a CPU" in e and "the worker is starved of CPU" in e for e in v.evidence), v.evidence
+        for t in run.timelines:  # the worker's own evidence: it waited for a CPU through much of each run
+            waited = sum(t.evidence.get(k, 0) for k in WORKER_WAITS)
+            total = t.events["file_fsynced"] - t.events["generation_done"]
+            assert waited >= 0.25 * total, (waited, total, t.evidence)
+    if throttled is not None:  # the kernel held the worker at least as long as the diagnosis says it waited
+        reported = max(max(t.evidence.get(k, 0) for k in WORKER_WAITS) for r in runs.values() for t in r.timelines)
+        assert throttled >= 0.5 * reported, (throttled, reported)
 
 
 @pytest.fixture(scope="module")
