@@ -45,9 +45,11 @@ def test_the_counters_are_this_threads_and_never_mixed_with_another_threads():
     assert now is not None and now.run_ns > 0  # Linux with schedstats: what the tests run on
     other = threadcpu.CpuSample(now.run_ns, now.wait_ns, now.tid + 1)
     assert now.wait_since(other) is None and now.wait_since(None) is None
-    later = threadcpu.Held(threadcpu.CpuSample(now.run_ns, now.wait_ns + 5, now.tid), {"q": 300})
-    assert later.wait_since(threadcpu.Held(now, {"q": 100})) == 200  # the quota's hold was the longer
-    assert later.wait_since(threadcpu.Held(now, {})) == 5  # no common cgroup: the thread's own wait
+    later = threadcpu.Held(threadcpu.CpuSample(now.run_ns, now.wait_ns + 5, now.tid), {"q": 300}, at_ns=1000)
+    assert later.wait_since(threadcpu.Held(now, {"q": 100}, at_ns=500)) == 200  # the quota's hold was the longer
+    # the kernel adds each CPU's throttled time: never more than the time that went by
+    assert later.wait_since(threadcpu.Held(now, {"q": 100}, at_ns=900)) == 100
+    assert later.wait_since(threadcpu.Held(now, {}, at_ns=500)) == 5  # no common cgroup: the thread's own wait
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not cpu_limit_support(), reason="a cgroup CPU quota needs root and the "

@@ -14,10 +14,11 @@ Where the kernel does not expose the counters (not Linux, or a kernel built with
 sample is None, and the messages leave their CPU fields unset: the client then says it does not know.
 
 A thread that is not runnable does not wait: while gRPC's own threads read a request off the socket or send
-a response, the event loop thread may sleep, and a CPU quota that stops the whole process then shows on no
-thread the worker samples. So where a span crosses such work (a Fetch's arrival and its handler), the
-worker also reads how long its cgroup's CPU quota held all its threads (`Held`: `cpu.stat`'s throttled
-time, of its own cgroup and each ancestor with a limit) and reports the longer of the two waits.
+a response, the event loop thread may sleep, and a thread waiting for the interpreter lock that a throttled
+thread holds sleeps too; a CPU quota that stops the whole process then shows on no thread the worker
+samples. So the worker also reads how long its cgroup's CPU quota held all its threads (`Held`: `cpu.stat`'s
+throttled time, of its own cgroup and each ancestor with a limit) over the same spans, and reports the
+longer of the two waits.
 
 `finals` keeps, per artifact, what was sampled when its job's final message was handed to gRPC, so the
 artifact's first Fetch can say how long the worker was held between the two: the time a request spends
@@ -27,8 +28,9 @@ reaching a starved worker's handler.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _SELF = "/proc/thread-self/schedstat"
 FINALS_KEPT = 1024  # final-message samples kept for artifacts not yet fetched (the oldest go first)
@@ -76,24 +78,29 @@ _idle = threading.local()  # a pool thread's counters when it finished its previ
 class PoolTask:
     """The wait for a CPU of one task on a pool thread (`with PoolTask() as task: ...; task.wait_ns`): from the
     end of the thread's previous task, when it went idle (an idle thread sleeps, it does not wait), through the
-    end of this one; so the wait to be woken for this task counts. A thread's first task counts from its start."""
+    end of this one, so the wait to be woken for this task counts (a thread's first task counts from the
+    thread's start); or, when longer, how long the CPU quota held every thread during the task."""
 
     def __init__(self) -> None:
         self.wait_ns: int | None = None
         self.run_ns: int | None = None
         self._start: CpuSample | None = None
+        self._held: Held | None = None
 
     def __enter__(self) -> PoolTask:
-        now = sample()
-        before = getattr(_idle, "sample", None)
+        self._held = held()
+        now, before = self._held.thread, getattr(_idle, "sample", None)
         self._start = before if before is not None and now is not None and before.tid == now.tid else now
         return self
 
     def __exit__(self, *exc) -> None:
-        end = sample()
-        if end is not None:
-            self.wait_ns, self.run_ns = end.wait_since(self._start), end.run_since(self._start)
-        _idle.sample = end
+        end = held()
+        thread = None if end.thread is None else end.thread.wait_since(self._start)
+        quota = end.quota_since(self._held) if self._held is not None else None
+        if thread is not None or quota is not None:
+            self.wait_ns = max(thread or 0, quota or 0)
+        self.run_ns = None if end.thread is None else end.thread.run_since(self._start)
+        _idle.sample = end.thread
 
 
 def _cgroup_mounts() -> tuple[str | None, tuple[str, str] | None]:
@@ -140,7 +147,7 @@ def _quota_stats() -> list[str]:
     return []
 
 
-def _throttled() -> dict[str, int]:
+def throttled() -> dict[str, int]:
     """cpu.stat path -> time its CPU quota held the cgroup's threads so far (ns)."""
     out = {}
     for path in _quota_stats():
@@ -163,6 +170,14 @@ class Held:
 
     thread: CpuSample | None
     throttled: dict[str, int]  # cpu.stat path -> throttled ns so far
+    at_ns: int = field(default_factory=time.monotonic_ns)  # when `throttled` was read
+
+    def quota_since(self, earlier: Held) -> int | None:
+        """How long the CPU quota held the worker's threads since `earlier` (None without a common cgroup). The
+        kernel adds up each CPU's throttled time, so it is capped at the time that went by."""
+        wall = max(0, self.at_ns - earlier.at_ns)
+        quota = [min(v - earlier.throttled[k], wall) for k, v in self.throttled.items() if k in earlier.throttled]
+        return max(quota) if quota else None
 
     def wait_since(self, earlier: Held | None) -> int | None:
         """The longer of this thread's wait for a CPU and the time the worker's CPU quota held all its threads,
@@ -170,15 +185,15 @@ class Held:
         if earlier is None:
             return None
         thread = None if self.thread is None else self.thread.wait_since(earlier.thread)
-        quota = [v - earlier.throttled[k] for k, v in self.throttled.items() if k in earlier.throttled]
-        if thread is None and not quota:
+        quota = self.quota_since(earlier)
+        if thread is None and quota is None:
             return None
-        return max([thread or 0, *quota])
+        return max(thread or 0, quota or 0)
 
 
 def held(tid: int | None = None) -> Held:
     """The counters of the calling thread (or thread `tid` of this process) and the CPU quota's throttling."""
-    return Held(sample(tid), _throttled())
+    return Held(sample(tid), throttled())
 
 
 class _Finals:

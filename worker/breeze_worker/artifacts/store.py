@@ -288,6 +288,7 @@ class ArtifactWriter:
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable
+        self.held_at_commit: threadcpu.Held | None = None  # the CPU quota's counters as the commit ended
         if unavailable is not None:
             return
         try:
@@ -450,7 +451,8 @@ class ArtifactWriter:
 
 @dataclasses.dataclass
 class _StorageWait:
-    """A commit's wait for a CPU inside its storage steps (ns; 0 where the counters are missing)."""
+    """A commit's wait for a CPU inside its storage steps, or the CPU quota's hold when longer (ns; 0 where the
+    counters are missing)."""
 
     fsync_ns: int = 0  # the committing thread's, inside the WAV's sync and the sidecars' and directory's
     readback_ns: int = 0  # the read-back threads', beyond the committing thread's own during the sync
@@ -460,8 +462,10 @@ class _StorageWait:
         return self.fsync_ns + self.readback_ns + self.rename_ns
 
 
-def _between(a: threadcpu.CpuSample | None, b: threadcpu.CpuSample | None) -> int:
-    return (b.wait_since(a) or 0) if b is not None else 0
+def _between(a: threadcpu.Held, b: threadcpu.Held) -> int:
+    """The committing thread's wait for a CPU from `a` to `b`, or the CPU quota's hold when longer (a thread
+    waiting for the interpreter lock that a throttled thread holds sleeps: only the quota shows that)."""
+    return b.wait_since(a) or 0
 
 
 def _digest_waited(w: ArtifactWriter) -> tuple[tuple[str, int] | OSError, int | None]:
@@ -548,15 +552,13 @@ class ArtifactStore:
 
     def _commit_live(self, live: list[ArtifactWriter]) -> list[ArtifactInfo | None]:
         with threadcpu.PoolTask() as task:  # on an I/O thread: its wait to be woken for the commit counts
-            start = threadcpu.held()
             infos, storage_wait = self._commit_steps(live)
-        held = threadcpu.held().wait_since(start)  # a CPU quota holds the read-back threads too
         for w, info in infos.items():
             if info.commit is not None and task.wait_ns is not None:
                 storage = storage_wait.total()
                 info = dataclasses.replace(info, commit=dataclasses.replace(
-                    info.commit, cpu_wait_ns=max(task.wait_ns + storage_wait.readback_ns, held or 0),
-                    cpu_run_ns=task.run_ns, storage_cpu_wait_ns=storage, fsync_cpu_wait_ns=storage_wait.fsync_ns))
+                    info.commit, cpu_wait_ns=max(task.wait_ns, storage), cpu_run_ns=task.run_ns,
+                    storage_cpu_wait_ns=storage, fsync_cpu_wait_ns=storage_wait.fsync_ns))
             w._committed(info)
             infos[w] = info
         return [infos.get(w) for w in live]
@@ -569,7 +571,7 @@ class ArtifactStore:
             time.sleep(delay)
         reading: list[Future] = []
         try:
-            t0, cpu0 = clock(), threadcpu.sample()
+            t0, cpu0 = clock(), threadcpu.held()
             sealed = [w for w in live if w._seal()]
             unsynced = {w: self._unsynced(w) for w in sealed}
             self.storage_fault(sum(unsynced.values()), write=True)
@@ -578,14 +580,14 @@ class ArtifactStore:
             # the interpreter while it hashes, and a 64-stream group reads back ~24 MB)
             reading = self._start_each(_digest_waited, sealed)
             failed = dict(self._sync([(w, w._file) for w in sealed if w._file is not None]))
-            t1, cpu1 = clock(), threadcpu.sample()
+            t1, cpu1 = clock(), threadcpu.held()
             waits.fsync_ns = _between(cpu0, cpu1)
             read_back = self._finish_each(reading)
             reading = []
             digests = [digest for digest, _ in read_back]
             # the read-backs ran beside the sync: their wait counts where it outlasted the committing thread's
             waits.readback_ns = max(0, max((wait or 0 for _, wait in read_back), default=0) - waits.fsync_ns)
-            t2, cpu2 = clock(), threadcpu.sample()
+            t2, cpu2 = clock(), threadcpu.held()
             in_place = []
             for w, digest in zip(sealed, digests):
                 failure = failed.get(w)
@@ -597,12 +599,12 @@ class ArtifactStore:
                 assert not isinstance(digest, OSError)
                 if w._publish_wav():
                     in_place.append((w, digest))
-            t3, cpu3 = clock(), threadcpu.sample()
+            t3, cpu3 = clock(), threadcpu.held()
             waits.rename_ns = _between(cpu2, cpu3)
             # each artifact's steps are the group's, in full: it waited for every one of them
             published = [(w, (sha256, size, unsynced[w], t2 - t1, t3 - t2)) for w, (sha256, size) in in_place]
             infos = self._write_sidecars(published, started_ns, t1 - t0)
-            waits.fsync_ns += _between(cpu3, threadcpu.sample())  # the sidecars' writes and syncs, the directory's
+            waits.fsync_ns += _between(cpu3, threadcpu.held())  # the sidecars' writes and syncs, the directory's
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
             self._finish_each(reading, quietly=True)  # no read-back thread still reads a file removed below
             for w in live:
@@ -684,7 +686,9 @@ class ArtifactStore:
                 return {}
         t2 = clock()
         infos = {}
+        quota = threadcpu.Held(None, threadcpu.throttled())  # with the commit time: the final message's start
         for w, info, nbytes in kept:
+            w.held_at_commit = quota
             assert info.commit is not None  # set above
             commit = dataclasses.replace(info.commit, bytes_synced=info.commit.bytes_synced + nbytes,
                                          sidecar_fsync_ns=t1 - t0, dir_fsync_ns=t2 - t1)

@@ -206,4 +206,9 @@ class Job:
                        artifact_unavailable: str | None = None) -> JobFinished:
         return JobFinished(job_id=self.job_id, done_at_ns=done_at_ns, stats=stats, artifact=artifact_info,
                            artifact_unavailable=artifact_unavailable,
-                           held_at_commit=threadcpu.held(self.sink.thread_id))
+                           held_at_commit=self._held_at_commit())
+
+    def _held_at_commit(self) -> threadcpu.Held:
+        """The consumer's event loop thread's counters now, and the CPU quota's as the commit ended."""
+        quota = getattr(self.artifact, "held_at_commit", None) or threadcpu.Held(None, threadcpu.throttled())
+        return threadcpu.Held(threadcpu.sample(self.sink.thread_id), quota.throttled, quota.at_ns)

@@ -78,10 +78,15 @@ class _Cpu:
 
     def open_wait(self, elapsed_ns: int) -> int | None:
         """The wait from the request received to now, `elapsed_ns` later: the loop thread's and the opening
-        thread's (at most the time that went by: they may have waited at once)."""
-        loop = threadcpu.waited(self.entry.thread)
-        return None if loop is None or self.open_thread_wait is None else min(loop + self.open_thread_wait,
-                                                                              elapsed_ns)
+        thread's, or the CPU quota's hold on every thread when longer (a thread that waits for the interpreter
+        lock held by a throttled one sleeps: only the quota shows it); at most the time that went by."""
+        now = threadcpu.held()
+        held = now.wait_since(self.entry)
+        loop = None if now.thread is None else now.thread.wait_since(self.entry.thread)
+        threads = None if loop is None or self.open_thread_wait is None else loop + self.open_thread_wait
+        if held is None and threads is None:
+            return None
+        return min(max(held or 0, threads or 0), elapsed_ns)
 
 
 def _set(message, **optional: int | None) -> None:
