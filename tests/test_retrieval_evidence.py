@@ -172,3 +172,90 @@ def test_the_cause_does_not_depend_on_the_number_of_runs(slow, ev):
 def test_a_cause_only_several_runs_can_tell_apart_says_so():
     gap = diagnose([make_timeline(slow="client_gap", extra_ms=500)]).verdict
     assert gap.cause == "client_delay" and "-n 3" in gap.needs_runs
+
+
+def gap_runs(gaps_ms, requests_s=None):
+    """Runs whose client gaps are `gaps_ms`, their artifact requests at `requests_s` (default: at 0, 7.3, 19.1 ...
+    s, on no common grid)."""
+    runs = []
+    default = [0.0, 7.3, 19.1, 23.9, 31.7]
+    for i, gap in enumerate(gaps_ms):
+        t = make_timeline(f"r{i}", slow="client_gap", extra_ms=gap)
+        at = int((requests_s or default)[i] * S)
+        shift = T0 + at - t.events["request_sent"]
+        runs.append(dataclasses.replace(t, events={k: v + shift for k, v in t.events.items()},
+                                        evidence={"job_request_sent": t.evidence.get("job_request_sent", 0) + shift}))
+    return runs
+
+
+def test_client_gaps_that_vary_are_polling_and_a_constant_one_an_application_delay():
+    varied = diagnose(gap_runs([240, 1800, 900])).verdict
+    assert varied.cause == "polling" and varied.needs_runs is None
+    assert any("varied from 240.2 ms to 1.80 s" in e for e in varied.evidence), varied.evidence
+    assert not any("grid" in e for e in varied.evidence + varied.details)  # requests on no common schedule
+    # the same gaps from a loop polling every 2 s: the requests fall on its grid, the final messages do not (three
+    # requests 6 s apart cannot tell a 2 s loop from a 3 s or 6 s one: the line says so)
+    polled = diagnose(gap_runs([240, 1800, 900], requests_s=[4.0, 10.0, 16.0])).verdict
+    assert polled.cause == "polling"
+    assert any("whole multiples of 6.00 s apart" in e and "fixed schedule" in e
+               for e in polled.evidence + polled.details), polled.evidence
+    steady = diagnose(gap_runs([400, 404, 398])).verdict
+    assert steady.cause == "client_delay" and steady.needs_runs is None
+    assert any("constant offset" in e for e in steady.evidence + steady.details)
+    one = diagnose(gap_runs([900])).verdict
+    assert one.cause == "client_delay" and "polling" in one.needs_runs
+
+
+def test_a_client_gap_with_its_connection_set_up_inside_is_a_cold_start_in_one_run():
+    (t,) = gap_runs([350])
+    final = t.events["final_received"]
+    fresh = with_evidence(t, artifact_channel_opened=final + MS, artifact_clock_measured=final + 340 * MS)
+    for runs in ([fresh], [fresh] * 3):
+        v = diagnose(runs).verdict
+        assert v.cause == "cold_start" and v.needs_runs is None
+        assert any("opened its artifact channel 1.0 ms after the final message" in e for e in v.evidence)
+    warm = with_evidence(t, artifact_channel_opened=final - 5 * S, artifact_clock_measured=final - S)
+    assert diagnose([warm]).verdict.cause == "client_delay"
+    starved = with_evidence(t, client_gap_cpu_wait_ns=300 * MS)  # the thread that received and requested
+    assert diagnose([starved]).verdict.cause == "client_cpu"
+
+
+def test_a_worker_waiting_for_a_cpu_is_named_and_not_taken_for_its_disk_or_the_path():
+    # the issue's commit: 1.95 s "inside fsync", of which the worker's thread waited 1.90 s for a CPU
+    commit = make_timeline(slow="commit", extra_ms=1950)
+    disk = dict(commit_storage_ns=1952 * MS, commit_fsync_ns=1950 * MS, commit_bytes=46_000)
+    held = diagnose([with_evidence(commit, **disk, worker_commit_cpu_wait_ns=1930 * MS,
+                                   worker_commit_storage_cpu_wait_ns=1900 * MS,
+                                   worker_commit_fsync_cpu_wait_ns=1900 * MS)]).verdict
+    assert held.cause == "worker_cpu" and "--artifact-dir" not in held.fix, held.evidence
+    assert held.evidence[-1].endswith("the worker is starved of CPU")  # the comparison that named it, in the headline
+    on_disk = diagnose([with_evidence(commit, **disk, worker_commit_cpu_wait_ns=2 * MS,
+                                      worker_commit_storage_cpu_wait_ns=MS, worker_commit_fsync_cpu_wait_ns=MS)])
+    assert on_disk.verdict.cause == "storage_write"  # the same commit, spent in the volume: its rate is the volume's
+    assert any("23.6 kB/s" in e for e in on_disk.verdict.evidence), on_disk.verdict.evidence
+    # the issue's request: 948 ms to reach the handler, over a path with a 2 ms round trip
+    request = make_timeline(slow="request", extra_ms=948, rtt_ms=2)
+    assert diagnose([request]).verdict.cause == "network_latency"  # no evidence from the worker: the path
+    waited = with_evidence(request, worker_arrival_cpu_wait_ns=930 * MS, worker_handler_cpu_wait_ns=0,
+                           worker_handler_span_ns=MS)
+    v = diagnose([waited]).verdict
+    assert v.cause == "worker_cpu" and any("before the request reached its handler" in e for e in v.evidence)
+    # the final message, held after the worker handed it to gRPC (its threads sent it late)
+    notify = with_evidence(make_timeline(slow="notify", extra_ms=600), worker_notify_span_ns=MS,
+                           worker_notify_cpu_wait_ns=0, worker_arrival_cpu_wait_ns=590 * MS)
+    assert diagnose([notify]).verdict.cause == "worker_cpu"
+
+
+def test_stalls_in_a_different_phase_each_run_are_named_by_what_they_share():
+    """Three runs, each held in another phase: no phase's p50 holds the time; each run's longest phase speaks."""
+    commit = with_evidence(make_timeline("a", slow="commit", extra_ms=400), commit_storage_ns=MS, commit_fsync_ns=MS,
+                           commit_bytes=SIZE, worker_commit_cpu_wait_ns=395 * MS, worker_commit_storage_cpu_wait_ns=0)
+    request = with_evidence(make_timeline("b", slow="request", extra_ms=400), worker_arrival_cpu_wait_ns=395 * MS,
+                            worker_handler_cpu_wait_ns=0, worker_handler_span_ns=MS)
+    first_byte = with_evidence(make_timeline("c", slow="server_first_byte", extra_ms=400), worker_open_ns=MS,
+                               worker_open_cpu_wait_ns=398 * MS)
+    d = diagnose([commit, request, first_byte])
+    v = d.verdict
+    assert d.summaries[v.phase].p50_s < 0.1  # no phase holds the time at p50 ...
+    assert v.cause == "worker_cpu" and dict(v.runs_by_cause) == {"worker_cpu": 3}, v.evidence  # ... yet all agree
+    assert any("each run's longest phase differs" in e for e in v.evidence + v.details)

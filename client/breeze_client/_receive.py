@@ -102,6 +102,16 @@ class SynthesisReceiver:
                                audio_bytes=self._audio_bytes, artifact_unavailable=f.artifact_unavailable)
 
 
+_FINISHING: set = set()  # calls read to their last message, held until their status arrives
+
+
+def let_finish(call) -> None:
+    """Keep a call whose last message was read until its status arrives, without waiting for it: a call dropped
+    before then is cancelled, and the worker would see a hang-up on a call that succeeded."""
+    _FINISHING.add(call)
+    call.add_done_callback(_FINISHING.discard)
+
+
 class StreamHandle:
     """What the sync and asyncio synthesis streams share: the call, its receiver and the final result."""
 
@@ -227,8 +237,11 @@ class FetchReceiver:
             self._worker_cpu.update(_convert.optional(msg, "handler_cpu_wait_ns", "handler_cpu_run_ns"))
             if self._prev_sent and msg.last_byte_sent_unix_ns:  # the last data message's wait to be taken
                 self._send_wait_ns += max(0, msg.last_byte_sent_unix_ns - self._prev_sent)
-            if self._t["last_recv"] is None:
-                self._t["last_recv"] = received_ns
+            # every byte is in once the stream's last message arrives: a worker slow to end the stream is in the
+            # transfer, not in the client's write; the last chunk's write went by before it, inside the transfer
+            self._t["last_recv"] = received_ns
+            self.write_in_transfer_ns += self._last_write_ns
+            self._last_write_ns = 0
             return 0
         if not msg.data and not msg.uncompressed_size:
             return 0

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from breeze_client import _convert
 from breeze_client import clock as clock_exchange
-from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
+from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver, let_finish
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, fixed_stream_window, open_aio_channel
 from breeze_client.clock import ClockMapping, now_ns
@@ -48,6 +48,7 @@ class AsyncSynthesisStream(StreamHandle):
                 if isinstance(event, AudioChunk):
                     yield event
                 if self._receiver.done:  # the final message is the last: the result is whole without the status
+                    let_finish(self._call)
                     break
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
@@ -204,8 +205,12 @@ class AsyncBreezeClient:
             while True:
                 policy.attempt_started(receiver.position)
                 try:
-                    async for msg in stub.Fetch(receiver.next_request(), **self._kw(timeout_s)):
+                    call = stub.Fetch(receiver.next_request(), **self._kw(timeout_s))
+                    async for msg in call:
                         receiver.on_message(msg, now_ns())
+                        if msg.last:  # every byte is in: the file is done without waiting for the status
+                            let_finish(call)
+                            break
                     break
                 except grpc.RpcError as err:
                     pause = policy.after_break(err, receiver.position, receiver.info is not None)

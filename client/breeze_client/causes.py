@@ -1,11 +1,14 @@
 """Naming the cause of one slow phase in one run, from the evidence that phase carries.
 
 A phase's length alone names nothing: a 30 s commit is a slow volume if the worker spent it inside its
-fsyncs and a stalled worker if it did not; a slow transfer is the link, a window, a slow disk read or a
-starved client depending on the rates. Each rule here compares what was measured inside the phase
-(`Timeline.evidence`: the worker's fsync, read and send times, the client's CPU wait, the chunks' arrival
-span, bytes in flight per round trip against the stream window) before it names a cause, and returns the
-comparison as evidence. A rule sees one run only, so the cause cannot depend on how many runs there were;
+fsyncs, a starved worker if it spent them waiting for a CPU, and a stalled worker if neither; a slow
+transfer is the link, a window, a slow disk read or a starved client or worker depending on the rates and
+the waits. Each rule here compares what was measured inside the phase (`Timeline.evidence`: the worker's
+fsync, read and send times and its own wait for a CPU, the client's CPU wait, the chunks' arrival span,
+bytes in flight per round trip against the stream window) before it names a cause, and returns the
+comparison as evidence: it starts with what was measured and ends with the comparison that named the cause
+(the verdict's headline keeps both). A storage or network cause is named only when the time went there and
+not to waiting for a CPU. A rule sees one run only, so the cause cannot depend on how many runs there were;
 where only several runs can tell two causes apart, the finding says so (`Finding.needs_runs`).
 
 Pure functions over `phases.Timeline`: no I/O, no gRPC.
@@ -169,11 +172,18 @@ def _notify(t: Timeline, pt: PhaseTime) -> Finding:
     if starved:
         return Finding("client_cpu", ev + [starved])
     in_worker = _ev(t, "worker_notify_span_ns")
+    held_before, arrival = _ev(t, "worker_notify_cpu_wait_ns"), _ev(t, "worker_arrival_cpu_wait_ns")
+    if in_worker is not None and (held_before is not None or arrival is not None):
+        # held before the message was handed to gRPC, and after (gRPC's threads send it: the wait from the final
+        # message to the fetch's handler, at most what is left of the phase)
+        held_after = min(arrival or 0, max(0, d - in_worker))
+        starved = _worker_wait_in("threads", (held_before or 0) + held_after, d,
+                                  f" ({_s(held_after)} of it after it was handed to gRPC)" if held_after else "")
+        if starved:
+            return Finding("worker_cpu", ev + [f"the worker handed it to gRPC {_s(in_worker)} after the commit",
+                                               starved])
     if in_worker is not None and in_worker >= CPU_PHASE_SHARE * d:
         ev.append(f"the worker handed it to gRPC {_s(in_worker)} after the commit")
-        starved = _worker_wait_in("threads", _ev(t, "worker_notify_cpu_wait_ns"), in_worker)
-        if starved:
-            return Finding("worker_cpu", ev + [starved])
         return Finding("worker_busy", ev + ["the worker was slow to send it, without waiting for a CPU"])
     worker_span, client_span = _ev(t, "worker_audio_span_ns"), _ev(t, "client_audio_span_ns")
     if worker_span and client_span is not None and worker_span >= 50e6 \
@@ -222,7 +232,8 @@ def _setup_in_gap(t: Timeline) -> list[str] | None:
         lines.append(f"the client opened its artifact channel {_s(opened - final)} after the final message: the "
                      "connection was set up inside the gap")
     if clocked is not None and clocked >= final:
-        lines.append(f"and exchanged clocks with the worker {_s(clocked - final)} after it, before the request")
+        lines.append(f"it exchanged clocks with the worker {_s(clocked - final)} after the final message, before "
+                     "the request")
     return lines or None
 
 
@@ -289,11 +300,10 @@ def _first_byte_transit(t: Timeline, pt: PhaseTime) -> Finding:
         return Finding(_rate_cause(t, rate, ev), ev)
     held = _held_to_the_end(t) or _held_past_the_path(t, d)
     if held:
-        ev += held
         if (delivered := delivery_rate(t)) is not None:
             ev.append(f"through the buffer the path delivered {_rate(delivered)} (first byte sent -> last byte "
                       "received); the burst rate behind it says nothing about the path")
-        return Finding("buffering_intermediary", ev)
+        return Finding("buffering_intermediary", ev + held)
     if rtt is not None and d / 1e9 > rtt + 4 * LATENCY_SLACK_S and t.parallel > 1:
         ev.append(f"{t.parallel} fetches shared the connection: the first message waited behind the others' bytes")
         return Finding("bandwidth", ev)
@@ -371,7 +381,9 @@ def _transfer(t: Timeline, pt: PhaseTime) -> Finding:
         return Finding("payload_encoding", ev)
     cause = _rate_cause(t, rate, ev, d)
     if cause == "bandwidth" and not _queued(t) and t.chunks >= 8 and size / t.chunks < SMALL_CHUNK:
-        return Finding("per_message_overhead", ev)  # small chunks, and no sign the link held them back
+        ev.append(f"{t.chunks} chunks of under {SMALL_CHUNK // 1024} KiB and no sign the link held them back: each "
+                  "message's own cost sets the pace")
+        return Finding("per_message_overhead", ev)
     finding = Finding(cause, ev)
     if cause == "window_limited" and t.evidence.get("stream_window_bytes") is None:
         finding.needs_runs = ("with BDP probing on, the window may still have been growing: fetch in parallel "
@@ -393,10 +405,10 @@ def _rate_cause(t: Timeline, rate: float | None, ev: list[str], duration_ns: int
                   f"{format_seconds(rtt)}): bytes queued on the path, so the link is the bottleneck")
         return "bandwidth"
     if rtt > 0.002 and wait is not None and duration_ns and wait >= 0.5 * duration_ns:
+        _in_flight(t, rate, rtt, ev)
         ev.append(f"the worker waited {_s(wait)} of the {_s(duration_ns)} for flow control to let its chunks go, "
                   f"while none queued on the path (at most {_s(queue)} behind the fastest): the window, not the "
                   "link, set the pace")
-        _in_flight(t, rate, rtt, ev)
         return "window_limited"
     in_flight, effective = _in_flight(t, rate, rtt, ev)
     if rtt > 0.002 and 0.75 * effective <= in_flight <= 1.3 * effective:

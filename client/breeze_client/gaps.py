@@ -21,7 +21,8 @@ from breeze_client.phases import format_seconds
 
 VARY_SHARE = 0.25  # gaps whose spread is at least this share of the longest vary from run to run
 VARY_MIN_NS = 20_000_000  # ... and by at least this much (less is scheduling noise)
-GRID_TOLERANCE_NS = 3_000_000  # a request within this of a grid line is on it
+GRID_TOLERANCE_NS = 3_000_000  # a request within this of a grid line is on it (or GRID_TOLERANCE_SHARE of
+GRID_TOLERANCE_SHARE = 0.005  # the period, when that is longer: a poll loop's timer wakes a little late)
 GRID_MIN_RUNS = 3  # two requests fall on some grid whatever their times: three can refute one
 
 
@@ -40,8 +41,9 @@ def _s(ns: float) -> str:
 
 
 def poll_period(gaps: Sequence[Gap]) -> int | None:
-    """The period of a grid the requests fall on (within GRID_TOLERANCE_NS) while the final messages do not, at
-    least as long as the longest gap (a poll comes within one period); the longest such period, else None."""
+    """The period of a grid the requests fall on (within its tolerance) while the final messages do not, at least
+    as long as the longest gap (a poll comes within one period); the longest such period, else None. A loop's
+    own period is it or a whole fraction of it: a few requests cannot tell which."""
     if len(gaps) < GRID_MIN_RUNS:
         return None
     longest = max(g.ns for g in gaps)
@@ -60,9 +62,10 @@ def poll_period(gaps: Sequence[Gap]) -> int | None:
 
 
 def _on_grid(times: Sequence[int], origin: int, period: float) -> bool:
+    tolerance = max(GRID_TOLERANCE_NS, GRID_TOLERANCE_SHARE * period)
     for t in times:
         off = (t - origin) % period
-        if min(off, period - off) > GRID_TOLERANCE_NS:
+        if min(off, period - off) > tolerance:
             return False
     return True
 
@@ -80,9 +83,9 @@ def across_runs(gaps: Sequence[Gap]) -> tuple[str, list[str]] | None:
                  "finished job up whenever its next poll comes, not when the final message arrives"]
         period = poll_period(gaps)
         if period is not None:
-            lines.append(f"the artifact requests fell on one {_s(period)} grid (within "
-                         f"{_s(GRID_TOLERANCE_NS)}) while the final messages did not: a loop polling every "
-                         f"{_s(period)}")
+            lines.append(f"the artifact requests were whole multiples of {_s(period)} apart while the final "
+                         "messages were not: a loop polling on a fixed schedule, every "
+                         f"{_s(period)} or a whole fraction of it no shorter than the longest gap ({_s(high)})")
         return "polling", lines
     return "client_delay", [f"the gap was {_s(low)} to {_s(high)} in all {len(gaps)} runs: a constant offset, a "
                             "fixed delay in the application between the final message and its request"]

@@ -51,7 +51,7 @@ REQUEST_SENT = "request_sent"  # client: the Fetch call was issued
 REQUEST_RECEIVED = "request_received"  # worker: the Fetch call reached the handler
 FIRST_BYTE_SENT = "first_byte_sent"  # worker: the response's first message (header) was handed to gRPC
 FIRST_BYTE_RECEIVED = "first_byte_received"  # client: the response's first message arrived
-LAST_BYTE_RECEIVED = "last_byte_received"  # client: the last chunk arrived
+LAST_BYTE_RECEIVED = "last_byte_received"  # client: every byte is in (the stream's last message arrived)
 FILE_FSYNCED = "file_fsynced"  # client: the file is written, fsynced and verified on disk
 
 EVENTS: tuple[str, ...] = (
@@ -134,9 +134,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("first_byte_transit", FIRST_BYTE_SENT, FIRST_BYTE_RECEIVED, "first byte transit", "network",
           "the response's first message (header) sent -> received by the client: the one-way latency"),
     Phase("transfer", FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, "transfer", "client",
-          "first message received -> last chunk received (file bytes / time = MB/s)"),
+          "first message received -> the stream's last message received (file bytes / time = MB/s)"),
     Phase("client_write", LAST_BYTE_RECEIVED, FILE_FSYNCED, "client write", "client",
-          "last chunk received -> file written, fsynced and verified"),
+          "every byte in -> file written, fsynced and verified"),
 )
 PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
 FETCH_PHASES: frozenset[str] = frozenset(PHASE_NAMES[PHASE_NAMES.index("request"):])  # request -> on disk

@@ -214,7 +214,7 @@ class FetchTiming(_Dict):
     server_first_byte_sent_ns: int | None
     first_byte_received_ns: int | None
     server_last_byte_sent_ns: int | None  # of the last attempt
-    last_byte_received_ns: int | None
+    last_byte_received_ns: int | None  # every byte is in: the stream's last message (or, without one, last chunk)
     file_fsynced_ns: int | None  # written, flushed, fsynced (and verified) on disk
     write_ns: int  # time spent inside write calls while receiving (a slow disk shows here)
     clock_offset_ns: int

@@ -187,26 +187,31 @@ def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
         median_finding = next((f for t, _, f in findings if t is median_run), findings[0][2])
         cause = median_finding.cause if median_finding.cause in tied else tied[0]
         rep = median_finding if median_finding.cause == cause else next(f for _, _, f in findings if f.cause == cause)
-        if wandering:  # the phase the runs that named the cause most often had as their longest
+        if wandering:  # the phase the runs that named the cause most often had as their longest, and its finding
             name = Counter(pt.phase.name for _, pt, f in findings if f.cause == cause).most_common(1)[0][0]
+            rep = next(f for _, pt, f in findings if f.cause == cause and pt.phase.name == name)
     s = summaries[name]
     share = (s.p50_s or 0.0) / total if total > 0 else 0.0
     summary = (f"{PHASES_BY_NAME[name].title} p50 {format_seconds(s.p50_s)} (p95 {format_seconds(s.p95_s)}, "
                f"max {format_seconds(s.max_s)}) = {share:.0%} of {whole_label} p50 {format_seconds(whole)} "
                f"over {len(timelines)} run(s)")
-    headline = [summary] + (list(rep.evidence) if rep is not None else [])
+    ev = list(rep.evidence) if rep is not None else []
+    first = [summary] + ev[:1] + ev[-1:] * (len(ev) > 1)  # the measurement, and the comparison that named the cause
+    more: list[str] = []  # in the headline while there is room, then the details
     details: list[str] = []
     if wandering and findings:
-        longest = ", ".join(f"run {timelines.index(t) + 1}: {pt.phase.title} {format_seconds(pt.seconds)}"
+        index = {id(t): i for i, t in enumerate(timelines)}
+        longest = ", ".join(f"run {index[id(t)] + 1}: {pt.phase.title} {format_seconds(pt.seconds)}"
                             for t, pt, _ in findings)
-        headline.insert(1, f"no phase holds most of the time: each run's longest phase differs ({longest})")
+        more.append(f"no phase holds most of the time: each run's longest phase differs ({longest})")
+    more += ev[1:-1]
     if len(votes) > 1:
         details.append("causes by run: " + ", ".join(f"{c} x{n}" for c, n in votes.most_common()))
     waited = summaries["waited"]
     if waited.p50_s is not None and whole is not None and waited.p50_s > whole and "generation done is unknown" \
             in whole_label:
-        headline.append(f"the file sat committed for {format_seconds(waited.p50_s)} (p50) before it was requested: "
-                        "longer than the whole fetch, so look at when the client learns a job is done")
+        more.append(f"the file sat committed for {format_seconds(waited.p50_s)} (p50) before it was requested: "
+                    "longer than the whole fetch, so look at when the client learns a job is done")
     statuses = tuple(t.clock_status for t in timelines)
     broken = sum(1 for st in statuses if st == "broken")
     clock_lines = _clock_lines(timelines)
@@ -226,11 +231,11 @@ def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
                          f"of what could be measured: {summary}"] + clock_lines[:1]
         cause = "clock_broken"
     if verdict_lines is not None:  # the rule's measurement stays, not its argument for a cause not named
-        headline = verdict_lines + ([rep.evidence[0]] if rep is not None and rep.evidence else [])
-    elif clock_lines:
-        headline.append(_clock_summary(timelines))
-    details += clock_lines
-    headline, details = headline[:MAX_HEADLINE], headline[MAX_HEADLINE:] + details
+        first, more = verdict_lines + ev[:1], []
+    if clock_lines and cause != "clock_broken":
+        more.append(_clock_summary(timelines))
+    room = max(0, MAX_HEADLINE - len(first))
+    headline, details = first + more[:room], more[room:] + details + clock_lines
     explanation, fix = CATALOGUE[cause]
     needs = rep.needs_runs if rep is not None and cause == rep.cause else None
     verdict = Verdict(name, PHASES_BY_NAME[name].title, s.p50_s or 0.0, share, cause, explanation, fix,

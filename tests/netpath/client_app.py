@@ -68,7 +68,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="breeze-app-") as out, client() as app:
         warm = app.synthesize("warm up", max_frames=4, collect_audio=False)  # imports and connections, not timed
         app.fetch(warm.artifact, Path(out) / "warm.wav")
-        results = {"poll": _poll, "delay": _delay, "cold": _cold}[args.mode](app, client, args, Path(out))
+        run_mode = _poll if args.mode == "poll" else _one_by_one
+        results = run_mode(app, client, args, Path(out))
     timelines = [timeline_from_results(job.artifact.artifact_id, fetched, synthesis=job) for job, fetched in results]
     run = DiagnoseRun(diagnose(timelines), timelines, meta={"mode": args.mode, "runs": len(timelines)})
     print(json.dumps({**run.to_dict(), "text": format_text(run)}), flush=True)
@@ -77,6 +78,10 @@ def main() -> None:
 def _synthesize(app, i: int, args):
     return app.synthesize(f"Job {i + 1} of an application.", seed=i, max_frames=args.max_frames,
                           collect_audio=False)
+
+
+def _fetch(client, job, out: Path):
+    return client.fetch(job.artifact, out / f"{job.artifact.artifact_id}.wav")
 
 
 def _poll(app, _client, args, out: Path) -> list:
@@ -101,25 +106,22 @@ def _poll(app, _client, args, out: Path) -> list:
         time.sleep(max(0.0, tick(n) - time.monotonic()))
         while not finished.empty():
             job = finished.get()
-            results.append((job, app.fetch(job.artifact, out / f"{job.artifact.artifact_id}.wav")))
+            results.append((job, _fetch(app, job, out)))
     return results
 
 
-def _delay(app, _client, args, out: Path) -> list:
+def _one_by_one(app, client, args, out: Path) -> list:
+    """Each job, then its fetch: after a fixed delay (`delay`), or from a fresh client (`cold`) as a script started
+    for each download would."""
     results = []
     for i in range(args.jobs):
         job = _synthesize(app, i, args)
-        time.sleep(args.delay)
-        results.append((job, app.fetch(job.artifact, out / f"{job.artifact.artifact_id}.wav")))
-    return results
-
-
-def _cold(app, client, args, out: Path) -> list:
-    results = []
-    for i in range(args.jobs):
-        job = _synthesize(app, i, args)
-        with client() as fresh:  # a new client per download, as a script started for it would have
-            results.append((job, fresh.fetch(job.artifact, out / f"{job.artifact.artifact_id}.wav")))
+        if args.mode == "delay":
+            time.sleep(args.delay)
+            results.append((job, _fetch(app, job, out)))
+        else:
+            with client() as fresh:
+                results.append((job, _fetch(fresh, job, out)))
     return results
 
 
