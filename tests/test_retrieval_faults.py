@@ -205,6 +205,7 @@ def test_a_buffering_proxy_is_named_with_the_rate_through_it(worker):
     held = (call["upstream_end_ns"] - call["first_upstream_ns"]) / 1e9  # the proxy's own record
     (t,) = run.timelines
     verdict = run.diagnosis.verdict
+    print(" | ".join(verdict.evidence + verdict.details))
     assert verdict.phase == "first_byte_transit" and verdict.cause == "buffering_intermediary", verdict.evidence
     transit = phases(t)["first_byte_transit"]
     assert held <= transit.seconds + transit.uncertainty_ns / 1e9 <= held + 0.06, (transit.seconds, held)

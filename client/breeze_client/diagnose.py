@@ -2,7 +2,7 @@
 
     with BreezeClient(target) as client:
         run = run_diagnosis(client, DiagnoseSettings(jobs=3, configs=sweep_configs([65536, 0], ["none", "zstd"])))
-        print(format_text(run))                  # per-phase p50/p95/max, dominant phase, evidence, fix
+        print(format_text(run))                  # per-phase p50/p95/max, the verdict, its evidence, the fix
         write_report("diag.html", run.diagnosis, run.timelines, sweep=run.sweep_rows())
 
 Each job is fetched as soon as its final message arrives, with the first fetch configuration; this is
