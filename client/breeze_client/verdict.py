@@ -165,82 +165,103 @@ def diagnose(timelines: Sequence[Timeline]) -> Diagnosis:
     if not timelines:
         raise ValueError("diagnose needs at least one retrieval timeline")
     summaries = summarize_phases(timelines)
-    ranked = sorted(PHASE_NAMES, key=lambda n: (summaries[n].p50_s or 0.0, summaries[n].max_s or 0.0),
-                    reverse=True)
     whole, whole_label = _retrieval(timelines, summaries)
     total = whole or sum(max(summaries[n].p50_s or 0.0, 0.0) for n in PHASE_NAMES)
-    name = ranked[0]
-    share = (summaries[name].p50_s or 0.0) / total if total > 0 else 0.0
-    wandering = len(timelines) > 1 and share < DOMINANT_SHARE
-    if wandering:  # no phase holds most of the time: each run's longest phase speaks for that run
-        picks = [(t, pt) for t in timelines if (pt := _longest(t)) is not None]
-        median_run = None
-    else:
-        picks, median = _median_run(timelines, name)
-        median_run = median[0] if median is not None else None
-    findings = across_runs([(t, pt, classify(t, pt)) for t, pt in picks])
-    votes = Counter(f.cause for _, _, f in findings)
-    cause, rep = "none", None
-    if findings:  # the majority; a tie goes to the median run's cause; its evidence is the median run's if it agrees
-        top = max(votes.values())
-        tied = [c for c, n in votes.items() if n == top]
-        median_finding = next((f for t, _, f in findings if t is median_run), findings[0][2])
-        cause = median_finding.cause if median_finding.cause in tied else tied[0]
-        rep = median_finding if median_finding.cause == cause else next(f for _, _, f in findings if f.cause == cause)
-        if wandering:  # the phase the runs that named the cause most often had as their longest, and its finding
-            name = Counter(pt.phase.name for _, pt, f in findings if f.cause == cause).most_common(1)[0][0]
-            rep = next(f for _, pt, f in findings if f.cause == cause and pt.phase.name == name)
-    s = summaries[name]
+    vote = _vote(timelines, summaries, total)
+    s = summaries[vote.phase]
     share = (s.p50_s or 0.0) / total if total > 0 else 0.0
-    summary = (f"{PHASES_BY_NAME[name].title} p50 {format_seconds(s.p50_s)} (p95 {format_seconds(s.p95_s)}, "
+    summary = (f"{PHASES_BY_NAME[vote.phase].title} p50 {format_seconds(s.p50_s)} (p95 {format_seconds(s.p95_s)}, "
                f"max {format_seconds(s.max_s)}) = {share:.0%} of {whole_label} p50 {format_seconds(whole)} "
                f"over {len(timelines)} run(s)")
-    ev = list(rep.evidence) if rep is not None else []
+    ev = list(vote.rep.evidence) if vote.rep is not None else []
     first = [summary] + ev[:1] + ev[-1:] * (len(ev) > 1)  # the measurement, and the comparison that named the cause
     more: list[str] = []  # in the headline while there is room, then the details
     details: list[str] = []
-    if wandering and findings:
+    if vote.wandering and vote.findings:
         index = {id(t): i for i, t in enumerate(timelines)}
         longest = ", ".join(f"run {index[id(t)] + 1}: {pt.phase.title} {format_seconds(pt.seconds)}"
-                            for t, pt, _ in findings)
+                            for t, pt, _ in vote.findings)
         more.append(f"no phase holds most of the time: each run's longest phase differs ({longest})")
     more += ev[1:-1]
-    if len(votes) > 1:
-        details.append("causes by run: " + ", ".join(f"{c} x{n}" for c, n in votes.most_common()))
+    if len(vote.counts) > 1:
+        details.append("causes by run: " + ", ".join(f"{c} x{n}" for c, n in vote.counts.most_common()))
     waited = summaries["waited"]
     if waited.p50_s is not None and whole is not None and waited.p50_s > whole and "generation done is unknown" \
             in whole_label:
         more.append(f"the file sat committed for {format_seconds(waited.p50_s)} (p50) before it was requested: "
                     "longer than the whole fetch, so look at when the client learns a job is done")
     statuses = tuple(t.clock_status for t in timelines)
-    broken = sum(1 for st in statuses if st == "broken")
     clock_lines = _clock_lines(timelines)
-    verdict_lines = None  # set when the cause is not the rule's: then the rule's argument is left out
-    if whole is not None and whole <= HEALTHY_BUDGET_S and broken * 2 < len(timelines):
-        verdict_lines = [f"the whole retrieval ({whole_label} p50 {format_seconds(whole)}) is within the "
-                         f"{format_seconds(HEALTHY_BUDGET_S)} budget: the retrieval path is healthy",
-                         f"its longest phase: {summary}"]
-        cause = "none"
-    if s.below_uncertainty:
-        verdict_lines = [summary, f"it is within the clock mapping's uncertainty (±{format_seconds(s.uncertainty_s)}): "
-                                  "no phase is measurably slow"]
-        cause = "none"
-    if broken * 2 >= len(timelines):
-        verdict_lines = [f"{broken} of {len(timelines)} run(s) have a broken clock mapping: their cross-machine "
-                         "phases are not measured, and the verdict cannot call the path healthy",
-                         f"of what could be measured: {summary}"] + clock_lines[:1]
-        cause = "clock_broken"
-    if verdict_lines is not None:  # the rule's measurement stays, not its argument for a cause not named
-        first, more = verdict_lines + ev[:1], []
+    cause, overridden = _overridden(vote.cause, timelines, s, summary, whole, whole_label, clock_lines)
+    if overridden is not None:  # the rule's measurement stays, not its argument for a cause not named
+        first, more = overridden + ev[:1], []
     if clock_lines and cause != "clock_broken":
         more.append(_clock_summary(timelines))
     room = max(0, MAX_HEADLINE - len(first))
     headline, details = first + more[:room], more[room:] + details + clock_lines
     explanation, fix = CATALOGUE[cause]
-    needs = rep.needs_runs if rep is not None and cause == rep.cause else None
-    verdict = Verdict(name, PHASES_BY_NAME[name].title, s.p50_s or 0.0, share, cause, explanation, fix,
-                      tuple(headline), tuple(votes.most_common()), needs, tuple(details))
+    needs = vote.rep.needs_runs if vote.rep is not None and cause == vote.rep.cause else None
+    verdict = Verdict(vote.phase, PHASES_BY_NAME[vote.phase].title, s.p50_s or 0.0, share, cause, explanation, fix,
+                      tuple(headline), tuple(vote.counts.most_common()), needs, tuple(details))
     return Diagnosis(summaries, verdict, len(timelines), statuses)
+
+
+@dataclass
+class _Vote:
+    phase: str  # the phase whose findings the verdict reports
+    wandering: bool  # no phase's p50 held most of the total: each run's longest phase spoke for it
+    findings: list[tuple[Timeline, PhaseTime, Finding]]
+    counts: Counter
+    cause: str
+    rep: Finding | None  # the finding whose evidence the verdict shows
+
+
+def _vote(timelines: Sequence[Timeline], summaries: dict[str, Summary], total: float) -> _Vote:
+    """Each run's finding for the phase that holds the time (its own longest phase, when no phase's p50 holds
+    most of the total), the client gaps settled across runs, and the majority with its representative."""
+    ranked = sorted(PHASE_NAMES, key=lambda n: (summaries[n].p50_s or 0.0, summaries[n].max_s or 0.0),
+                    reverse=True)
+    name = ranked[0]
+    share = (summaries[name].p50_s or 0.0) / total if total > 0 else 0.0
+    wandering = len(timelines) > 1 and share < DOMINANT_SHARE
+    median_run = None
+    if wandering:
+        picks = [(t, pt) for t in timelines if (pt := _longest(t)) is not None]
+    else:
+        picks, median = _median_run(timelines, name)
+        median_run = median[0] if median is not None else None
+    findings = across_runs([(t, pt, classify(t, pt)) for t, pt in picks])
+    counts = Counter(f.cause for _, _, f in findings)
+    if not findings:
+        return _Vote(name, wandering, findings, counts, "none", None)
+    # the majority; a tie goes to the median run's cause; its evidence is the median run's if it agrees
+    top = max(counts.values())
+    tied = [c for c, n in counts.items() if n == top]
+    median_finding = next((f for t, _, f in findings if t is median_run), findings[0][2])
+    cause = median_finding.cause if median_finding.cause in tied else tied[0]
+    rep = median_finding if median_finding.cause == cause else next(f for _, _, f in findings if f.cause == cause)
+    if wandering:  # the phase the runs that named the cause most often had as their longest, and its finding
+        name = Counter(pt.phase.name for _, pt, f in findings if f.cause == cause).most_common(1)[0][0]
+        rep = next(f for _, pt, f in findings if f.cause == cause and pt.phase.name == name)
+    return _Vote(name, wandering, findings, counts, cause, rep)
+
+
+def _overridden(cause: str, timelines: Sequence[Timeline], s: Summary, summary: str, whole: float | None,
+                whole_label: str, clock_lines: list[str]) -> tuple[str, list[str] | None]:
+    """(the verdict's cause, its headline when that is not the rule's: healthy, or the clock mapping broken)."""
+    broken = sum(1 for t in timelines if t.clock_status == "broken")
+    if broken * 2 >= len(timelines):
+        return "clock_broken", [f"{broken} of {len(timelines)} run(s) have a broken clock mapping: their "
+                                "cross-machine phases are not measured, and the verdict cannot call the path healthy",
+                                f"of what could be measured: {summary}"] + clock_lines[:1]
+    if s.below_uncertainty:
+        return "none", [summary, f"it is within the clock mapping's uncertainty (±{format_seconds(s.uncertainty_s)}): "
+                                 "no phase is measurably slow"]
+    if whole is not None and whole <= HEALTHY_BUDGET_S:
+        return "none", [f"the whole retrieval ({whole_label} p50 {format_seconds(whole)}) is within the "
+                        f"{format_seconds(HEALTHY_BUDGET_S)} budget: the retrieval path is healthy",
+                        f"its longest phase: {summary}"]
+    return cause, None
 
 
 def _longest(t: Timeline) -> PhaseTime | None:
