@@ -27,6 +27,8 @@ reaching a starved worker's handler.
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -54,13 +56,45 @@ class CpuSample:
         return max(0, self.run_ns - earlier.run_ns)
 
 
+class _Reader:
+    """A /proc or cgroup file kept open and read again from its start: the kernel writes its text afresh at each
+    read, and a read costs a system call, not an open and a close too (samples sit in the serving path)."""
+
+    def __init__(self, path: str) -> None:
+        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self) -> str:
+        if self.fd is None:
+            raise OSError("closed")
+        return os.pread(self.fd, 4096, 0).decode("ascii")
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:  # with its thread's local data, when that thread ends
+        try:
+            self.close()
+        except OSError:
+            pass
+
+
+_own = threading.local()  # .schedstat: this thread's own counters file
+
+
 def sample(tid: int | None = None) -> CpuSample | None:
     """The counters of the calling thread, or of thread `tid` of this process; None where there are none."""
-    own = tid is None
-    tid = threading.get_native_id() if tid is None else tid
     try:
-        with open(_SELF if own else f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
-            run, wait, *_ = f.read().split()
+        if tid is None:
+            reader = getattr(_own, "schedstat", None)
+            if reader is None:
+                reader = _own.schedstat = _Reader(_SELF)
+            text, tid = reader.read(), threading.get_native_id()
+        else:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+                text = f.read()
+        run, wait, *_ = text.split()
         return CpuSample(int(run), int(wait), tid)
     except (OSError, ValueError):
         return None
@@ -125,15 +159,36 @@ def _cgroup_mounts() -> tuple[str | None, tuple[str, str] | None]:
 _MOUNTS = _cgroup_mounts()
 
 
-def _quota_stats() -> list[str]:
+_files_lock = threading.Lock()
+_files: dict[str, _Reader] = {}  # /proc/self/cgroup and the cpu.stat files read, kept open
+
+
+def _read(path: str) -> str | None:
+    """The text of a file kept open (`_Reader`); None when it cannot be read (a cgroup removed, say)."""
+    with _files_lock:
+        reader = _files.get(path)
+        try:
+            if reader is None:
+                reader = _files[path] = _Reader(path)
+            return reader.read()
+        except (OSError, UnicodeDecodeError):
+            gone = _files.pop(path, None)
+            if gone is not None:
+                gone.close()
+            return None
+
+
+def _quota_stats() -> tuple[str, ...]:
     """The cpu.stat files of this process's CPU cgroup and its ancestors (it may be moved while it runs)."""
+    text = _read("/proc/self/cgroup")
+    return () if text is None else _stats_of(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _stats_of(cgroups: str) -> tuple[str, ...]:
+    """The cpu.stat files named by /proc/self/cgroup's text `cgroups`, the process's own first."""
     v2, v1 = _MOUNTS
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:
+    for line in cgroups.splitlines():
         hierarchy, controllers, path = line.split(":", 2)
         if v1 is not None and "cpu" in controllers.split(","):
             base, root = v1
@@ -143,24 +198,21 @@ def _quota_stats() -> list[str]:
         else:
             continue
         parts = [p for p in path.split("/") if p]
-        return ["/".join([base, *parts[:n], "cpu.stat"]) for n in range(len(parts), 0, -1)]
-    return []
+        return tuple("/".join([base, *parts[:n], "cpu.stat"]) for n in range(len(parts), 0, -1))
+    return ()
 
 
 def throttled() -> dict[str, int]:
     """cpu.stat path -> time its CPU quota held the cgroup's threads so far (ns)."""
     out = {}
     for path in _quota_stats():
-        try:
-            with open(path, encoding="ascii") as f:
-                for line in f:
-                    key, value = line.split()
-                    if key == "throttled_time":  # v1, ns
-                        out[path] = int(value)
-                    elif key == "throttled_usec":  # v2
-                        out[path] = int(value) * 1000
-        except (OSError, ValueError):
-            continue
+        text = _read(path)
+        for line in (text or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "throttled_time" and value.isdigit():  # v1, ns
+                out[path] = int(value)
+            elif key == "throttled_usec" and value.isdigit():  # v2
+                out[path] = int(value) * 1000
     return out
 
 
