@@ -363,6 +363,7 @@ def _transfer(t: Timeline, pt: PhaseTime) -> Finding:
     starved = _fetch_starved(t, d)
     if starved:
         return Finding("client_cpu", ev + [starved])
+    starved_worker = _worker_fetch_starved(t, d)  # a held worker's reads and sends are slow too
     read, send_wait = _ev(t, "worker_read_ns"), _ev(t, "worker_send_wait_ns")
     read_wait = _ev(t, "worker_read_cpu_wait_ns")
     if read is not None:
@@ -370,12 +371,11 @@ def _transfer(t: Timeline, pt: PhaseTime) -> Finding:
                   + (f" ({_rate(size / (read / 1e9), bits=False)})" if read else "")
                   + (f", {_s(read_wait)} of it waiting for a CPU" if read_wait else "")
                   + (f" and {_s(send_wait)} waiting for the connection to take it" if send_wait is not None else ""))
-        if _net(read, read_wait) >= STORAGE_SHARE * d:
-            ev.append("the reads took most of the transfer: the artifact volume reads slower than the path carries")
-            return Finding("storage_read", ev)
-    starved = _worker_fetch_starved(t, d)
-    if starved:
-        return Finding("worker_cpu", ev + [starved])
+    if starved_worker:
+        return Finding("worker_cpu", ev + [starved_worker])
+    if read is not None and _net(read, read_wait) >= STORAGE_SHARE * d:
+        ev.append("the reads took most of the transfer: the artifact volume reads slower than the path carries")
+        return Finding("storage_read", ev)
     if size and wire > 1.25 * size:
         ev.append(f"the wire carried {wire / size:.2f}x the file's bytes")
         return Finding("payload_encoding", ev)

@@ -56,47 +56,31 @@ class CpuSample:
         return max(0, self.run_ns - earlier.run_ns)
 
 
-class _Reader:
-    """A /proc or cgroup file kept open and read again from its start: the kernel writes its text afresh at each
-    read, and a read costs a system call, not an open and a close too (samples sit in the serving path)."""
-
-    def __init__(self, path: str) -> None:
-        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-
-    def read(self) -> str:
-        if self.fd is None:
-            raise OSError("closed")
-        return os.pread(self.fd, 4096, 0).decode("ascii")
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def __del__(self) -> None:  # with its thread's local data, when that thread ends
-        try:
-            self.close()
-        except OSError:
-            pass
-
-
-_own = threading.local()  # .schedstat: this thread's own counters file
+def _read(path: str) -> str | None:
+    """A /proc or cgroup file's text, None when it cannot be read (a thread gone, a cgroup removed). Plain
+    system calls, no file object: a sample sits in the serving path. Nothing is kept open: the worker's
+    descriptors stay its own count."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def sample(tid: int | None = None) -> CpuSample | None:
     """The counters of the calling thread, or of thread `tid` of this process; None where there are none."""
+    own = tid is None
+    tid = threading.get_native_id() if tid is None else tid
+    text = _read(_SELF if own else f"/proc/self/task/{tid}/schedstat")
     try:
-        if tid is None:
-            reader = getattr(_own, "schedstat", None)
-            if reader is None:
-                reader = _own.schedstat = _Reader(_SELF)
-            text, tid = reader.read(), threading.get_native_id()
-        else:
-            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
-                text = f.read()
-        run, wait, *_ = text.split()
+        run, wait, *_ = (text or "").split()
         return CpuSample(int(run), int(wait), tid)
-    except (OSError, ValueError):
+    except ValueError:
         return None
 
 
@@ -113,22 +97,24 @@ class PoolTask:
     """The wait for a CPU of one task on a pool thread (`with PoolTask() as task: ...; task.wait_ns`): from the
     end of the thread's previous task, when it went idle (an idle thread sleeps, it does not wait), through the
     end of this one, so the wait to be woken for this task counts (a thread's first task counts from the
-    thread's start); or, when longer, how long the CPU quota held every thread during the task."""
+    thread's start); with `quota`, or how long the CPU quota held every thread during the task when that is
+    longer (for tasks no wider span samples: a chunk's read sits inside its Fetch handler's, which does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quota: bool = True) -> None:
         self.wait_ns: int | None = None
         self.run_ns: int | None = None
+        self._quota = quota
         self._start: CpuSample | None = None
         self._held: Held | None = None
 
     def __enter__(self) -> PoolTask:
-        self._held = held()
+        self._held = held() if self._quota else Held(sample(), {})
         now, before = self._held.thread, getattr(_idle, "sample", None)
         self._start = before if before is not None and now is not None and before.tid == now.tid else now
         return self
 
     def __exit__(self, *exc) -> None:
-        end = held()
+        end = held() if self._quota else Held(sample(), {})
         thread = None if end.thread is None else end.thread.wait_since(self._start)
         quota = end.quota_since(self._held) if self._held is not None else None
         if thread is not None or quota is not None:
@@ -157,25 +143,6 @@ def _cgroup_mounts() -> tuple[str | None, tuple[str, str] | None]:
 
 
 _MOUNTS = _cgroup_mounts()
-
-
-_files_lock = threading.Lock()
-_files: dict[str, _Reader] = {}  # /proc/self/cgroup and the cpu.stat files read, kept open
-
-
-def _read(path: str) -> str | None:
-    """The text of a file kept open (`_Reader`); None when it cannot be read (a cgroup removed, say)."""
-    with _files_lock:
-        reader = _files.get(path)
-        try:
-            if reader is None:
-                reader = _files[path] = _Reader(path)
-            return reader.read()
-        except (OSError, UnicodeDecodeError):
-            gone = _files.pop(path, None)
-            if gone is not None:
-                gone.close()
-            return None
 
 
 def _quota_stats() -> tuple[str, ...]:
