@@ -145,10 +145,24 @@ def _cgroup_mounts() -> tuple[str | None, tuple[str, str] | None]:
 _MOUNTS = _cgroup_mounts()
 
 
+CGROUP_REREAD_NS = 1_000_000_000  # how often /proc/self/cgroup is read again (a process may be moved)
+_cgroup_lock = threading.Lock()
+_cgroup_read: list = [None, ()]  # (monotonic ns of the last read, the cpu.stat files it named)
+
+
 def _quota_stats() -> tuple[str, ...]:
-    """The cpu.stat files of this process's CPU cgroup and its ancestors (it may be moved while it runs)."""
+    """The cpu.stat files of this process's CPU cgroup and its ancestors, as /proc/self/cgroup named them at
+    most CGROUP_REREAD_NS ago (it may be moved while it runs; a span a move falls in has no common file)."""
+    now = time.monotonic_ns()
+    with _cgroup_lock:
+        at, stats = _cgroup_read
+        if at is not None and now - at < CGROUP_REREAD_NS:
+            return stats
     text = _read("/proc/self/cgroup")
-    return () if text is None else _stats_of(text)
+    stats = () if text is None else _stats_of(text)
+    with _cgroup_lock:
+        _cgroup_read[:] = [now, stats]
+    return stats
 
 
 @functools.lru_cache(maxsize=8)

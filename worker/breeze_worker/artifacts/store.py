@@ -469,8 +469,9 @@ def _between(a: threadcpu.Held, b: threadcpu.Held) -> int:
 
 
 def _digest_waited(w: ArtifactWriter) -> tuple[tuple[str, int] | OSError, int | None]:
-    """A read-back (`ArtifactWriter._digest`) and its thread's wait for a CPU."""
-    with threadcpu.PoolTask() as task:
+    """A read-back (`ArtifactWriter._digest`) and its thread's wait for a CPU (the committing thread's samples
+    count the CPU quota's hold over the same time)."""
+    with threadcpu.PoolTask(quota=False) as task:
         digest = w._digest()
     return digest, task.wait_ns
 
@@ -571,7 +572,8 @@ class ArtifactStore:
             time.sleep(delay)
         reading: list[Future] = []
         try:
-            t0, cpu0 = clock(), threadcpu.held()
+            cpu0 = threadcpu.held()  # sampled outside the steps they time
+            t0 = clock()
             sealed = [w for w in live if w._seal()]
             unsynced = {w: self._unsynced(w) for w in sealed}
             self.storage_fault(sum(unsynced.values()), write=True)
@@ -580,14 +582,16 @@ class ArtifactStore:
             # the interpreter while it hashes, and a 64-stream group reads back ~24 MB)
             reading = self._start_each(_digest_waited, sealed)
             failed = dict(self._sync([(w, w._file) for w in sealed if w._file is not None]))
-            t1, cpu1 = clock(), threadcpu.held()
+            t1 = clock()
+            cpu1 = threadcpu.held()
             waits.fsync_ns = _between(cpu0, cpu1)
             read_back = self._finish_each(reading)
             reading = []
             digests = [digest for digest, _ in read_back]
             # the read-backs ran beside the sync: their wait counts where it outlasted the committing thread's
             waits.readback_ns = max(0, max((wait or 0 for _, wait in read_back), default=0) - waits.fsync_ns)
-            t2, cpu2 = clock(), threadcpu.held()
+            cpu2 = threadcpu.held()
+            t2 = clock()
             in_place = []
             for w, digest in zip(sealed, digests):
                 failure = failed.get(w)
@@ -599,7 +603,8 @@ class ArtifactStore:
                 assert not isinstance(digest, OSError)
                 if w._publish_wav():
                     in_place.append((w, digest))
-            t3, cpu3 = clock(), threadcpu.held()
+            t3 = clock()
+            cpu3 = threadcpu.held()
             waits.rename_ns = _between(cpu2, cpu3)
             # each artifact's steps are the group's, in full: it waited for every one of them
             published = [(w, (sha256, size, unsynced[w], t2 - t1, t3 - t2)) for w, (sha256, size) in in_place]
