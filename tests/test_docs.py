@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,18 +41,22 @@ def _documents() -> list[Path]:
     return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 
 
+SOURCE_DIRS = ("docs", "worker", "client", "benchmarks", "scripts", "tests", "ops", "protos")
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".proto", ".yaml", ".yml", ".toml", ".txt", ".service", ".cfg"}
+
+
 def _tracked_text() -> dict[str, str]:
-    """Every tracked text file but the data files themselves, by repository path."""
-    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    """The repository's text files (the README and every source and document folder) but the data files
+    themselves and this file (whose docstrings show the patterns), by repository path."""
+    here = Path(__file__).resolve()
+    paths = [ROOT / "README.md"]
+    for folder in SOURCE_DIRS:
+        paths += [p for p in (ROOT / folder).rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()]
     out = {}
-    for name in names.splitlines():
-        path = ROOT / name
-        if name.startswith("docs/perf-data/") or not path.is_file() or path.suffix in (".npz", ".safetensors"):
+    for path in paths:
+        if path == here or DATA in path.parents:
             continue
-        try:
-            out[name] = path.read_text()
-        except UnicodeDecodeError:
-            continue
+        out[str(path.relative_to(ROOT))] = path.read_text(errors="replace")
     return out
 
 
