@@ -22,7 +22,9 @@ concatenations, LayerNorm and GELU, a large share of an eager step's kernel time
 not "reduce-overhead": our graph captures the compiled code, which must not capture CUDA graphs of its own.
 The convolution forms are tuned eagerly first and compiled in as chosen (`TwoFormConvolution.gemm_shapes` says
 why it is a dict). Why only the large buckets by default: there the fused kernels save the most (a 32-slot step
-9.2 -> 7.0 ms in FP32, 6.2 -> 3.9 ms with TF32, batching runs 14-16 and 26-27 in docs/performance.md), while
+9.2 -> 7.0 ms in FP32, 6.2 -> 3.9 ms with TF32 on an H200; through the worker at 64 clients the codec step
+5.80 ms against 9.32 ms uncompiled: docs/performance.md, serve-46ea515-20261203.json and
+serve-6f13d35-20261204.json), while
 each bucket's compile costs 16-35 s of a cold start (Inductor's cache makes the next start's far shorter), and
 the small buckets' steps are short anyway.
 A failed compile is logged and kept in `fallback_reason`, and the batch runs (and captures) the

@@ -14,8 +14,9 @@ everything else in FP32: the residual stream, the norms, attention softmax, the 
 (`lm_head` and `codebooks_head` stay FP32). Any linear layer whose input or output is shown to leave the
 FP16 range on an FP32 reference run (`find_overflowing_layers`, forward hooks) is kept in FP32. The codec is
 always FP32 (SnakeBeta's `exp` overflows even in BF16); it is not touched here. Its convolutions run in
-true FP32 unless the `codec_tf32` setting asks for TF32 on a device that has it (`codec_tf32_wanted`:
-FP32 storage and range, operands rounded to a 10-bit mantissa on the tensor cores; off by default).
+TF32 where the device has it (`codec_tf32_wanted`: FP32 storage and range, operands rounded to a 10-bit
+mantissa on the tensor cores), as the `codec_tf32` setting asks by default; strict FP32 with it off, and
+always on a T4 or the CPU.
 
 Everything here is a pure function of (requested name, capability) or of a module, so it is testable on
 the CPU with a fake capability.

@@ -19,15 +19,17 @@ arriving, and until `gather_quiet_s` has passed since the last arrival, so that 
 joins at one boundary; otherwise its first request joins alone and the rest wait behind that join and its
 first step. Why the quiet gap and not the arriving count alone: the event loop runs a plain request's
 handler from its arrival to its submission without a pause, so the next request of a burst is not even
-handed over while the engine decides; on an H200 a 64-client burst sent within 12-26 ms reached the
-engine over 63-88 ms, about 1 ms apart (M7, M12 in docs/performance.md). The gather ends at once when the
-jobs waiting fill every free slot (no one else could join), and jobs that need preparing (reference audio
+handed over while the engine decides; on an H200 a 64-client burst sent within 22-26 ms reached the
+engine over 80-87 ms, about 1 ms apart (docs/perf-data/serve-0a67187-20261204.json). The gather ends at
+once when the jobs waiting fill every free slot (no one else could join), and jobs that need preparing (reference audio
 to decode and encode) get their slots during the gather, which waits for their preparation too, so they
 join with the rest instead of one step later. A lone request waits `gather_quiet_s`, no more; once two
 jobs wait, the burst has ended only after `gather_burst_quiet_s` without an arrival (the event loop can
 pause longer than the lone request's gap inside a burst). A busy engine never waits (arrivals join at the
 next step's boundary anyway). On by default (`join_gather_ms` 120, quiet gaps 2 and 10 ms): a burst split
-in two loses a join and a step for the streams left out (docs/performance.md, M12-M15).
+in two loses a join and a step for the streams left out (on an H200, 64 clients: 47-49 joined at a 60 ms cap,
+the rest ~140 ms later; with these settings every round joined at once, 236.2 -> 240.5x, TTFA p95 286 -> 257
+ms: docs/performance.md, serve-0a67187-20261204.json and serve-d8bcb0a-20261204.json).
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.

@@ -11,7 +11,7 @@ its two halves can be captured as CUDA graphs and replayed with no host work in 
 - `backbone_step(bucket)`: feeds the frame's summed embedding to the backbone (one position per row, written
   at each row's `write_pos`, attending over the first `bucket` slots) and leaves the next frame's logits.
 
-Several streams can share one step (a later batching issue): rows `cond_row[s]`, `uncond_row[s]` of stream
+Several streams can share one step (the batched stepper): rows `cond_row[s]`, `uncond_row[s]` of stream
 `s` are combined `u + scale * (c - u)`; a stream without CFG has cond_row == uncond_row (exactly c).
 Sampling noise is keyed by (seed, frame, codebook) per stream, so the result does not depend on the row
 layout. The computation per row is the eager reference's (engine/eager.py), re-expressed with packed GEMMs.
