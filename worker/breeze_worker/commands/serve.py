@@ -120,9 +120,10 @@ def tune_interpreter(server: ServerSettings, metrics) -> None:
 
 
 async def serve(settings: WorkerSettings) -> int:
+    """Open the artifact store first: its directory's lock refuses a second worker before anything else runs
+    (DirectoryInUse, an OSError naming the holder); the lock is let go of when the worker ends."""
     from breeze_worker.artifacts.store import ArtifactStore
-    from breeze_worker.engine.service import Engine
-    from breeze_worker.transport.server import create_server, host_port
+    from breeze_worker.transport.server import host_port
 
     if settings.engine.model_dir is None:
         log.warning("no --model given: serving the TINY EMBEDDED DEFAULT (random weights); its audio is NOT "
@@ -131,9 +132,24 @@ async def serve(settings: WorkerSettings) -> int:
     if faults:
         log.warning("TEST-ONLY FAULT INJECTION IS ON (%s): artifact commits or fetches are delayed, or artifact "
                     "writes fail, on purpose. Unset --fault-* / BREEZE_ARTIFACTS_FAULT_* outside the tests.", faults)
-    store = ArtifactStore(settings.artifacts)
+    s = settings.server
+    store = ArtifactStore(settings.artifacts, holder={
+        "synthesis": host_port(s.host, s.port), "artifacts": host_port(s.host, s.artifact_port)})
+    try:
+        return await _serve(settings, store)
+    finally:
+        store.close()
+
+
+async def _serve(settings: WorkerSettings, store) -> int:
+    from breeze_worker.engine.service import Engine
+    from breeze_worker.transport.server import create_server, host_port
+
+    faults = active_faults(settings)
     engine = Engine(settings.engine, store)
     servers = await create_server(settings, engine, store)
+    store.lock.update(synthesis=host_port(settings.server.host, servers.synthesis_port),
+                      artifacts=host_port(settings.server.host, servers.artifact_port))
     stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -150,6 +166,7 @@ async def serve(settings: WorkerSettings) -> int:
         metrics = MetricsServer(engine.metrics.render, lambda: engine.ready, CONTENT_TYPE)
         metrics_host = settings.server.metrics_host or settings.server.host
         port = await metrics.start(metrics_host, settings.server.metrics_port)
+        store.lock.update(metrics=host_port(metrics_host, port))
         log.info("metrics on http://%s/metrics", host_port(metrics_host, port))
     starting = asyncio.create_task(engine.start())
     stopping = asyncio.create_task(stop.wait())
