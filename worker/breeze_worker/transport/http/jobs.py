@@ -49,6 +49,7 @@ class JobRecord:
         f = self.finished
         if f is not None:
             s = f.stats
+            out["done_unix_ns"] = f.done_at_ns
             out["stats"] = {"frames": s.frames, "audio_seconds": s.audio_seconds, "wall_seconds": s.wall_seconds,
                             "rtf": s.rtf, "ttfa_s": s.ttfa_s, "end_reason": s.end_reason.value,
                             "stages": {"text_encode_s": s.stages.text_encode_s, "prefill_s": s.stages.prefill_s,
