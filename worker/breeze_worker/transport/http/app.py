@@ -17,6 +17,7 @@ import asyncio
 import base64
 import json
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -197,6 +198,7 @@ class HttpFace:
                 data = f"data: {json.dumps(event)}\n\n".encode()
             await reply.write(data)
 
+        self._bound_send_buffer(request)
         try:
             await reply.prepare(request)
         except BaseException:
@@ -217,6 +219,14 @@ class HttpFace:
             await reply.write(f"data: {json.dumps(done)}\n\n".encode())
         await reply.write_eof()
         return reply
+
+    def _bound_send_buffer(self, request: web.Request) -> None:
+        """A streamed response's socket buffers at most --max-stream-buffer-bytes (the kernel caps it at its
+        wmem_max): left to grow, the kernel would hold megabytes of audio for a client that stopped reading,
+        beyond the relay's bound (gRPC streams have HTTP/2's flow-control window instead)."""
+        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.settings.server.max_stream_buffer_bytes)
 
     async def batch(self, request: web.Request) -> web.Response:
         received_ns = time.time_ns()

@@ -7,8 +7,9 @@ the job and artifact ids (`X-Job-Id`, `X-Artifact-Id`, `X-Artifact-Endpoint`), s
 `breeze-client diagnose` apply to an HTTP job as to a gRPC one.
 
 `StartedJob.audio` relays the rest of the events through `stream_relay.relay`, the bound gRPC streams have:
-a client that reads more slowly than the job generates holds at most --max-stream-buffer-bytes, then its
-response is cut off (the connection is broken, never ended cleanly) and the job runs on for its artifact.
+a client that reads more slowly than the job generates holds at most --max-stream-buffer-bytes here (and about
+as much again in its socket, whose send buffer a streamed response bounds: app.py), then its response is cut
+off (the connection is broken, never ended cleanly) and the job runs on for its artifact.
 A client that hangs up cancels the job (the handler is cancelled and closing the events cancels it).
 """
 
