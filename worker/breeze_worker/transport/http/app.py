@@ -79,6 +79,7 @@ class HttpFace:
         app = web.Application(middlewares=[self._middleware], client_max_size=self.settings.server.max_request_bytes)
         post = dict(expect_handler=self._expect)
         app.router.add_get("/", page.serve_page)
+        app.router.add_get("/favicon.ico", page.no_icon)
         app.router.add_get("/health", self.health)
         app.router.add_post("/v1/audio/speech", self.speech, **post)
         app.router.add_post("/v1/audio/speech/batch", self.batch, **post)

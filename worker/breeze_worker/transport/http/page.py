@@ -33,3 +33,8 @@ async def serve_page(request: web.Request) -> web.Response:
     return web.Response(body=page_html(), content_type="text/html", charset="utf-8",
                         headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY, "Cache-Control": "no-cache",
                                  "X-Content-Type-Options": "nosniff"})
+
+
+async def no_icon(request: web.Request) -> web.Response:
+    """Browsers ask for an icon; the page has none (204, not a 404 in the console)."""
+    return web.Response(status=204)
