@@ -96,22 +96,30 @@ def _reference_input(upload: web.FileField | None, ref_text: str) -> ReferenceIn
     return ReferenceInput(audio=audio, transcript=ref_text)
 
 
+def _shared(form, problems: list[dict]) -> dict:
+    """The fields speech and batch share, parsed (FastAPI's problems appended to `problems`)."""
+    return {"instruction": _text(form, "instruction", problems),
+            "cfg_scale": _number(form, "cfg_scale", "float", DEFAULT_CFG_SCALE, problems),
+            "reference": _reference(form, problems), "seed": _number(form, "seed", "int", DEFAULT_SEED, problems)}
+
+
+def _checked(shared: dict) -> dict:
+    """The shared fields as SynthesisRequest keywords, after the official checks (cfg_scale, then the reference)."""
+    _check_cfg(shared["cfg_scale"])
+    instruction = shared["instruction"].strip() if shared["instruction"] else None
+    return {"instruction": instruction or None, "cfg_scale": shared["cfg_scale"], "seed": shared["seed"],
+            "reference": _reference_input(*shared["reference"])}
+
+
 def speech_request(form, request_id: str | None) -> SynthesisRequest:
     """The engine request of a speech form; 422 / 400 as the official server answers."""
     problems: list[dict] = []
     text = _text(form, "text", problems, required=True)
-    instruction = _text(form, "instruction", problems)
-    cfg_scale = _number(form, "cfg_scale", "float", DEFAULT_CFG_SCALE, problems)
-    upload, ref_text = _reference(form, problems)
-    seed = _number(form, "seed", "int", DEFAULT_SEED, problems)
+    shared = _shared(form, problems)
     if problems:
         raise he.invalid_form(problems)
     assert text is not None  # required: a problem otherwise
-    _check_cfg(cfg_scale)
-    reference = _reference_input(upload, ref_text)
-    instruction = instruction.strip() if instruction else None
-    return SynthesisRequest(text=text, instruction=instruction or None, cfg_scale=cfg_scale, seed=seed,
-                            reference=reference, request_id=request_id)
+    return SynthesisRequest(text=text, request_id=request_id, **_checked(shared))
 
 
 def _batch_texts(raw: str) -> list[str]:
@@ -132,24 +140,18 @@ def batch_requests(form, request_id: str | None, model_max_frames: int) -> list[
     """One engine request per text of a batch form (its shared fields on each), in order."""
     problems: list[dict] = []
     raw_texts = _text(form, "texts", problems, required=True)
-    instruction = _text(form, "instruction", problems)
-    cfg_scale = _number(form, "cfg_scale", "float", DEFAULT_CFG_SCALE, problems)
-    upload, ref_text = _reference(form, problems)
-    seed = _number(form, "seed", "int", DEFAULT_SEED, problems)
+    shared = _shared(form, problems)
     max_new_tokens = _number(form, "max_new_tokens", "int", None, problems)
     if problems:
         raise he.invalid_form(problems)
     assert raw_texts is not None  # required: a problem otherwise
     texts = _batch_texts(raw_texts)
-    _check_cfg(cfg_scale)
-    reference = _reference_input(upload, ref_text)
-    instruction = instruction.strip() if instruction else None
+    fields = _checked(shared)
     # absent: the engine's limit from each text's length (a runaway tail stops early); given: clamped as the
     # official server clamps it, and to the model's own cap
     max_frames = None if max_new_tokens is None else max(1, min(max_new_tokens, MAX_NEW_TOKENS, model_max_frames))
-    return [SynthesisRequest(text=text, instruction=instruction or None, cfg_scale=cfg_scale, seed=seed,
-                             reference=reference, max_frames=max_frames,
-                             request_id=f"{request_id}#{i}" if request_id else None)
+    return [SynthesisRequest(text=text, max_frames=max_frames, request_id=f"{request_id}#{i}" if request_id else None,
+                             **fields)
             for i, text in enumerate(texts)]
 
 
