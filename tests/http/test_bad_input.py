@@ -10,7 +10,7 @@ import time
 
 import pytest
 import requests
-from conftest import AUTH, MAX_REQUEST_BYTES, MAX_STREAM_BUFFER_BYTES, TOKEN
+from http_helpers import AUTH, MAX_REQUEST_BYTES, MAX_STREAM_BUFFER_BYTES, TOKEN
 
 from breeze_client.errors import BreezeClientError
 from breeze_client.sdk import BreezeClient

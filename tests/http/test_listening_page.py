@@ -9,7 +9,7 @@ import json
 
 import pytest
 from cdp import Browser
-from conftest import TOKEN
+from http_helpers import TOKEN
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import requests
-from conftest import AUTH, TOKEN, reference_wav
+from http_helpers import AUTH, TOKEN, reference_wav
 
 from breeze_client.sdk import BreezeClient
 

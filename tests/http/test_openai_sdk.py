@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 import soundfile
-from conftest import AUTH, TOKEN, VOICE
+from http_helpers import AUTH, TOKEN, VOICE
 
 from breeze_client.sdk import BreezeClient
 
