@@ -467,10 +467,49 @@ class ServerSettings(_Section):
 
 
 @dataclass(frozen=True)
+class HttpSettings(_Section):
+    """The optional HTTP face (transport/http/): the official API, the OpenAI speech API and the listening page.
+    Authentication and TLS are the server section's (--token, --tls-*)."""
+
+    ENV_PREFIX: ClassVar[str] = "BREEZE_HTTP_"
+    FLAG_PREFIX: ClassVar[str] = "http-"
+    port: int | None = setting(None, "serve the HTTP face (POST /v1/audio/speech, the listening page at /) on this "
+                                     "port (0: any free port; default: off)", at_least=0, at_most=65535,
+                               metavar="PORT")
+    host: str = setting("127.0.0.1", "address the HTTP face binds (anything but loopback needs a token or client "
+                                     "certificates, as --host)")
+    read_timeout_s: float = setting(30.0, "seconds a client gets to send a request's head, and again its body; "
+                                          "slower: the connection is closed (408 once the head is in)",
+                                    positive=True)
+    voices_dir: Path | None = setting(None, "directory of voices for the OpenAI body's `voice`: NAME.wav with its "
+                                            "exact transcript in NAME.txt (default: only the model's own voice)",
+                                      metavar="DIR")
+    reference_fp32: bool = setting(False, "load a second copy of the model in FP32 so the listening page can "
+                                          "render a request at the reference precision beside the serving one "
+                                          "(memory: the model again, in FP32)")
+    reference_device: str | None = setting(None, "device of the FP32 reference copy: cpu, cuda or cuda:N "
+                                                 "(default: the engine's)", metavar="DEVICE")
+
+    def validate(self) -> None:
+        if self.voices_dir is not None and not Path(self.voices_dir).is_dir():
+            raise SettingsError(f"{_field(HttpSettings, 'voices_dir').label}: {self.voices_dir} is not a "
+                                "directory: give a directory of NAME.wav + NAME.txt pairs")
+        device = self.reference_device
+        if device is not None and device not in ("auto", "cpu") and not device.startswith("cuda"):
+            raise SettingsError(f"{_field(HttpSettings, 'reference_device').label} must be cpu, cuda or cuda:N, "
+                                f"not {device!r}")
+
+    @property
+    def listens_on_loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
     engine: EngineSettings = section(EngineSettings)
     artifacts: ArtifactSettings = section(ArtifactSettings)
     server: ServerSettings = section(ServerSettings)
+    http: HttpSettings = section(HttpSettings)
 
     def validate(self) -> WorkerSettings:
         """The checks across fields and against the host, of every section; returns self."""
@@ -478,6 +517,13 @@ class WorkerSettings:
         self.engine.fastpath.validate()
         self.artifacts.validate()
         self.server.validate()
+        self.http.validate()
+        s = self.server
+        if self.http.port is not None and not self.http.listens_on_loopback and not s.auth_token \
+                and s.tls_client_ca is None and not s.allow_insecure:
+            raise SettingsError(f"refusing to listen on {self.http.host} ({_field(HttpSettings, 'host').label}) "
+                                "without authentication: set a token or client certificates as for --host, listen "
+                                "on 127.0.0.1, or pass --allow-insecure")
         return self
 
     @classmethod

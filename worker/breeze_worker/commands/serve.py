@@ -29,7 +29,7 @@ from breeze_worker.errors import BreezeError
 log = logging.getLogger("breeze_worker.serve")
 
 _GROUPS = {"engine": "engine", "fastpath": "fast path (measurement and tuning)", "server": "server",
-           "artifacts": "artifacts"}
+           "artifacts": "artifacts", "http": "HTTP face (official API, OpenAI speech API, listening page)"}
 
 
 def _group_of(f: SettingField) -> str:
@@ -168,6 +168,13 @@ async def _serve(settings: WorkerSettings, store) -> int:
         port = await metrics.start(metrics_host, settings.server.metrics_port)
         store.lock.update(metrics=host_port(metrics_host, port))
         log.info("metrics on http://%s/metrics", host_port(metrics_host, port))
+    http = None
+    if settings.http.port is not None:
+        from breeze_worker.transport.http import start_http
+
+        http = await start_http(settings, engine, store, servers.artifact_endpoint)
+        log.info("HTTP face on http%s://%s/", "s" if settings.server.tls_cert else "",
+                 host_port(settings.http.host, http.port))
     starting = asyncio.create_task(engine.start())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -192,6 +199,8 @@ async def _serve(settings: WorkerSettings, store) -> int:
     await _drain(settings, engine, servers, served=code == 0 and starting.done(), hurry=hurry)
     if metrics is not None:
         await metrics.stop()
+    if http is not None:
+        await http.stop()
     if not starting.done():
         await asyncio.wait({starting}, timeout=settings.server.grace_s)
     await engine.stop()

@@ -73,6 +73,7 @@ class Runtime:
         self.stepper: Stepper | None = None  # built by `load` (or on first `stepper_for`)
         self.codec_compile_slots = codec_compile_slots  # the `codec_compile_slots` setting (0: never)
         self.fastpath = fastpath or FastPathSettings()  # the fast path's settings (EngineSettings.fastpath)
+        self.precision = "fp32"  # the language model's precision policy (set by `load`; the codec is always FP32)
 
     @property
     def is_tiny_default(self) -> bool:
@@ -103,6 +104,7 @@ class Runtime:
             decode_path = "fast" if device.type == "cuda" else "eager"
         runtime = cls(model, device, decode_path, description,
                       codec_compile_slots=codec_compile_slots(settings, device), fastpath=settings.fastpath)
+        runtime.precision = policy.name
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
         runtime.stepper_for(settings.max_active_streams)

@@ -251,16 +251,34 @@ def check_policy(fp32: LoadedModel, request, codes, reference, name: str, keep: 
     finally:
         del model  # the policy's model is not needed past its logits
     release_device_memory(device)
+    out.update(agreement(reference, logits, blocked0, blocked, top_k))
+    return out
+
+
+def blocked_classes(config, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classes the sampler never draws (the reserved ids), as masks of codebook 0's classes (with end of
+    speech) and of the depth codebooks' classes."""
+    blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
+    blocked[list(config.reserved_code_ids)] = True
+    return blocked, blocked[:config.vocab_size]
+
+
+def agreement(reference: tuple[torch.Tensor, torch.Tensor], logits: tuple[torch.Tensor, torch.Tensor],
+              blocked0: torch.Tensor, blocked: torch.Tensor, top_k: int) -> dict:
+    """Teacher-forced logits (`teacher_forced_logits`) of a model against the reference's, over the same frames:
+    `per_step` (each frame, its 16 codebooks), `per_codebook` (over the frames) and `summary`, each with the KL
+    mean and max, top-1 agreement, top-k overlap and non-finite counts."""
     ref0, ref_depth = reference
     got0, got_depth = logits
-    first = compare(ref0, got0, blocked0, top_k)  # [N]
-    rest = compare(ref_depth, got_depth, blocked, top_k)  # [N, 15]
+    first = compare(ref0, got0.to(ref0.device), blocked0.to(ref0.device), top_k)  # [N]
+    rest = compare(ref_depth, got_depth.to(ref0.device), blocked.to(ref0.device), top_k)  # [N, 15]
     metric = {key: torch.cat((first[key][:, None].float(), rest[key].float()), dim=1) for key in first}  # [N, 16]
-    out["per_step"] = [_summary(metric, slice(t, t + 1), t) for t in range(codes.shape[0])]
-    out["per_codebook"] = [{"codebook": c, **_summary({k: v[:, c:c + 1] for k, v in metric.items()}, slice(None))}
-                           for c in range(metric["kl"].shape[1])]
-    out["summary"] = _summary(metric, slice(None))
-    return out
+    return {
+        "per_step": [_summary(metric, slice(t, t + 1), t) for t in range(metric["kl"].shape[0])],
+        "per_codebook": [{"codebook": c, **_summary({k: v[:, c:c + 1] for k, v in metric.items()}, slice(None))}
+                         for c in range(metric["kl"].shape[1])],
+        "summary": _summary(metric, slice(None)),
+    }
 
 
 def _summary(metric: dict[str, torch.Tensor], rows: slice, frame: int | None = None) -> dict:
@@ -290,9 +308,8 @@ def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int 
     if "fp16-mixed" in policies:
         keep = activation_peaks(fp32, request, codes)
     device = move_to_host(fp32)  # from here on the device holds one policy's model at a time
-    blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
-    blocked[list(config.reserved_code_ids)] = True
-    results = [check_policy(fp32, request, codes, reference, name, keep, blocked, blocked[:config.vocab_size],
-                            top_k, device) for name in policies]
+    blocked0, blocked = blocked_classes(config, device)
+    results = [check_policy(fp32, request, codes, reference, name, keep, blocked0, blocked, top_k, device)
+               for name in policies]
     return {"frames": int(codes.shape[0]), "top_k": top_k, "fp16_limit": FP16_MAX,
             "activation_peaks": {name: peak for name, peak in sorted(keep.items())}, "policies": results}
