@@ -83,3 +83,14 @@ def test_the_two_scales_are_not_interchangeable(model, checkpoint):
     single = eager_codes(model, direction_request(model, None, None, cfg_scale=2.0))
     dual = eager_codes(model, direction_request(model, 1.5, 2.0))
     assert dual != swapped and dual != single
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_the_fast_path_gives_the_eager_frames(model, temperature):
+    """The fast path's frame step (static caches, three rows combined in one step; no graphs on the CPU) in FP32:
+    the eager generator's frames, greedy and sampled (the noise is keyed by seed, frame and codebook)."""
+    from breeze_worker.engine.fastpath.generator import FastFrameGenerator
+
+    request = direction_request(model, 1.5, 2.0, temperature=temperature, seed=4)
+    fast = [frame.tolist() for frame in FastFrameGenerator(model, request, "cpu")]
+    assert fast == eager_codes(model, request) and len(fast) == FRAMES

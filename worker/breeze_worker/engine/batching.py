@@ -39,7 +39,7 @@ from breeze_worker.engine.batch_graphs import ShapeGraphs
 from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.static_cache import bucket_for
-from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
+from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, stream_setup
 from breeze_worker.engine.prompt import GatheredPrompt, gather_prompts
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
@@ -234,9 +234,7 @@ class BatchedStepper:
             stream.limit = max(0, min(params.max_frames, self.capacity - 1 - prompt.length))
             # the settings stay on the host until set_streams writes every joiner's at once
             sampling = RowSampling.from_params([params.sampling], [params.seed], "cpu")
-            setups.append(StreamSetup(stream.slot, cond_row=stream.rows[0], uncond_row=stream.rows[-1],
-                                      cfg_scale=float(params.cfg_scale), sampling=sampling,
-                                      eos_masked=self.eos_masked))
+            setups.append(stream_setup(stream.slot, stream.rows, params, sampling, self.eos_masked))
             streams.append((stream, prompt))
         self.step_buffers.set_streams(setups)
         t1 = time.perf_counter()
