@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_helpers import run_schedule
 
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
@@ -67,25 +68,6 @@ def alone(model, requests):
     return {key: list(EagerFrameGenerator(model, req, "cpu")) for key, req in requests.items()}
 
 
-def _run(stepper, schedule: dict[int, list], max_steps: int = 60):
-    """Step until every stream ended; `schedule` {step: [(key, request), ...]} joins at frame boundaries. Also
-    returns the rows each stream of a step held, per step."""
-    frames, ends, layouts = {}, {}, []
-    for n in range(max_steps):
-        if n in schedule:
-            assert stepper.join(schedule[n]) == {}
-        if not len(stepper) and n > max(schedule):
-            break
-        layouts.append({key: list(st.rows) for key, st in stepper._streams.items()})
-        for key, out in stepper.step().items():
-            assert out.error is None
-            if out.frame is not None:
-                frames.setdefault(key, []).append(out.frame)
-            if out.end_reason is not None:
-                ends[key] = out.end_reason
-    return frames, ends, layouts
-
-
 def _assert_identical(frames, alone, keys):
     for key in keys:
         assert len(frames[key]) == len(alone[key]) > 0, key
@@ -101,7 +83,7 @@ def test_three_row_streams_beside_one_and_two_row_streams_give_each_streams_fram
     # x (3 rows) and b (1) start; c (2) and y (3) join at step 2; d (1) and z (3) once c and y have left
     schedule = {0: [("x", r["x"]), ("b", r["b"])], 2: [("c", r["c"]), ("y", r["y"])],
                 8: [("d", r["d"]), ("z", r["z"])]}
-    frames, ends, layouts = _run(stepper, schedule)
+    frames, ends, layouts = run_schedule(stepper, schedule)
     _assert_identical(frames, alone, "xbcydz")
     assert set(ends) == set("xbcydz") and all(end is EndReason.FRAME_LIMIT for end in ends.values())
     # one step held every kind of stream at once: 1, 2 and 3 rows
@@ -146,7 +128,7 @@ def test_rows_are_counted_at_the_join(model, requests, alone):
     stepper.leave("c")
     stepper.leave("d")
     assert stepper.join([("x", requests["x"])]) == {}
-    frames, _, _ = _run(stepper, {0: []})
+    frames, _, _ = run_schedule(stepper, {0: []})
     _assert_identical(frames, alone, "x")
 
 
@@ -158,7 +140,7 @@ def test_one_slot_holds_a_stream_with_two_guidance_scales(model, requests, alone
     assert pick_shape(bucket_shapes(2), 1, 3) == (2, 4)  # otherwise the next bucket covers the third row
     stepper = BatchedStepper(model, 1, "cpu", buckets=True)
     assert stepper.max_rows == 3
-    frames, _, _ = _run(stepper, {0: [("y", requests["y"])]})
+    frames, _, _ = run_schedule(stepper, {0: [("y", requests["y"])]})
     _assert_identical(frames, alone, "y")
 
 
@@ -172,6 +154,6 @@ def test_compiled_bucket_views_give_a_three_row_stream_its_frames_alone(model, r
     stepper = BatchedStepper(model, 3, "cpu", buckets=True, shapes=[(3, 6)], settings=settings)
     assert stepper.stats()["compiled"] and stepper.stats()["compile_fallback"] is None
     r = requests
-    frames, _, layouts = _run(stepper, {0: [("x", r["x"]), ("c", r["c"])], 1: [("b", r["b"])]})
+    frames, _, layouts = run_schedule(stepper, {0: [("x", r["x"]), ("c", r["c"])], 1: [("b", r["b"])]})
     assert any({len(rows) for rows in step.values()} == {1, 2, 3} for step in layouts)
     _assert_identical(frames, alone, "xcb")
