@@ -189,6 +189,19 @@ def _cell(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def ratios(tree: dict) -> dict:
+    """Within one tree: what the third row costs at batch 1, and the bursts' steady rates two scales / one."""
+    b1, bursts = tree.get("batch1", {}), tree.get("bursts", {})
+
+    def over(a, b):
+        return a / b if a is not None and b else None
+
+    return {"batch 1 ms/frame 3 rows / 2 rows": over((b1.get("dual") or {}).get("ms_per_frame"),
+                                                     (b1.get("cfg") or {}).get("ms_per_frame")),
+            "steady x real time two scales / one scale": over((bursts.get("dual") or {}).get("steady_x_realtime"),
+                                                              (bursts.get("single") or {}).get("steady_x_realtime"))}
+
+
 def table(doc: dict) -> str:
     this, other = doc["this checkout"], doc.get("other tree") or {}
     names = ("this checkout", "other tree" if other else None)
@@ -205,11 +218,13 @@ def table(doc: dict) -> str:
                         ("dual", "batch 1 ms/frame, 3 rows (two scales)")):
         row(label, lambda t, k=kind: (t.get("batch1", {}).get(k) or {}).get("ms_per_frame"))
     for mix, label in (("single", "one scale"), ("dual", "two scales")):
-        rows = (this.get("bursts", {}).get(mix) or {}).get("rows")
-        head = f"{doc['streams']} streams, 1/4 direction on {label} ({rows} rows)"
-        row(f"{head}: agg x RT", lambda t, m=mix: (t.get("bursts", {}).get(m) or {}).get("aggregate_x_realtime"), 1)
-        row(f"{'':>10}steady x RT", lambda t, m=mix: (t.get("bursts", {}).get(m) or {}).get("steady_x_realtime"), 1)
-        row(f"{'':>10}step ms p50", lambda t, m=mix: (t.get("bursts", {}).get(m) or {}).get("step_ms_p50"))
+        rows = next((t["bursts"][mix]["rows"] for t in (this, other) if mix in t.get("bursts", {})), "-")
+        lines.append(f"{doc['streams']} streams, every 4th direction on {label} ({rows} rows)")
+        for key, what, digits in (("aggregate_x_realtime", "aggregate x real time (join included)", 1),
+                                  ("steady_x_realtime", "steady x real time", 1), ("step_ms_p50", "step ms p50", 2)):
+            row(f"  {what}", lambda t, m=mix, k=key: (t.get("bursts", {}).get(m) or {}).get(k), digits)
+    for what, ratio in ratios(this).items():
+        lines.append(f"this checkout, {what}: {_cell(ratio)}")
     for name in filter(None, names):
         t = doc[name]
         lines.append(f"{name}: {t['seconds']:.0f} s{', cut short' if t['timed_out'] else ''}"
@@ -254,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["this checkout"] = _run_tree(None, args, args.budget_s * (args.share if args.tree else 1.0))
     if args.tree:
         doc["other tree"] = _run_tree(Path(args.tree), args, args.budget_s - (time.perf_counter() - t0))
+    doc["this_checkout_ratios"] = ratios(doc["this checkout"])
     for name in ("this", "other"):
         (scratch / f"part-{name}.json").unlink(missing_ok=True)
     if args.json:
