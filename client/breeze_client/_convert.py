@@ -30,7 +30,7 @@ def request_to_pb(req: SynthesisRequest) -> synthesis_pb2.SynthesizeRequest:
         raise ValueError(f"encoding must be one of {sorted(ENCODINGS)}, not {req.encoding!r}")
     msg = synthesis_pb2.SynthesizeRequest(text=req.text, encoding=ENCODINGS[req.encoding],
                                           frames_per_chunk=req.frames_per_chunk, request_id=req.request_id or "")
-    for name in ("instruction", "cfg_scale", "seed", "max_frames"):
+    for name in ("instruction", "cfg_scale", "seed", "max_frames", "cfg_scale_reference", "cfg_scale_instruction"):
         value = getattr(req, name)
         if value is not None:
             setattr(msg, name, value)
@@ -59,7 +59,9 @@ def job_from_pb(m: synthesis_pb2.JobStarted, clock: ClockMapping) -> JobInfo:
         reference_id=m.reference_id, reference_seconds=p.reference_seconds,
         server_started_ns=clock.to_client(m.started_unix_ns), artifact_id=m.artifact_id,
         artifact_endpoint=m.artifact_endpoint,
-        server_received_ns=clock.to_client(m.received_unix_ns))
+        server_received_ns=clock.to_client(m.received_unix_ns),
+        cfg_scale_reference=p.cfg_scale_reference if p.HasField("cfg_scale_reference") else None,
+        cfg_scale_instruction=p.cfg_scale_instruction if p.HasField("cfg_scale_instruction") else None)
 
 
 def stats_from_pb(s: synthesis_pb2.JobStats) -> JobStats:

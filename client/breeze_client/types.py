@@ -43,6 +43,10 @@ class SynthesisRequest(_Dict):
     encoding: str = "s16le"  # s16le | f32le
     frames_per_chunk: int = 1
     request_id: str | None = None
+    # voice direction's two guidance scales (both or neither; with a reference, its transcript and an
+    # instruction, and without cfg_scale): u + reference * (clone - u) + instruction * (instruction prompt - u)
+    cfg_scale_reference: float | None = None
+    cfg_scale_instruction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class JobInfo(_Dict):
     artifact_id: str = ""  # the id the job's artifact gets once committed (fetchable after the job ends)
     artifact_endpoint: str = ""  # host:port of the Artifacts endpoint of the worker running the job (where to fetch)
     server_received_ns: int | None = None  # the request reached the worker's handler (mapped; None: not stamped)
+    cfg_scale_reference: float | None = None  # the two guidance scales used (None: cfg_scale or no guidance)
+    cfg_scale_instruction: float | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench",
-         "host_overhead", "serve_bench", "request_intake", "group_commit")
+         "host_overhead", "serve_bench", "request_intake", "group_commit", "guidance_cost")
 META_KEYS = {"date", "commit", "gpu", "driver", "torch", "triton", "python"}
 
 
@@ -193,3 +193,27 @@ def test_stream_requests_clone_the_cfg_streams_and_speak_one_text():
     assert {r.text for r in requests} == {"one text"} and sum(r.uses_cfg for r in requests) == 4
     with pytest.raises(ValueError):
         StreamMix(clone_every=2)
+
+
+def test_guidance_cost_measures_one_two_and_three_rows_in_each_tree(tmp_path):
+    """This checkout against itself as the other tree, on the tiny model: batch 1 with 1, 2 and 3 rows and a
+    burst whose direction streams take one guidance scale, then two, every request running all its frames; the
+    table comes last."""
+    out = tmp_path / "guidance.json"
+    done = tool("guidance_cost", "--device", "cpu", "--size", "tiny", "--frames", "3", "--repeats", "1",
+                "--streams", "4", "--tree", str(ROOT), "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert META_KEYS <= set(doc["meta"]) and (doc["streams"], doc["frames"]) == (4, 3)
+    for name in ("this checkout", "other tree"):
+        tree = doc[name]
+        assert tree["dual_cfg_served"] and not tree["timed_out"] and tree["returncode"] == 0
+        assert {k: v["rows"] for k, v in tree["batch1"].items()} == {"plain": 1, "cfg": 2, "dual": 3}
+        assert all(v["frames"] == 3 and v["ms_per_frame"] > 0 for v in tree["batch1"].values())
+        # 4 streams: direction (2 or 3 rows), plain, CFG (2), plain
+        assert {k: v["rows"] for k, v in tree["bursts"].items()} == {"single": 6, "dual": 7}
+        assert all(v["frames"] == [3] and v["aggregate_x_realtime"] > 0 for v in tree["bursts"].values())
+    assert not list(tmp_path.glob("part-*.json"))  # the children's partial files are gone
+    last = done.stdout.strip().splitlines()
+    assert last[0].startswith("guidance cost on cpu") and "batch 1 ms/frame, 3 rows (two scales)" in done.stdout
+    assert last[-1].startswith("other tree:")

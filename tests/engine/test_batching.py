@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import run_schedule
 
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper
@@ -47,18 +48,7 @@ def alone(model, requests):
 
 def _run(stepper, schedule: dict[int, list], max_steps: int = 50):
     """Step until every stream ended; `schedule` {step index: [(key, request), ...]} joins at boundaries."""
-    frames, ends = {}, {}
-    for n in range(max_steps):
-        if n in schedule:
-            assert stepper.join(schedule[n]) == {}
-        if not len(stepper) and n > max(schedule):
-            break
-        for key, out in stepper.step().items():
-            assert out.error is None
-            if out.frame is not None:
-                frames.setdefault(key, []).append(out.frame)
-            if out.end_reason is not None:
-                ends[key] = out.end_reason
+    frames, ends, _ = run_schedule(stepper, schedule, max_steps)
     return frames, ends
 
 

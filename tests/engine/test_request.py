@@ -65,6 +65,45 @@ def test_non_positive_or_non_finite_cfg_scale(scale):
         resolve(instruction="warm", cfg_scale=scale)
 
 
+def test_two_guidance_scales_on_the_direction_template_take_three_branches(tiny):
+    r = resolve(tiny, REF, reference=WITH_AUDIO, instruction="warm", cfg_scale_reference=1.5,
+                cfg_scale_instruction=0.0)
+    assert r.template is Template.DIRECTION and r.dual_cfg and r.branches == 3 and r.uses_cfg
+    assert (r.cfg_scale, r.cfg_scale_reference, r.cfg_scale_instruction) == (1.0, 1.5, 0.0)
+    assert r.prompt is not None and len(r.prompt.layouts) == 3
+    single = resolve(tiny, REF, reference=WITH_AUDIO, instruction="warm", cfg_scale=2.0)
+    assert single.branches == 2 and not single.dual_cfg and single.cfg_scale_reference is None
+    assert resolve(tiny, REF, reference=WITH_AUDIO, instruction="warm").branches == 1
+
+
+DIRECTION = {"reference": WITH_AUDIO, "instruction": "warm"}
+
+
+@pytest.mark.parametrize("kwargs, reference, words", [
+    (dict(DIRECTION, cfg_scale_reference=1.5), REF, "cfg_scale_reference was set without cfg_scale_instruction"),
+    (dict(DIRECTION, cfg_scale_instruction=1.5), REF, "cfg_scale_instruction was set without cfg_scale_reference"),
+    (dict(DIRECTION, cfg_scale=2.0, cfg_scale_reference=1.5, cfg_scale_instruction=2.0), REF,
+     "set cfg_scale alone or the two scales without it"),
+    (dict(cfg_scale_reference=1.5, cfg_scale_instruction=2.0), None,
+     "this request is plain: add reference audio with its transcript and an instruction"),
+    (dict(instruction="warm", cfg_scale_reference=1.5, cfg_scale_instruction=2.0), None,
+     "this request is instruction: add reference audio with its transcript"),
+    (dict(reference=WITH_AUDIO, cfg_scale_reference=1.5, cfg_scale_instruction=2.0), REF,
+     "this request is clone: add an instruction"),
+    (dict(DIRECTION, cfg_scale_reference=-0.5, cfg_scale_instruction=2.0), REF, "cfg_scale_reference must be in"),
+    (dict(DIRECTION, cfg_scale_reference=1.0, cfg_scale_instruction=101.0), REF,
+     "cfg_scale_instruction must be in"),
+    (dict(DIRECTION, cfg_scale_reference=math.nan, cfg_scale_instruction=2.0), REF,
+     "cfg_scale_reference must be a finite number"),
+    (dict(DIRECTION, cfg_scale_reference=1.0, cfg_scale_instruction=True), REF,
+     "cfg_scale_instruction must be a finite number"),
+])
+def test_invalid_combinations_of_the_two_guidance_scales_say_which(tiny, kwargs, reference, words):
+    with pytest.raises(InvalidRequest) as info:
+        resolve(tiny, reference, **kwargs)
+    assert words in str(info.value)
+
+
 @pytest.mark.parametrize("text, match", [("", "empty"), ("   \n", "empty"), ("x" * 2001, "2001 characters"),
                                          ("a <|AUDIO|> b", "reserved marker"),
                                          ("\x00\x00\x00", "control character U\\+0000 at position 0"),

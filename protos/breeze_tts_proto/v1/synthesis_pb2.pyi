@@ -56,7 +56,7 @@ class ReferenceAudio(_message.Message):
     def __init__(self, audio: _Optional[bytes] = ..., reference_id: _Optional[str] = ..., transcript: _Optional[str] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
-    __slots__ = ("text", "instruction", "cfg_scale", "seed", "reference", "sampling", "max_frames", "encoding", "frames_per_chunk", "request_id")
+    __slots__ = ("text", "instruction", "cfg_scale", "seed", "reference", "sampling", "max_frames", "encoding", "frames_per_chunk", "request_id", "cfg_scale_reference", "cfg_scale_instruction")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     CFG_SCALE_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,8 @@ class SynthesizeRequest(_message.Message):
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_PER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     text: str
     instruction: str
     cfg_scale: float
@@ -77,7 +79,9 @@ class SynthesizeRequest(_message.Message):
     encoding: _common_pb2.PcmEncoding
     frames_per_chunk: int
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., reference: _Optional[_Union[ReferenceAudio, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOverrides, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    cfg_scale_reference: float
+    cfg_scale_instruction: float
+    def __init__(self, text: _Optional[str] = ..., instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., reference: _Optional[_Union[ReferenceAudio, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOverrides, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., request_id: _Optional[str] = ..., cfg_scale_reference: _Optional[float] = ..., cfg_scale_instruction: _Optional[float] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "repetition_penalty")
@@ -92,7 +96,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
 
 class ResolvedParams(_message.Message):
-    __slots__ = ("instruction", "cfg_scale", "seed", "template", "sampling", "max_frames", "encoding", "frames_per_chunk", "reference_seconds")
+    __slots__ = ("instruction", "cfg_scale", "seed", "template", "sampling", "max_frames", "encoding", "frames_per_chunk", "reference_seconds", "cfg_scale_reference", "cfg_scale_instruction")
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     CFG_SCALE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +106,8 @@ class ResolvedParams(_message.Message):
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_PER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     instruction: str
     cfg_scale: float
     seed: int
@@ -111,7 +117,9 @@ class ResolvedParams(_message.Message):
     encoding: _common_pb2.PcmEncoding
     frames_per_chunk: int
     reference_seconds: float
-    def __init__(self, instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., template: _Optional[_Union[Template, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., reference_seconds: _Optional[float] = ...) -> None: ...
+    cfg_scale_reference: float
+    cfg_scale_instruction: float
+    def __init__(self, instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., template: _Optional[_Union[Template, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., reference_seconds: _Optional[float] = ..., cfg_scale_reference: _Optional[float] = ..., cfg_scale_instruction: _Optional[float] = ...) -> None: ...
 
 class JobStarted(_message.Message):
     __slots__ = ("job_id", "params", "sample_rate", "encoding", "template", "queue_wait_s", "reference_id", "started_unix_ns", "artifact_id", "artifact_endpoint", "received_unix_ns")

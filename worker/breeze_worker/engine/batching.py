@@ -1,9 +1,13 @@
 """Continuous batching: every active stream advances one frame in ONE batched frame step.
 
 `BatchedStepper` owns one `FrameStep` (engine/fastpath/step.py) sized for `max_streams` stream slots and
-`2 * max_streams` model rows, i.e. one static KV cache. A stream takes the lowest free slot and one row
-(two rows, cond + uncond, only when it uses CFG) and keeps its own prompt, CFG scale, seed, sampling
-settings, frame limit and cache rows. Streams join and leave at frame boundaries:
+`max_rows` = 2 x max_streams model rows (at least 3), i.e. one static KV cache. A stream takes the lowest
+free slot and one row per branch of its prompt: one, two with CFG (cond + uncond), three with voice
+direction's two guidance scales (instruction, clone, plain prompts), and keeps its own prompt, guidance
+scales, seed, sampling settings, frame limit and cache rows. Rows are counted at admission: with three-row
+streams the rows can run out before the slots do, and a stream joins only when its rows are free
+(`rows_free`, `rows_for`; the scheduler keeps a request queued until then, engine/scheduler.py; a join
+without them is refused with ResourceExhausted). Streams join and leave at frame boundaries:
 
 - join: the prompt (laid out when the request was resolved, engine/prompt.py) is encoded and prefilled into
   the stream's rows of the static cache. On CUDA several joiners at one boundary share one text-encoder
@@ -39,7 +43,7 @@ from breeze_worker.engine.batch_graphs import ShapeGraphs
 from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.static_cache import bucket_for
-from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, StreamSetup
+from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, stream_setup
 from breeze_worker.engine.prompt import GatheredPrompt, gather_prompts
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
@@ -75,8 +79,12 @@ def bucket_shapes(max_streams: int) -> list[tuple[int, int]]:
     """The (streams, rows) buckets a CUDA stepper compiles and captures: each stream bucket s with room for
     all of them using CFG (2s rows), plus (max, 1.5 x max) so that a full batch of which half use CFG does
     not pay for 2 x max rows. No s-row shapes: at these sizes a step costs about the same for s and 2s
-    rows, while every distinct shape costs a compile (~5 units) and graphs at start-up."""
+    rows, while every distinct shape costs a compile (~5 units) and graphs at start-up. The widest bucket
+    covers every row, so streams with two guidance scales (three rows) need no shape of their own, except
+    one stream alone: (1, 3) beside (1, 2)."""
     shapes = [(s, 2 * s) for s in stream_buckets(max_streams)]
+    if max_streams == 1:
+        shapes.append((1, 3))
     if max_streams >= 4:
         shapes.append((max_streams, (3 * max_streams + 1) // 2))
     return shapes
@@ -104,7 +112,8 @@ class BatchedStepper:
         self.model = model
         self.device = torch.device(device) if device is not None else model.device
         self.max_streams = max_streams
-        self.max_rows = 2 * max_streams
+        # two rows a stream on average; at least three, so that one stream with two guidance scales fits
+        self.max_rows = max(2 * max_streams, 3)
         self.capacity = model.generation_defaults.max_sequence
         self.eos_masked = eos_masked  # bench only: end of speech never sampled
         on_cuda = self.device.type == "cuda"
@@ -170,6 +179,16 @@ class BatchedStepper:
     def free_slots(self) -> int:
         return self._slot_owner.count(None)
 
+    @property
+    def rows_free(self) -> int:
+        """Model rows no stream holds."""
+        return self._row_owner.count(None)
+
+    @staticmethod
+    def rows_for(params: ResolvedRequest) -> int:
+        """The rows a request takes: one per branch of its prompt (1, 2 with CFG, 3 with two guidance scales)."""
+        return params.branches
+
     def release_all(self) -> None:
         """Park every slot and row (start-up, after graph capture)."""
         for slot in range(self.max_streams):
@@ -179,11 +198,14 @@ class BatchedStepper:
 
     def _allocate(self, key: object, params: ResolvedRequest) -> _Stream:
         slot = self._slot_owner.index(None)
-        need = 2 if params.uses_cfg else 1
+        need = self.rows_for(params)
         free = [i for i, owner in enumerate(self._row_owner) if owner is None]
-        rows = next(([i, i + 1] for i in free if i + 1 < self.max_rows and self._row_owner[i + 1] is None), None)
-        if need == 1 or rows is None:  # a single row, or a CFG pair that must be split
-            rows = free[:need]
+        if len(free) < need:  # join() admits only what fits
+            raise ResourceExhausted(f"{need} model rows needed, {len(free)} free")
+        # the lowest run of `need` free rows (one prefill for the stream), else the lowest free rows
+        rows = next((list(range(i, i + need)) for i in free
+                     if i + need <= self.max_rows and all(self._row_owner[j] is None for j in range(i, i + need))),
+                    free[:need])
         stream = _Stream(key, params, slot, rows)
         self._slot_owner[slot] = stream
         for r in rows:
@@ -218,10 +240,19 @@ class BatchedStepper:
         """Admit streams at a frame boundary: encode their prompts and prefill their rows. Returns the
         streams that could not join (they hold no slot); the others step from the next `step()` on."""
         errors: dict[object, BaseException] = {}
-        if len(joiners) > self.free_slots:
-            for key, _ in joiners[self.free_slots:]:
+        slots_left, rows_left, fitting = self.free_slots, self.rows_free, []
+        for key, params in joiners:  # in order: a joiner whose slot or rows are not free is refused
+            need = self.rows_for(params)
+            if slots_left < 1:
                 errors[key] = ResourceExhausted(f"all {self.max_streams} stream slots are busy")
-            joiners = joiners[: self.free_slots]
+            elif need > rows_left:
+                errors[key] = ResourceExhausted(
+                    f"{rows_left} of the {self.max_rows} model rows are free and this request needs {need} (one per "
+                    "prompt branch: guidance takes 2, two guidance scales 3); retry when streams have finished")
+            else:
+                slots_left, rows_left = slots_left - 1, rows_left - need
+                fitting.append((key, params))
+        joiners = fitting
         t0 = time.perf_counter()
         prompts = self._encode(joiners, errors)
         encode_s = time.perf_counter() - t0
@@ -234,9 +265,7 @@ class BatchedStepper:
             stream.limit = max(0, min(params.max_frames, self.capacity - 1 - prompt.length))
             # the settings stay on the host until set_streams writes every joiner's at once
             sampling = RowSampling.from_params([params.sampling], [params.seed], "cpu")
-            setups.append(StreamSetup(stream.slot, cond_row=stream.rows[0], uncond_row=stream.rows[-1],
-                                      cfg_scale=float(params.cfg_scale), sampling=sampling,
-                                      eos_masked=self.eos_masked))
+            setups.append(stream_setup(stream.slot, stream.rows, params, sampling, self.eos_masked))
             streams.append((stream, prompt))
         self.step_buffers.set_streams(setups)
         t1 = time.perf_counter()

@@ -4,13 +4,15 @@ engine/prompt.py (`prepare_prompt_embeddings`).
 
 Per frame (the official decoding loop):
 1. backbone logits of the last position (FP32); with CFG the two rows (cond, uncond) are combined
-   `u + s*(c - u)`; the repetition penalty divides / multiplies logits of codebook-0 codes this request has
-   already produced; reserved ids (codebook_size .. vocab-1) are masked; `sample_rows` draws codebook 0 with
-   the request's counter-based noise (frame index, codebook 0). The end-of-speech class ends the request.
+   `u + s*(c - u)`, with two guidance scales the three rows (instruction, clone, plain prompts)
+   `u + s_ref*(r - u) + s_ins*(i - u)` (the reference implementation's order of terms); the repetition
+   penalty divides / multiplies logits of codebook-0 codes this request has already produced; reserved ids
+   (codebook_size .. vocab-1) are masked; `sample_rows` draws codebook 0 with the request's counter-based
+   noise (frame index, codebook 0). The end-of-speech class ends the request.
 2. depth decoder: 2-position prefill (backbone hidden, codebook 0), then one position per codebook; each
    head's logits are CFG-combined the same way, reserved ids masked, and sampled as codebook 1..15 (no
-   repetition penalty). The sampled code is written to both CFG rows.
-3. the frame is yielded, then fed back to the backbone as its summed embedding (both rows).
+   repetition penalty). The sampled code is written to every row of the request.
+3. the frame is yielded, then fed back to the backbone as its summed embedding (every row).
 The frame limit is the request's `max_frames`, further capped so prompt + frames stays below the model's
 sequence budget (the official loop stops at max_sequence - 1).
 When a tracer is active (engine/tracing.py) the loop records spans: text_encode, prefill, and per frame
@@ -53,11 +55,18 @@ class EagerFrameGenerator:
 
     # ---- the loop ----
     def _combine(self, logits: torch.Tensor) -> torch.Tensor:
-        """[R, V] -> [1, V]: CFG rows (cond, uncond) combined u + s*(c - u)."""
+        """[R, V] -> [1, V]: one row as it is; CFG rows (cond, uncond) combined u + s*(c - u); the three rows of
+        two guidance scales (instruction, clone, plain) combined u + s_ref*(r - u) + s_ins*(i - u)."""
+        request = self.request
         if logits.shape[0] == 1:
             return logits
+        if logits.shape[0] == 3:
+            s_ref, s_ins = request.cfg_scale_reference, request.cfg_scale_instruction
+            assert s_ref is not None and s_ins is not None  # three rows only with both scales
+            ins, ref, uncond = logits[:1], logits[1:2], logits[2:3]
+            return uncond + s_ref * (ref - uncond) + s_ins * (ins - uncond)
         cond, uncond = logits[:1], logits[1:2]
-        return uncond + self.request.cfg_scale * (cond - uncond)
+        return uncond + request.cfg_scale * (cond - uncond)
 
     @torch.no_grad()
     def _run(self):

@@ -83,6 +83,31 @@ class _InFlight:
     launch_s: float = 0.0
 
 
+class _RowBudget:
+    """The model rows one admission pass may still hand out (steppers that count rows: engine/batching.py;
+    others have no row limit). In queue order: once a request's rows are not free, the requests behind it wait
+    too, so a request with two guidance scales (three rows) is not passed over for ever by smaller ones."""
+
+    def __init__(self, stepper):
+        self._rows_for = getattr(stepper, "rows_for", None)
+        self._left = stepper.rows_free if self._rows_for is not None else 0
+        self._blocked = False
+
+    def need(self, job) -> int:
+        return 0 if self._rows_for is None or job.params is None else self._rows_for(job.params)
+
+    def fits(self, job) -> bool:
+        return self._rows_for is None or job.params is None or (not self._blocked and self.need(job) <= self._left)
+
+    def take(self, job) -> bool:
+        """Whether the job's rows fit, taking them if so."""
+        if not self.fits(job):
+            self._blocked = True
+            return False
+        self._left -= self.need(job)
+        return True
+
+
 class Scheduler:
     """Owns the engine thread. `runtime` opens frame sources and codec streams (see engine/runtime.py)."""
 
@@ -335,13 +360,26 @@ class Scheduler:
         still to be prepared; fail those that waited too long or went away (lock held)."""
         now = time.monotonic()
         taken = []
+        for job in [j for j in self._reserved if j.cancelled]:  # its caller hung up while preparing or waiting
+            self._reserved.remove(job)
+            if job in self._prepared:
+                self._prepared.remove(job)
+            self._open.discard(job)
+        rows = _RowBudget(self._stepper)
         while self._prepared:
-            job = self._prepared.popleft()
+            job = self._prepared[0]
+            if not rows.take(job):  # its model rows are busy: it waits, holding its slot, within the queue's limits
+                if job.expired(now):
+                    self._unreserve_prepared(job, DeadlineExceeded(
+                        "the deadline passed while the request waited for free model rows"))
+                    continue
+                if now - job.submitted_at > self.max_queue_wait_s:
+                    self._unreserve_prepared(job, self._waited_for_rows(job, now, rows))
+                    continue
+                break
+            self._prepared.popleft()
             self._reserved.remove(job)
             taken.append(job)
-        for job in [j for j in self._reserved if j.cancelled]:  # its caller hung up while preparing
-            self._reserved.remove(job)
-            self._open.discard(job)
         kept: collections.deque[Job] = collections.deque()
         while self._pending:
             job = self._pending.popleft()
@@ -351,18 +389,36 @@ class Scheduler:
             elif job.expired(now):
                 self._fail(job, DeadlineExceeded("the deadline passed while the request waited for a slot"))
             elif now - job.submitted_at > self.max_queue_wait_s:
-                self._fail(job, ResourceExhausted(
-                    f"waited {now - job.submitted_at:.1f} s for a free stream slot (max_queue_wait_s="
-                    f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
+                slot_free = len(self._active) + len(taken) + len(self._reserved) < self.max_active
+                if slot_free and not rows.fits(job):
+                    self._fail(job, self._waited_for_rows(job, now, rows))
+                else:
+                    self._fail(job, ResourceExhausted(
+                        f"waited {now - job.submitted_at:.1f} s for a free stream slot (max_queue_wait_s="
+                        f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
             elif len(self._active) + len(taken) + len(self._reserved) < self.max_active:
                 if job.params is None:  # its caller prepares it now, holding the slot
                     self._grant_slot(job)
-                else:
+                elif rows.take(job):
                     taken.append(job)
+                else:  # its model rows are busy: it keeps its place in the queue
+                    kept.append(job)
             else:
                 kept.append(job)
         self._pending = kept
         return taken
+
+    def _waited_for_rows(self, job: Job, now: float, rows: _RowBudget) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"waited {now - job.submitted_at:.1f} s for {rows.need(job)} free model rows (max_queue_wait_s="
+            f"{self.max_queue_wait_s:g}; a request takes a row per prompt branch: guidance 2, two guidance "
+            "scales 3); retry later")
+
+    def _unreserve_prepared(self, job: Job, exc: BaseException) -> None:
+        """A prepared job that waited for model rows in vain gives its slot back and fails (lock held)."""
+        self._prepared.remove(job)
+        self._reserved.remove(job)
+        self._fail(job, exc)
 
     def _admit(self, jobs: list[Job]) -> None:
         """Start jobs at this frame boundary: artifacts, then one `join` for all (prompt encode + prefill)."""

@@ -156,8 +156,10 @@ class Engine:
         if params is None:
             log.info("job %s queued (reference audio to decode once it holds a slot)", job.job_id)
         else:
-            log.info("job %s queued (template %s, cfg %.3g, seed %d)", job.job_id, params.template.value,
-                     params.cfg_scale, params.seed)
+            guidance = (f"guidance reference {params.cfg_scale_reference:.3g} instruction "
+                        f"{params.cfg_scale_instruction:.3g}" if params.dual_cfg else f"cfg {params.cfg_scale:.3g}")
+            log.info("job %s queued (template %s, %s, seed %d)", job.job_id, params.template.value, guidance,
+                     params.seed)
         finished = False
         try:
             if params is None:

@@ -68,6 +68,8 @@ def synthesis_request_from_pb(msg: synthesis_pb2.SynthesizeRequest) -> et.Synthe
         encoding=encoding_from_pb(msg.encoding),
         frames_per_chunk=msg.frames_per_chunk or 1,
         request_id=msg.request_id or None,
+        cfg_scale_reference=_opt(msg, "cfg_scale_reference"),
+        cfg_scale_instruction=_opt(msg, "cfg_scale_instruction"),
     )
 
 
@@ -96,6 +98,7 @@ def _params_to_pb(p: et.ResolvedRequest) -> synthesis_pb2.ResolvedParams:
         encoding=_ENCODING_TO_PB[et.PcmEncoding(p.encoding)],
         frames_per_chunk=p.frames_per_chunk,
         reference_seconds=p.reference.seconds if p.reference is not None else 0.0,
+        cfg_scale_reference=p.cfg_scale_reference, cfg_scale_instruction=p.cfg_scale_instruction,
     )
 
 

@@ -34,7 +34,7 @@ from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
-from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
+from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, stream_setup
 from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -156,8 +156,7 @@ class FastFrameGenerator:
         try:
             step = runner.step
             sampling = RowSampling.from_params([request.sampling], [request.seed], "cpu")  # set_stream fills them
-            step.set_stream(0, cond_row=0, uncond_row=rows - 1, cfg_scale=float(request.cfg_scale),
-                            sampling=sampling, eos_masked=self.eos_masked)
+            step.set_streams([stream_setup(0, list(range(rows)), request, sampling, self.eos_masked)])
             slots = runner.prompt_slots(length, limit)  # the prompt's cache slots (padded to a bucket)
             with tracing.span("prefill"):
                 runner.prefill(prompt.inputs_embeds, prompt.positions, prompt.attention_mask, slots)

@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 
 TEXT_BUCKETS = (32, 64, 128, 256, 512)
 MAX_TOKENS = 4096  # rows x padded length of one graph (its activations); larger batches replay several
-MAX_TEXT_SEGMENTS = 4  # text segments of one request: reference transcript + text, twice with CFG (model/prompts.py)
+# text segments of one request: reference transcript + text, twice with CFG; with two guidance scales the
+# instruction prompt, the clone prompt's two and the plain prompt (model/prompts.py)
+MAX_TEXT_SEGMENTS = 4
 
 
 def plan(lengths: list[int], max_tokens: int = MAX_TOKENS) -> list[tuple[int, list[int], int]] | None:

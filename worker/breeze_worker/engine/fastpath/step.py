@@ -1,8 +1,9 @@
 """The frame step of the fast path, built around rows.
 
-A *row* is one model row (one per stream, two for a CFG stream: cond and uncond); a *stream* is one
-request. `FrameStep` owns every buffer a frame reads or writes (static caches, logits, codes, flags), so
-its two halves can be captured as CUDA graphs and replayed with no host work in between:
+A *row* is one model row (one per stream, two for a CFG stream: cond and uncond, three with two guidance
+scales); a *stream* is one request. `FrameStep` owns every buffer a frame reads or writes (static caches,
+logits, codes, flags), so its two halves can be captured as CUDA graphs and replayed with no host work in
+between:
 
 - `sample_frame()`: codebook 0 from the pending backbone logits (CFG combination, repetition penalty on the
   codebook-0 history, reserved ids masked, temperature / top-k / top-p, exponential race), then the depth
@@ -11,8 +12,12 @@ its two halves can be captured as CUDA graphs and replayed with no host work in 
 - `backbone_step(bucket)`: feeds the frame's summed embedding to the backbone (one position per row, written
   at each row's `write_pos`, attending over the first `bucket` slots) and leaves the next frame's logits.
 
-Several streams can share one step (the batched stepper): rows `cond_row[s]`, `uncond_row[s]` of stream
-`s` are combined `u + scale * (c - u)`; a stream without CFG has cond_row == uncond_row (exactly c).
+Several streams share one step (engine/batching.py): rows `cond_row[s]`, `uncond_row[s]` of stream `s` are
+combined `u + scale * (c - u)`; a stream without CFG has cond_row == uncond_row (exactly c). A stream with
+two guidance scales has a third row `ref_row[s]` (the clone prompt's; cond is the instruction prompt's, uncond
+the plain prompt's), combined `u + ref_scale * (r - u) + scale * (c - u)`; every other stream has
+ref_row == uncond_row and ref_scale 0, which adds exactly 0, so one combination serves one-, two- and
+three-row streams in the same step.
 Sampling noise is keyed by (seed, frame, codebook) per stream, so the result does not depend on the row
 layout. The computation per row is the eager reference's (engine/eager.py), re-expressed with packed GEMMs.
 
@@ -158,6 +163,8 @@ class FrameStep:
         self.cond_row = torch.zeros(streams, dtype=torch.int64, device=device)
         self.uncond_row = torch.zeros(streams, dtype=torch.int64, device=device)
         self.cfg_scale = torch.ones(streams, dtype=torch.float32, device=device)
+        self.ref_row = torch.zeros(streams, dtype=torch.int64, device=device)  # the third row (two scales)
+        self.ref_scale = torch.zeros(streams, dtype=torch.float32, device=device)
         self.frame = torch.zeros(streams, dtype=torch.int64, device=device)
         self.seen = torch.zeros(streams, self.vocab + 1, dtype=torch.bool, device=device)  # codebook-0 history
         self.sampling = RowSampling(
@@ -178,8 +185,9 @@ class FrameStep:
 
     # ---- stream setup (host side, outside graphs) ----
     def set_stream(self, stream: int, cond_row: int, uncond_row: int, cfg_scale: float, sampling: RowSampling,
-                   eos_masked: bool = False) -> None:
-        self.set_streams([StreamSetup(stream, cond_row, uncond_row, cfg_scale, sampling, eos_masked)])
+                   eos_masked: bool = False, ref_row: int | None = None, ref_scale: float = 0.0) -> None:
+        self.set_streams([StreamSetup(stream, cond_row, uncond_row, cfg_scale, sampling, eos_masked, ref_row,
+                                      ref_scale)])
 
     def set_streams(self, setups: list[StreamSetup]) -> None:
         """Every joiner's slot settings in one write per buffer, with no host sync (`put_rows`): a scalar
@@ -188,10 +196,14 @@ class FrameStep:
         if not setups:
             return
         slots = [u.stream for u in setups]
+        refs = [u.uncond_row if u.ref_row is None else u.ref_row for u in setups]
         put_rows(self.cond_row, slots, [u.cond_row for u in setups])
         put_rows(self.uncond_row, slots, [u.uncond_row for u in setups])
-        put_rows(self.row_stream, [u.cond_row for u in setups] + [u.uncond_row for u in setups], slots + slots)
+        put_rows(self.ref_row, slots, refs)
+        put_rows(self.row_stream, [u.cond_row for u in setups] + [u.uncond_row for u in setups] + refs,
+                 slots * 3)
         put_rows(self.cfg_scale, slots, [float(u.cfg_scale) for u in setups])
+        put_rows(self.ref_scale, slots, [0.0 if u.ref_row is None else float(u.ref_scale) for u in setups])
         for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
             put_rows(getattr(self.sampling, name), slots, [getattr(u.sampling, name)[0].item() for u in setups])
         put_rows(self.frame, slots, [0] * len(setups))
@@ -234,9 +246,10 @@ class FrameStep:
 
     # ---- the two graph-captured halves ----
     def _combine(self, logits: torch.Tensor) -> torch.Tensor:
-        """Row logits [R, V] -> stream logits [S, V]: u + scale * (c - u)."""
-        cond, uncond = logits[self.cond_row], logits[self.uncond_row]
-        return uncond + self.cfg_scale[:, None] * (cond - uncond)
+        """Row logits [R, V] -> stream logits [S, V]: u + ref_scale * (r - u) + scale * (c - u) (the reference
+        implementation's order of terms; the middle one is exactly 0 for a stream without a third row)."""
+        cond, uncond, ref = logits[self.cond_row], logits[self.uncond_row], logits[self.ref_row]
+        return uncond + self.ref_scale[:, None] * (ref - uncond) + self.cfg_scale[:, None] * (cond - uncond)
 
     def _pick(self, logits: torch.Tensor, noise: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         self.nonfinite |= ~torch.isfinite(logits).all(dim=-1)
@@ -355,7 +368,8 @@ class FrameStep:
                     if self.head_kernel:  # norm, head, CFG as one kernel
                         dm = lm.depth_decoder.model
                         logits = fused.depth_head(x[:, -1], dm.norm.weight, dm.norm.eps, self.depth_heads[p - 1],
-                                                  self.cond_row, self.uncond_row, self.cfg_scale, self.kernels)
+                                                  self.cond_row, self.uncond_row, self.cfg_scale, self.kernels,
+                                                  ref_row=self.ref_row, ref_scale=self.ref_scale)
                     elif self.logits_mm and self.depth_heads[p - 1].dtype == self.dtype:
                         hidden = units.depth_hidden(self, x)
                         logits = units.combine(self, half_logits(hidden, self.depth_heads[p - 1]))
@@ -370,7 +384,8 @@ class FrameStep:
                             logits, self.sampling, self.blocked_depth, log_noise[:, p, : self.vocab],
                             self.nonfinite, out=self.codes[:, p],
                             next_table=None if last else self.depth_projected[p], next_out=self.next_x,
-                            cond_row=self.cond_row, uncond_row=self.uncond_row, kernels=self.kernels)
+                            cond_row=self.cond_row, uncond_row=self.uncond_row, kernels=self.kernels,
+                            ref_row=self.ref_row)
                     else:
                         code = self._sample(logits, noise[:, p, : self.vocab],
                                             None if log_noise is None else log_noise[:, p, : self.vocab],
@@ -440,8 +455,8 @@ class FrameStep:
         view.depth_cache = DepthCache(key=d.key[:, :rows], value=d.value[:, :rows])
         for name in ("hidden", "next_x", "logits", "row_stream"):
             setattr(view, name, getattr(self, name)[:rows])
-        for name in ("cond_row", "uncond_row", "cfg_scale", "frame", "seen", "eos_masked", "codes", "nonfinite",
-                     "readout"):
+        for name in ("cond_row", "uncond_row", "cfg_scale", "ref_row", "ref_scale", "frame", "seen", "eos_masked",
+                     "codes", "nonfinite", "readout"):
             setattr(view, name, getattr(self, name)[:streams])
         s = self.sampling
         view.sampling = RowSampling(temperature=s.temperature[:streams], top_k=s.top_k[:streams],
@@ -466,6 +481,8 @@ class FrameStep:
             put_rows(self.cond_row, [stream], [0])
             put_rows(self.uncond_row, [stream], [0])
             put_rows(self.cfg_scale, [stream], [1.0])
+            put_rows(self.ref_row, [stream], [0])
+            put_rows(self.ref_scale, [stream], [0.0])
         rows = list(rows)
         if rows:
             put_rows(self.row_stream, rows, [0] * len(rows))
@@ -484,6 +501,22 @@ class StreamSetup:
     cfg_scale: float
     sampling: RowSampling  # one row
     eos_masked: bool = False
+    ref_row: int | None = None  # the third row of two guidance scales (the clone prompt's); None: none
+    ref_scale: float = 0.0  # its scale (cfg_scale is then the instruction prompt's)
+
+
+def stream_setup(stream: int, rows: list[int], request, sampling: RowSampling, eos_masked: bool = False) -> StreamSetup:
+    """The slot settings of a request (engine/types.py ResolvedRequest) whose branches sit in `rows`, in the
+    order of its prompt layouts (engine/prompt.py `lay_out`): [prompt], [prompt, negative], or with two
+    guidance scales [instruction, clone, plain]."""
+    if len(rows) != request.branches:
+        raise ValueError(f"a request with {request.branches} branch(es) was given {len(rows)} row(s)")
+    if request.dual_cfg:
+        return StreamSetup(stream, cond_row=rows[0], uncond_row=rows[2], cfg_scale=float(request.cfg_scale_instruction),
+                           sampling=sampling, eos_masked=eos_masked, ref_row=rows[1],
+                           ref_scale=float(request.cfg_scale_reference))
+    return StreamSetup(stream, cond_row=rows[0], uncond_row=rows[-1], cfg_scale=float(request.cfg_scale),
+                       sampling=sampling, eos_masked=eos_masked)
 
 
 def put_rows(buffer: torch.Tensor, index: list[int], values: list) -> None:
