@@ -119,7 +119,7 @@ def verdict_doc(fig: Figures | None, v: Verdict | None, subject: str) -> dict:
         "rtf_target": v.rtf_target,
         "streams_within_rtf_target": 0 if v.within is None else v.within.streams,
         "streams_fit": v.fits, "realtime_streams": None if v.best is None else v.best.streams,
-        "stop": None if v.stop is None else {**asdict(v.stop), "overhead_ms": v.stop.overhead_ms},
+        "stop": None if v.stop is None else {**asdict(v.stop), "stop": v.stop.stop, "overhead_ms": v.stop.overhead_ms},
         "stop_ratio": STOP_RATIO, "cost": v.cost,
         "batched": [{**asdict(p), "step_ms": p.step_ms, "rtf": p.step_ms / FRAME_MS} for p in fig.batched],
         "projected": sorted(fig.projected), "lines": v.lines, "next_steps": v.next_steps,

@@ -106,26 +106,46 @@ def cost_per_audio_hour(price_per_hour: float, x_rt: float) -> float:
     return price_per_hour / x_rt
 
 
+REACHED, NOT_REACHED, UNDECIDED = "reached", "not reached", "undecided"
+
+
 @dataclass(frozen=True)
 class Stop:
-    """The stop condition: the LM time over its byte floor, against `STOP_RATIO`."""
+    """The stop condition: the LM time over its byte floor, against `STOP_RATIO`.
+
+    `measured`: the LM time and the bandwidth of the floor were both measured on the device the verdict speaks
+    for. Only then can the condition be `reached`. A projected LM time is a lower bound (the floor plus the
+    reference device's overhead), so a projected ratio above the threshold shows `not reached` (the true one is
+    higher still) and a projected ratio at or below it decides nothing (`undecided`): measure."""
 
     lm_ms: float
     floor_ms: float
     ratio: float
     stop_ratio: float
-    stop: bool  # True: more kernel work cannot pay on this device
+    measured: bool
+    state: str  # REACHED | NOT_REACHED | UNDECIDED
+
+    @property
+    def stop(self) -> bool:
+        """True only when measured on this device: more kernel work cannot pay here."""
+        return self.state == REACHED
 
     @property
     def overhead_ms(self) -> float:
         return self.lm_ms - self.floor_ms
 
 
-def stop_condition(lm_ms: float | None, floor: float | None, stop_ratio: float = STOP_RATIO) -> Stop | None:
+def stop_condition(lm_ms: float | None, floor: float | None, stop_ratio: float = STOP_RATIO,
+                   measured: bool = True) -> Stop | None:
+    """The stop condition from an LM time and a byte floor; `measured` False when either is a projection."""
     if lm_ms is None or not floor:
         return None
     ratio = lm_ms / floor
-    return Stop(lm_ms=lm_ms, floor_ms=floor, ratio=ratio, stop_ratio=stop_ratio, stop=ratio <= stop_ratio)
+    if ratio > stop_ratio:
+        state = NOT_REACHED
+    else:
+        state = REACHED if measured else UNDECIDED
+    return Stop(lm_ms=lm_ms, floor_ms=floor, ratio=ratio, stop_ratio=stop_ratio, measured=measured, state=state)
 
 
 @dataclass(frozen=True)
@@ -166,9 +186,10 @@ def verdict(fig: Figures, context: HostContext = HostContext(), price_per_hour: 
     fits = streams_that_fit(fig.memory_bytes, fig.model_bytes, fig.fixed_bytes, fig.stream_bytes)
     within = streams_within(fig.batched, rtf_target, fits)
     best = best_throughput(fig.batched, 1.0, fits)
+    measured = context.measured and not ({"lm_ms_cfg", "bandwidth"} & fig.projected)
     out = Verdict(batch1_ms=batch1, rtf_batch1=None if batch1 is None else rtf(batch1), floor_ms=floor,
-                  stop=stop_condition(fig.lm_ms_cfg, floor), fits=fits, within=within, best=best,
-                  rtf_target=rtf_target)
+                  stop=stop_condition(fig.lm_ms_cfg, floor, measured=measured), fits=fits, within=within,
+                  best=best, rtf_target=rtf_target)
     if price_per_hour is not None:
         if batch1:
             out.cost["batch1_per_audio_hour"] = cost_per_audio_hour(price_per_hour, x_realtime(1, batch1))
@@ -212,11 +233,7 @@ def _lines(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
     if v.stop is None:
         lines.append("stop condition: not known (the LM time or the byte floor is missing)")
     else:
-        s = v.stop
-        state = ("reached: more kernel work cannot pay here" if s.stop
-                 else f"not reached: removing every ms above the floor would make the LM up to {s.ratio:.2f}x faster")
-        lines.append(f"stop condition (LM <= {s.stop_ratio}x the byte floor): LM {s.lm_ms:.2f} ms = {s.ratio:.2f}x the "
-                     f"floor of {s.floor_ms:.2f} ms ({_how(fig, 'bandwidth', context)} bandwidth); {state}")
+        lines.append(_stop_line(v.stop))
     cost = v.cost
     if "price_per_hour" in cost:
         parts = []
@@ -226,6 +243,21 @@ def _lines(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
             parts.append(f"${cost['batched_per_audio_hour']:.4f} at {cost['batched_streams']} streams")
         lines.append(f"cost at ${cost['price_per_hour']:.3f}/h: " + (", ".join(parts) if parts else "not known"))
     return lines
+
+
+def _stop_line(s: Stop) -> str:
+    head = f"stop condition (LM <= {s.stop_ratio}x the byte floor): LM {s.lm_ms:.2f} ms = {s.ratio:.2f}x the floor of "
+    if s.measured:
+        state = ("reached: more kernel work cannot pay here" if s.stop
+                 else f"not reached: removing every ms above the floor would make the LM up to {s.ratio:.2f}x faster")
+        return f"{head}{s.floor_ms:.2f} ms (LM time and copy bandwidth measured here); {state}"
+    if s.state == NOT_REACHED:
+        state = ("not reached, even on the projection: its LM time is a lower bound, so the measured ratio can "
+                 "only be higher")
+    else:
+        state = ("undecided: the projected LM time is a lower bound, which cannot show the condition reached; "
+                 "measure the LM time and the copy bandwidth on the GPU itself (`breeze-worker doctor --device cuda`)")
+    return f"{head}{s.floor_ms:.2f} ms (projected: the LM time a lower bound); {state}"
 
 
 def next_steps(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
@@ -241,17 +273,23 @@ def next_steps(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
         steps.append("serve with --precision auto (fp16-mixed here): BF16 is emulated below compute capability 8.0; "
                      "never --force-precision bf16 on this GPU")
     s = v.stop
-    if s is not None and s.stop:
+    if s is not None and s.stop:  # measured on this device (Stop.stop)
         steps.append(f"stop optimizing kernels on this GPU: the weights' bytes bound a frame at {s.floor_ms:.1f} ms "
                      f"(RTF {rtf(s.floor_ms):.2f} before any codec work) and only {s.overhead_ms:.1f} ms is above it; "
                      "to go faster read fewer bytes per frame (weight-only quantization, not in this project) or "
                      "move to a GPU with more memory bandwidth (compare classes: `breeze-worker doctor "
                      "--price-per-hour CLASS=PRICE,...`)")
-    elif s is not None:
+    elif s is not None and s.measured:
         steps.append(f"the LM spends {s.overhead_ms:.1f} ms a frame above its byte floor: profile it with "
                      "`breeze-worker bench --paths fast --cfg on` (GPU-busy fraction, top kernels) and "
                      "`breeze-worker trace --path fast`; keep host syncs at one a frame "
                      "(`breeze-worker audit-syncs --path fast --budget 1`)")
+    elif s is not None:
+        steps.append(f"measure before deciding anything on kernels: on the {fig.device} itself run `breeze-worker "
+                     "doctor --device cuda --json doctor.json` (the fast path's ms per frame, the copy bandwidth and "
+                     f"the ratio to the floor; projected here {s.ratio:.2f}x from a lower bound) and "
+                     "`breeze-worker bench --size full --device cuda --paths eager,fast --cfg on` (the GPU-busy "
+                     "fraction: near 1, kernels and bytes limit the frame; small, the host does)")
     if v.within is not None and v.within.streams > 1:
         steps.append(f"serve {v.within.streams} streams at once (`breeze-worker serve --max-active-streams "
                      f"{v.within.streams}`): batching costs little per extra stream while the step is bound by "
