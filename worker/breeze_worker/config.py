@@ -286,6 +286,9 @@ class FastPathSettings(_Section):
                                           "automatic dynamic shapes: the first shape static, the next ones with "
                                           "symbolic sizes) instead of once per shape: fewer compiles at start-up")
     kernels: KernelSettings = section(KernelSettings)
+    half_kv: bool = setting(True, "under fp16-mixed, the backbone's keys and values in FP16 where its q/k norms "
+                                  "bound the keys and its k/v projections run in FP16 (half the cache memory a "
+                                  "stream slot takes); off: FP32, as the residual stream")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -53,11 +53,7 @@ class EagerFrameGenerator:
 
     # ---- the loop ----
     def _combine(self, logits: torch.Tensor) -> torch.Tensor:
-        """[R, V] -> [1, V]: CFG rows (cond, uncond) combined u + s*(c - u)."""
-        if logits.shape[0] == 1:
-            return logits
-        cond, uncond = logits[:1], logits[1:2]
-        return uncond + self.request.cfg_scale * (cond - uncond)
+        return combine_rows(logits, self.request.cfg_scale)
 
     @torch.no_grad()
     def _run(self):
@@ -138,24 +134,39 @@ class EagerFrameGenerator:
     def _depth_frame(self, backbone_hidden: torch.Tensor, code0: torch.Tensor, rows: RowSampling,
                      frame: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         """Codebooks 1..15 for one frame -> int64 [16] (codebook 0 first)."""
-        lm = self.model.lm
-        n_rows, device = backbone_hidden.shape[0], backbone_hidden.device
-        cache = lm.new_depth_cache()
-        with tracing.span("depth_step", codebook=1):  # the 2-position prefill: backbone state, codebook 0
-            inputs = lm.depth_prefill_inputs(backbone_hidden, code0.expand(n_rows))
-            causal = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None],
-                                   inputs.dtype)
-            hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), causal, cache)[:, -1]
-        codes = [code0]
-        num_codebooks = self.model.config.num_codebooks
-        for position in range(1, num_codebooks):
-            with tracing.span("sampling", codebook=position):
-                logits = self._combine(lm.depth_logits(hidden, position))
-                code = sample_rows(logits, rows, frame, position, blocked)
-            codes.append(code)
-            if position == num_codebooks - 1:
-                break
-            with tracing.span("depth_step", codebook=position + 1):
-                embed = lm.depth_decoder.code_embedding(code.expand(n_rows), position)[:, None]
-                hidden = lm.depth_decoder(embed, torch.tensor([position + 1], device=device), None, cache)[:, -1]
-        return torch.cat(codes)
+        return depth_frame(self.model.lm, backbone_hidden, code0, rows, frame, blocked, self.request.cfg_scale)[0]
+
+
+def combine_rows(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """[R, V] -> [1, V]: CFG rows (cond, uncond) combined u + s*(c - u); one row as it is."""
+    if logits.shape[0] == 1:
+        return logits
+    cond, uncond = logits[:1], logits[1:2]
+    return uncond + cfg_scale * (cond - uncond)
+
+
+def depth_frame(lm, backbone_hidden: torch.Tensor, code0: torch.Tensor, rows: RowSampling, frame: torch.Tensor,
+                blocked: torch.Tensor, cfg_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The depth decoder's codebooks 1..15 of one frame from the backbone's last state of each row [R, H] and
+    codebook 0's code [1]: (codes int64 [16], codebook 0 first; a bool whether every depth logit was finite)."""
+    n_rows, device = backbone_hidden.shape[0], backbone_hidden.device
+    cache = lm.new_depth_cache()
+    with tracing.span("depth_step", codebook=1):  # the 2-position prefill: backbone state, codebook 0
+        inputs = lm.depth_prefill_inputs(backbone_hidden, code0.expand(n_rows))
+        causal = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None], inputs.dtype)
+        hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), causal, cache)[:, -1]
+    codes = [code0]
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    num_codebooks = lm.config.num_codebooks
+    for position in range(1, num_codebooks):
+        with tracing.span("sampling", codebook=position):
+            logits = combine_rows(lm.depth_logits(hidden, position), cfg_scale)
+            finite = finite & torch.isfinite(logits).all()
+            code = sample_rows(logits, rows, frame, position, blocked)
+        codes.append(code)
+        if position == num_codebooks - 1:
+            break
+        with tracing.span("depth_step", codebook=position + 1):
+            embed = lm.depth_decoder.code_embedding(code.expand(n_rows), position)[:, None]
+            hidden = lm.depth_decoder(embed, torch.tensor([position + 1], device=device), None, cache)[:, -1]
+    return torch.cat(codes), finite
