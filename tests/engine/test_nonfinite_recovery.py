@@ -23,12 +23,14 @@ import logging
 import pytest
 import torch
 
+from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.precision import apply_policy, make_policy, widened
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import EndReason, SynthesisRequest
 from breeze_worker.errors import NumericalError
+from breeze_worker.model.lm.layers import RoundingKVCache
 from breeze_worker.model.tiny import tiny_model
 
 STRESS = 1500.0  # the massive-activation scale of tests/fastpath/test_precision.py: ~1e5 inside the first MLP
@@ -84,16 +86,23 @@ def _equal(got: list, want: list) -> bool:
     return len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-def test_an_fp16_overflow_is_recomputed_at_the_safe_precision_and_the_streams_go_on(stressed_model, caplog):
+@pytest.mark.parametrize("half_kv", [False, True], ids=["fp32-cache", "fp16-cache"])
+def test_an_fp16_overflow_is_recomputed_at_the_safe_precision_and_the_streams_go_on(stressed_model, caplog,
+                                                                                  monkeypatch, half_kv):
     model = stressed_model
     requests = {"cfg": _request(model, "hello there", True, 1, 6), "plain": _request(model, "short one", False, 2, 5)}
     # without recovery: the served precision's own reference turns the overflow into NaN logits
     from breeze_worker.bench.agreement import first_frame_logits
 
     assert not torch.isfinite(first_frame_logits(model, requests["cfg"])[0]).all()
+    if half_kv:  # the reference stores its backbone keys/values in FP16 as the stepper's cache then does
+        layers = model.config.backbone.num_hidden_layers
+        monkeypatch.setattr(model.lm, "new_backbone_cache", lambda: RoundingKVCache(layers, torch.float16),
+                            raising=False)
     with widened(model.lm):  # the safe precision: the same FP16 weights, every half-precision layer in FP32
         reference = {key: list(EagerFrameGenerator(model, req, "cpu")) for key, req in requests.items()}
-    stepper = BatchedStepper(model, 2, "cpu")
+    stepper = BatchedStepper(model, 2, "cpu", settings=FastPathSettings(half_kv=half_kv))
+    assert stepper.step_buffers.cache.key.dtype == (torch.float16 if half_kv else torch.float32)
     with caplog.at_level(logging.WARNING, logger="breeze_worker.engine.batching"):
         frames, ends, errors = _run(stepper, list(requests.items()))
     assert errors == {} and ends == {"cfg": EndReason.FRAME_LIMIT, "plain": EndReason.FRAME_LIMIT}

@@ -20,8 +20,9 @@ from breeze_worker.profiling.setup import add_model_arguments, add_request_argum
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, precision=False)
     add_request_arguments(parser, frames=16)
-    parser.add_argument("--policies", default="fp32,bf16,fp16-mixed,fp16",
-                        help="policies to compare with FP32 (fp32 checks the reference against itself)")
+    parser.add_argument("--policies", default="fp32,bf16,fp16-mixed,fp16-mixed-kv16,fp16",
+                        help="policies to compare with FP32 (fp32 checks the reference against itself; "
+                             "fp16-mixed-kv16: fp16-mixed with the backbone's keys and values stored in FP16)")
     parser.add_argument("--top-k", type=int, default=50, help="k of the top-k agreement (the sampler's default)")
     parser.add_argument("--per-step", action="store_true", help="also print every step of every policy")
     parser.add_argument("--massive-activation", type=float, default=None, metavar="SCALE",
@@ -92,6 +93,14 @@ def table(doc: dict, per_step: bool = False) -> str:
                 lines.append(f"{'  frame ' + str(step['frame']):<12}{_f(step['kl_mean'], '.3e'):>11}"
                              f"{_f(step['kl_max'], '.3e'):>11}{step['top1_agreement']:>8.3f}"
                              f"{step['topk_overlap']:>8.3f}{step['nonfinite']:>12}")
+    ranges = doc.get("kv_ranges")
+    if ranges:
+        bounds = [r["key_bound"] for r in ranges["per_layer"] if r["key_bound"] is not None]
+        lines.append(f"FP32 reference backbone cache: keys up to {ranges['key_max']:.4g} (the q/k norms bound them at "
+                     f"{max(bounds):.4g}), values up to {ranges['value_max']:.4g}; FP16's limit "
+                     f"{ranges['fp16_limit']:.0f}" if bounds else
+                     f"FP32 reference backbone cache: keys up to {ranges['key_max']:.4g}, values up to "
+                     f"{ranges['value_max']:.4g}; FP16's limit {ranges['fp16_limit']:.0f}")
     peaks = doc.get("activation_peaks") or {}
     if peaks:
         lines.append(f"FP32 reference: {len(peaks)} linear layers read or write values within 4x of the FP16 limit "

@@ -309,11 +309,12 @@ def probe_fast_path(model, device: torch.device, floor: float | None, frames: in
 
 
 def precision_policies(auto_policy: str) -> list[str]:
-    """The serving policy, fp16-mixed (the T4's) when that is another, and plain FP16 for contrast."""
+    """The serving policy, fp16-mixed (the T4's) when that is another, fp16-mixed with the backbone's 16-bit
+    caches (what a T4 serves by default), and plain FP16 for contrast."""
     out = [auto_policy]
     if auto_policy != "fp16-mixed":
         out.append("fp16-mixed")
-    return out + ["fp16"]
+    return out + ["fp16-mixed-kv16", "fp16"]
 
 
 def probe_precision(spec: ModelSpec, device: torch.device, policies: list[str], frames: int) -> dict:
