@@ -165,3 +165,22 @@ def test_kv16_stores_the_backbone_cache_in_fp16_and_the_keys_stay_under_their_no
     for layer in ranges["per_layer"]:
         assert 0.0 < layer["key_max"] <= layer["key_bound"] and layer["value_max"] > 0.0
     assert ranges["key_max"] < 65504.0 and ranges["value_max"] < 65504.0
+
+
+def test_cli_codec_check(tmp_path, monkeypatch, capsys):
+    """`precision-check --codec` decodes the teacher frames with the codec in FP32 and fp16-mixed, both ways."""
+    from breeze_worker.model.tiny import tiny_model
+
+    model = tiny_model(seed=0)  # with its codec
+    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: model)
+    out = tmp_path / "precision.json"
+    assert worker_main(["precision-check", "--device", "cpu", "--frames", "3", "--policies", "fp16-mixed",
+                        "--codec", "--json", str(out)]) == 0
+    codec = json.loads(out.read_text())["codec"]
+    assert codec["frames"] == 3 and codec["rows"] == 1 and codec["threshold_db"] == 40.0
+    assert codec["passes"] and codec["min_snr_db"] >= 40.0
+    assert "codec fp16-mixed vs fp32 (3 frames" in capsys.readouterr().out
+    assert model.codec.precision == "fp32"  # the check decodes with a copy
+    no_codec = tiny_model(seed=0, with_codec=False)
+    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: no_codec)
+    assert worker_main(["precision-check", "--device", "cpu", "--frames", "2", "--codec"]) == 2

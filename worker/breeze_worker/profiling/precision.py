@@ -331,12 +331,16 @@ def _summary(metric: dict[str, torch.Tensor], rows: slice, frame: int | None = N
     return out
 
 
-def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int = 50) -> dict:
+def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int = 50,
+                    codes_out: list | None = None) -> dict:
     """Teacher codes from `fp32`, then every policy against it; the JSON-able result (`policies` list).
+    `codes_out`, if given, receives the teacher codes (int64 [N, 16]: the codec check decodes them).
 
     Everything that needs the FP32 model runs first; on a GPU the FP32 model is then moved to the host (it
     stays there: `fp32.device` is the CPU afterwards) and each policy's model is built from it in turn."""
     codes = teacher_codes(fp32, request)
+    if codes_out is not None:
+        codes_out.append(codes)
     reference = teacher_forced_logits(fp32, request, codes)
     config = fp32.config
     keep = {}
