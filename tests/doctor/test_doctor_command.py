@@ -73,6 +73,10 @@ def test_cpu_report_json_schema_and_nothing_left_behind(quiet_host, capsys):
     for probe in PROBES:
         assert f"  {probe}: no CUDA device" in out
     assert "T4         fp16-mixed" in out  # the class table
+    # the T4 before and after its 16-bit options, in the document and the text
+    options = doc["projections"]["t4_options"]
+    assert [r["slots"] for r in options] == [6, 13, 6, 13] and [r["streams_rtf_1"] for r in options] == [4, 8, 4, 8]
+    assert "projected for a 16 GB T4 (fp16-mixed), before and after the 16-bit options" in out
 
 
 def test_gpu_class_and_prices(quiet_host):

@@ -200,3 +200,33 @@ def test_unknown_class_is_a_clear_error():
     with pytest.raises(ValueError, match="known: T4, L4"):
         gpu_class("V100")
     assert gpu_class("t4").name == "T4"
+
+
+def test_the_t4_before_and_after_its_16_bit_options():
+    """The doctor's own projection of a 16 GB T4 with the FP32 caches and codec, then the backbone's KV cache in
+    FP16 (half its slot) and the codec's convolutions in FP16 (its growth with streams scaled by the FP16
+    tensor-core peak instead of the FP32 one)."""
+    from breeze_worker.doctor import footprint
+    from breeze_worker.doctor.report import T4_OPTIONS, t4_options
+    from breeze_worker.model.synthetic import config_for
+
+    config = config_for("full")
+    fp32_slot = footprint.stream_bytes(config, "fp16-mixed", 2048)
+    half_slot = footprint.stream_bytes(config, "fp16-mixed", 2048, half_kv=True)
+    assert fp32_slot == SLOT["fp16-mixed"]
+    assert footprint.stream_bytes(config, "bf16", 2048, half_kv=True) == SLOT["bf16"]  # only under fp16-mixed
+    depth = 2 * 2 * 12 * 2 * 128 * 16 * 4  # two rows of FP32 depth keys and values: not halved
+    assert half_slot == (fp32_slot - depth) // 2 + depth
+    assert footprint.codec_bytes(half=True) < footprint.codec_bytes() < 2 * footprint.codec_bytes(half=True)
+    rows = {r["option"]: r for r in t4_options(config)}
+    assert list(rows) == [label for label, _, _ in T4_OPTIONS]
+    before, kv, codec, both = rows.values()
+    assert all(r["streams_rtf_0_5"] == 0 for r in rows.values())  # the floor alone is 40.7 of the 40 ms budget
+    assert (before["slots"], before["streams_rtf_1"]) == (6, 4) and before["x_realtime"] == pytest.approx(5.6, abs=0.05)
+    assert kv["slots"] == both["slots"] == 13 and kv["streams_rtf_1"] == both["streams_rtf_1"] == 8
+    assert codec["slots"] == 6 and codec["codec_ms"] < before["codec_ms"]
+    t4 = gpu_class("T4")
+    growth = H200_REFERENCE.codec_growth_ms(8)
+    assert kv["codec_ms"] == pytest.approx(2.71 + growth * 67.0 / t4.fp32_tflops)
+    assert both["codec_ms"] == pytest.approx(2.71 + growth * 67.0 / t4.half_tflops)
+    assert both["x_realtime"] > kv["x_realtime"] > before["x_realtime"]

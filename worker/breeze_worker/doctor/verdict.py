@@ -8,7 +8,8 @@ The model behind every projection (stated in the report next to its figures):
   of that overhead, and becomes compute-bound only where its GEMMs (2 FLOPs per weight per row) at
   `COMPUTE_EFFICIENCY` of the datasheet peak take longer than the floor;
 - the codec (strict FP32) costs the reference's batch-1 time plus its growth with N scaled by the ratio of FP32
-  throughputs;
+  throughputs; in its fp16-mixed precision (FP16 convolutions, `half_codec`) by the ratio of the reference's
+  FP32 throughput to the device's FP16 tensor-core throughput (the growth taken as the convolutions' arithmetic);
 - a stream's RTF at N streams is the step time / 80 ms; the aggregate is N x 80 ms / step time.
 """
 
@@ -65,14 +66,15 @@ def compute_ms(rows: int, params_per_frame: float, half_tflops: float,
 
 
 def project_batched(lm1_ms: float, codec1_ms: float, floor: float, params_per_frame: float, half_tflops: float,
-                    fp32_tflops: float, reference: ReferenceRun) -> tuple[BatchedPoint, ...]:
+                    codec_tflops: float, reference: ReferenceRun) -> tuple[BatchedPoint, ...]:
     """The step at each of `STREAM_LEVELS` streams on a device whose batch-1 LM time is `lm1_ms` (byte floor
-    `floor`) and codec time `codec1_ms` (module docstring)."""
+    `floor`) and codec time `codec1_ms`, its codec's convolutions running at `codec_tflops` (its FP32 peak, or
+    its FP16 tensor-core peak for the half-precision codec; module docstring)."""
     points = []
     for n in STREAM_LEVELS:
         bound = max(floor, compute_ms(rows_for(n), params_per_frame, half_tflops))
         lm = bound + (lm1_ms - floor) + reference.overhead_growth_ms(n)
-        codec = codec1_ms + reference.codec_growth_ms(n) * reference.fp32_tflops / fp32_tflops
+        codec = codec1_ms + reference.codec_growth_ms(n) * reference.fp32_tflops / codec_tflops
         points.append(BatchedPoint(n, lm, codec))
     return tuple(points)
 
@@ -309,9 +311,10 @@ def next_steps(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
 
 
 def project_class(c: GpuClass, reference: ReferenceRun, *, params_per_frame: float, model_bytes: dict[str, int],
-                  stream_bytes: dict[str, int]) -> Figures:
+                  stream_bytes: dict[str, int], half_codec: bool = False) -> Figures:
     """A GPU class's figures projected from the reference (module docstring): its `auto` policy's bytes per frame
-    at its datasheet bandwidth, the reference's overhead, the model and cache footprints given per policy."""
+    at its datasheet bandwidth, the reference's overhead, the model and cache footprints given per policy;
+    `half_codec`: the codec's convolutions in FP16 (scaled by the class's FP16 tensor-core peak)."""
     policy = policy_for(c.capability)
     bytes_per_frame = reference.bytes_per_frame[policy]
     floor = floor_ms(bytes_per_frame, c.bandwidth)
@@ -319,7 +322,8 @@ def project_class(c: GpuClass, reference: ReferenceRun, *, params_per_frame: flo
         raise ValueError(f"GPU class {c.name} has no bandwidth to project its figures from")
     lm1 = floor + reference.overhead_ms(policy)
     codec1 = reference.batched[0].codec_ms
-    batched = project_batched(lm1, codec1, floor, params_per_frame, c.half_tflops, c.fp32_tflops, reference)
+    batched = project_batched(lm1, codec1, floor, params_per_frame, c.half_tflops,
+                              c.half_tflops if half_codec else c.fp32_tflops, reference)
     fields = {"bandwidth", "lm_ms_cfg", "codec_ms", "memory_bytes", "model_bytes", "fixed_bytes", "stream_bytes",
               "batched"}
     return Figures(device=c.name, source=f"projected from {reference.device} figures and {c.name} datasheet figures",
