@@ -10,27 +10,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-from breeze_worker.model.codec import load_codec
 from breeze_worker.profiling.codec_precision import SNR_THRESHOLD_DB, codec_precision_check, half_copy, snr_db
-
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "codec_golden"
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return dict(np.load(FIXTURE / "golden.npz"))
-
-
-@pytest.fixture(scope="module")
-def golden_codec():
-    torch.set_num_threads(1)
-    return load_codec(FIXTURE / "audio_tokenizer", device="cpu")
 
 
 def test_snr_arithmetic():
