@@ -256,8 +256,11 @@ def probe_memory(model, device: torch.device, policy: str, engine_reserved: int,
 
     if device.type != "cuda":
         raise NotMeasured("no CUDA device: memory per stream is a GPU figure")
+    from breeze_worker.engine.precision import backbone_kv_dtype
+
     capacity = model.generation_defaults.max_sequence
-    estimate = footprint.stream_bytes(model.config, policy, capacity)
+    half_kv = backbone_kv_dtype(model.lm, True) == torch.float16  # as the worker's default settings serve
+    estimate = footprint.stream_bytes(model.config, policy, capacity, half_kv=half_kv)
     free = _free(device)
     if free is not None and free < (MEMORY_SLOTS + 1) * estimate:
         raise NotMeasured(f"too little free GPU memory to measure per-stream caches ({free / 2**30:.1f} GiB free, "
