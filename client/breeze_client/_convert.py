@@ -68,7 +68,8 @@ def stats_from_pb(s: synthesis_pb2.JobStats) -> JobStats:
     st = s.stages
     return JobStats(frames=s.frames, audio_seconds=s.audio_seconds, wall_seconds=s.wall_seconds, rtf=s.rtf,
                     ttfa_s=s.ttfa_s, stages=StageTimes(st.text_encode_s, st.prefill_s, st.generate_s, st.codec_s),
-                    end_reason=_END_REASONS.get(s.end_reason, "unspecified"), nonfinite_events=s.nonfinite_events)
+                    end_reason=_END_REASONS.get(s.end_reason, "unspecified"), nonfinite_events=s.nonfinite_events,
+                    nonfinite_layer=s.nonfinite_layer)
 
 
 def artifact_from_pb(a: common_pb2.ArtifactInfo, clock: ClockMapping) -> ArtifactRef:

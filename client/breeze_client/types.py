@@ -109,7 +109,8 @@ class JobStats(_Dict):
     ttfa_s: float  # worker: job start -> first chunk emitted
     stages: StageTimes
     end_reason: str  # end_of_speech | frame_limit | cancelled | error
-    nonfinite_events: int
+    nonfinite_events: int  # frames recomputed at a safe precision after non-finite values (the stream went on)
+    nonfinite_layer: str = ""  # where the first of them overflowed ("" when none or unknown)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench",
-         "host_overhead", "serve_bench", "request_intake", "group_commit", "guidance_cost")
+         "host_overhead", "serve_bench", "request_intake", "group_commit", "guidance_cost", "t4_policy_check")
 META_KEYS = {"date", "commit", "gpu", "driver", "torch", "triton", "python"}
 
 
@@ -217,3 +217,37 @@ def test_guidance_cost_measures_one_two_and_three_rows_in_each_tree(tmp_path):
     last = done.stdout.strip().splitlines()
     assert last[0].startswith("guidance cost on cpu") and "batch 1 ms/frame, 3 rows (two scales)" in done.stdout
     assert last[-1].startswith("other tree:")
+
+
+def test_the_t4_policy_check_runs_every_part_on_the_cpu(tmp_path):
+    """The GPU tool's smoke run on the tiny model (its times mean nothing here): the precision check of both
+    fp16-mixed forms, the half codec's SNR on the goldens and the model's codec, the engine and the codec timed
+    with each option, the doctor's projection; one JSON (to $OUT by default) and the table last."""
+    env_out = tmp_path / "out"
+    env_out.mkdir()
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "t4_policy_check.py"), "--device", "cpu",
+                           "--size", "tiny", "--frames", "3", "--streams", "1,2", "--codec-rows", "1,2",
+                           "--steps", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1",
+                               "OUT": str(env_out)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads((env_out / "t4_policy_check.json").read_text())
+    assert doc["schema"] == "breeze-t4-policy-check/1" and META_KEYS <= set(doc["meta"])
+    policies = doc["precision"]["policies"]
+    assert set(policies) == {"fp16-mixed", "fp16-mixed-kv16"}
+    assert "stored in FP16" in policies["fp16-mixed-kv16"]["recipe"]
+    assert all(p["summary"]["nonfinite"] == 0 for p in policies.values())
+    assert doc["precision"]["kv_ranges"]["key_max"] > 0
+    for part in ("goldens", "model_teacher_frames", "model_random_codes"):
+        assert doc["codec_snr"][part]["passes"], part
+    assert {(r["half_kv"], r["streams"]) for r in doc["engine"]["rows"]} == {(h, n) for h in (False, True)
+                                                                             for n in (1, 2)}
+    by_kv = {r["half_kv"]: r["backbone_cache_bytes_per_row_position"] for r in doc["engine"]["rows"]}
+    assert by_kv[False] == 2 * by_kv[True] and doc["engine"]["half_kv_refusal"] is None
+    assert all(v == 1.0 for v in doc["engine"]["identical_frames_fp16_vs_fp32_cache"].values())
+    assert {(r["precision"], r["rows"]) for r in doc["codec_time"]} == {(p, n) for p in ("fp32", "fp16-mixed")
+                                                                        for n in (1, 2)}
+    assert [o["option"] for o in doc["t4_projection"]][0] == "FP32 KV caches, FP32 codec"
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("T4 policy check on cpu") and lines[-1].startswith("  projected 16 GB T4, both")

@@ -286,6 +286,9 @@ class FastPathSettings(_Section):
                                           "automatic dynamic shapes: the first shape static, the next ones with "
                                           "symbolic sizes) instead of once per shape: fewer compiles at start-up")
     kernels: KernelSettings = section(KernelSettings)
+    half_kv: bool = setting(True, "under fp16-mixed, the backbone's keys and values in FP16 where its q/k norms "
+                                  "bound the keys and its k/v projections run in FP16 (half the cache memory a "
+                                  "stream slot takes); off: FP32, as the residual stream")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -332,6 +335,11 @@ class EngineSettings(_Section):
     reference_cache_entries: int = setting(64, "encoded references kept in memory", at_least=1)
     codec_tf32: bool = setting(True, "TF32 convolutions in the codec where the device has them (compute "
                                      "capability >= 8.0), as PyTorch's own default for cuDNN; off: strict FP32")
+    codec_precision: str = setting("fp32", "the codec decoder's precision: fp32, or fp16-mixed (its convolutions "
+                                           "with FP16 weights and inputs, everything else FP32) for GPUs without "
+                                           "TF32 (compute capability < 8.0, a T4) once `breeze-worker "
+                                           "precision-check --codec` shows it within 40 dB SNR of FP32",
+                                   choices=("fp32", "fp16-mixed"))
     codec_compile_slots: int = setting(16, "on CUDA, compile the codec's batched step with torch.compile "
                                             "(Inductor) for every slot bucket of at least this many slots, at "
                                             "warm-up, before its CUDA graph (0: never; 1: every bucket; the "

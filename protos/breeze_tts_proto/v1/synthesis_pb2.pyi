@@ -174,7 +174,7 @@ class StageTimes(_message.Message):
     def __init__(self, text_encode_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., generate_s: _Optional[float] = ..., codec_s: _Optional[float] = ...) -> None: ...
 
 class JobStats(_message.Message):
-    __slots__ = ("frames", "audio_seconds", "wall_seconds", "rtf", "ttfa_s", "stages", "end_reason", "nonfinite_events")
+    __slots__ = ("frames", "audio_seconds", "wall_seconds", "rtf", "ttfa_s", "stages", "end_reason", "nonfinite_events", "nonfinite_layer")
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class JobStats(_message.Message):
     STAGES_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     NONFINITE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NONFINITE_LAYER_FIELD_NUMBER: _ClassVar[int]
     frames: int
     audio_seconds: float
     wall_seconds: float
@@ -191,7 +192,8 @@ class JobStats(_message.Message):
     stages: StageTimes
     end_reason: EndReason
     nonfinite_events: int
-    def __init__(self, frames: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., rtf: _Optional[float] = ..., ttfa_s: _Optional[float] = ..., stages: _Optional[_Union[StageTimes, _Mapping]] = ..., end_reason: _Optional[_Union[EndReason, str]] = ..., nonfinite_events: _Optional[int] = ...) -> None: ...
+    nonfinite_layer: str
+    def __init__(self, frames: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., rtf: _Optional[float] = ..., ttfa_s: _Optional[float] = ..., stages: _Optional[_Union[StageTimes, _Mapping]] = ..., end_reason: _Optional[_Union[EndReason, str]] = ..., nonfinite_events: _Optional[int] = ..., nonfinite_layer: _Optional[str] = ...) -> None: ...
 
 class JobFinished(_message.Message):
     __slots__ = ("job_id", "done_unix_ns", "stats", "artifact", "artifact_unavailable")

@@ -258,8 +258,11 @@ def probe_memory(model, device: torch.device, policy: str, engine_reserved: int,
 
     if device.type != "cuda":
         raise NotMeasured("no CUDA device: memory per stream is a GPU figure")
+    from breeze_worker.engine.precision import backbone_kv_dtype
+
     capacity = model.generation_defaults.max_sequence
-    estimate = footprint.stream_bytes(model.config, policy, capacity)
+    half_kv = backbone_kv_dtype(model.lm, True) == torch.float16  # as the worker's default settings serve
+    estimate = footprint.stream_bytes(model.config, policy, capacity, half_kv=half_kv)
     free = _free(device)
     if free is not None and free < (MEMORY_SLOTS + 1) * estimate:
         raise NotMeasured(f"too little free GPU memory to measure per-stream caches ({free / 2**30:.1f} GiB free, "
@@ -311,11 +314,12 @@ def probe_fast_path(model, device: torch.device, floor: float | None, frames: in
 
 
 def precision_policies(auto_policy: str) -> list[str]:
-    """The serving policy, fp16-mixed (the T4's) when that is another, and plain FP16 for contrast."""
+    """The serving policy, fp16-mixed (the T4's) when that is another, fp16-mixed with the backbone's 16-bit
+    caches (what a T4 serves by default), and plain FP16 for contrast."""
     out = [auto_policy]
     if auto_policy != "fp16-mixed":
         out.append("fp16-mixed")
-    return out + ["fp16"]
+    return out + ["fp16-mixed-kv16", "fp16"]
 
 
 def probe_precision(spec: ModelSpec, device: torch.device, policies: list[str], frames: int) -> dict:

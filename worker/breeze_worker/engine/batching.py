@@ -19,7 +19,11 @@ without them is refused with ResourceExhausted). Streams join and leave at frame
   end-of-speech and non-finite flags of every stream) and ONE `backbone_step` for the next frame, queued
   on the device before that read (every stream of the step writes its slot; those that turn out to end
   with this frame then leave), so the device never waits for the host's bookkeeping in between;
-- leave: the slot and rows are parked (`FrameStep.release`) and reused by the next joiner.
+- leave: the slot and rows are parked (`FrameStep.release`) and reused by the next joiner;
+- a stream whose frame held non-finite values (an FP16 overflow under fp16-mixed) has that frame recomputed
+  for its rows alone at a safe precision and goes on from the same sampling state (fastpath/recovery.py); the
+  event is counted in its info, logged once per request with the layer that overflowed, and only a frame that
+  is not finite at the safe precision either ends the request.
 
 A step covers a prefix of slots and rows, the *batch shape* (streams, rows). On CUDA the shape is rounded
 up to a bucket (`bucket_shapes`: few shapes, because with compilation on each costs a compile) and each
@@ -42,6 +46,14 @@ from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batch_graphs import ShapeGraphs
 from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
+from breeze_worker.engine.fastpath.recovery import (
+    SAFE_PRECISION,
+    Recovered,
+    RecoveryFailed,
+    RowPrompt,
+    StreamHistory,
+    recover_frame,
+)
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, stream_setup
 from breeze_worker.engine.prompt import GatheredPrompt, gather_prompts
@@ -59,11 +71,13 @@ class _Stream:
     key: object
     params: ResolvedRequest
     slot: int
-    rows: list[int]  # [cond] or [cond, uncond]
+    rows: list[int]  # [cond], [cond, uncond] or, with two guidance scales, [instruction, clone, plain]
     limit: int = 0  # frames allowed (request limit, capped by the cache capacity)
     frames: int = 0
     info: dict = field(default_factory=lambda: {"text_encode_s": 0.0, "prefill_s": 0.0, "generate_s": 0.0,
-                                                 "nonfinite_events": 0})
+                                                 "nonfinite_events": 0, "nonfinite_recovered": 0,
+                                                 "nonfinite_layer": ""})
+    history: StreamHistory = field(default_factory=StreamHistory)  # what a recovery needs (fastpath/recovery.py)
 
 
 def stream_buckets(max_streams: int) -> list[int]:
@@ -227,7 +241,9 @@ class BatchedStepper:
         self._left[key] = stream.info
 
     def stream_info(self, key: object) -> dict:
-        """text_encode_s, prefill_s, generate_s, nonfinite_events of a stream (active or left)."""
+        """text_encode_s, prefill_s, generate_s, nonfinite_events (frames whose values went non-finite),
+        nonfinite_recovered (of those, recomputed and emitted) and nonfinite_layer (where the first one
+        overflowed, "" when unknown) of a stream (active or left)."""
         stream = self._streams.get(key)
         return dict(stream.info if stream is not None else self._left.get(key, {}))
 
@@ -348,6 +364,7 @@ class BatchedStepper:
             index[i, longest - len(own):] = own
             positions[i, longest - len(own):] = np.arange(len(own))
             allowed[i, longest - len(own):] = True
+            piece[2].history.prompts[piece[0]] = RowPrompt(table, own, longest)  # until its first frame is out
         embeds = table.index_select(0, _to_device(index.reshape(-1), self.device)).view(
             len(run), longest, table.shape[-1])
         self.step_buffers.prefill(slice(rows[0], rows[-1] + 1), embeds, _to_device(positions, self.device),
@@ -391,29 +408,69 @@ class BatchedStepper:
         self.steps += 1
         # one host conversion of the flags for every stream; `readout` is the step's own host copy, so each
         # stream's frame is a row of it (per-stream tensor calls cost ~10 us each, hundreds a step at 64 streams)
-        flags = readout[:, [READOUT_NONFINITE, READOUT_EOS]].tolist()
+        flags = readout[:, [READOUT_NONFINITE, READOUT_EOS, 0]].tolist()
         codes = readout[:, :READOUT_EOS]
         for stream in list(self._streams.values()):
-            nonfinite, eos = flags[stream.slot]
+            nonfinite, eos, code0 = flags[stream.slot]
+            frame = codes[stream.slot]
             if nonfinite:
-                stream.info["nonfinite_events"] += 1
-                log.error("frame %d of a stream produced non-finite logits; it was not emitted", stream.frames)
-                outcomes[stream.key] = StepOutcome(error=NumericalError(
-                    f"non-finite values in the model's logits at frame {stream.frames} (precision policy of this "
-                    "worker); the frame was discarded. Retry, or run the worker with --precision fp32"))
-            elif eos:
+                recovered = self._recover(stream, queued=bucket is not None)
+                if isinstance(recovered, BaseException):
+                    outcomes[stream.key] = StepOutcome(error=recovered)
+                    continue
+                if recovered.frame is not None:
+                    frame, code0 = recovered.frame, int(recovered.frame[0])
+                eos = recovered.frame is None
+            if eos:
                 outcomes[stream.key] = StepOutcome(end_reason=EndReason.END_OF_SPEECH)
             else:
                 stream.frames += 1
+                stream.history.emitted(frame, code0)
                 done = stream.frames >= stream.limit
-                outcomes[stream.key] = StepOutcome(frame=codes[stream.slot],
-                                                   end_reason=EndReason.FRAME_LIMIT if done else None)
+                outcomes[stream.key] = StepOutcome(frame=frame, end_reason=EndReason.FRAME_LIMIT if done else None)
         elapsed = time.perf_counter() - started
         for stream in list(self._streams.values()):
             stream.info["generate_s"] += elapsed
             if outcomes[stream.key].end_reason is not None or outcomes[stream.key].error is not None:
                 self.leave(stream.key)
         return outcomes
+
+    def _recover(self, stream: _Stream, queued: bool) -> Recovered | BaseException:
+        """The stream's frame recomputed at the safe precision (fastpath/recovery.py), or the error that ends
+        it. `queued`: this step's backbone step ran (every row wrote the slot before its host mirror's
+        position); the stream continues when it did and the frame is not its last."""
+        info, frame = stream.info, stream.frames
+        info["nonfinite_events"] += 1
+        first = info["nonfinite_events"] == 1
+        after = 1 if queued else 0  # the queued step already moved each row one slot on
+        logits_slots = {r: self._row_pos[r] - 1 - after for r in stream.rows}
+        next_slots = {r: self._row_pos[r] - 1 for r in stream.rows} if queued and frame + 1 < stream.limit else None
+        job = getattr(stream.key, "job_id", stream.key)
+        try:
+            recovered = recover_frame(self.step_buffers, slot=stream.slot, rows=stream.rows, frame=frame,
+                                      history=stream.history, logits_slots=logits_slots, next_slots=next_slots)
+        except RecoveryFailed as exc:
+            layer = exc.layer or ""
+            info["nonfinite_layer"] = info["nonfinite_layer"] or layer
+            log.error("job %s: frame %d held non-finite values and %s%s", job, frame, exc,
+                      f" (first layer out of FP16's range: {layer})" if layer else "")
+            return NumericalError(
+                f"frame {frame} held non-finite values in this worker's precision and again when recomputed at "
+                f"a safe precision ({SAFE_PRECISION})" + (f"; they leave FP16's range first in {layer}" if layer
+                                                         else "") +
+                ". The same request and seed reproduce it, so retrying it will not help: serve it from a worker "
+                "run with --precision fp32, and check the checkpoint with `breeze-worker precision-check "
+                "--model DIR --per-step`")
+        except Exception as exc:  # noqa: BLE001 - this stream only; the other streams of the step go on
+            log.exception("job %s: recovering frame %d failed", job, frame)
+            return exc
+        info["nonfinite_recovered"] += 1
+        info["nonfinite_layer"] = info["nonfinite_layer"] or (recovered.layer or "")
+        if first:  # once per request; breeze_nonfinite_events_total counts every frame
+            log.warning("job %s: frame %d held non-finite values (first layer out of FP16's range: %s); recomputed "
+                        "at %s, the stream goes on from the same sampling state", job, frame,
+                        recovered.layer or "none found", SAFE_PRECISION)
+        return recovered
 
     def _backbone_step(self, shape: tuple[int, int], bucket: int) -> None:
         rows = shape[1]

@@ -39,8 +39,12 @@ class EngineMetrics:
                              "cancelled, error)", ["end_reason"], registry=r)
         self._frames = Counter("breeze_frames_total", "audio frames (80 ms each) generated", registry=r)
         self._audio = Counter("breeze_audio_seconds_total", "seconds of audio streamed", registry=r)
-        self._nonfinite = Counter("breeze_nonfinite_events_total", "frames whose logits held NaN/Inf (never "
-                                  "emitted)", registry=r)
+        self._nonfinite = Counter("breeze_nonfinite_events_total", "frames whose values went non-finite, by "
+                                  "outcome: recovered (recomputed at a safe precision, emitted, the stream went on) "
+                                  "or failed (not finite at the safe precision either: never emitted, the request "
+                                  "ended)", ["outcome"], registry=r)
+        for outcome in ("recovered", "failed"):
+            self._nonfinite.labels(outcome=outcome)
         self._slow_steps = Counter("breeze_slow_steps_total", "engine steps that took longer than 1 s (every "
                                    "active stream waited)", registry=r)
         self._active = Gauge("breeze_active_streams", "streams decoding now", registry=r)
@@ -90,10 +94,16 @@ class EngineMetrics:
         if stats is not None:
             self._frames.inc(stats.frames)
             self._audio.inc(stats.audio_seconds)
-            self._nonfinite.inc(stats.nonfinite_events)
             if stats.audio_seconds > 0:
                 self._ttfa.observe(stats.ttfa_s)
                 self._rtf.observe(stats.rtf)
+
+    def nonfinite_frames(self, recovered: int, failed: int) -> None:
+        """A job's frames whose values went non-finite (counted when it ends or fails)."""
+        if recovered > 0:
+            self._nonfinite.labels(outcome="recovered").inc(recovered)
+        if failed > 0:
+            self._nonfinite.labels(outcome="failed").inc(failed)
 
     def step_done(self, seconds: float, slow: bool) -> None:
         self._step.observe(seconds)

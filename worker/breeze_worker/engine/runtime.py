@@ -99,6 +99,9 @@ class Runtime:
             description = f"Breeze TTS 2 checkpoint {settings.model_dir}"
         kept = _apply_precision(model, policy, device)
         description += f"; precision {policy.name}" + (f" ({len(kept)} layers kept in FP32)" if kept else "")
+        if model.codec is not None and settings.codec_precision != "fp32":  # the codec_precision setting
+            model.codec.set_precision(settings.codec_precision)
+            description += f"; codec {settings.codec_precision}"
         decode_path = settings.fast_path
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"

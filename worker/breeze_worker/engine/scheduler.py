@@ -572,6 +572,9 @@ class Scheduler:
         job.timers.prefill_s = float(info.get("prefill_s", 0.0))
         job.timers.generate_s = float(info.get("generate_s", 0.0)) + job.timers.lm_wait_s
         job.nonfinite_events = int(info.get("nonfinite_events", 0))
+        job.nonfinite_layer = str(info.get("nonfinite_layer", ""))
+        recovered = int(info.get("nonfinite_recovered", 0))
+        self.metrics.nonfinite_frames(recovered=recovered, failed=job.nonfinite_events - recovered)
         self._forget(job)
 
     def _forget(self, job: Job) -> None:

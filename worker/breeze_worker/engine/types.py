@@ -189,7 +189,8 @@ class JobStats:
     ttfa_s: float  # job start -> first audio chunk emitted
     stages: StageTimes
     end_reason: EndReason
-    nonfinite_events: int = 0
+    nonfinite_events: int = 0  # frames recomputed at a safe precision after a non-finite value (recovered)
+    nonfinite_layer: str = ""  # the first layer that overflowed in the first of them ("" when none or unknown)
 
 
 @dataclass(frozen=True)

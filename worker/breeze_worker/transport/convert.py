@@ -127,7 +127,7 @@ def event_to_pb(event, artifact_endpoint: str) -> synthesis_pb2.SynthesizeRespon
                 stages=synthesis_pb2.StageTimes(text_encode_s=s.stages.text_encode_s, prefill_s=s.stages.prefill_s,
                                                 generate_s=s.stages.generate_s, codec_s=s.stages.codec_s),
                 end_reason=_END_REASON_TO_PB[et.EndReason(s.end_reason)],
-                nonfinite_events=s.nonfinite_events))
+                nonfinite_events=s.nonfinite_events, nonfinite_layer=s.nonfinite_layer))
         if event.artifact is not None:
             finished.artifact.CopyFrom(artifact_to_pb(event.artifact, artifact_endpoint))
         else:

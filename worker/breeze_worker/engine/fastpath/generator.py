@@ -17,8 +17,9 @@ contains what the consumer does with the frame (codec decode, emit) and ends whe
 
 Fail-safe: a frame whose logits held NaN/Inf anywhere (codebook 0 or any depth step) is never emitted.
 The event is counted (`nonfinite_events()` for the process, `.nonfinite_events` per generator) and the
-request ends with `NumericalError`: recomputing in the same precision would reproduce the same values, and
-the fp16-mixed policy (engine/precision.py) is the documented safe computation that prevents them.
+request ends with `NumericalError`: recomputing in the same precision would reproduce the same values. This
+per-stream generator serves the benches and tools; the worker's batched engine recomputes such a frame at a
+safe precision and goes on (engine/fastpath/recovery.py).
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ class FastFrameGenerator:
             self.end_reason = EndReason.ERROR
             log.error("frame %d of a request produced non-finite logits; it was not emitted", frame_index)
             raise NumericalError(
-                f"non-finite values in the model's logits at frame {frame_index} (precision policy "
-                "of this worker); the frame was discarded. Retry, or run the worker with --precision fp32")
+                f"non-finite values in the model's logits at frame {frame_index} (this precision policy); the "
+                "frame was discarded. The same request and seed reproduce it, so retrying it will not help: run "
+                "with --precision fp32, or through the batched engine, which recomputes such a frame")
         if bool(readout[READOUT_EOS]):
             self.end_reason = EndReason.END_OF_SPEECH
             return True

@@ -55,6 +55,7 @@ from breeze_worker.engine.fastpath.layers import (
     small_rows_linear,
 )
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
+from breeze_worker.engine.precision import backbone_kv_dtype
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
 READOUT_EOS, READOUT_NONFINITE = 16, 17  # columns of `readout` after the 16 codes
@@ -127,13 +128,14 @@ class FrameStep:
         dtype = lm.embed_audio_tokens.weight.dtype  # the residual stream's dtype
         self.dtype = dtype
         bb, dd = cfg.backbone, cfg.depth
-        kv_dtype = _kv_dtype(lm)
+        # the backbone's keys/values: the residual stream's dtype, or FP16 beside an FP32 one where the weights
+        # bound them (precision.backbone_kv_dtype); the depth decoder's 16 positions a row stay in the residual's
         self.cache = BackboneCache.allocate(bb.num_hidden_layers, rows, bb.num_key_value_heads, bb.head_dim,
-                                            capacity, kv_dtype, device)
+                                            capacity, backbone_kv_dtype(lm, self.settings.half_kv), device)
         self.depth_cache = DepthCache.allocate(dd.num_hidden_layers, rows, dd.num_key_value_heads, dd.head_dim,
-                                               self.codebooks, kv_dtype, device)
+                                               self.codebooks, dtype, device)
         # depth RoPE: positions 0..15 are the same every frame
-        cos, sin = lm.depth_decoder.model.rotary(torch.arange(self.codebooks, device=device), kv_dtype)
+        cos, sin = lm.depth_decoder.model.rotary(torch.arange(self.codebooks, device=device), dtype)
         self.depth_cos, self.depth_sin = cos[None, None], sin[None, None]  # [1, 1, 16, D]
         # per depth start position (0: the 2-position prefill; p + 1: codebook p's step): RoPE tables, cache
         # slots and the additive mask over all 16 slots, each its own tensor (constant shapes and alignment)
@@ -220,7 +222,7 @@ class FrameStep:
         cache.valid[rows, :t] = allowed
         causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
         mask = torch.where(causal[None] & allowed[:, None, :], 0.0, torch.finfo(torch.float32).min)[:, None]
-        cos, sin = self.lm.backbone_model.rotary(positions, self.cache.key.dtype)
+        cos, sin = self.lm.backbone_model.rotary(positions, self.dtype)
         cos, sin = cos[:, None], sin[:, None]
         x = embeds.to(self.dtype)
         slots = torch.arange(t, device=self.device)[None]  # every row writes slots 0..T-1
@@ -423,7 +425,7 @@ class FrameStep:
         x = lm.embed_frames(codes)[:, None].to(self.dtype)  # [R, 1, H]
         cache.mark_written()
         mask = torch.where(cache.step_mask(bucket), 0.0, torch.finfo(torch.float32).min)
-        cos, sin = lm.backbone_model.rotary(cache.rope_pos[:, None], cache.key.dtype)
+        cos, sin = lm.backbone_model.rotary(cache.rope_pos[:, None], self.dtype)
         cos, sin = cos[:, None], sin[:, None]
         slots = cache.write_pos[:, None]
         for i, layer in enumerate(self.backbone_layers):
@@ -464,12 +466,13 @@ class FrameStep:
                                     seed=s.seed[:streams])
         return view
 
-    def scrub(self, rows: list[int] | None = None) -> None:
-        """Zero the keys/values of `rows` (all when None) in both caches. After a step computed non-finite
-        values for a row, its slots hold them; a later occupant's attention reads every slot of its bucket,
-        and a masked NaN is still NaN (NaN + mask), so the next request on these rows would fail too."""
+    def scrub(self, rows: list[int] | None = None, backbone: bool = True) -> None:
+        """Zero the keys/values of `rows` (all when None) in both caches (`backbone` False: the depth decoder's
+        only, which restarts every frame). After a step computed non-finite values for a row, its slots hold
+        them; a later occupant's attention reads every slot of its bucket, and a masked NaN is still NaN
+        (NaN + mask), so the next request on these rows would fail too."""
         index = slice(None) if rows is None else torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        for cache in (self.cache, self.depth_cache):
+        for cache in (self.cache, self.depth_cache) if backbone else (self.depth_cache,):
             cache.key[:, index] = 0
             cache.value[:, index] = 0
 
@@ -546,10 +549,3 @@ def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: 
     q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                            kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
     return layer.attend_then_mlp(x, q, k_cache[:, :, :t], v_cache[:, :, :t], mask)
-
-
-def _kv_dtype(lm) -> torch.dtype:
-    """Keys/values come out of the k/v projections in the residual stream's dtype."""
-    return lm.embed_audio_tokens.weight.dtype
-
-

@@ -1,7 +1,15 @@
 """The `Codec` facade the engine uses: decode codes to 24 kHz PCM (one-shot or streaming), encode references.
 
-The codec always runs in FP32, whatever the language model's precision: SnakeBeta's `exp` overflows in
-BF16/FP16. Any other dtype asked for is ignored (and logged); inputs of any float dtype are converted.
+The codec runs in FP32 whatever the language model's precision (SnakeBeta's `exp` overflows in BF16/FP16),
+in one of two precisions (`CODEC_PRECISIONS`, `set_precision`):
+- `fp32`: everything in FP32 (the default);
+- `fp16-mixed`: the decoder's convolutions (nearly all of its arithmetic) with FP16 weights, each one's input
+  rounded to FP16 for it and its output returned in FP32; activations (SnakeBeta), norms, the transformer, the
+  residual additions, the streaming state and the output stay FP32. For devices without TF32 (compute
+  capability < 8.0: a T4 runs FP32 at an eighth of its FP16 tensor-core rate), where its agreement with FP32
+  has been checked (`breeze-worker precision-check --codec`: SNR against FP32).
+The encoder (reference audio) always runs in FP32. Any other dtype asked of `to` is ignored (and logged);
+inputs of any float dtype are converted.
 """
 
 from __future__ import annotations
@@ -14,9 +22,12 @@ import torch
 from breeze_worker.model.codec.config import CodecConfig
 from breeze_worker.model.codec.decoder import CodecDecoder
 from breeze_worker.model.codec.encoder import ReferenceEncoder
+from breeze_worker.model.codec.layers import TwoFormConvolution
 from breeze_worker.model.codec.streaming import DecoderStreamState
 
 log = logging.getLogger(__name__)
+
+CODEC_PRECISIONS = ("fp32", "fp16-mixed")
 
 
 def require_fp32(dtype: torch.dtype | None, what: str = "codec") -> None:
@@ -32,6 +43,25 @@ class Codec:
         self.config = config
         self.decoder = decoder.to(torch.float32).eval()
         self.encoder = encoder.to(torch.float32).eval()
+        self.precision = "fp32"
+
+    def set_precision(self, name: str) -> list[str]:
+        """Run the decoder in `name` (module docstring); returns the convolutions whose weights are FP16 now.
+        One way: rounding the weights to FP16 loses their FP32 values, so fp16-mixed cannot go back to fp32 (a
+        comparison decodes with a copy: profiling/codec_precision.py)."""
+        if name not in CODEC_PRECISIONS:
+            raise ValueError(f"codec precision must be one of {', '.join(CODEC_PRECISIONS)}, not {name!r}")
+        if self.precision != "fp32" and name != self.precision:
+            raise ValueError(f"the codec's weights were rounded for {self.precision}: load it again for {name}")
+        self.precision = name
+        dtype = torch.float16 if name == "fp16-mixed" else torch.float32
+        halves = []
+        for module_name, module in self.decoder.named_modules():
+            if isinstance(module, TwoFormConvolution):
+                module.conv.to(dtype)
+                if dtype == torch.float16:
+                    halves.append(module_name)
+        return halves
 
     @property
     def sample_rate(self) -> int:
@@ -54,11 +84,12 @@ class Codec:
         return self.decoder.device
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Codec:
-        """Move to `device`; the dtype stays float32 (see the module docstring)."""
+        """Move to `device`; the dtype stays float32 (see the module docstring), in the codec's precision."""
         require_fp32(dtype)
         self.decoder.to(device=device, dtype=torch.float32)
         self.encoder.to(device=device, dtype=torch.float32)
         self.encoder.after_load()
+        self.set_precision(self.precision)
         return self
 
     def decode(self, codes: torch.Tensor | np.ndarray) -> torch.Tensor:
