@@ -252,3 +252,33 @@ def test_the_job_reports_it_and_the_metric_counts_it(tmp_path):
         assert 'breeze_nonfinite_events_total{outcome="failed"} 0.0' in metrics
     finally:
         asyncio.run(engine.stop())
+
+
+def test_a_three_row_stream_is_recomputed_with_both_guidance_scales(fp32_model):
+    """A stream with two guidance scales (rows: instruction, clone, plain) whose rows go bad is recomputed with the
+    three-row combination u + s_ref*(r - u) + s*(i - u) at the backbone and every depth step: its frames are its
+    eager frames alone (FP32), and the plain stream beside it is untouched."""
+    import numpy as np
+
+    from breeze_worker.engine.types import ReferenceInput, ResolvedReference
+
+    model = fp32_model
+    reference = ResolvedReference("ref-dual", "the reference words", np.random.RandomState(7).randint(0, 2048, (5, 16)),
+                                  0.4)
+    dual = SynthesisRequest(text="a sentence for voice direction", seed=7, max_frames=6, instruction="calm and slow",
+                            reference=ReferenceInput(audio=b"RIFF", transcript=reference.transcript),
+                            cfg_scale_reference=1.5, cfg_scale_instruction=2.5)
+    requests = {"d": resolve_request(dual, model.generation_defaults, reference, tokenizer=model.tokenizer),
+                "p": _request(model, "a longer sentence", False, 2, 6)}
+    assert requests["d"].branches == 3
+    alone = {key: list(EagerFrameGenerator(model, req, "cpu")) for key, req in requests.items()}
+    stepper = BatchedStepper(model, 2, "cpu")
+    assert stepper.join(list(requests.items())) == {}
+    d_rows = list(stepper._streams["d"].rows)
+    assert len(d_rows) == 3
+    with _poisoned_rows(model.lm, d_rows, at=2) as calls:
+        frames, ends, errors = _run(stepper, [])
+    assert calls["n"] >= 2 and errors == {} and set(ends) == {"d", "p"}
+    assert stepper.stream_info("d")["nonfinite_recovered"] == 1 and stepper.stream_info("p")["nonfinite_events"] == 0
+    assert _equal(frames["p"], alone["p"])
+    assert _equal(frames["d"], alone["d"])
