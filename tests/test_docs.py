@@ -162,7 +162,7 @@ QUOTED_DEFAULTS = [
      lambda v: int(v) * MIB),
     ("docs/fidelity.md", r"By default its convolutions run in (TF32) where", "--codec-tf32", lambda v: True),
     ("docs/fidelity.md", r"`--fastpath-tune` \((on|off) by default\)", "--fastpath-tune", lambda v: v == "on"),
-    ("README.md", r"the codec always runs in FP32 \((TF32) convolutions where the device has them",
+    ("README.md", r"By default the codec\s+runs in FP32 \((TF32) convolutions where the device has them",
      "--codec-tf32", lambda v: True),
     ("README.md", r"ready: synthesis=127\.0\.0\.1:(\d+)", "--port", int),
     ("README.md", r"artifacts=127\.0\.0\.1:(\d+)", "--artifact-port", int),
