@@ -432,9 +432,17 @@ class ServerSettings(_Section):
     artifact_grace_s: float = setting(10.0, "seconds the artifact port serves on after the running jobs ended on "
                                             "SIGTERM (so their artifacts can be fetched)", at_least=0)
     max_stream_buffer_bytes: int = setting(
-        16 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than real time; past it "
-                          "the stream ends (RESOURCE_EXHAUSTED) and the job runs on for its artifact",
+        4 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than the audio is made "
+                         "(4 MiB: 87 s of s16le); past it the stream ends (RESOURCE_EXHAUSTED) and the job runs on "
+                         "for its artifact", at_least=64 * 1024)
+    max_buffered_audio_bytes: int = setting(
+        128 * 1024 * 1024, "audio bytes all streams together may hold for their clients; a stream whose next "
+                           "chunk would pass it ends as one over --max-stream-buffer-bytes does",
         at_least=64 * 1024)
+    reader_stall_s: float = setting(
+        10.0, "seconds a client may take no audio while some waits for it; then its stream ends "
+              "(RESOURCE_EXHAUSTED) and the job runs on for its artifact, as it does when a client that took "
+              "nothing this long goes away", positive=True)
     switch_interval_ms: float = setting(
         0.5, "the interpreter's thread switch interval, ms (Python's default: 5): every torch call of the engine "
              "thread gives up the interpreter lock and may wait this long to get it back from the event loop",
@@ -448,6 +456,9 @@ class ServerSettings(_Section):
         if self.port == self.artifact_port and self.port != 0:
             raise SettingsError(f"the artifact channel needs its own port: {label['artifact_port']} must differ "
                                 f"from {label['port']}")
+        if self.max_buffered_audio_bytes < self.max_stream_buffer_bytes:
+            raise SettingsError(f"{label['max_buffered_audio_bytes']} (all streams) must be at least "
+                                f"{label['max_stream_buffer_bytes']} (one stream), {self.max_stream_buffer_bytes}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError(f"TLS needs both {label['tls_cert']} and {label['tls_key']}")
         if self.tls_client_ca is not None and self.tls_cert is None:

@@ -37,6 +37,7 @@ from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, Artifac
 from breeze_worker.transport.auth import BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
+from breeze_worker.transport.stream_relay import SlowReaderBounds
 from breeze_worker.transport.synthesis_servicer import TINY_DEFAULT_WARNING, SynthesisServicer
 
 log = logging.getLogger(__name__)
@@ -237,7 +238,8 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     synthesis_pb2_grpc.add_SynthesisServicer_to_server(
         SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint, store),
                           max_request_bytes=s.max_request_bytes,
-                          max_stream_buffer_bytes=s.max_stream_buffer_bytes), synthesis_server)
+                          slow_readers=SlowReaderBounds(s.max_stream_buffer_bytes, s.max_buffered_audio_bytes,
+                                                        s.reader_stall_s)), synthesis_server)
     artifacts_pb2_grpc.add_ArtifactsServicer_to_server(ArtifactServicer(store, endpoint), artifact_server)
     for server, services in ((synthesis_server, (SYNTHESIS_SERVICE, CLOCK_SERVICE)),
                              (artifact_server, (ARTIFACTS_SERVICE, CLOCK_SERVICE))):
