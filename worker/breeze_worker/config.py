@@ -443,6 +443,35 @@ class ServerSettings(_Section):
         10.0, "seconds a client may take no audio while some waits for it; then its stream ends "
               "(RESOURCE_EXHAUSTED) and the job runs on for its artifact, as it does when a client that took "
               "nothing this long goes away", positive=True)
+    # what any peer, authenticated or not, can make the worker hold (docs/operations.md, "Bounds")
+    max_streams_per_connection: int = setting(128, "calls one client connection may have open at once, on each "
+                                                   "port (HTTP/2 concurrent streams)", at_least=1)
+    max_calls: int = setting(2048, "calls open at once on each port, all connections together; one more is "
+                                   "refused with RESOURCE_EXHAUSTED", at_least=16)
+    health_max_watchers: int = setting(1024, "health Watch calls open at once, both ports together (health is "
+                                             "open without a token); one more is refused with RESOURCE_EXHAUSTED",
+                                       at_least=1)
+    first_message_timeout_s: float = setting(15.0, "seconds a call may take to send its request message after it "
+                                                   "opened; then it ends with DEADLINE_EXCEEDED", positive=True)
+    max_waiting_calls_per_peer: int = setting(64, "calls one address may have open that have not sent their "
+                                                  "request message yet; one more is refused with "
+                                                  "RESOURCE_EXHAUSTED", at_least=1)
+    keepalive_time_s: float = setting(60.0, "seconds between the worker's pings on a connection, to find peers "
+                                            "that are gone", positive=True)
+    keepalive_timeout_s: float = setting(20.0, "seconds a peer has to answer a ping, and to acknowledge data "
+                                               "sent to it (TCP user timeout), before its connection is closed",
+                                         positive=True)
+    max_connection_idle_s: float = setting(300.0, "seconds a connection with no call open is kept (its client "
+                                                  "reconnects when it calls again); 0: for ever", at_least=0)
+    handshake_timeout_s: float = setting(10.0, "seconds a new connection has to finish its TLS and HTTP/2 "
+                                               "handshakes", positive=True)
+    metrics_max_connections: int = setting(256, "connections the metrics listener holds at once; at the bound, "
+                                                "the oldest connection that has not sent its request is closed "
+                                                "for a new one", at_least=2)
+    metrics_max_connections_per_peer: int = setting(16, "connections one address may hold on the metrics "
+                                                        "listener; its oldest is closed for a new one", at_least=1)
+    metrics_read_timeout_s: float = setting(5.0, "seconds a metrics client has to send its request",
+                                            positive=True)
     switch_interval_ms: float = setting(
         0.5, "the interpreter's thread switch interval, ms (Python's default: 5): every torch call of the engine "
              "thread gives up the interpreter lock and may wait this long to get it back from the event loop",
@@ -459,6 +488,10 @@ class ServerSettings(_Section):
         if self.max_buffered_audio_bytes < self.max_stream_buffer_bytes:
             raise SettingsError(f"{label['max_buffered_audio_bytes']} (all streams) must be at least "
                                 f"{label['max_stream_buffer_bytes']} (one stream), {self.max_stream_buffer_bytes}")
+        if self.reader_stall_s >= self.keepalive_timeout_s:
+            raise SettingsError(f"{label['reader_stall_s']} ({self.reader_stall_s:g}) must be less than "
+                                f"{label['keepalive_timeout_s']} ({self.keepalive_timeout_s:g}): the connection of a "
+                                "peer that stopped reading is closed then, and the worker must end its stream first")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError(f"TLS needs both {label['tls_cert']} and {label['tls_key']}")
         if self.tls_client_ca is not None and self.tls_cert is None:
