@@ -2,22 +2,25 @@
 sockets: thousands of health watchers (open by design) stop at --health-max-watchers, the rest refused at once
 with RESOURCE_EXHAUSTED; calls that never send their request message end after --first-message-timeout-s;
 connections that never finish their handshake, and idle ones, are closed; hundreds of silent connections to the
-metrics port do not stop a scrape. The worker's resident memory is read from /proc before, at the peak and
-after, and printed; while all this is open an authenticated client synthesizes as usual."""
+metrics port do not stop a scrape; token guesses from one address are throttled and logged in aggregate, and a
+token shorter than the minimum is refused at start-up. The worker's resident memory is read from /proc before,
+at the peak and after, and printed; while all this is open an authenticated client synthesizes as usual."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import urllib.request
 from collections import Counter
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from served import ServedWorker
+from served import ENV, ServedWorker
 
 from breeze_client.sdk import BreezeClient
+from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 
 TOKEN = "a-long-enough-test-token-0123456789"
 WATCHERS = 20_000  # opened; the worker serves --health-max-watchers of them
@@ -173,3 +176,40 @@ def test_the_metrics_port_answers_scrapes_with_hundreds_of_silent_connections_op
     finally:
         for s in silent:
             s.close()
+
+
+def test_token_guessing_is_throttled_per_address_and_logged_in_aggregate(tmp_path):
+    worker = ServedWorker(tmp_path / "artifacts", "--token", TOKEN, "--auth-max-failures", "5",
+                          "--auth-failure-refill-s", "600", host="localhost").start()
+    try:
+        def info(target: str, token: str) -> str:
+            with grpc.insecure_channel(target) as channel:
+                try:
+                    synthesis_pb2_grpc.SynthesisStub(channel).GetWorkerInfo(
+                        synthesis_pb2.GetWorkerInfoRequest(), metadata=(("authorization", f"Bearer {token}"),),
+                        timeout=60)
+                    return "OK"
+                except grpc.RpcError as err:
+                    return err.code().name
+
+        guesser = f"127.0.0.1:{worker.port}"
+        codes = [info(guesser, f"guess-{n:04d}-of-the-token") for n in range(200)]
+        assert codes == ["UNAUTHENTICATED"] * 5 + ["RESOURCE_EXHAUSTED"] * 195
+        assert info(guesser, TOKEN) == "RESOURCE_EXHAUSTED"  # the right token is not told apart while throttled
+        assert info(f"ipv6:[::1]:{worker.port}", TOKEN) == "OK"  # another address is not affected
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(guesser))  # health stays open to the guesser
+        assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=60).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        assert worker.wait_logged("calls refused after too many failed authentications: over 5 failed attempts")
+        refusals = [line for line in worker.log if "calls refused" in line]
+        assert len(refusals) == 2, refusals  # the first of each kind; the rest are counted for the next summary
+    finally:
+        worker.stop()
+
+
+def test_a_token_shorter_than_the_minimum_is_refused_at_start_up(tmp_path):
+    done = subprocess.run(ServedWorker(tmp_path / "artifacts", "--token", "x" * 15).command(), env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "the bearer token is 15 characters; use at least 16" in done.stderr
+    assert not (tmp_path / "artifacts").exists()  # refused before anything was made

@@ -389,6 +389,9 @@ class ArtifactSettings(_Section):
                                                     hidden=True)
 
 
+MIN_TOKEN_CHARS = 16  # a shorter bearer token is refused at start-up
+
+
 def is_loopback(host: str) -> bool:
     """True for localhost and loopback addresses (127.0.0.0/8, ::1); anything else may be reachable."""
     name = host.strip().strip("[]").lower()
@@ -415,7 +418,12 @@ class ServerSettings(_Section):
                "finish first), so clients of a fleet address resolve it again and find new workers; 0: never",
         at_least=0)
     auth_token: str | None = setting(None, "require 'authorization: Bearer TOKEN' on every call but health "
-                                           "(prefer the environment variable)", flag="--token", metavar="TOKEN")
+                                           f"(prefer the environment variable; at least {MIN_TOKEN_CHARS} "
+                                           "characters)", flag="--token", metavar="TOKEN")
+    auth_max_failures: int = setting(20, "failed authentications one address may make before its calls are "
+                                         "refused (RESOURCE_EXHAUSTED) until it regains one", at_least=1)
+    auth_failure_refill_s: float = setting(3.0, "an address regains one failed authentication every this many "
+                                                "seconds", positive=True)
     allow_insecure: bool = setting(False, "serve on a non-loopback --host with neither a token nor client "
                                           "certificates (refused otherwise)")
     metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and /healthz) of this port "
@@ -488,6 +496,9 @@ class ServerSettings(_Section):
         if self.max_buffered_audio_bytes < self.max_stream_buffer_bytes:
             raise SettingsError(f"{label['max_buffered_audio_bytes']} (all streams) must be at least "
                                 f"{label['max_stream_buffer_bytes']} (one stream), {self.max_stream_buffer_bytes}")
+        if self.auth_token is not None and len(self.auth_token) < MIN_TOKEN_CHARS:
+            raise SettingsError(f"{label['auth_token']}: the bearer token is {len(self.auth_token)} characters; use "
+                                f"at least {MIN_TOKEN_CHARS} (a random one: openssl rand -hex 32)")
         if self.reader_stall_s >= self.keepalive_timeout_s:
             raise SettingsError(f"{label['reader_stall_s']} ({self.reader_stall_s:g}) must be less than "
                                 f"{label['keepalive_timeout_s']} ({self.keepalive_timeout_s:g}): the connection of a "

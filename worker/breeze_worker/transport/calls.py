@@ -13,6 +13,9 @@ that do not decode.
   INVALID_ARGUMENT with a plain message. Left to gRPC, the parser's exception would end the call as
   UNKNOWN with the exception's class name, and the server would log a traceback for it.
 
+- With a token, a peer that failed authentication too often is refused here (`auth.AuthThrottle.gate`), before
+  the token check's handler runs, so its calls end alike whatever token they carry.
+
 It sits outside the bearer-token interceptor (`auth.py`), so refused calls are logged with their peer too;
 the token check itself never reaches a deserializer.
 """
@@ -69,7 +72,10 @@ class _Waiting:
         self.refusals = RefusalLog(log)
 
 
-def _wrap(handler: grpc.RpcMethodHandler, method: str, waiting: _Waiting) -> grpc.RpcMethodHandler:
+Gate = Callable[[grpc.aio.ServicerContext, str], Awaitable[None]]  # ends a call it refuses (context.abort)
+
+
+def _wrap(handler: grpc.RpcMethodHandler, method: str, waiting: _Waiting, gate: Gate | None) -> grpc.RpcMethodHandler:
     """A request-streaming handler that binds the log fields, reads a unary method's message within the bounds
     of `waiting`, refuses undecodable requests and runs `handler`."""
 
@@ -115,6 +121,8 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, waiting: _Waiting) -> grp
         """Every call's start: its log fields, then the request read and checked (a stream's messages as they
         arrive)."""
         logs.bind(method=method, peer=context.peer())
+        if gate is not None:
+            await gate(context, method)
         if handler.request_streaming:
             return checked(requests, context)
         request = await first_message(requests, context)
@@ -148,8 +156,9 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
     `first_message_timeout_s` and by at most `max_waiting_per_peer` calls of one address, undecodable bodies
     refused with INVALID_ARGUMENT."""
 
-    def __init__(self, first_message_timeout_s: float, max_waiting_per_peer: int) -> None:
+    def __init__(self, first_message_timeout_s: float, max_waiting_per_peer: int, gate: Gate | None = None) -> None:
         self._waiting = _Waiting(first_message_timeout_s, max_waiting_per_peer)
+        self._gate = gate
 
     async def intercept_service(
         self,
@@ -159,4 +168,4 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:  # an unknown method: gRPC answers UNIMPLEMENTED
             return None
-        return _wrap(handler, handler_call_details.method or "", self._waiting)
+        return _wrap(handler, handler_call_details.method or "", self._waiting, self._gate)

@@ -34,7 +34,7 @@ from breeze_tts_proto.v1 import (
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import ServerSettings, WorkerSettings
 from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, ArtifactServicer
-from breeze_worker.transport.auth import BearerTokenInterceptor
+from breeze_worker.transport.auth import AuthThrottle, BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
 from breeze_worker.transport.health import BoundedHealthServicer
@@ -95,11 +95,14 @@ def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
 
 
 def _interceptors(settings: WorkerSettings) -> list[grpc.aio.ServerInterceptor]:
-    """The call wrapper outermost (log fields, the request message's arrival, undecodable bodies), then the token
-    check when there is one."""
+    """The call wrapper outermost (log fields, the throttle on failed authentications, the request message's
+    arrival, undecodable bodies), then the token check when there is one."""
     s = settings.server
-    return [CallInterceptor(s.first_message_timeout_s, s.max_waiting_calls_per_peer)] + (
-        [BearerTokenInterceptor(s.auth_token)] if s.auth_token else [])
+    if not s.auth_token:
+        return [CallInterceptor(s.first_message_timeout_s, s.max_waiting_calls_per_peer)]
+    throttle = AuthThrottle(s.auth_max_failures, s.auth_failure_refill_s)
+    return [CallInterceptor(s.first_message_timeout_s, s.max_waiting_calls_per_peer, throttle.gate),
+            BearerTokenInterceptor(s.auth_token, throttle)]
 
 
 def warn_about_exposure(settings: WorkerSettings) -> None:
