@@ -152,3 +152,35 @@ def test_the_default_bound_is_less_than_the_largest_job():
     """A bound above every job would never end a stream: the largest is the model's 1500-frame cap (120 s) of
     f32le audio at 24 kHz, 11.5 MB."""
     assert ServerSettings().max_stream_buffer_bytes < 1500 * 1920 * 4
+
+
+def test_a_write_that_fails_after_the_stall_time_leaves_the_job_running(monkeypatch):
+    """The call can also end under a write as an error of the write (gRPC's, when the peer is gone)."""
+    from grpc._cython import cygrpc
+
+    async def main():
+        bounds = SlowReaderBounds(stream_bytes=1000 * CHUNK, total_bytes=1000 * CHUNK, stall_s=30)
+        job = Job(chunks=100)
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        gone = asyncio.Event()
+        taken: list = []
+
+        async def write(event) -> None:
+            if taken:
+                await gone.wait()
+                raise cygrpc.ExecuteBatchError("the peer is gone")
+            taken.append(event)
+
+        call = asyncio.create_task(relay(job.events(), write, bounds))
+        while not taken:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        monkeypatch.setattr(loop, "time", lambda: real_time() + 31)
+        gone.set()
+        with pytest.raises(cygrpc.ExecuteBatchError):
+            await call
+        monkeypatch.setattr(loop, "time", real_time)
+        await asyncio.wait_for(job.ended.wait(), 30)
+        assert job.outcome == "finished" and bounds.held == 0
+    asyncio.run(main())

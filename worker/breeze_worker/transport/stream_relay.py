@@ -105,6 +105,13 @@ def _detach(box: _Outbox, why: str) -> None:
                 box.job_id, why, box.artifact_id or "-")
 
 
+def _ended_under_write(box: _Outbox, now: float) -> None:
+    """The call ended (its caller hung up, or the transport dropped it) with a write in progress: if the caller
+    had not taken it for stall_s, it was a slow reader, and its job runs on."""
+    if box.stalled(now) and not box.overflow.is_set():
+        _detach(box, f"it took nothing for {box.bounds.stall_s:g} s before its stream ended")
+
+
 async def _pull(events: AsyncIterator, box: _Outbox) -> None:
     """Take every event as it comes; past a bound, keep taking them (the job runs on) but drop them."""
     bounds = box.bounds
@@ -168,8 +175,10 @@ async def relay(events: AsyncIterator, write: Callable[[object], Awaitable[None]
         if box.overflow.is_set():  # the puller cancelled the blocked write: end the call with a status
             writer.uncancel()
             raise box.too_slow() from None
-        if box.stalled(loop.time()):  # the call ended under a write its caller had not taken for stall_s
-            _detach(box, f"it took nothing for {bounds.stall_s:g} s before its stream ended")
+        _ended_under_write(box, loop.time())
+        raise
+    except Exception:  # a write that failed (the call is over), or the engine's error
+        _ended_under_write(box, loop.time())
         raise
     finally:
         box.let_go()
