@@ -19,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from served import ENV, ServedWorker
 
+from breeze_client.errors import InvalidArgument
 from breeze_client.sdk import BreezeClient
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 
@@ -213,3 +214,10 @@ def test_a_token_shorter_than_the_minimum_is_refused_at_start_up(tmp_path):
     assert done.returncode == 2
     assert "the bearer token is 15 characters; use at least 16" in done.stderr
     assert not (tmp_path / "artifacts").exists()  # refused before anything was made
+
+
+def test_a_text_of_only_zero_width_characters_is_refused(worker):
+    with BreezeClient(f"127.0.0.1:{worker.port}", token=TOKEN, timeout_s=120) as client:
+        with pytest.raises(InvalidArgument, match="text has no visible character"):
+            client.synthesize("\u200b\u200c\u200d\u2060\ufeff" * 10)
+        assert client.synthesize("Visible \u200bwords.", max_frames=4, seed=1).artifact is not None

@@ -426,8 +426,9 @@ class ServerSettings(_Section):
                                                 "seconds", positive=True)
     allow_insecure: bool = setting(False, "serve on a non-loopback --host with neither a token nor client "
                                           "certificates (refused otherwise)")
-    metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and /healthz) of this port "
-                                             "(default: off)", at_least=0, at_most=65535, metavar="PORT")
+    metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and the probes /healthz, "
+                                             "/livez) of this port (default: off)", at_least=0, at_most=65535,
+                                       metavar="PORT")
     metrics_host: str | None = setting(None, "address the metrics listener binds (default: the --host value)",
                                        metavar="HOST")
     tls_cert: Path | None = setting(None, "PEM certificate chain (TLS on both ports; needs --tls-key)",
@@ -496,6 +497,13 @@ class ServerSettings(_Section):
         if self.max_buffered_audio_bytes < self.max_stream_buffer_bytes:
             raise SettingsError(f"{label['max_buffered_audio_bytes']} (all streams) must be at least "
                                 f"{label['max_stream_buffer_bytes']} (one stream), {self.max_stream_buffer_bytes}")
+        advertised = self.advertised_artifact_address
+        if advertised is not None:
+            port = advertised.rpartition("]")[2] if advertised.startswith("[") else advertised
+            port = port.rpartition(":")[2] if ":" in port else ""
+            if not (port.isdigit() and 1 <= int(port) <= 65535):
+                raise SettingsError(f"{label['advertised_artifact_address']} {advertised}: clients dial it, so it "
+                                    "needs a port, a number from 1 to 65535 (HOST:PORT)")
         if self.auth_token is not None and len(self.auth_token) < MIN_TOKEN_CHARS:
             raise SettingsError(f"{label['auth_token']}: the bearer token is {len(self.auth_token)} characters; use "
                                 f"at least {MIN_TOKEN_CHARS} (a random one: openssl rand -hex 32)")

@@ -164,7 +164,7 @@ async def _serve(settings: WorkerSettings, store) -> int:
         from breeze_worker.transport.metrics_http import MetricsServer
 
         s = settings.server
-        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready, CONTENT_TYPE,
+        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready and not engine.draining, CONTENT_TYPE,
                                 max_connections=s.metrics_max_connections,
                                 max_per_peer=s.metrics_max_connections_per_peer,
                                 read_timeout_s=s.metrics_read_timeout_s)

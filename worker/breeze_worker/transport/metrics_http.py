@@ -1,4 +1,6 @@
-"""A small HTTP endpoint for Prometheus: `GET /metrics` (text format) and `GET /healthz` (200 when ready).
+"""A small HTTP endpoint for Prometheus and for probes that cannot speak TLS or gRPC: `GET /metrics` (text
+format), `GET /healthz` (200 while the worker takes jobs: loaded, warm and not draining; 503 otherwise) and
+`GET /livez` (200 for as long as the listener answers: through a drain, until the artifact grace ends).
 
 Plain asyncio streams on the gRPC servers' event loop, two fixed routes. prometheus-client keeps and
 renders the numbers (`engine.metrics`); its own HTTP server is not used because it holds a thread per
@@ -85,8 +87,11 @@ class MetricsServer:
         if path == "/metrics":
             return "200 OK", self._content_type, self._render()
         if path == "/healthz":
-            return ("200 OK", TEXT, "ready\n") if self._ready() else ("503 Service Unavailable", TEXT, "loading\n")
-        return "404 Not Found", TEXT, "try /metrics or /healthz\n"
+            return ("200 OK", TEXT, "ready\n") if self._ready() else ("503 Service Unavailable", TEXT,
+                                                                     "not taking jobs (loading or draining)\n")
+        if path == "/livez":
+            return "200 OK", TEXT, "alive\n"
+        return "404 Not Found", TEXT, "try /metrics, /healthz or /livez\n"
 
     def _make_room(self, peer: str) -> bool:
         """Close the oldest connection still waiting for its request, of `peer` when it holds its share, else of
