@@ -27,7 +27,7 @@ BOUND = 64 * 1024
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     served = ServedWorker(tmp_path_factory.mktemp("artifacts"), "--max-stream-buffer-bytes", str(BOUND),
-                          "--reader-stall-s", "600").start()
+                          "--reader-stall-s", "600", "--keepalive-timeout-s", "700").start()  # the bytes bound ends it
     yield served
     served.stop()
 
