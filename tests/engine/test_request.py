@@ -357,3 +357,16 @@ def test_reference_transcript_is_kept_exactly_and_blank_is_rejected(tiny):
     layout = build_prompt(tiny.tokenizer, positive_segments("clone", r.text, transcript=sent,
                                                             reference_frames=int(ref.codes.shape[0])))
     assert tiny.tokenizer.decode(list(layout.text_segments()[0])) == "<bos>[S0]" + sent
+
+
+@pytest.mark.parametrize("invisible", [
+    "\u200b", "\u200b\u200c\u200d\u2060\ufeff" * 20, "\u00a0\u3000\u200b", "\u0301\u0308", "\u2028\u200e"])
+@pytest.mark.parametrize("field", ["text", "instruction"])
+def test_a_text_without_a_visible_character_is_refused(invisible, field):
+    with pytest.raises(InvalidRequest, match=f"{field} has no visible character"):
+        resolve(**{field: invisible})
+
+
+@pytest.mark.parametrize("visible", ["\u200bhi\u200b", "\u4f60\u597d", "?", "\u2764", "e\u0301", "\u0661"])
+def test_a_text_with_a_visible_character_is_kept_as_it_is(visible):
+    assert resolve(text=visible).text == visible

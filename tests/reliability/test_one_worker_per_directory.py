@@ -13,6 +13,7 @@ import hashlib
 import signal
 import subprocess
 import threading
+from pathlib import Path
 
 import grpc
 from served import ENV, ServedWorker
@@ -64,16 +65,22 @@ def _refused(worker: ServedWorker) -> str:
     return done.stderr
 
 
+def _stop_mid_job(worker: ServedWorker, text: str) -> tuple[StockStream, Path]:
+    """Start a job on `worker`, then stop the worker (SIGSTOP) while the job writes: (the job, its temp file)."""
+    job = StockStream(worker.target, text, max_frames=200)
+    assert job.started.wait(300) and job.error is None, job.error
+    worker.signal(signal.SIGSTOP)  # the job is in flight for as long as its worker is stopped
+    partial = worker.artifact_dir / f".{job.artifact_id}.partial"
+    assert partial.exists(), "the job ended before its worker was stopped"
+    return job, partial
+
+
 def test_a_second_worker_on_the_directory_refuses_and_the_first_keeps_its_job(tmp_path):
     directory = tmp_path / "artifacts"
     first = ServedWorker(directory).start()
     try:
-        job = StockStream(first.target, "A job in flight while a second worker is started.", max_frames=200)
-        assert job.started.wait(300) and job.error is None, job.error
-        first.signal(signal.SIGSTOP)  # the job is in flight for as long as its worker is stopped
+        job, partial = _stop_mid_job(first, "A job in flight while a second worker is started.")
         try:
-            partial = directory / f".{job.artifact_id}.partial"
-            assert partial.exists(), "the job ended before its worker was stopped"
             same_ports = ServedWorker(directory, port=first.port, artifact_port=first.artifact_port)
             own_ports = ServedWorker(directory)
             for second in (same_ports, own_ports):
@@ -104,11 +111,7 @@ def test_a_dead_workers_lock_is_taken_over_and_what_it_left_is_swept(tmp_path):
     directory = tmp_path / "artifacts"
     first = ServedWorker(directory).start()
     try:
-        job = StockStream(first.target, "A job cut off by kill -9.", max_frames=200)
-        assert job.started.wait(300) and job.error is None, job.error
-        first.signal(signal.SIGSTOP)  # so the job is surely mid-write when it is killed
-        partial = directory / f".{job.artifact_id}.partial"
-        assert partial.exists(), "the job ended before its worker was stopped"
+        job, partial = _stop_mid_job(first, "A job cut off by kill -9.")  # surely mid-write when killed
         first.kill9()
         job.join(120)
         assert job.error is not None and job.error.code() == grpc.StatusCode.UNAVAILABLE

@@ -12,7 +12,7 @@ import pytest
 from fake_engine import FakeEngine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from transport_helpers import worker_settings
+from transport_helpers import TOKEN, worker_settings
 
 from breeze_client.aio import AsyncBreezeClient
 from breeze_client.errors import Internal, InvalidArgument, Unauthenticated
@@ -63,7 +63,7 @@ async def test_reflection_lists_the_services_on_both_ports(fake_worker):
 
 
 async def test_bearer_token_is_required_except_for_health(tmp_path):
-    settings = worker_settings(tmp_path, auth_token="s3cret")
+    settings = worker_settings(tmp_path, auth_token=TOKEN)
     store = ArtifactStore(settings.artifacts)
     servers = await create_server(settings, FakeEngine(store), store)
     target = f"127.0.0.1:{servers.synthesis_port}"
@@ -75,7 +75,7 @@ async def test_bearer_token_is_required_except_for_health(tmp_path):
                     await client.worker_info()
                 with pytest.raises(Unauthenticated):
                     await client.synthesize("hello")
-        async with AsyncBreezeClient(target, token="s3cret") as client:
+        async with AsyncBreezeClient(target, token=TOKEN) as client:
             result = await client.synthesize("hello")
             fetched = await client.fetch(result.artifact)
             assert fetched.verified and fetched.data.endswith(result.audio)

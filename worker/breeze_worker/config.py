@@ -397,6 +397,9 @@ class ArtifactSettings(_Section):
                                                     hidden=True)
 
 
+MIN_TOKEN_CHARS = 16  # a shorter bearer token is refused at start-up
+
+
 def is_loopback(host: str) -> bool:
     """True for localhost and loopback addresses (127.0.0.0/8, ::1); anything else may be reachable."""
     name = host.strip().strip("[]").lower()
@@ -423,11 +426,17 @@ class ServerSettings(_Section):
                "finish first), so clients of a fleet address resolve it again and find new workers; 0: never",
         at_least=0)
     auth_token: str | None = setting(None, "require 'authorization: Bearer TOKEN' on every call but health "
-                                           "(prefer the environment variable)", flag="--token", metavar="TOKEN")
+                                           f"(prefer the environment variable; at least {MIN_TOKEN_CHARS} "
+                                           "characters)", flag="--token", metavar="TOKEN")
+    auth_max_failures: int = setting(20, "failed authentications one address may make before its calls are "
+                                         "refused (RESOURCE_EXHAUSTED) until it regains one", at_least=1)
+    auth_failure_refill_s: float = setting(3.0, "an address regains one failed authentication every this many "
+                                                "seconds", positive=True)
     allow_insecure: bool = setting(False, "serve on a non-loopback --host with neither a token nor client "
                                           "certificates (refused otherwise)")
-    metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and /healthz) of this port "
-                                             "(default: off)", at_least=0, at_most=65535, metavar="PORT")
+    metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and the probes /healthz, "
+                                             "/livez) of this port (default: off)", at_least=0, at_most=65535,
+                                       metavar="PORT")
     metrics_host: str | None = setting(None, "address the metrics listener binds (default: the --host value)",
                                        metavar="HOST")
     tls_cert: Path | None = setting(None, "PEM certificate chain (TLS on both ports; needs --tls-key)",
@@ -440,9 +449,46 @@ class ServerSettings(_Section):
     artifact_grace_s: float = setting(10.0, "seconds the artifact port serves on after the running jobs ended on "
                                             "SIGTERM (so their artifacts can be fetched)", at_least=0)
     max_stream_buffer_bytes: int = setting(
-        16 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than real time; past it "
-                          "the stream ends (RESOURCE_EXHAUSTED) and the job runs on for its artifact",
+        4 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than the audio is made "
+                         "(4 MiB: 87 s of s16le); past it the stream ends (RESOURCE_EXHAUSTED) and the job runs on "
+                         "for its artifact", at_least=64 * 1024)
+    max_buffered_audio_bytes: int = setting(
+        128 * 1024 * 1024, "audio bytes all streams together may hold for their clients; a stream whose next "
+                           "chunk would pass it ends as one over --max-stream-buffer-bytes does",
         at_least=64 * 1024)
+    reader_stall_s: float = setting(
+        10.0, "seconds a client may take no audio while some waits for it; then its stream ends "
+              "(RESOURCE_EXHAUSTED) and the job runs on for its artifact, as it does when a client that took "
+              "nothing this long goes away", positive=True)
+    # what any peer, authenticated or not, can make the worker hold (docs/operations.md, "Bounds")
+    max_streams_per_connection: int = setting(128, "calls one client connection may have open at once, on each "
+                                                   "port (HTTP/2 concurrent streams)", at_least=1)
+    max_calls: int = setting(2048, "calls open at once on each port, all connections together; one more is "
+                                   "refused with RESOURCE_EXHAUSTED", at_least=16)
+    health_max_watchers: int = setting(1024, "health Watch calls open at once, both ports together (health is "
+                                             "open without a token); one more is refused with RESOURCE_EXHAUSTED",
+                                       at_least=1)
+    first_message_timeout_s: float = setting(15.0, "seconds a call may take to send its request message after it "
+                                                   "opened; then it ends with DEADLINE_EXCEEDED", positive=True)
+    max_waiting_calls_per_peer: int = setting(64, "calls one address may have open that have not sent their "
+                                                  "request message yet; one more is refused with "
+                                                  "RESOURCE_EXHAUSTED", at_least=1)
+    keepalive_time_s: float = setting(60.0, "seconds between the worker's pings on a connection, to find peers "
+                                            "that are gone", positive=True)
+    keepalive_timeout_s: float = setting(20.0, "seconds a peer has to answer a ping, and to acknowledge data "
+                                               "sent to it (TCP user timeout), before its connection is closed",
+                                         positive=True)
+    max_connection_idle_s: float = setting(300.0, "seconds a connection with no call open is kept (its client "
+                                                  "reconnects when it calls again); 0: for ever", at_least=0)
+    handshake_timeout_s: float = setting(10.0, "seconds a new connection has to finish its TLS and HTTP/2 "
+                                               "handshakes", positive=True)
+    metrics_max_connections: int = setting(256, "connections the metrics listener holds at once; at the bound, "
+                                                "the oldest connection that has not sent its request is closed "
+                                                "for a new one", at_least=2)
+    metrics_max_connections_per_peer: int = setting(16, "connections one address may hold on the metrics "
+                                                        "listener; its oldest is closed for a new one", at_least=1)
+    metrics_read_timeout_s: float = setting(5.0, "seconds a metrics client has to send its request",
+                                            positive=True)
     switch_interval_ms: float = setting(
         0.5, "the interpreter's thread switch interval, ms (Python's default: 5): every torch call of the engine "
              "thread gives up the interpreter lock and may wait this long to get it back from the event loop",
@@ -456,6 +502,23 @@ class ServerSettings(_Section):
         if self.port == self.artifact_port and self.port != 0:
             raise SettingsError(f"the artifact channel needs its own port: {label['artifact_port']} must differ "
                                 f"from {label['port']}")
+        if self.max_buffered_audio_bytes < self.max_stream_buffer_bytes:
+            raise SettingsError(f"{label['max_buffered_audio_bytes']} (all streams) must be at least "
+                                f"{label['max_stream_buffer_bytes']} (one stream), {self.max_stream_buffer_bytes}")
+        advertised = self.advertised_artifact_address
+        if advertised is not None:
+            port = advertised.rpartition("]")[2] if advertised.startswith("[") else advertised
+            port = port.rpartition(":")[2] if ":" in port else ""
+            if not (port.isdigit() and 1 <= int(port) <= 65535):
+                raise SettingsError(f"{label['advertised_artifact_address']} {advertised}: clients dial it, so it "
+                                    "needs a port, a number from 1 to 65535 (HOST:PORT)")
+        if self.auth_token is not None and len(self.auth_token) < MIN_TOKEN_CHARS:
+            raise SettingsError(f"{label['auth_token']}: the bearer token is {len(self.auth_token)} characters; use "
+                                f"at least {MIN_TOKEN_CHARS} (a random one: openssl rand -hex 32)")
+        if self.reader_stall_s >= self.keepalive_timeout_s:
+            raise SettingsError(f"{label['reader_stall_s']} ({self.reader_stall_s:g}) must be less than "
+                                f"{label['keepalive_timeout_s']} ({self.keepalive_timeout_s:g}): the connection of a "
+                                "peer that stopped reading is closed then, and the worker must end its stream first")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError(f"TLS needs both {label['tls_cert']} and {label['tls_key']}")
         if self.tls_client_ca is not None and self.tls_cert is None:

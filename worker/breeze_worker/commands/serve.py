@@ -163,7 +163,11 @@ async def _serve(settings: WorkerSettings, store) -> int:
         from breeze_worker.engine.metrics import CONTENT_TYPE
         from breeze_worker.transport.metrics_http import MetricsServer
 
-        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready, CONTENT_TYPE)
+        s = settings.server
+        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready and not engine.draining, CONTENT_TYPE,
+                                max_connections=s.metrics_max_connections,
+                                max_per_peer=s.metrics_max_connections_per_peer,
+                                read_timeout_s=s.metrics_read_timeout_s)
         metrics_host = settings.server.metrics_host or settings.server.host
         port = await metrics.start(metrics_host, settings.server.metrics_port)
         store.lock.update(metrics=host_port(metrics_host, port))

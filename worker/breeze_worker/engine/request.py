@@ -12,7 +12,8 @@ be served as given is an `InvalidRequest` whose message says what to change.
   the direction template only (reference + transcript + instruction), never beside cfg_scale (two forms of
   guidance); each finite in [0, 100] (0 drops that branch's pull). With them cfg_scale is 1 and the request
   takes three branches (model/prompts.py `dual_segments`).
-- Text, instruction and transcript: non-blank, within the character limit, and free of control tokens
+- Text, instruction and transcript: with a visible character (a letter, digit, punctuation mark or symbol: not
+  only whitespace, zero-width or formatting characters), within the character limit, and free of control tokens
   (`prompts.control_tokens`: <bos>, <ins_bos>, [S0]..[S9], the audio markers, the tokenizer's special
   tokens), which the tokenizer would read as prompt structure rather than words.
 - Sampling overrides: bounded so every value stays finite in float32 (temperature 0 or in [1e-3, 100],
@@ -92,6 +93,14 @@ def _frame_limit(speech_s: float, frame_rate: float) -> int:
     return math.ceil((LIMIT_MULTIPLE * speech_s + LIMIT_SLACK_S) * frame_rate)
 
 
+def _has_visible(value: str) -> bool:
+    """Whether `value` holds a letter, digit, punctuation mark or symbol (Unicode categories L, N, P, S): not
+    only whitespace, zero-width and formatting characters (Cf, such as U+200B) or combining marks."""
+    if value.isascii():
+        return any("!" <= ch <= "~" for ch in value)
+    return any(unicodedata.category(ch)[0] in "LNPS" for ch in value)
+
+
 def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if not isinstance(value, str):
         raise InvalidRequest(f"{name} must be a string")
@@ -105,6 +114,9 @@ def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if control is not None:
         raise InvalidRequest(f"{name} contains the control character U+{ord(control.group()):04X} at position "
                              f"{control.start()}: remove it (only tab, line feed and carriage return are allowed)")
+    if not _has_visible(value):  # after the length check: it looks at every character
+        raise InvalidRequest(f"{name} has no visible character (only spaces, zero-width or other formatting "
+                             "characters, or combining marks with nothing to mark): give the words to speak")
     markers = prompts.reserved_markers_in(value, tokenizer)
     if markers:
         raise InvalidRequest(f"{name} contains the reserved marker(s) {', '.join(markers)}, which the tokenizer "
