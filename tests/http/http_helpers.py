@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import soundfile
 
-TOKEN = "http-face-token"
+TOKEN = "http-face-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_REQUEST_BYTES = 256 * 1024
 MAX_STREAM_BUFFER_BYTES = 64 * 1024

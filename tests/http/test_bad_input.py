@@ -172,3 +172,23 @@ def test_routes_other_than_health_and_the_page_need_the_token(served):
         assert reply.status_code == 401 and reply.headers["WWW-Authenticate"].startswith("Bearer")
     assert requests.get(served.url("/"), timeout=60).status_code == 200
     assert requests.get(served.url("/health"), timeout=60).status_code == 200
+
+
+def test_token_guessing_over_http_uses_the_addresses_one_budget_with_the_grpc_ports(tmp_path):
+    """An address that failed the token `--auth-max-failures` times over HTTP gets 429 (with Retry-After)
+    whatever token it sends next, on HTTP and on the gRPC ports alike: one budget per address for both faces."""
+    import grpc
+    from served_http import ServedHttp
+
+    with ServedHttp(tmp_path, "--token", TOKEN, "--auth-max-failures", "3", "--auth-failure-refill-s", "600") as w:
+        wrong = {"Authorization": "Bearer not-the-token-at-all"}
+        for _ in range(3):
+            assert requests.post(w.url("/v1/audio/speech"), headers=wrong, data={"text": TEXT},
+                                 timeout=60).status_code == 401
+        reply = requests.post(w.url("/v1/audio/speech"), headers=AUTH, data={"text": TEXT}, timeout=60)
+        assert reply.status_code == 429 and int(reply.headers["Retry-After"]) > 0
+        assert "failed authentication" in reply.json()["detail"]
+        assert requests.get(w.url("/health"), timeout=60).status_code == 200  # open routes stay open
+        with BreezeClient(w.target, token=TOKEN, timeout_s=60) as client, pytest.raises(BreezeClientError) as err:
+            client.worker_info()
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED.name

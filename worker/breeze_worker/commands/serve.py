@@ -176,7 +176,8 @@ async def _serve(settings: WorkerSettings, store) -> int:
     if settings.http.port is not None:
         from breeze_worker.transport.http import start_http
 
-        http = await start_http(settings, engine, store, servers.artifact_endpoint)
+        http = await start_http(settings, engine, store, servers.artifact_endpoint, servers.slow_readers,
+                                servers.auth_throttle)
         log.info("HTTP face on http%s://%s/", "s" if settings.server.tls_cert else "",
                  host_port(settings.http.host, http.port))
     starting = asyncio.create_task(engine.start())

@@ -43,17 +43,24 @@ class AuthThrottle:
         self._refusals.note("calls refused without a valid token", peer,
                             f"{reason} bearer token on {logs.clip(method)}")
 
+    def refused_for_s(self, peer: str, method: str) -> float | None:
+        """None when `peer` (an address) may try; else the seconds until it may again (the refusal is logged in
+        aggregate). Both faces ask this before they look at a token."""
+        del method  # the same budget whatever the call
+        if not self.budget.exhausted(peer):
+            return None
+        self._refusals.note("calls refused after too many failed authentications", peer,
+                            f"over {self.budget.burst} failed attempts; one more allowed every "
+                            f"{self.budget.per_s:g} s (--auth-max-failures, --auth-failure-refill-s)")
+        return self.budget.retry_after_s(peer)
+
     async def gate(self, context: grpc.aio.ServicerContext, method: str) -> None:
         """End the call with RESOURCE_EXHAUSTED when its peer has no failed attempt left (health is open)."""
         if method.startswith(OPEN_METHOD_PREFIXES):
             return
-        peer = peer_address(context.peer())
-        if not self.budget.exhausted(peer):
+        wait_s = self.refused_for_s(peer_address(context.peer()), method)
+        if wait_s is None:
             return
-        wait_s = self.budget.retry_after_s(peer)
-        self._refusals.note("calls refused after too many failed authentications", peer,
-                            f"over {self.budget.burst} failed attempts; one more allowed every "
-                            f"{self.budget.per_s:g} s (--auth-max-failures, --auth-failure-refill-s)")
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"too many calls from your address failed authentication; retry in {wait_s:.0f} s with "
                             "the worker's token")

@@ -94,13 +94,12 @@ def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
-def _interceptors(settings: WorkerSettings) -> list[grpc.aio.ServerInterceptor]:
+def _interceptors(settings: WorkerSettings, throttle: AuthThrottle) -> list[grpc.aio.ServerInterceptor]:
     """The call wrapper outermost (log fields, the throttle on failed authentications, the request message's
     arrival, undecodable bodies), then the token check when there is one."""
     s = settings.server
     if not s.auth_token:
         return [CallInterceptor(s.first_message_timeout_s, s.max_waiting_calls_per_peer)]
-    throttle = AuthThrottle(s.auth_max_failures, s.auth_failure_refill_s)
     return [CallInterceptor(s.first_message_timeout_s, s.max_waiting_calls_per_peer, throttle.gate),
             BearerTokenInterceptor(s.auth_token, throttle)]
 
@@ -154,6 +153,8 @@ class RunningServers:
     artifact_endpoint: str
     health: BoundedHealthServicer
     store: ArtifactStore
+    slow_readers: SlowReaderBounds  # what slow readers may hold, shared with the HTTP face's streams
+    auth_throttle: AuthThrottle  # failed authentications per address, shared with the HTTP face
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     async def set_serving(self, serving: bool) -> None:
@@ -235,7 +236,8 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     settings.validate()
     s = settings.server
     store = store or getattr(engine, "artifact_store", None) or ArtifactStore(settings.artifacts)
-    interceptors = _interceptors(settings)
+    throttle = AuthThrottle(s.auth_max_failures, s.auth_failure_refill_s)
+    interceptors = _interceptors(settings, throttle)
     credentials = _credentials(settings)
     health_servicer = BoundedHealthServicer(s.health_max_watchers)
     clock = ClockServicer()
@@ -252,11 +254,10 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials)
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
 
+    slow_readers = SlowReaderBounds(s.max_stream_buffer_bytes, s.max_buffered_audio_bytes, s.reader_stall_s)
     synthesis_pb2_grpc.add_SynthesisServicer_to_server(
         SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint, store),
-                          max_request_bytes=s.max_request_bytes,
-                          slow_readers=SlowReaderBounds(s.max_stream_buffer_bytes, s.max_buffered_audio_bytes,
-                                                        s.reader_stall_s)), synthesis_server)
+                          max_request_bytes=s.max_request_bytes, slow_readers=slow_readers), synthesis_server)
     artifacts_pb2_grpc.add_ArtifactsServicer_to_server(ArtifactServicer(store, endpoint), artifact_server)
     for server, services in ((synthesis_server, (SYNTHESIS_SERVICE, CLOCK_SERVICE)),
                              (artifact_server, (ARTIFACTS_SERVICE, CLOCK_SERVICE))):
@@ -266,7 +267,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
             (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
     running = RunningServers(synthesis_server, artifact_server, synthesis_port, artifact_port, endpoint,
-                             health_servicer, store)
+                             health_servicer, store, slow_readers, throttle)
     await running.set_serving(bool(getattr(engine, "ready", False)))
     for service in (ARTIFACTS_SERVICE, CLOCK_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

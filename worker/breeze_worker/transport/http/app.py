@@ -28,6 +28,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from breeze_worker import logs
 from breeze_worker.config import WorkerSettings
 from breeze_worker.errors import BreezeError
+from breeze_worker.transport.auth import AuthThrottle
 from breeze_worker.transport.http import audio, official, openai_speech, page
 from breeze_worker.transport.http import errors as he
 from breeze_worker.transport.http.auth import Gate, read_limited
@@ -35,6 +36,7 @@ from breeze_worker.transport.http.compare import Comparison
 from breeze_worker.transport.http.errors import HttpError
 from breeze_worker.transport.http.jobs import RecentJobs, StartedJob, start_job
 from breeze_worker.transport.http.voices import Voices
+from breeze_worker.transport.stream_relay import SlowReaderBounds
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +65,18 @@ def _break(request: web.Request, why: str) -> None:
 
 
 class HttpFace:
-    def __init__(self, settings: WorkerSettings, engine, store, artifact_endpoint: str) -> None:
+    def __init__(self, settings: WorkerSettings, engine, store, artifact_endpoint: str,
+                 slow_readers: SlowReaderBounds | None = None, auth_throttle: AuthThrottle | None = None) -> None:
+        """`slow_readers` and `auth_throttle`: the gRPC server's, so HTTP and gRPC streams share one total of
+        buffered audio and an address one budget of failed tokens (None: the HTTP face's own, from the same
+        settings)."""
         self.settings = settings
         self.engine, self.store, self.artifact_endpoint = engine, store, artifact_endpoint
         server = settings.server
-        self.gate = Gate(server.auth_token, server.max_request_bytes)
+        self.slow_readers = slow_readers or SlowReaderBounds(server.max_stream_buffer_bytes,
+                                                             server.max_buffered_audio_bytes, server.reader_stall_s)
+        self.gate = Gate(server.auth_token, server.max_request_bytes,
+                         auth_throttle or AuthThrottle(server.auth_max_failures, server.auth_failure_refill_s))
         self.recent = RecentJobs()
         self.voices = Voices(settings.http.voices_dir, server.max_request_bytes)
         self.comparison = Comparison(settings, engine, store, self.recent)
@@ -148,7 +157,7 @@ class HttpFace:
 
     async def _start(self, synthesis, received_ns: int) -> StartedJob:
         return await start_job(self.engine, synthesis, self.recent, received_ns=received_ns,
-                               max_buffered=self.settings.server.max_stream_buffer_bytes)
+                               slow_readers=self.slow_readers)
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
         received_ns = time.time_ns()
@@ -320,8 +329,10 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-async def start_http(settings: WorkerSettings, engine, store, artifact_endpoint: str) -> HttpFace:
+async def start_http(settings: WorkerSettings, engine, store, artifact_endpoint: str,
+                     slow_readers: SlowReaderBounds | None = None, auth_throttle: AuthThrottle | None = None
+                     ) -> HttpFace:
     """The HTTP face, listening (its `port` bound); `stop()` closes it."""
-    face = HttpFace(settings, engine, store, artifact_endpoint)
+    face = HttpFace(settings, engine, store, artifact_endpoint, slow_readers, auth_throttle)
     await face.start()
     return face

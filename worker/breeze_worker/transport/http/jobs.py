@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from breeze_worker.engine import types as et
-from breeze_worker.transport.stream_relay import relay
+from breeze_worker.transport.stream_relay import SlowReaderBounds, relay
 
 MAX_RECENT_JOBS = 256  # jobs whose request and outcome stay known (for the page's comparison and job lookups)
 
@@ -84,7 +84,7 @@ class StartedJob:
 
     record: JobRecord
     _events: AsyncIterator
-    _max_buffered: int
+    _slow_readers: SlowReaderBounds
     _done: bool = field(default=False)
 
     def headers(self, artifact_endpoint: str) -> dict[str, str]:
@@ -103,7 +103,7 @@ class StartedJob:
                 finished.append(event)
 
         try:
-            await relay(self._events, deliver, self._max_buffered)
+            await relay(self._events, deliver, self._slow_readers)
         except BaseException as exc:
             self.record.ended = "cancelled" if isinstance(exc, asyncio.CancelledError) else f"failed: {exc}"
             raise
@@ -123,7 +123,7 @@ class StartedJob:
 
 
 async def start_job(engine, request: et.SynthesisRequest, recent: RecentJobs, *,
-                    max_buffered: int, received_ns: int | None = None) -> StartedJob:
+                    slow_readers: SlowReaderBounds, received_ns: int | None = None) -> StartedJob:
     """Submit `request` and wait for its JobStarted (queued behind other jobs as a gRPC request is); the engine's
     errors (InvalidRequest, ResourceExhausted, Unavailable, ...) are raised before anything is written."""
     received_ns = time.time_ns() if received_ns is None else received_ns
@@ -141,4 +141,4 @@ async def start_job(engine, request: et.SynthesisRequest, recent: RecentJobs, *,
     record = JobRecord(started.job_id, started.artifact_id, started.params, started.sample_rate, received_ns,
                        started.queue_wait_s)
     recent.add(record)
-    return StartedJob(record, events, max_buffered)
+    return StartedJob(record, events, slow_readers)
