@@ -158,7 +158,7 @@ QUOTED_DEFAULTS = [
     ("docs/operations.md", r"`--artifact-min-free-bytes` \(default (\d+) MiB\)", "--artifact-min-free-bytes",
      lambda v: int(v) * MIB),
     ("docs/operations.md", r"`--artifact-min-keep-s` \((\d+) s\)", "--artifact-min-keep-s", float),
-    ("docs/operations.md", r"`--max-stream-buffer-bytes` \((\d+) MiB\)", "--max-stream-buffer-bytes",
+    ("docs/operations.md", r"`--max-stream-buffer-bytes` \((\d+) MiB:", "--max-stream-buffer-bytes",
      lambda v: int(v) * MIB),
     ("docs/fidelity.md", r"By default its convolutions run in (TF32) where", "--codec-tf32", lambda v: True),
     ("docs/fidelity.md", r"`--fastpath-tune` \((on|off) by default\)", "--fastpath-tune", lambda v: v == "on"),

@@ -25,7 +25,7 @@ def test_the_http_face_is_off_and_on_loopback_by_default():
 def test_a_non_loopback_http_listener_needs_authentication():
     with pytest.raises(SettingsError, match="refusing to listen on 0.0.0.0 .*--http-host"):
         WorkerSettings(http=HttpSettings(port=8080, host="0.0.0.0")).validate()
-    WorkerSettings(http=HttpSettings(port=8080, host="0.0.0.0"), server=ServerSettings(auth_token="t")).validate()
+    WorkerSettings(http=HttpSettings(port=8080, host="0.0.0.0"), server=ServerSettings(auth_token="t" * 16)).validate()
     WorkerSettings(http=HttpSettings(port=None, host="0.0.0.0")).validate()  # off: nothing listens there
 
 
