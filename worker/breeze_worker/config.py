@@ -336,6 +336,10 @@ class EngineSettings(_Section):
                                             "(Inductor) for every slot bucket of at least this many slots, at "
                                             "warm-up, before its CUDA graph (0: never; 1: every bucket; the "
                                             "compiled code is cached, TORCHINDUCTOR_CACHE_DIR)", at_least=0)
+    startup: str = setting("progressive", "progressive: report SERVING once what one stream needs is built (the "
+                                          "smallest batch shape uncompiled, the codec's one-slot batch) and build "
+                                          "the rest while serving, admitting streams as their batch shapes are "
+                                          "ready; whole: build everything first", choices=("progressive", "whole"))
     codec_overlap: bool = setting(False, "decode each step's audio on its own CUDA stream while the next step "
                                          "runs (experimental: multi-second stalls were seen at 16 streams)")
     fastpath: FastPathSettings = section(FastPathSettings)

@@ -3,7 +3,8 @@
 Every flag is generated from a field of the typed settings in `breeze_worker.config` (its help, default and
 environment variable, BREEZE_<SECTION>_<FIELD>, come from there; a flag overrides its variable; a switch
 --x has its --no-x). When both servers listen and the model is warm, one line goes to stdout:
-    breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...
+    breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...; streams N/M ready
+(N < M while the start-up builds the rest in the background, engine/startup.py; a log line says when all M are).
 The test-only faults (--fault-*, BREEZE_ARTIFACTS_FAULT_*) are hidden from --help; when one is
 non-zero the worker logs a WARNING at startup and the ready line ends with `TEST FAULTS ON: ...`.
 
@@ -160,8 +161,12 @@ async def serve(settings: WorkerSettings) -> int:
         await servers.set_serving(True)
         host = settings.server.host
         model = "tiny-default (audio is NOT speech)" if engine.is_tiny_default else engine.model_description
+        readiness = engine.readiness()
+        ready, configured = readiness["ready_streams"], readiness["configured_streams"]
+        capacity = (f"; streams {ready}/{configured} ready" + ("" if ready >= configured else
+                                                                " (the rest are built while serving)"))
         print(f"breeze-worker ready: synthesis={host}:{servers.synthesis_port} "
-              f"artifacts={host}:{servers.artifact_port} model={model}"
+              f"artifacts={host}:{servers.artifact_port} model={model}{capacity}"
               + (f"; TEST FAULTS ON: {faults}" if faults else ""), flush=True)
         await stopping
     elif starting.done() and starting.exception() is not None:

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from breeze_worker.engine.fastpath.graph import run_on_side_stream
+from breeze_worker.engine.fastpath.graph import capture_graph, run_on_side_stream
 from breeze_worker.model.codec.layers import TwoFormConvolution
 from breeze_worker.model.codec.streaming import DecoderStreamState
 
@@ -367,11 +367,12 @@ class SlotBatch:
                     self._compile()
                 # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
                 run_on_side_stream(self.device, lambda: [self.advance() for _ in range(2)])
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: CUDA work of other threads (e.g. a reference being encoded) may go on meanwhile
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    audio = self.advance()
-                torch.cuda.synchronize(self.device)
+                # thread-local: CUDA work of other threads (the engine thread's steps, a reference being
+                # encoded) goes on meanwhile; no device sync or cache emptying first (fastpath/graph.py)
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                graph, audio = capture_graph(self.advance, stream)
+                stream.synchronize()
             self.graph, self.audio = graph, audio
         except Exception as exc:  # graphs are an optimization: the same step runs eagerly
             self.graph = self.audio = None
@@ -400,6 +401,7 @@ class SlotPool:
         self.compile_from = compile_from
         self._free: dict[int, list[SlotBatch]] = {}
         self._lock = threading.RLock()  # a CodecRows finalizer may release from inside a locked allocation
+        self.built: set[int] = set()  # row counts built at least once (held or free)
 
     def acquire(self, rows: int) -> SlotBatch:
         with self._lock:
@@ -407,7 +409,18 @@ class SlotPool:
             if free:
                 return free.pop()
         # outside the lock: capture runs gc, which may release
-        return SlotBatch(self.decoder, rows, compile=self.compiles(rows))
+        batch = SlotBatch(self.decoder, rows, compile=self.compiles(rows))
+        self.built.add(rows)
+        return batch
+
+    def ensure(self, rows: int) -> float:
+        """Build a batch of `rows` rows unless one was built already (held or free); seconds. The start-up
+        thread builds the buckets a growing number of streams needs this way while the engine holds one."""
+        if rows in self.built:
+            return 0.0
+        t0 = time.perf_counter()
+        self.release(self.acquire(rows))
+        return time.perf_counter() - t0
 
     def compiles(self, rows: int) -> bool:
         """Whether a batch of `rows` rows is built compiled."""
