@@ -68,11 +68,14 @@ def _converter(f: SettingField):
     return convert
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
     """One flag per setting of `WorkerSettings` (breeze_worker/config.py): its help, its default and its
-    variable come from the field; absent flags leave the variable's value or the default."""
+    variable come from the field; absent flags leave the variable's value or the default. `sections`: only
+    those sections' settings (`compile` takes the engine's)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in setting_fields(WorkerSettings):
+        if sections is not None and f.path[0] not in sections:
+            continue
         title = _group_of(f)
         group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
         if f.kind is bool:  # --flag / --no-flag; absent: None

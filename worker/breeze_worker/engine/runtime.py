@@ -22,6 +22,7 @@ from breeze_worker.config import EngineSettings, FastPathSettings
 from breeze_worker.engine.types import PcmEncoding, ResolvedRequest, SamplingParams, Template
 
 if TYPE_CHECKING:
+    from breeze_worker.engine.bundle import Bundle
     from breeze_worker.engine.startup import StartupBuild
     from breeze_worker.engine.stepper import FrameSource, Stepper
 
@@ -81,6 +82,7 @@ class Runtime:
         self.progressive = False  # build what one stream needs first, the rest while serving
         self.startup: StartupBuild | None = None  # the rest's build (`start_background`)
         self.max_streams = 1
+        self.bundle: Bundle | None = None  # the compile bundle, its parts not installed yet (engine/bundle.py)
 
     @property
     def is_tiny_default(self) -> bool:
@@ -106,6 +108,11 @@ class Runtime:
             description = f"Breeze TTS 2 checkpoint {settings.model_dir}"
         kept = _apply_precision(model, policy, device)
         description += f"; precision {policy.name}" + (f" ({len(kept)} layers kept in FP32)" if kept else "")
+        bundle = None
+        if settings.compile_bundle is not None:
+            from breeze_worker.engine.bundle import bundle_key, open_bundle
+
+            bundle = open_bundle(settings.compile_bundle, bundle_key(settings, model, device, policy.name))
         decode_path = settings.fast_path
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"
@@ -115,6 +122,10 @@ class Runtime:
                  device, description, decode_path, policy.reason)
         runtime.progressive = settings.startup == "progressive" and decode_path == "fast"
         runtime.max_streams = settings.max_active_streams
+        runtime.bundle = bundle
+        if bundle is not None:  # the torch cache before the first compile: now, or first thing while serving
+            compiles_now = not runtime.progressive or 0 < runtime.codec_compile_slots <= 1
+            bundle.install(bundle.pending if compiles_now else tuple(p for p in bundle.pending if p != "torch-cache"))
         runtime.stepper_for(settings.max_active_streams)
         runtime.warm_up(max_streams=1 if runtime.progressive else settings.max_active_streams)
         return runtime
@@ -158,6 +169,8 @@ class Runtime:
             doc["codec_batches"] = sorted(pool_for(self.codec).built)
         if build is not None and build.finished_at is not None and build.started_at is not None:
             doc["background_s"] = build.finished_at - build.started_at
+        if self.bundle is not None:
+            doc["compile_bundle"] = {"path": str(self.bundle.path), "installed": dict(self.bundle.installed)}
         return doc
 
     # ---- the engine thread's stepper ----

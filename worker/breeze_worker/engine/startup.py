@@ -5,8 +5,9 @@ with or without CFG) uncompiled in CUDA graphs, the text encoder's shapes for on
 one-slot batch, and a warm-up request through them (engine/runtime.py). `StartupBuild` then builds the rest on
 a thread of its own, one piece at a time, in the order it is useful:
 
-1. the reference encoder (model/codec: only requests cloning a voice need it; they wait for it, off the
-   engine thread);
+1. the compile bundle's torch cache, when the worker was given one (engine/bundle.py), before anything
+   compiles; the reference encoder (model/codec: only requests cloning a voice need it; they wait for it, off
+   the engine thread);
 2. the starter shape's compiled build (until then a stream runs its uncompiled graphs, counted and logged);
 3. each further batch shape by the streams it serves, each preceded by the codec batch and the text encoder's
    shapes those streams need, so that publishing the batch shape, which is what lets the engine admit more
@@ -98,6 +99,9 @@ class StartupBuild:
                          self.ready_streams, self.max_streams, self.finished_at - (self.started_at or 0.0))
 
     def _build_all(self) -> None:
+        bundle = getattr(self.runtime, "bundle", None)
+        if bundle is not None and bundle.pending:
+            self._piece("the compile bundle's caches", bundle.install)
         codec = self.runtime.codec
         if not getattr(codec, "encoder_loaded", True):
             self._piece("the reference encoder", codec.load_encoder)
