@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
         policy = choose_policy(engine.precision, device, force=engine.force_precision)
         key = bundle_key(engine, runtime.model, device, policy.name)
         parts = collect_parts()
-        built_by = {"host": platform.node(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "seconds": round(time.perf_counter() - started, 1),
-                    "stepper": getattr(runtime.stepper, "stats", dict)()}
+        built_by: dict[str, object] = {
+            "host": platform.node(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - started, 1), "stepper": getattr(runtime.stepper, "stats", dict)()}
         header = write_bundle(args.out, key, parts, built_by)
     except (ValueError, OSError) as exc:  # a setting, a checkpoint or the output path to fix: the message says how
         log.error("compile failed: %s", exc)
