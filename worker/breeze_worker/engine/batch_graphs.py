@@ -64,6 +64,13 @@ def covered_streams(shape: Shape) -> int:
     return min(streams, rows // 2)
 
 
+def _dynamo_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (its counters)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 @dataclass(frozen=True)
 class Built:
     """One batch shape as the engine thread steps it: its view of the step's buffers and, on CUDA, its graphs."""
@@ -99,6 +106,7 @@ class ShapeGraphs:
         self.compile_fallback_reason: str | None = None
         self.compile_s = 0.0
         self.capture_s = 0.0
+        self.capture_recompiles = 0  # Dynamo graphs compiled while capturing (the warm-up should have compiled all)
         self._failed_forms: set[str] = set()  # forms whose compile failed here: later shapes go to the fallback
         self._compile_tried: set[Shape] = set()  # shapes whose compiled build ran (whatever came of it)
         self._stream: torch.cuda.Stream | None = None  # warm-ups and captures (CUDA)
@@ -290,11 +298,17 @@ class ShapeGraphs:
         assert self._stream is not None  # created by the warm-up (CUDA)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        compiled_before = _dynamo_graphs() if view.compiled else 0
         sample, _ = capture_graph(view.sample_frame, self._stream, self._pool)
         backbone: dict[int, torch.cuda.CUDAGraph] = {}
         for bucket in self.buckets:
             backbone[bucket], _ = capture_graph(functools.partial(view.backbone_step, bucket), self._stream, self._pool)
         self._stream.synchronize()
+        if view.compiled and (again := _dynamo_graphs() - compiled_before):
+            self.capture_recompiles += again
+            log.warning("Dynamo compiled %d graph(s) again while capturing batch shape %dx%d on the step's buffers: "
+                        "its guards did not hold for the view the warm-up did not run on", again, view.streams,
+                        view.rows)
         return sample, backbone
 
     # ---- per step ----

@@ -172,7 +172,7 @@ class BatchedStepper:
         g = self.graphs
         return {"max_streams": self.max_streams, "capacity": self.capacity, "shapes": [list(s) for s in g.shapes],
                 "ready_shapes": [list(s) for s in g.ready_shapes], "ready_streams": self.ready_streams,
-                "fallback_steps": dict(self.fallback_steps),
+                "fallback_steps": dict(self.fallback_steps), "capture_recompiles": g.capture_recompiles,
                 "graphs": g.graph_count, "compile_requested": g.compile_requested, "compiled": g.compiled,
                 "forms": {f"{s}x{r}": v.form.name for (s, r), v in g.views.items()},
                 "compile_s": g.compile_s, "capture_s": g.capture_s, "build_s": g.compile_s + g.capture_s,
