@@ -147,14 +147,32 @@ class FormStore:
 
 def forms_directory() -> Path:
     """Where `FormStore` files live: beside the compiled code they go with, in Inductor's cache directory
-    (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), under breeze/; Inductor's own helper says which."""
+    (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), under breeze/; Inductor's own helper says which. The
+    helper's module is loaded on its own (it has no torch dependencies, its docstring says): importing it as part
+    of torch._inductor imports Dynamo, seconds of a start-up that compiles nothing before serving."""
     try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        base = Path(cache_dir())
+        base = Path(_inductor_cache_dir_utils().cache_dir())
     except Exception:  # noqa: BLE001 - a private helper that may move: the temporary directory then
         base = Path(tempfile.gettempdir()) / "torchinductor"
     return base / "breeze"
+
+
+@functools.cache
+def _inductor_cache_dir_utils() -> types.ModuleType:
+    """torch/_inductor/runtime/cache_dir_utils.py, loaded without its package (the package once imported: it)."""
+    import importlib.util
+    import sys
+
+    loaded = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if loaded is not None:
+        return loaded
+    path = Path(torch.__file__).parent / "_inductor" / "runtime" / "cache_dir_utils.py"
+    spec = importlib.util.spec_from_file_location("breeze_worker._inductor_cache_dir_utils", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95,

@@ -15,8 +15,10 @@ a thread of its own, one piece at a time, in the order it is useful:
 
 Its CUDA work runs on a stream of its own, and every graph is captured in thread-local mode without running
 (engine/batch_graphs.py says why the streams being served are safe meanwhile). Compiling holds the interpreter
-lock much of the time; the engine thread's host work per step is small and the switch interval short
-(commands/serve.py `tune_interpreter`), which keeps the streams' real-time factor (serve_bench measures it).
+lock much of the time, and the engine thread gives it up at every CUDA call it makes; each time, it waits up
+to the interpreter's switch interval to get it back, so while the build runs the switch interval is 0.1 ms
+(`BUILD_SWITCH_INTERVAL_S`), then the configured one again (commands/serve.py `tune_interpreter`).
+benchmarks/startup_bench.py measures what the streams served meanwhile get (TTFA, real-time factor).
 
 A piece that fails is logged and the build stops there: the worker goes on serving the streams its built
 shapes admit (the snapshot and the metrics say how many), as a worker that finished its start-up would, only
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +41,8 @@ from breeze_worker.engine.batch_graphs import covered_streams
 from breeze_worker.engine.codec_graphs import bucket_for, pool_for
 
 log = logging.getLogger(__name__)
+
+BUILD_SWITCH_INTERVAL_S = 1e-4  # the interpreter's switch interval while the build runs (then the configured one)
 
 
 class StartupBuild:
@@ -79,6 +84,10 @@ class StartupBuild:
     def _run(self) -> None:
         device = self.runtime.device
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # while this thread compiles it wants the interpreter lock nearly all the time: each time the engine
+        # thread lets it go (every CUDA call) it waits up to a switch interval to get it back, so a short one
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, BUILD_SWITCH_INTERVAL_S))
         try:
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 self._build_all()
@@ -87,6 +96,7 @@ class StartupBuild:
             log.error("the start-up build stopped while building %s (%s); serving %d of %d streams", self.building,
                       self.failed, self.ready_streams, self.max_streams, exc_info=exc)
         finally:
+            sys.setswitchinterval(switch)
             self.building = None
             self.finished_at = time.monotonic()
             self.done.set()
@@ -95,8 +105,9 @@ class StartupBuild:
             if graphs is not None and self.failed is None and not self._stop.is_set():
                 graphs.log_totals()
             if self.failed is None and not self._stop.is_set():
-                log.info("full capacity: %d of %d streams ready, %.1f s after the worker started serving",
-                         self.ready_streams, self.max_streams, self.finished_at - (self.started_at or 0.0))
+                log.info("full capacity: %d of %d streams ready and everything built as configured, %.1f s after "
+                         "the worker started serving", self.ready_streams, self.max_streams,
+                         self.finished_at - (self.started_at or 0.0))
 
     def _build_all(self) -> None:
         bundle = getattr(self.runtime, "bundle", None)
