@@ -112,7 +112,11 @@ class Run:
                 shutil.copy(path, self.args.keep / path.name)
 
     def fits(self, name: str, kind: str) -> bool:
-        estimate = self.spent.get(kind, DEFAULT_ESTIMATE_S[kind])
+        if self.args.cases and name not in self.args.cases:
+            self.doc["skipped"][name] = "not in --cases"
+            self.save()
+            return False
+        estimate = self.spent.get(kind, self.args.estimate.get(kind, DEFAULT_ESTIMATE_S[kind]))
         elapsed = time.perf_counter() - self.t0
         if elapsed + estimate > self.args.deadline_s:
             self.doc["skipped"][name] = (f"deadline: {elapsed:.0f} s spent, ~{estimate:.0f} s more expected, "
@@ -244,11 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-logs", default="recompiles")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--deadline-s", type=float, default=520.0, help="skip the cases that would end after this")
+    p.add_argument("--estimate", action="append", default=[], metavar="KIND=SECONDS",
+                   help="a kind's expected duration before one has run (kinds: cold, warm, bundle, compile; "
+                        f"defaults {DEFAULT_ESTIMATE_S})")
+    p.add_argument("--cases", default="", type=lambda s: [c for c in s.split(",") if c],
+                   help="run only these cases (comma-separated names; default: all)")
     p.add_argument("--work-dir", type=Path, default=None)
     p.add_argument("--keep", type=Path, default=None, help="copy the worker logs here after each case")
     p.add_argument("--out", type=Path, default=Path("startup_bench.json"))
     p.add_argument("--commit", default=None)
     args = p.parse_args(argv)
+    try:
+        args.estimate = {k: float(v) for k, v in (e.split("=", 1) for e in args.estimate)}
+    except ValueError:
+        p.error("--estimate takes KIND=SECONDS")
     use_source_tree()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="startup-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -273,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_tree is not None:
         tree = args.baseline_tree.resolve()
         base_cache = new_cache
-        if not args.skip_baseline_cold:
+        if not args.skip_baseline_cold and (not args.cases or "base-cold" in args.cases):
             base_cache = run.cache("base", fresh=True)
             run.start("base-cold", "cold", base_cache, tree=tree)
         else:

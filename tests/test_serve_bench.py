@@ -173,7 +173,7 @@ def test_the_start_up_bench_skips_a_case_that_would_end_after_its_deadline(tmp_p
     spec.loader.exec_module(bench)
     args = bench.argparse.Namespace(deadline_s=100.0, out=tmp_path / "s.json", keep=None, device="cpu", model=None,
                                     streams=2, torch_logs="", burst=2, engine_arg=[], worker_arg=[], label="x",
-                                    frames=None, iterations=1, commit="c")
+                                    frames=None, iterations=1, commit="c", cases=[], estimate={})
     run = bench.Run(args, tmp_path)
     run.t0 -= 50.0  # 50 s spent
     assert run.fits("new-warm", "warm") is False  # a warm start is expected to take 90 s by default
@@ -181,3 +181,6 @@ def test_the_start_up_bench_skips_a_case_that_would_end_after_its_deadline(tmp_p
     assert why.startswith("deadline: ") and "~90 s more expected, --deadline-s 100" in why
     run.spent["warm"] = 20.0
     assert run.fits("new-warm", "warm") is True
+    args.cases = ["new-cold"]
+    assert run.fits("new-warm", "warm") is False
+    assert json.loads(args.out.read_text())["skipped"]["new-warm"] == "not in --cases"
