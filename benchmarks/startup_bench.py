@@ -103,13 +103,19 @@ class Run:
                           "cases": {}, "skipped": {}}
         self.spent: dict[str, float] = {}  # kind -> longest case of that kind so far
         self.bundle: Path | None = None
+        self.logs: set[Path] = set()
 
     def save(self) -> None:
         self.args.out.write_text(json.dumps(self.doc, indent=1, default=str) + "\n")
-        if self.args.keep is not None:
+        if self.args.keep is not None:  # this run's logs (a --work-dir shared with an earlier run holds others)
             self.args.keep.mkdir(parents=True, exist_ok=True)
-            for path in sorted(self.work.glob("*.log")):
-                shutil.copy(path, self.args.keep / path.name)
+            for path in sorted(self.logs):
+                if path.exists():
+                    shutil.copy(path, self.args.keep / path.name)
+
+    def remaining(self) -> float:
+        """Seconds left before --deadline-s (at least 1): what a wait may take."""
+        return max(1.0, self.args.deadline_s - (time.perf_counter() - self.t0))
 
     def fits(self, name: str, kind: str) -> bool:
         if self.args.cases and name not in self.args.cases:
@@ -141,12 +147,13 @@ class Run:
         self.doc["cases"][name] = entry
         worker = sb.Worker(self.wargs, cache, self.work / f"worker-{name}.log", self.work / "artifacts", extra, tree,
                            cpus=cpus)
+        self.logs.add(worker.log_path)
         try:
-            entry.update(worker.start(self.args.startup_timeout))
+            entry.update(worker.start(min(self.args.startup_timeout, self.remaining())))
             entry["streams_ready_at_serving"] = list(worker.streams_ready) if worker.streams_ready else None
             if then is not None:
                 then(worker, entry)
-            entry["full_capacity_s"] = worker.wait_full(self.args.startup_timeout)
+            entry["full_capacity_s"] = worker.wait_full(min(self.args.startup_timeout, self.remaining()))
             entry["all_streams_admitted_s"] = (entry["process_start_to_serving_s"] if worker.streams_ready is None
                                                or worker.streams_ready[0] >= worker.streams_ready[1]
                                                else worker.logged_at(ALL_ADMITTED))
@@ -176,7 +183,9 @@ class Run:
             entry["burst"] = {"during_build": building, "ended_during_build": worker.full_s is None,
                               **_burst_summary(rows),
                               "worker_process": sb._process_cost(m0, worker.metrics()), "rows": rows}
-        entry["full_capacity_s"] = worker.wait_full(self.args.startup_timeout)
+        entry["full_capacity_s"] = worker.wait_full(min(self.args.startup_timeout, self.remaining()))
+        if entry["full_capacity_s"] is None:
+            return  # out of time: no steady requests to compare with
         steady = sb._single_requests(worker.target, self.args.single_requests, frames=4)
         median = statistics.median(p[0] for p in steady)
         worker_median = statistics.median(p[1] for p in steady)
@@ -189,7 +198,9 @@ class Run:
 
     def loads(self, worker: sb.Worker, entry: dict) -> None:
         """The frame-time loads at full capacity (client bench at each --load-levels level)."""
-        worker.wait_full(self.args.startup_timeout)
+        if worker.wait_full(min(self.args.startup_timeout, self.remaining())) is None:
+            entry["load_skipped"] = "not at full capacity before the deadline"
+            return
         out = entry.setdefault("load", {})
         for level in self.args.load_levels:
             cpu0, m0 = worker.cpu_s(), worker.metrics()
@@ -209,8 +220,14 @@ class Run:
                "--max-active-streams", str(self.args.streams), "--out", str(path),
                *(["--model", str(self.args.model)] if self.args.model else []), *self.args.engine_arg]
         env = {**os.environ, **sb._cache_env(cache)}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.deadline_s, env=env)
-        (self.work / "compile.log").write_text(proc.stderr)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.remaining(), env=env)
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            proc = subprocess.CompletedProcess(cmd, -9, "", f"timed out at the deadline\n{stderr}")
+        log = self.work / f"compile-{self.args.streams}.log"
+        log.write_text(proc.stderr)
+        self.logs.add(log)
         entry = {"kind": "compile", "seconds": time.perf_counter() - began, "returncode": proc.returncode,
                  "stdout": proc.stdout.strip()[-500:]}
         if proc.returncode == 0 and path.exists():
