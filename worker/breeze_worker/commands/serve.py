@@ -123,6 +123,20 @@ def tune_interpreter(server: ServerSettings, metrics) -> None:
     gc.callbacks.append(timed)
 
 
+async def freeze_after_startup(server: ServerSettings, engine) -> None:
+    """Once the start-up's background build is done (engine/startup.py), freeze what it left too (with
+    --gc-freeze): compiling made many long-lived objects after the freeze at SERVING, and each full collection
+    would scan them again, every stream waiting. No collection first: that would stall the streams now."""
+    startup = getattr(engine.runtime, "startup", None)
+    if not server.gc_freeze or startup is None:
+        return
+    while not startup.done.is_set():  # polled: a thread waiting on it could hold the exit up
+        await asyncio.sleep(0.5)
+    before = gc.get_freeze_count()
+    gc.freeze()
+    log.info("garbage collector: %d objects of the start-up's background build frozen", gc.get_freeze_count() - before)
+
+
 async def serve(settings: WorkerSettings) -> int:
     from breeze_worker.artifacts.store import ArtifactStore
     from breeze_worker.engine.service import Engine
@@ -159,8 +173,10 @@ async def serve(settings: WorkerSettings) -> int:
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
+    frozen_later: asyncio.Task | None = None
     if starting.done() and starting.exception() is None and not stop.is_set():
         tune_interpreter(settings.server, engine.metrics)
+        frozen_later = asyncio.create_task(freeze_after_startup(settings.server, engine))
         await servers.set_serving(True)
         host = settings.server.host
         model = "tiny-default (audio is NOT speech)" if engine.is_tiny_default else engine.model_description
@@ -180,6 +196,8 @@ async def serve(settings: WorkerSettings) -> int:
             log.error("the engine failed to start", exc_info=exc)
         code = 1
     stopping.cancel()
+    if frozen_later is not None:
+        frozen_later.cancel()
     await _drain(settings, engine, servers, served=code == 0 and starting.done(), hurry=hurry)
     if metrics is not None:
         await metrics.stop()
