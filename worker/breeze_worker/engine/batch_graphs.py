@@ -120,18 +120,19 @@ class ShapeGraphs:
         if starter is None:
             self.log_totals()
 
+    # (`built` grows on the builder's thread while others read it: each reader takes one snapshot of it)
     @property
     def graph_count(self) -> int:
-        return sum(int(b.graphed) + len(b.backbone) for b in self.built.values())
+        return sum(int(b.graphed) + len(b.backbone) for b in list(self.built.values()))
 
     @property
     def compiled(self) -> bool:
-        return any(b.view.compiled for b in self.built.values())
+        return any(b.view.compiled for b in list(self.built.values()))
 
     @property
     def views(self) -> dict[Shape, FrameStep]:
         """The built shapes' views (the ones the engine steps with)."""
-        return {shape: b.view for shape, b in self.built.items()}
+        return {shape: b.view for shape, b in list(self.built.items())}
 
     @property
     def complete(self) -> bool:
@@ -151,9 +152,10 @@ class ShapeGraphs:
         """What is left to build, in the order it is useful: (shape, compiled). First the built shapes that run
         uncompiled while compiling was asked for (the starter), then the shapes not built yet by the streams
         they serve (`covered_streams`), fewest first."""
-        upgrades = [(shape, True) for shape in sorted(self.built)
+        built = set(self.ready_shapes)
+        upgrades = [(shape, True) for shape in sorted(built)
                     if self.compile_requested and shape not in self._compile_tried]
-        missing = sorted((s for s in self.shapes if s not in self.built), key=lambda s: (covered_streams(s), s[1]))
+        missing = sorted((s for s in self.shapes if s not in built), key=lambda s: (covered_streams(s), s[1]))
         return upgrades + [(shape, self.compile_requested) for shape in missing]
 
     def compile_pending(self, shape: Shape) -> bool:

@@ -161,7 +161,7 @@ class Runtime:
                "fallback_steps": dict(getattr(stepper, "fallback_steps", {}))}
         if graphs is not None:
             doc["batch_shapes"] = {"ready": len(graphs.ready_shapes), "configured": len(graphs.shapes),
-                                   "compiled": sum(b.view.compiled for b in graphs.built.values()),
+                                   "compiled": sum(b.view.compiled for b in list(graphs.built.values())),
                                    "pending": len(pending)}
         if self.decode_path == "fast":
             from breeze_worker.engine.codec_graphs import pool_for
