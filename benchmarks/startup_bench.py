@@ -18,9 +18,9 @@ one run:
   base-warm        the baseline on warm caches (its own, or new-cold's when its cold start was skipped: the
                    compiled graphs are the same where the code is), and the same loads
 
-Cases run in that order; one that would not finish before --deadline-s (its estimate: the longest case of
-its kind so far, else a default) is skipped and the JSON says so. Writes one JSON document (--out, rewritten
-after each case) and prints a table last.
+Cases run in that order (or --cases's); one that would not finish before --deadline-s (its estimate: the
+longest case of its kind so far, else a default) is skipped and the JSON says so. Writes one JSON document
+(--out, rewritten after each case) and prints a table last.
 
     python benchmarks/startup_bench.py --make-checkpoint full --device cuda --streams 8 --burst 8 \\
         --cpus 0-3 --baseline-tree .baseline --load-levels 1 --out startup-8.json
@@ -288,27 +288,40 @@ def main(argv: list[str] | None = None) -> int:
         run.wargs = _worker_args(args)
     cpus = args.cpus or None
     new_cache = run.cache("new", fresh=True)
-    run.start("new-cold", "cold", new_cache, then=run.during_build)
-    run.start("new-warm", "warm", new_cache, then=run.loads)
-    if cpus:
-        run.start("new-warm-cpus", "warm", new_cache, cpus=cpus)
-    run.compile_bundle(new_cache)
-    if run.bundle is not None:
-        bundle = ["--compile-bundle", str(run.bundle)]
-        run.start("new-bundle", "bundle", run.cache("bundle", fresh=True), extra=bundle)
-        if cpus:
-            run.start("new-bundle-cpus", "bundle", run.cache("bundle-cpus", fresh=True), extra=bundle, cpus=cpus)
-    if cpus and args.cold_cpus:
-        run.start("new-cold-cpus", "cold", run.cache("cold-cpus", fresh=True), cpus=cpus)
-    if args.baseline_tree is not None:
-        tree = args.baseline_tree.resolve()
-        base_cache = new_cache
-        if not args.skip_baseline_cold and (not args.cases or "base-cold" in args.cases):
-            base_cache = run.cache("base", fresh=True)
-            run.start("base-cold", "cold", base_cache, tree=tree)
-        else:
+    tree = args.baseline_tree.resolve() if args.baseline_tree is not None else None
+    base_cache = {"path": new_cache}  # the baseline's own once its cold start ran, else this tree's warm caches
+
+    def bundle_case(name: str, on: str | None):
+        if run.bundle is None:
+            run.doc["skipped"][name] = "no bundle (compile did not run or failed)"
+            return
+        run.start(name, "bundle", run.cache(name, fresh=True), extra=["--compile-bundle", str(run.bundle)], cpus=on)
+
+    def base_cold():
+        if args.skip_baseline_cold:
             run.doc["skipped"]["base-cold"] = "--skip-baseline-cold (base-warm uses this tree's warm caches)"
-        run.start("base-warm", "warm", base_cache, tree=tree, then=run.loads)
+            return
+        base_cache["path"] = run.cache("base", fresh=True)
+        run.start("base-cold", "cold", base_cache["path"], tree=tree)
+
+    cases = {
+        "new-cold": lambda: run.start("new-cold", "cold", new_cache, then=run.during_build),
+        "new-warm": lambda: run.start("new-warm", "warm", new_cache, then=run.loads),
+        "new-warm-cpus": lambda: cpus and run.start("new-warm-cpus", "warm", new_cache, cpus=cpus),
+        "compile": lambda: run.compile_bundle(new_cache),
+        "new-bundle": lambda: bundle_case("new-bundle", None),
+        "new-bundle-cpus": lambda: cpus and bundle_case("new-bundle-cpus", cpus),
+        "new-cold-cpus": lambda: cpus and args.cold_cpus and run.start(
+            "new-cold-cpus", "cold", run.cache("cold-cpus", fresh=True), cpus=cpus),
+        "base-cold": lambda: tree is not None and base_cold(),
+        "base-warm": lambda: tree is not None and run.start("base-warm", "warm", base_cache["path"], tree=tree,
+                                                            then=run.loads),
+    }
+    unknown = [c for c in args.cases if c not in cases]
+    if unknown:
+        p.error(f"--cases: unknown {unknown}; the cases are {list(cases)}")
+    for name in args.cases or list(cases):  # --cases: those, in that order
+        cases[name]()
     run.doc["summary"] = summary(run.doc)
     run.save()
     print(table(run.doc))
