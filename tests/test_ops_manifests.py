@@ -62,7 +62,8 @@ def test_every_kubernetes_manifest_is_valid_against_the_kubernetes_schema(versio
         # without a schema, which would otherwise go unchecked)
         kubernetes_validate.validate(doc, version, strict=True)
         kinds.add(doc["kind"])
-    assert kinds == {"StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap"}
+    assert kinds == {"StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap", "Job",
+                     "PersistentVolumeClaim"}
 
 
 def _set(path: str, value):
@@ -213,3 +214,32 @@ def test_container_image():
     timeout = float(re.search(r"--stop-timeout (\d+)", dockerfile).group(1))
     assert timeout >= server.grace_s + server.artifact_grace_s + STOP_MARGIN_S
     assert 'VOLUME ["/var/lib/breeze/artifacts"]' in dockerfile
+
+
+def test_the_compile_bundle_job_builds_what_the_workers_install():
+    """The Job compiles with the StatefulSet's image, GPU kind and engine settings (what the bundle's key holds),
+    into the volume the workers mount, at the path they are told; `compile` accepts its command line."""
+    from breeze_worker.commands.compile_bundle import add_arguments as compile_arguments
+
+    _, pod, container = _statefulset()
+    job = _k8s("Job")["breeze-compile-bundle"]["spec"]["template"]["spec"]
+    compile_container = job["containers"][0]
+    assert compile_container["image"] == container["image"] and job["nodeSelector"] == pod["spec"]["nodeSelector"]
+    worker_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    job_env = {e["name"]: e["value"] for e in compile_container["env"]}
+    shaping = {k: v for k, v in worker_env.items() if k.startswith("BREEZE_ENGINE_")}
+    assert shaping.pop("BREEZE_ENGINE_COMPILE_BUNDLE") and shaping == job_env
+    command = compile_container["command"]
+    assert command[:2] == ["breeze-worker", "compile"]
+    parser = argparse.ArgumentParser()
+    compile_arguments(parser)
+    args = parser.parse_args(command[2:])
+    assert str(args.out) == worker_env["BREEZE_ENGINE_COMPILE_BUNDLE"]
+
+    def claim(spec: dict, mounted_at: str) -> str:
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mount = next(m for c in spec["containers"] for m in c["volumeMounts"] if m["mountPath"] == mounted_at)
+        return volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+
+    directory = str(args.out.parent)
+    assert claim(job, directory) == claim(pod["spec"], directory) == "breeze-compile-bundles"

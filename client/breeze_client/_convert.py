@@ -89,4 +89,5 @@ def worker_info_from_pb(m: synthesis_pb2.WorkerInfo) -> WorkerInfo:
                       sample_rate=m.sample_rate, artifact_endpoint=m.artifact_endpoint, ready=m.ready,
                       max_text_chars=m.max_text_chars, max_request_bytes=m.max_request_bytes, version=m.version,
                       artifact_store_degraded=m.artifact_store_degraded,
-                      artifact_disk_free_bytes=m.artifact_disk_free_bytes)
+                      artifact_disk_free_bytes=m.artifact_disk_free_bytes, max_active_streams=m.max_active_streams,
+                      ready_streams=m.ready_streams, startup_building=m.startup_building)

@@ -296,3 +296,6 @@ class WorkerInfo(_Dict):
     version: str
     artifact_store_degraded: str = ""  # why the worker's artifact store cannot write ("" while it can)
     artifact_disk_free_bytes: int = 0
+    max_active_streams: int = 0  # streams the worker is configured to decode at once (0: an older worker)
+    ready_streams: int = 0  # streams it admits now (fewer while its start-up builds the rest)
+    startup_building: str = ""  # what its start-up is building now ("" once everything is built)

@@ -344,6 +344,15 @@ class EngineSettings(_Section):
                                             "(Inductor) for every slot bucket of at least this many slots, at "
                                             "warm-up, before its CUDA graph (0: never; 1: every bucket; the "
                                             "compiled code is cached, TORCHINDUCTOR_CACHE_DIR)", at_least=0)
+    compile_bundle: Path | None = setting(None, "a compile bundle (`breeze-worker compile`, built on a host of the "
+                                                "same kind with the same settings) to install into this host's "
+                                                "compile caches before compiling; one that does not match is "
+                                                "refused, with a log line, and the worker compiles as without it",
+                                          metavar="BUNDLE")
+    startup: str = setting("progressive", "progressive: report SERVING once what one stream needs is built (the "
+                                          "smallest batch shape uncompiled, the codec's one-slot batch) and build "
+                                          "the rest while serving, admitting streams as their batch shapes are "
+                                          "ready; whole: build everything first", choices=("progressive", "whole"))
     codec_overlap: bool = setting(False, "decode each step's audio on its own CUDA stream while the next step "
                                          "runs (experimental: multi-second stalls were seen at 16 streams)")
     fastpath: FastPathSettings = section(FastPathSettings)

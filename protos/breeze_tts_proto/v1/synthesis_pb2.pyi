@@ -224,7 +224,7 @@ class GetWorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_description", "is_tiny_default", "warning", "sample_rate", "artifact_endpoint", "ready", "max_text_chars", "max_request_bytes", "version", "artifact_store_degraded", "artifact_disk_free_bytes")
+    __slots__ = ("model_description", "is_tiny_default", "warning", "sample_rate", "artifact_endpoint", "ready", "max_text_chars", "max_request_bytes", "version", "artifact_store_degraded", "artifact_disk_free_bytes", "max_active_streams", "ready_streams", "startup_building")
     MODEL_DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     IS_TINY_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     WARNING_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,9 @@ class WorkerInfo(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_STORE_DEGRADED_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    READY_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_BUILDING_FIELD_NUMBER: _ClassVar[int]
     model_description: str
     is_tiny_default: bool
     warning: str
@@ -247,4 +250,7 @@ class WorkerInfo(_message.Message):
     version: str
     artifact_store_degraded: str
     artifact_disk_free_bytes: int
-    def __init__(self, model_description: _Optional[str] = ..., is_tiny_default: _Optional[bool] = ..., warning: _Optional[str] = ..., sample_rate: _Optional[int] = ..., artifact_endpoint: _Optional[str] = ..., ready: _Optional[bool] = ..., max_text_chars: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., version: _Optional[str] = ..., artifact_store_degraded: _Optional[str] = ..., artifact_disk_free_bytes: _Optional[int] = ...) -> None: ...
+    max_active_streams: int
+    ready_streams: int
+    startup_building: str
+    def __init__(self, model_description: _Optional[str] = ..., is_tiny_default: _Optional[bool] = ..., warning: _Optional[str] = ..., sample_rate: _Optional[int] = ..., artifact_endpoint: _Optional[str] = ..., ready: _Optional[bool] = ..., max_text_chars: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., version: _Optional[str] = ..., artifact_store_degraded: _Optional[str] = ..., artifact_disk_free_bytes: _Optional[int] = ..., max_active_streams: _Optional[int] = ..., ready_streams: _Optional[int] = ..., startup_building: _Optional[str] = ...) -> None: ...

@@ -3,7 +3,8 @@
 Every flag is generated from a field of the typed settings in `breeze_worker.config` (its help, default and
 environment variable, BREEZE_<SECTION>_<FIELD>, come from there; a flag overrides its variable; a switch
 --x has its --no-x). When both servers listen and the model is warm, one line goes to stdout:
-    breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...
+    breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...; streams N/M ready
+(N < M while the start-up builds the rest in the background, engine/startup.py; a log line says when all M are).
 The test-only faults (--fault-*, BREEZE_ARTIFACTS_FAULT_*) are hidden from --help; when one is
 non-zero the worker logs a WARNING at startup and the ready line ends with `TEST FAULTS ON: ...`.
 
@@ -67,11 +68,14 @@ def _converter(f: SettingField):
     return convert
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
     """One flag per setting of `WorkerSettings` (breeze_worker/config.py): its help, its default and its
-    variable come from the field; absent flags leave the variable's value or the default."""
+    variable come from the field; absent flags leave the variable's value or the default. `sections`: only
+    those sections' settings (`compile` takes the engine's)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in setting_fields(WorkerSettings):
+        if sections is not None and f.path[0] not in sections:
+            continue
         title = _group_of(f)
         group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
         if f.kind is bool:  # --flag / --no-flag; absent: None
@@ -117,6 +121,20 @@ def tune_interpreter(server: ServerSettings, metrics) -> None:
             metrics.gc_pause(info["generation"], time.perf_counter() - started.pop(info["generation"]))
 
     gc.callbacks.append(timed)
+
+
+async def freeze_after_startup(server: ServerSettings, engine) -> None:
+    """Once the start-up's background build is done (engine/startup.py), freeze what it left too (with
+    --gc-freeze): compiling made many long-lived objects after the freeze at SERVING, and each full collection
+    would scan them again, every stream waiting. No collection first: that would stall the streams now."""
+    startup = getattr(engine.runtime, "startup", None)
+    if not server.gc_freeze or startup is None:
+        return
+    while not startup.done.is_set():  # polled: a thread waiting on it could hold the exit up
+        await asyncio.sleep(0.5)
+    before = gc.get_freeze_count()
+    gc.freeze()
+    log.info("garbage collector: %d objects of the start-up's background build frozen", gc.get_freeze_count() - before)
 
 
 async def serve(settings: WorkerSettings) -> int:
@@ -184,13 +202,19 @@ async def _serve(settings: WorkerSettings, store) -> int:
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
+    frozen_later: asyncio.Task | None = None
     if starting.done() and starting.exception() is None and not stop.is_set():
         tune_interpreter(settings.server, engine.metrics)
+        frozen_later = asyncio.create_task(freeze_after_startup(settings.server, engine))
         await servers.set_serving(True)
         host = settings.server.host
         model = "tiny-default (audio is NOT speech)" if engine.is_tiny_default else engine.model_description
+        readiness = engine.readiness()
+        ready, configured = readiness["ready_streams"], readiness["configured_streams"]
+        capacity = (f"; streams {ready}/{configured} ready" + ("" if ready >= configured else
+                                                                " (the rest are built while serving)"))
         print(f"breeze-worker ready: synthesis={host}:{servers.synthesis_port} "
-              f"artifacts={host}:{servers.artifact_port} model={model}"
+              f"artifacts={host}:{servers.artifact_port} model={model}{capacity}"
               + (f"; TEST FAULTS ON: {faults}" if faults else ""), flush=True)
         await stopping
     elif starting.done() and starting.exception() is not None:
@@ -201,6 +225,8 @@ async def _serve(settings: WorkerSettings, store) -> int:
             log.error("the engine failed to start", exc_info=exc)
         code = 1
     stopping.cancel()
+    if frozen_later is not None:
+        frozen_later.cancel()
     await _drain(settings, engine, servers, served=code == 0 and starting.done(), hurry=hurry)
     if metrics is not None:
         await metrics.stop()

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from breeze_worker.config import FastPathSettings
-from breeze_worker.engine.batch_graphs import ShapeGraphs
+from breeze_worker.engine.batch_graphs import ShapeGraphs, covered_streams
 from breeze_worker.engine.fastpath.compiled import compile_wanted
 from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.recovery import (
@@ -117,11 +117,14 @@ class BatchedStepper:
     def __init__(self, model: LoadedModel, max_streams: int, device: torch.device | str | None = None, *,
                  use_graphs: bool | None = None, batch_joins: bool | None = None, buckets: bool | None = None,
                  eos_masked: bool = False, shapes: list[tuple[int, int]] | None = None,
-                 settings: FastPathSettings | None = None):
+                 settings: FastPathSettings | None = None, progressive: bool = False):
         """`settings`: the fast path's (config.py FastPathSettings; None: the defaults): whether the bucket
         shapes compile (`compile_wanted`), their forms, the sampler and the kernels' launch settings. `shapes`:
         the buckets to build (default `bucket_shapes(max_streams)`; the bench passes the subset its workloads
-        land in)."""
+        land in). `progressive`: build only what one stream needs now (the smallest shape, uncompiled, and the
+        text encoder's shapes for one join of one stream); the rest is built while streams run
+        (`build_next`), and the stepper admits only as many streams as the built shapes serve
+        (`ready_streams`)."""
         settings = settings or FastPathSettings()
         self.model = model
         self.device = torch.device(device) if device is not None else model.device
@@ -143,12 +146,17 @@ class BatchedStepper:
         if bad:
             raise ValueError(f"batch shapes {bad} outside {max_streams} streams / {self.max_rows} rows")
         graphed = on_cuda if use_graphs is None else (use_graphs and on_cuda)
+        starter = sorted(shapes, key=lambda s: (covered_streams(s), s[1]))[:1] if progressive else None
         self.graphs = ShapeGraphs(self.step_buffers, shapes, use_graphs=graphed,
-                                  compile=compile_wanted(self.device, settings))
-        # the joins' text encoder: in graphs on CUDA, every batch a join can bring captured now
+                                  compile=compile_wanted(self.device, settings), starter=starter)
+        # the joins' text encoder: in graphs on CUDA, every batch a join can bring captured now (progressive:
+        # a join of one stream now, the others' before the shapes that admit them are published)
         self.text_encoder = text_encoder_graphs(model.lm, self.device)
+        self.graphed = graphed
         if graphed:
-            self.text_encoder.prepare(MAX_TEXT_SEGMENTS * (max_streams if self.batch_joins else 1))
+            self.text_encoder.prepare(self._join_segments(1 if progressive else max_streams))
+        self.fallback_steps: dict[str, int] = {}  # steps on a slower form than asked for, by kind
+        self._fallbacks_logged: set[tuple] = set()
         self._streams: dict[object, _Stream] = {}
         self._slot_owner: list[_Stream | None] = [None] * max_streams
         self._row_owner: list[_Stream | None] = [None] * self.max_rows
@@ -159,10 +167,35 @@ class BatchedStepper:
         self.steps = 0
         self.host_reads = 0
 
+    def _join_segments(self, streams: int) -> int:
+        """Text segments one join of up to `streams` joiners can bring."""
+        return MAX_TEXT_SEGMENTS * (streams if self.batch_joins else 1)
+
+    @property
+    def ready_streams(self) -> int:
+        """Streams the built shapes serve, whatever their mix (each may use CFG): what may be admitted."""
+        if not self.bucketed:
+            return self.max_streams
+        return min(self.max_streams, max((covered_streams(s) for s in self.graphs.ready_shapes), default=0))
+
+    def build_next(self) -> tuple[int, int] | None:
+        """Build the next pending shape (progressive start, from a background thread), the text encoder's shapes
+        for the joins its streams can bring first; returns it, or None when nothing is left."""
+        pending = self.graphs.pending()
+        if not pending:
+            return None
+        shape, compiled = pending[0]
+        if self.graphed:
+            self.text_encoder.prepare(self._join_segments(covered_streams(shape)), background=True)
+        self.graphs.build(shape, compiled)
+        return shape
+
     def stats(self) -> dict:
         """What the stepper serves with and what building it cost (bench JSON, logs)."""
         g = self.graphs
         return {"max_streams": self.max_streams, "capacity": self.capacity, "shapes": [list(s) for s in g.shapes],
+                "ready_shapes": [list(s) for s in g.ready_shapes], "ready_streams": self.ready_streams,
+                "fallback_steps": dict(self.fallback_steps), "capture_recompiles": g.capture_recompiles,
                 "graphs": g.graph_count, "compile_requested": g.compile_requested, "compiled": g.compiled,
                 "forms": {f"{s}x{r}": v.form.name for (s, r), v in g.views.items()},
                 "compile_s": g.compile_s, "capture_s": g.capture_s, "build_s": g.compile_s + g.capture_s,
@@ -177,7 +210,7 @@ class BatchedStepper:
         need_r = 1 + max(r for st in self._streams.values() for r in st.rows)
         if not self.bucketed:
             return need_s, need_r
-        shape = pick_shape(self.graphs.shapes, need_s, need_r)
+        shape = pick_shape(self.graphs.ready_shapes, need_s, need_r)
         if shape is None:  # only with a custom `shapes` list: run the exact prefix, uncompiled and eager
             shape = (need_s, need_r)
             if shape not in self._unbucketed:
@@ -191,12 +224,25 @@ class BatchedStepper:
 
     @property
     def free_slots(self) -> int:
-        return self._slot_owner.count(None)
+        """Slots a join may take now: free ones among those the built shapes serve (`ready_streams`)."""
+        return max(0, min(self._slot_owner.count(None), self.ready_streams - len(self._streams)))
 
     @property
     def rows_free(self) -> int:
         """Model rows no stream holds."""
         return self._row_owner.count(None)
+
+    @property
+    def ready_rows(self) -> int:
+        """Model rows the built shapes cover: a join takes rows below this."""
+        if not self.bucketed:
+            return self.max_rows
+        return min(self.max_rows, max((rows for _, rows in self.graphs.ready_shapes), default=0))
+
+    @property
+    def ready_rows_free(self) -> int:
+        """Model rows below `ready_rows` that no stream holds."""
+        return self._row_owner[: self.ready_rows].count(None)
 
     @staticmethod
     def rows_for(params: ResolvedRequest) -> int:
@@ -213,12 +259,13 @@ class BatchedStepper:
     def _allocate(self, key: object, params: ResolvedRequest) -> _Stream:
         slot = self._slot_owner.index(None)
         need = self.rows_for(params)
-        free = [i for i, owner in enumerate(self._row_owner) if owner is None]
+        limit = self.ready_rows  # rows within what the built shapes cover
+        free = [i for i, owner in enumerate(self._row_owner[:limit]) if owner is None]
         if len(free) < need:  # join() admits only what fits
             raise ResourceExhausted(f"{need} model rows needed, {len(free)} free")
         # the lowest run of `need` free rows (one prefill for the stream), else the lowest free rows
         rows = next((list(range(i, i + need)) for i in free
-                     if i + need <= self.max_rows and all(self._row_owner[j] is None for j in range(i, i + need))),
+                     if i + need <= limit and all(self._row_owner[j] is None for j in range(i, i + need))),
                     free[:need])
         stream = _Stream(key, params, slot, rows)
         self._slot_owner[slot] = stream
@@ -256,15 +303,18 @@ class BatchedStepper:
         """Admit streams at a frame boundary: encode their prompts and prefill their rows. Returns the
         streams that could not join (they hold no slot); the others step from the next `step()` on."""
         errors: dict[object, BaseException] = {}
-        slots_left, rows_left, fitting = self.free_slots, self.rows_free, []
+        slots_left, rows_left, fitting = self.free_slots, self.ready_rows_free, []
         for key, params in joiners:  # in order: a joiner whose slot or rows are not free is refused
             need = self.rows_for(params)
             if slots_left < 1:
-                errors[key] = ResourceExhausted(f"all {self.max_streams} stream slots are busy")
+                errors[key] = ResourceExhausted(
+                    f"all {self.max_streams} stream slots are busy" if self.ready_streams >= self.max_streams
+                    else f"all {self.ready_streams} stream slots ready so far (of {self.max_streams}) are busy")
             elif need > rows_left:
                 errors[key] = ResourceExhausted(
-                    f"{rows_left} of the {self.max_rows} model rows are free and this request needs {need} (one per "
-                    "prompt branch: guidance takes 2, two guidance scales 3); retry when streams have finished")
+                    f"{rows_left} of the {self.ready_rows} model rows ready so far (of {self.max_rows}) are free and "
+                    f"this request needs {need} (one per prompt branch: guidance takes 2, two guidance scales 3); "
+                    "retry when streams have finished")
             else:
                 slots_left, rows_left = slots_left - 1, rows_left - need
                 fitting.append((key, params))
@@ -403,6 +453,7 @@ class BatchedStepper:
                 self._backbone_step(shape, bucket)
             if ahead is not None:
                 ahead()
+        self._count_fallback(shape)
         readout = self.graphs.sample_frame(shape, then)
         self.host_reads += 1
         self.steps += 1
@@ -471,6 +522,24 @@ class BatchedStepper:
                         "at %s, the stream goes on from the same sampling state", job, frame,
                         recovered.layer or "none found", SAFE_PRECISION)
         return recovered
+
+    def _count_fallback(self, shape: tuple[int, int]) -> None:
+        """Count (and log once per shape and kind) a step that runs slower than the settings ask: uncompiled
+        while compiling was asked for (the starter shape before its compiled build), or eagerly where graphs
+        were asked for."""
+        built = self.graphs.built.get(shape)
+        kinds = []
+        if self.graphs.compile_requested and (built is None or not built.view.compiled):
+            kinds.append("uncompiled")
+        if self.graphed and (built is None or not built.graphed):
+            kinds.append("eager")
+        for kind in kinds:
+            self.fallback_steps[kind] = self.fallback_steps.get(kind, 0) + 1
+            if (shape, kind) not in self._fallbacks_logged:
+                self._fallbacks_logged.add((shape, kind))
+                log.info("batch shape %dx%d runs %s (slower than configured)%s", shape[0], shape[1], kind,
+                         " until its compiled build is ready" if kind == "uncompiled"
+                         and self.graphs.compile_pending(shape) else "")
 
     def _backbone_step(self, shape: tuple[int, int], bucket: int) -> None:
         rows = shape[1]

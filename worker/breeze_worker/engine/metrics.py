@@ -28,12 +28,15 @@ _LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 
 
 
 class EngineMetrics:
-    def __init__(self, artifact_status=None) -> None:
-        """`artifact_status`: a callable returning the artifact store's StoreStatus (read at each scrape)."""
+    def __init__(self, artifact_status=None, readiness=None) -> None:
+        """`artifact_status`: a callable returning the artifact store's StoreStatus (read at each scrape);
+        `readiness`: one returning the engine's readiness document (Engine.readiness)."""
         self.registry = CollectorRegistry()
         r = self.registry
         if artifact_status is not None:
             r.register(_ArtifactCollector(artifact_status))
+        if readiness is not None:
+            r.register(_ReadinessCollector(readiness))
         r.register(_LogCollector())
         self._jobs = Counter("breeze_jobs_total", "jobs finished, by end reason (end_of_speech, frame_limit, "
                              "cancelled, error)", ["end_reason"], registry=r)
@@ -125,6 +128,30 @@ class _LogCollector:
     def collect(self):
         yield CounterMetricFamily("breeze_log_records_dropped", "log records dropped because the log output "
                                   "(stderr) was not read fast enough", value=logs.dropped_records())
+
+
+class _ReadinessCollector:
+    """How much of the configured capacity is ready (engine/startup.py builds the rest while serving), read at
+    each scrape."""
+
+    def __init__(self, readiness):
+        self._readiness = readiness
+
+    def collect(self):
+        doc = self._readiness()
+        yield GaugeMetricFamily("breeze_streams_ready", "streams the worker admits now (fewer than configured while "
+                                "its start-up still builds the batch shapes the rest need)",
+                                value=doc["ready_streams"])
+        yield GaugeMetricFamily("breeze_streams_configured", "streams the worker is configured to decode at once",
+                                value=doc["configured_streams"])
+        yield GaugeMetricFamily("breeze_startup_complete", "1 once every batch shape is built as configured, else 0",
+                                value=int(bool(doc["complete"])))
+        slow = CounterMetricFamily("breeze_slower_form_steps", "engine steps that ran slower than configured, by "
+                                   "kind (uncompiled: its compiled build not ready yet; eager: no CUDA graph)",
+                                   labels=["kind"])
+        for kind, count in sorted(doc.get("fallback_steps", {}).items()):
+            slow.add_metric([kind], count)
+        yield slow
 
 
 class _ArtifactCollector:

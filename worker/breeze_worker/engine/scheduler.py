@@ -90,7 +90,8 @@ class _RowBudget:
 
     def __init__(self, stepper):
         self._rows_for = getattr(stepper, "rows_for", None)
-        self._left = stepper.rows_free if self._rows_for is not None else 0
+        # rows of the built shapes only, while a progressive start-up is still building the others
+        self._left = getattr(stepper, "ready_rows_free", stepper.rows_free) if self._rows_for is not None else 0
         self._blocked = False
 
     def need(self, job) -> int:
@@ -232,6 +233,12 @@ class Scheduler:
     def _slots_held(self) -> int:
         return len(self._active) + self._starting + len(self._reserved)
 
+    def _capacity(self) -> int:
+        """Streams that may hold slots now: `max_active`, or fewer while the start-up still builds the batch
+        shapes the rest need (engine/startup.py; the runtime's `ready_streams`). Queued requests wait for it to
+        grow as they would for a slot; the queue's bound stays `max_active`'s."""
+        return min(self.max_active, int(getattr(self.runtime, "ready_streams", self.max_active)))
+
     def wake(self) -> None:
         """Called after a cancellation so the loop notices it even while idle."""
         with self._lock:
@@ -306,7 +313,7 @@ class Scheduler:
             if now >= deadline:
                 return
             waiting = len(self._pending) + len(self._reserved)
-            full = waiting >= self.max_active  # no one else could join
+            full = waiting >= self._capacity()  # no one else could join
             if len(self._reserved) > len(self._prepared) or (self._arriving and not full):
                 self._lock.wait(deadline - now)
                 continue
@@ -324,7 +331,7 @@ class Scheduler:
         if not any(job.params is None for job in self._pending):
             return
         kept: collections.deque[Job] = collections.deque()
-        free = self.max_active - self._slots_held()
+        free = self._capacity() - self._slots_held()
         for job in self._pending:
             if free > 0 and job.params is None and not job.cancelled:
                 self._grant_slot(job)
@@ -381,6 +388,7 @@ class Scheduler:
             self._reserved.remove(job)
             taken.append(job)
         kept: collections.deque[Job] = collections.deque()
+        capacity = self._capacity()
         while self._pending:
             job = self._pending.popleft()
             if job.cancelled:
@@ -389,14 +397,14 @@ class Scheduler:
             elif job.expired(now):
                 self._fail(job, DeadlineExceeded("the deadline passed while the request waited for a slot"))
             elif now - job.submitted_at > self.max_queue_wait_s:
-                slot_free = len(self._active) + len(taken) + len(self._reserved) < self.max_active
+                slot_free = len(self._active) + len(taken) + len(self._reserved) < capacity
                 if slot_free and not rows.fits(job):
                     self._fail(job, self._waited_for_rows(job, now, rows))
                 else:
                     self._fail(job, ResourceExhausted(
                         f"waited {now - job.submitted_at:.1f} s for a free stream slot (max_queue_wait_s="
                         f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
-            elif len(self._active) + len(taken) + len(self._reserved) < self.max_active:
+            elif len(self._active) + len(taken) + len(self._reserved) < capacity:
                 if job.params is None:  # its caller prepares it now, holding the slot
                     self._grant_slot(job)
                 elif rows.take(job):

@@ -191,6 +191,7 @@ class RunningServers:
 def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: ArtifactStore) -> synthesis_pb2.WorkerInfo:
     tiny = bool(getattr(engine, "is_tiny_default", False))
     disk = store.status()
+    readiness = engine.readiness() if hasattr(engine, "readiness") else {}
     return synthesis_pb2.WorkerInfo(
         model_description=str(getattr(engine, "model_description", "")),
         is_tiny_default=tiny,
@@ -203,6 +204,9 @@ def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: Artifac
         version=breeze_worker.__version__,
         artifact_store_degraded=disk.reason,
         artifact_disk_free_bytes=disk.free_bytes,
+        max_active_streams=settings.engine.max_active_streams,
+        ready_streams=int(readiness.get("ready_streams", 0)),
+        startup_building=str(readiness.get("building", "")),
     )
 
 

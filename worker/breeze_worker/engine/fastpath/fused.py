@@ -365,6 +365,13 @@ class DownWorkspace:
                                   torch.zeros(blocks, dtype=torch.int32, device=device))
         return self._buffers[key]
 
+    def reserve_like(self, other: DownWorkspace) -> None:
+        """Allocate every buffer `other` holds: a step whose warm-up ran on another step (a scratch of its
+        shape, engine/batch_graphs.py) is captured without one, and a buffer first allocated inside the
+        capture would be the graph's own."""
+        for device, splits, rows, n, blocks in list(other._buffers):
+            self.get(torch.device(device), splits, rows, n, blocks)
+
 
 def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, workspace: DownWorkspace,
                   kernel: str = "down_residual", kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:

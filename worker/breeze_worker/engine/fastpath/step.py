@@ -116,9 +116,11 @@ def packed_layers(lm) -> tuple[list[PackedLayer], list[PackedLayer]]:
 
 class FrameStep:
     def __init__(self, lm, rows: int, streams: int, capacity: int, device: torch.device,
-                 settings: FastPathSettings | None = None, sample_kernel: bool | None = None):
+                 settings: FastPathSettings | None = None, sample_kernel: bool | None = None,
+                 shared_layers: bool = False):
         """`settings`: the fast path's (None: the defaults); its `kernels` launch every fused kernel of the step.
-        `sample_kernel`: whether the sampling kernel draws (None: as `settings.sampler` says for `device`)."""
+        `sample_kernel`: whether the sampling kernel draws (None: as `settings.sampler` says for `device`).
+        `shared_layers`: caches whose layers share one layer's memory (`scratch`)."""
         cfg = lm.config
         self.settings = settings or FastPathSettings()
         self.kernels = self.settings.kernels
@@ -131,9 +133,10 @@ class FrameStep:
         # the backbone's keys/values: the residual stream's dtype, or FP16 beside an FP32 one where the weights
         # bound them (precision.backbone_kv_dtype); the depth decoder's 16 positions a row stay in the residual's
         self.cache = BackboneCache.allocate(bb.num_hidden_layers, rows, bb.num_key_value_heads, bb.head_dim,
-                                            capacity, backbone_kv_dtype(lm, self.settings.half_kv), device)
+                                            capacity, backbone_kv_dtype(lm, self.settings.half_kv), device,
+                                            shared_layers=shared_layers)
         self.depth_cache = DepthCache.allocate(dd.num_hidden_layers, rows, dd.num_key_value_heads, dd.head_dim,
-                                               self.codebooks, dtype, device)
+                                               self.codebooks, dtype, device, shared_layers=shared_layers)
         # depth RoPE: positions 0..15 are the same every frame
         cos, sin = lm.depth_decoder.model.rotary(torch.arange(self.codebooks, device=device), dtype)
         self.depth_cos, self.depth_sin = cos[None, None], sin[None, None]  # [1, 1, 16, D]
@@ -465,6 +468,16 @@ class FrameStep:
                                     top_p=s.top_p[:streams], repetition_penalty=s.repetition_penalty[:streams],
                                     seed=s.seed[:streams])
         return view
+
+    def scratch(self, rows: int, streams: int) -> FrameStep:
+        """A step of `rows` rows and `streams` streams with buffers of its own, on which the compiled code of
+        `narrow(rows, streams)` can be compiled and warmed while streams use this step's buffers: every tensor
+        a unit sees there has the shape and strides of the view's (a prefix of a per-row or per-stream buffer
+        has the strides of a buffer of the prefix's size; a layer of a cache, those of a cache of its rows),
+        and its caches give every layer one layer's memory (`BackboneCache.allocate`'s `shared_layers`). Its
+        units must be bound as the view's are (`use_compiled` with the same form, or `use_uncompiled`)."""
+        return FrameStep(self.lm, rows=rows, streams=streams, capacity=self.cache.capacity, device=self.device,
+                         settings=self.settings, shared_layers=True)
 
     def scrub(self, rows: list[int] | None = None, backbone: bool = True) -> None:
         """Zero the keys/values of `rows` (all when None) in both caches (`backbone` False: the depth decoder's

@@ -10,20 +10,30 @@ in one of two precisions (`CODEC_PRECISIONS`, `set_precision`):
   has been checked (`breeze-worker precision-check --codec`: SNR against FP32).
 The encoder (reference audio) always runs in FP32. Any other dtype asked of `to` is ignored (and logged);
 inputs of any float dtype are converted.
+
+The reference encoder (transformers' Mimi, only for requests that clone a voice) may be given as a loader
+instead of a module (`load_codec` does): it is built, and transformers imported, on first use or when
+`load_encoder` is called (the worker's start-up does so after it begins serving); callers that encode
+meanwhile wait for it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
 from breeze_worker.model.codec.config import CodecConfig
 from breeze_worker.model.codec.decoder import CodecDecoder
-from breeze_worker.model.codec.encoder import ReferenceEncoder
 from breeze_worker.model.codec.layers import TwoFormConvolution
 from breeze_worker.model.codec.streaming import DecoderStreamState
+
+if TYPE_CHECKING:
+    from breeze_worker.model.codec.encoder import ReferenceEncoder
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +49,38 @@ def require_fp32(dtype: torch.dtype | None, what: str = "codec") -> None:
 class Codec:
     """Qwen3-TTS-Tokenizer-12Hz: 16 codebooks per frame, 1920 samples per frame, 24 kHz mono."""
 
-    def __init__(self, config: CodecConfig, decoder: CodecDecoder, encoder: ReferenceEncoder):
+    def __init__(self, config: CodecConfig, decoder: CodecDecoder,
+                 encoder: ReferenceEncoder | Callable[[torch.device], ReferenceEncoder]):
+        """`encoder`: the module, or a loader `f(device) -> module` called on first use (`load_encoder`)."""
         self.config = config
         self.decoder = decoder.to(torch.float32).eval()
-        self.encoder = encoder.to(torch.float32).eval()
+        self._encoder: ReferenceEncoder | None = None
+        self._encoder_loader: Callable[[torch.device], ReferenceEncoder] | None = None
+        self._encoder_lock = threading.Lock()
+        if isinstance(encoder, torch.nn.Module):
+            self._encoder = cast("ReferenceEncoder", encoder.to(torch.float32).eval())
+        else:
+            self._encoder_loader = encoder
         self.precision = "fp32"
+
+    @property
+    def encoder(self) -> ReferenceEncoder:
+        """The reference encoder, loaded now if it was not yet (`load_encoder`)."""
+        encoder = self._encoder
+        return encoder if encoder is not None else self.load_encoder()
+
+    @property
+    def encoder_loaded(self) -> bool:
+        return self._encoder is not None
+
+    def load_encoder(self) -> ReferenceEncoder:
+        """Build the reference encoder from its loader on the decoder's device (once; concurrent callers wait)."""
+        with self._encoder_lock:
+            if self._encoder is None:
+                assert self._encoder_loader is not None  # a codec holds one or the other
+                self._encoder = self._encoder_loader(self.device).to(torch.float32).eval()
+                self._encoder_loader = None
+            return self._encoder
 
     def set_precision(self, name: str) -> list[str]:
         """Run the decoder in `name` (module docstring); returns the convolutions whose weights are FP16 now.
@@ -87,8 +124,9 @@ class Codec:
         """Move to `device`; the dtype stays float32 (see the module docstring), in the codec's precision."""
         require_fp32(dtype)
         self.decoder.to(device=device, dtype=torch.float32)
-        self.encoder.to(device=device, dtype=torch.float32)
-        self.encoder.after_load()
+        if self._encoder is not None:  # a loader builds it on the decoder's device when it is needed
+            self._encoder.to(device=device, dtype=torch.float32)
+            self._encoder.after_load()
         self.set_precision(self.precision)
         return self
 
