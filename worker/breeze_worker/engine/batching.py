@@ -311,10 +311,11 @@ class BatchedStepper:
                     f"all {self.max_streams} stream slots are busy" if self.ready_streams >= self.max_streams
                     else f"all {self.ready_streams} stream slots ready so far (of {self.max_streams}) are busy")
             elif need > rows_left:
+                rows = (f"the {self.max_rows} model rows" if self.ready_rows >= self.max_rows
+                        else f"the {self.ready_rows} model rows ready so far (of {self.max_rows})")
                 errors[key] = ResourceExhausted(
-                    f"{rows_left} of the {self.ready_rows} model rows ready so far (of {self.max_rows}) are free and "
-                    f"this request needs {need} (one per prompt branch: guidance takes 2, two guidance scales 3); "
-                    "retry when streams have finished")
+                    f"{rows_left} of {rows} are free and this request needs {need} (one per prompt branch: "
+                    "guidance takes 2, two guidance scales 3); retry when streams have finished")
             else:
                 slots_left, rows_left = slots_left - 1, rows_left - need
                 fitting.append((key, params))
