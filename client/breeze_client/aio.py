@@ -51,7 +51,7 @@ class AsyncSynthesisStream(StreamHandle):
                     let_finish(self._call)
                     break
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
         finally:
             self._hang_up_unless_done()
         self._result = self._receiver.result()
