@@ -40,6 +40,54 @@ CHILD = textwrap.dedent("""
 """)
 
 
+# The child: a job's artifact written, its job ended (`job_done`), then 0.15 s of CPU burnt on the thread that
+# would hand the commit over before it does (a held scheduler thread), then the commit on a pool thread whose
+# own counters see none of that: the commit's CPU wait counts the quota's hold since the job ended.
+COMMIT_CHILD = textwrap.dedent("""
+    import json, sys, time
+    from concurrent.futures import ThreadPoolExecutor
+    from breeze_worker.artifacts.store import ArtifactStore
+    from breeze_worker.config import ArtifactSettings
+
+    store = ArtifactStore(ArtifactSettings(directory=sys.argv[1]))
+    writer = store.begin("job-1", 24000, "s16le")
+    writer.append(bytes(48000))
+    sys.stdin.readline()  # moved into the cgroup meanwhile
+    writer.job_done()
+    start = time.thread_time()
+    while time.thread_time() - start < 0.15:
+        pass
+    with ThreadPoolExecutor(1) as pool:
+        info = pool.submit(writer.commit).result()
+    print(json.dumps({"cpu_wait": info.commit.cpu_wait_ns, "storage_wait": info.commit.storage_cpu_wait_ns}),
+          flush=True)
+    sys.stdin.readline()
+""")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not cpu_limit_support(), reason="a cgroup CPU quota needs root and the "
+                    "cpu controller")
+def test_a_commit_that_a_cpu_quota_held_from_its_jobs_end_reports_that_wait(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / d) for d in ("worker", "client", "protos")))
+    proc = subprocess.Popen([sys.executable, "-c", COMMIT_CHILD, str(tmp_path / "artifacts")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        with Cgroup("cpu") as group:
+            group.limit_cpu(0.2)
+            group.add(proc.pid)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            got = json.loads(proc.stdout.readline())
+            throttled = group.throttled_ns()
+            proc.communicate("end\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert throttled >= 0.2e9, throttled  # the fault took hold
+    # the hold fell before the commit began, outside its storage calls, and the commit reports it
+    assert got["cpu_wait"] is not None and 0.5 * throttled <= got["cpu_wait"] <= throttled + 1, (got, throttled)
+
+
 def test_the_counters_are_this_threads_and_never_mixed_with_another_threads():
     now = threadcpu.sample()
     assert now is not None and now.run_ns > 0  # Linux with schedstats: what the tests run on

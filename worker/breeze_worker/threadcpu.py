@@ -106,6 +106,7 @@ class PoolTask:
         self._quota = quota
         self._start: CpuSample | None = None
         self._held: Held | None = None
+        self.ended: Held | None = None  # what was sampled as the task ended (with the quota's, with `quota`)
 
     def __enter__(self) -> PoolTask:
         self._held = held() if self._quota else Held(sample(), {})
@@ -120,6 +121,7 @@ class PoolTask:
         if thread is not None or quota is not None:
             self.wait_ns = max(thread or 0, quota or 0)
         self.run_ns = None if end.thread is None else end.thread.run_since(self._start)
+        self.ended = end
         _idle.sample = end.thread
 
 

@@ -292,6 +292,8 @@ class ArtifactWriter:
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable
         self.held_at_commit: threadcpu.Held | None = None  # the CPU quota's counters as the commit ended
+        # ... and as its job ended (`job_done`): a quota that holds the worker between the two holds the commit
+        self.held_at_done: threadcpu.Held | None = None
         if unavailable is not None:
             return
         try:
@@ -343,6 +345,12 @@ class ArtifactWriter:
         None when the artifact was given up (`unavailable_reason` says why). `ArtifactStore.commit_together`
         commits several at once."""
         return self._store.commit_together([self])[0]
+
+    def job_done(self) -> None:
+        """Its job ended (called as it ends, before its commit is handed to an I/O thread): the CPU quota's
+        counters now, so the commit's CPU wait also counts a quota that held the worker until the commit began
+        (the thread that hands it over, or the one that takes it up, may sleep there unseen by its own)."""
+        self.held_at_done = threadcpu.Held(None, threadcpu.throttled())
 
     # ---- the steps of a commit (ArtifactStore.commit_together runs them for a group) ----
     def _seal(self) -> bool:
@@ -458,7 +466,8 @@ class _StorageWait:
     counters are missing)."""
 
     fsync_ns: int = 0  # the committing thread's, inside the WAV's sync and the sidecars' and directory's
-    readback_ns: int = 0  # the read-back threads', beyond the committing thread's own during the sync
+    readback_ns: int = 0  # the read-back threads', beyond the committing thread's own during the sync, or the
+    # CPU quota's hold while the committing thread waited for them, when longer
     rename_ns: int = 0  # the committing thread's, inside the renames
 
     def total(self) -> int:
@@ -568,8 +577,11 @@ class ArtifactStore:
         for w, info in infos.items():
             if info.commit is not None and task.wait_ns is not None:
                 storage = storage_wait.total()
+                since_done = None
+                if w.held_at_done is not None and task.ended is not None:
+                    since_done = task.ended.quota_since(w.held_at_done)
                 info = dataclasses.replace(info, commit=dataclasses.replace(
-                    info.commit, cpu_wait_ns=max(task.wait_ns, storage), cpu_run_ns=task.run_ns,
+                    info.commit, cpu_wait_ns=max(task.wait_ns, storage, since_done or 0), cpu_run_ns=task.run_ns,
                     storage_cpu_wait_ns=storage, fsync_cpu_wait_ns=storage_wait.fsync_ns))
             w._committed(info)
             infos[w] = info
@@ -599,9 +611,11 @@ class ArtifactStore:
             read_back = self._finish_each(reading)
             reading = []
             digests = [digest for digest, _ in read_back]
-            # the read-backs ran beside the sync: their wait counts where it outlasted the committing thread's
-            waits.readback_ns = max(0, max((wait or 0 for _, wait in read_back), default=0) - waits.fsync_ns)
             cpu2 = threadcpu.held()
+            # the read-backs ran beside the sync: their wait counts where it outlasted the committing thread's;
+            # while this thread sleeps on them, a CPU quota that holds them shows only in its hold (`_between`)
+            beyond = max(0, max((wait or 0 for _, wait in read_back), default=0) - waits.fsync_ns)
+            waits.readback_ns = max(beyond, _between(cpu1, cpu2))
             t2 = clock()
             in_place = []
             for w, digest in zip(sealed, digests):
