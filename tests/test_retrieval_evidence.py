@@ -64,6 +64,45 @@ def test_plausible_drift_widens_the_uncertainty_and_a_runaway_clock_is_broken():
     assert any("no clock exchange agrees" in e for e in runaway.evidence)
 
 
+def test_drift_is_named_for_the_worker_only_when_this_client_s_clock_is_disciplined():
+    """Two clocks drifting apart cannot say which one moves; a client whose kernel says its clock is disciplined
+    is not it. A step is always the worker's: the client times on its monotonic clock, which nothing steps."""
+    ppm = MAX_DRIFT_PPM / 2
+
+    def drifting(synced: bool | None) -> list[Exchange]:
+        return [dataclasses.replace(exchange(at, at * ppm / 1e3, label=label), client_synchronized=synced)
+                for at, label in ((0.0, "before"), (60.0, "after"))]
+
+    disciplined = check(drifting(True), [Group("stat", T0 + 30 * S)])
+    (line,) = disciplined.evidence
+    assert disciplined.drifted == "worker" and "the worker's clock drifted" in line and "disciplined" in line, line
+    for synced in (False, None):
+        either = check(drifting(synced), [Group("stat", T0 + 30 * S)])
+        (line,) = either.evidence
+        assert either.status == "drift" and either.drifted == "either", either
+        assert "drifted +15.0 ms apart" in line and "either may be the one that drifts" in line, line
+    stepped = check([dataclasses.replace(e, client_synchronized=False) for e in
+                     (exchange(0.0, 0.0, label="before"), exchange(1.0, -2000.0, label="after"))], [])
+    assert stepped.status == "stepped" and stepped.drifted == ""
+    assert "the worker's clock moved -2.00 s" in stepped.evidence[0], stepped.evidence
+    # the verdict's headline names the side the same way
+    t = make_timeline("art-d")
+    for check_result, words in ((disciplined, "the worker's clock moved (run 1 drift"),
+                                (either, "the worker's clock and this client's drifted apart (run 1")):
+        run = dataclasses.replace(t, clock=check_result.to_dict())
+        assert any(words in e for e in diagnose([run]).verdict.evidence + diagnose([run]).verdict.details), words
+
+
+def test_the_client_asks_its_kernel_whether_its_clock_is_disciplined():
+    """adjtimex's read-only query, as chronyc or timedatectl would make it; a host without it says unknown."""
+    import sys
+
+    from breeze_client.clock import synchronized
+
+    state = synchronized()
+    assert (state is None) if not sys.platform.startswith("linux") else isinstance(state, bool)
+
+
 def test_a_group_whose_own_worker_times_contradict_causality_is_broken():
     g = Group("job", T0)
     g.before(T0 + 10 * MS, T0, "commit before final message")  # offset >= 10 ms

@@ -14,6 +14,8 @@ smallest round trip is kept: its uncertainty is the smallest.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +34,24 @@ def now_ns() -> int:
 def wall_lead_ns() -> int:
     """How far the wall clock (`time.time_ns`) reads ahead of `now_ns`: about 0 unless it was stepped since."""
     return time.time_ns() - now_ns()
+
+
+_TIME_ERROR = 5  # adjtimex's state for a clock that nothing disciplines (not synchronized)
+
+
+def synchronized() -> bool | None:
+    """Whether this host's kernel says its clock is disciplined (NTP, chrony: adjtimex's read-only query is not
+    TIME_ERROR); None where the kernel cannot be asked (not Linux). Two clocks that drift apart cannot say
+    which one moves; a synchronized one is not it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        timex = ctypes.create_string_buffer(512)  # struct timex (about 208 bytes), zeroed: modes 0 reads only
+        state = libc.adjtimex(timex)
+    except (OSError, AttributeError):
+        return None
+    return None if state < 0 else state != _TIME_ERROR
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,7 @@ class ClockMapping:
     samples: int = 0  # 0: no exchange was made (identity mapping, unknown uncertainty)
     measured_at_ns: int = 0  # client clock when the exchange finished
     wall_lead_ns: int = 0  # how far this client's wall clock read ahead of its clock then (`wall_lead_ns`)
+    client_synchronized: bool | None = None  # whether this host's clock was disciplined then (`synchronized`)
 
     def to_client(self, server_ns: int) -> int | None:
         """A worker timestamp on the client clock (None for an unset timestamp, 0)."""
@@ -67,7 +88,8 @@ class ClockMapping:
 
     def to_dict(self) -> dict:
         return {"offset_ns": self.offset_ns, "uncertainty_ns": self.uncertainty_ns, "rtt_ns": self.rtt_ns,
-                "samples": self.samples, "measured_at_ns": self.measured_at_ns, "wall_lead_ns": self.wall_lead_ns}
+                "samples": self.samples, "measured_at_ns": self.measured_at_ns, "wall_lead_ns": self.wall_lead_ns,
+                "client_synchronized": self.client_synchronized}
 
 
 def request() -> tuple[clock_pb2.ClockExchangeRequest, int]:
@@ -86,7 +108,7 @@ def best_mapping(samples: Iterable[ClockSample]) -> ClockMapping:
     best = min(samples, key=lambda s: s.rtt_ns)
     rtt = max(best.rtt_ns, 0)
     return ClockMapping(offset_ns=best.offset_ns, uncertainty_ns=(rtt + 1) // 2, rtt_ns=rtt, samples=len(samples),
-                        measured_at_ns=now_ns(), wall_lead_ns=wall_lead_ns())
+                        measured_at_ns=now_ns(), wall_lead_ns=wall_lead_ns(), client_synchronized=synchronized())
 
 
 def exchange(stub, samples: int = DEFAULT_SAMPLES, **call_kwargs) -> ClockMapping:

@@ -42,6 +42,7 @@ class Exchange:
     uncertainty_ns: int
     label: str = ""  # where it was made, e.g. "before the job" or "after the fetch"
     client_lead_ns: int | None = None  # how far this client's wall clock read ahead of its clock (clock.now_ns)
+    client_synchronized: bool | None = None  # whether this host's clock was disciplined (clock.synchronized)
 
     @property
     def low(self) -> int:
@@ -53,7 +54,8 @@ class Exchange:
 
     def to_dict(self) -> dict:
         return {"at_ns": self.at_ns, "offset_ns": self.offset_ns, "uncertainty_ns": self.uncertainty_ns,
-                "label": self.label, "client_lead_ns": self.client_lead_ns}
+                "label": self.label, "client_lead_ns": self.client_lead_ns,
+                "client_synchronized": self.client_synchronized}
 
 
 @dataclass
@@ -131,6 +133,7 @@ class ClockCheck:
     evidence: tuple[str, ...]
     exchanges: tuple[Exchange, ...] = ()
     client_evidence: tuple[str, ...] = ()  # steps of this client's wall clock (they move no phase)
+    drifted: str = ""  # whose clock drifts, when the exchanges show drift: "worker" or "either" (see `_drift_side`)
 
     @property
     def broken(self) -> bool:
@@ -141,7 +144,7 @@ class ClockCheck:
                 "moves": [m.to_dict() for m in self.moves], "evidence": list(self.evidence),
                 "exchanges": [e.to_dict() for e in self.exchanges],
                 "client_status": "stepped" if self.client_evidence else "ok",
-                "client_evidence": list(self.client_evidence)}
+                "client_evidence": list(self.client_evidence), "drifted": self.drifted}
 
 
 def client_steps(exchanges: Sequence[Exchange]) -> list[str]:
@@ -159,6 +162,13 @@ def client_steps(exchanges: Sequence[Exchange]) -> list[str]:
                        f"exchanges {a.label or 'before'} and {b.label or 'after'}: a step of the client's clock, "
                        "not the worker's; the phases are timed on the client's monotonic clock, so none moved with it")
     return out
+
+
+def _drift_side(a: Exchange, b: Exchange) -> str:
+    """Whose clock drifts between two exchanges: a step is always the worker's (this client times on its
+    monotonic clock, which nothing steps), but two clocks drifting apart cannot say which one moves unless one
+    is known to be disciplined: "worker" when this client's was at both exchanges, else "either"."""
+    return "worker" if a.client_synchronized and b.client_synchronized else "either"
 
 
 def _fmt(ns: float) -> str:
@@ -202,12 +212,22 @@ def check(exchanges: Iterable[Exchange], groups: Iterable[Group]) -> ClockCheck:
         status = "drift"
     else:
         status = "stepped"
+    drifted = ""
     for m in moved:
-        kind = ("drift" if m.ppm <= MAX_DRIFT_PPM else "a step" if m.ppm > 100_000 else
-                f"a step, or a clock running {m.ppm / 1e4:.2g}% off: no disciplined clock drifts faster "
-                f"than {MAX_DRIFT_PPM:.0f} ppm")
-        evidence.append(f"the worker's clock moved {_fmt(m.delta_ns)} against this client's in {m.seconds:.2f} s "
-                        f"between the exchanges {m.first.label or 'before'} and {m.second.label or 'after'} "
+        between = (f"in {m.seconds:.2f} s between the exchanges {m.first.label or 'before'} and "
+                   f"{m.second.label or 'after'}")
+        if m.ppm <= MAX_DRIFT_PPM:
+            side = _drift_side(m.first, m.second)
+            drifted = "either" if "either" in (drifted, side) else side
+            evidence.append(
+                f"the worker's clock drifted {_fmt(m.delta_ns)} against this client's disciplined clock {between} "
+                f"({m.ppm:.0f} ppm: drift)" if side == "worker" else
+                f"the worker's clock and this client's drifted {_fmt(m.delta_ns)} apart {between} ({m.ppm:.0f} ppm: "
+                "drift; this client's clock is not known to be disciplined, so either may be the one that drifts)")
+            continue
+        kind = ("a step" if m.ppm > 100_000 else f"a step, or a clock running {m.ppm / 1e4:.2g}% off: no "
+                f"disciplined clock drifts faster than {MAX_DRIFT_PPM:.0f} ppm")
+        evidence.append(f"the worker's clock moved {_fmt(m.delta_ns)} against this client's {between} "
                         f"({m.ppm:.0f} ppm: {kind})")
     rate = 0.0
     if status == "drift":
@@ -257,4 +277,5 @@ def check(exchanges: Iterable[Exchange], groups: Iterable[Group]) -> ClockCheck:
         mapped[g.name] = result
     if broken:
         status = "broken"
-    return ClockCheck(status, mapped, tuple(moves), tuple(evidence), tuple(ex), tuple(client_steps(ex)))
+    return ClockCheck(status, mapped, tuple(moves), tuple(evidence), tuple(ex), tuple(client_steps(ex)),
+                      drifted if status == "drift" else "")

@@ -28,7 +28,8 @@ _CROSSING = {"job": ("notify", "total", "waited"), "stat": ("waited",), "fetch":
 
 
 def exchange_from(mapping: ClockMapping, label: str) -> Exchange:
-    return Exchange(mapping.measured_at_ns, mapping.offset_ns, mapping.uncertainty_ns, label, mapping.wall_lead_ns)
+    return Exchange(mapping.measured_at_ns, mapping.offset_ns, mapping.uncertainty_ns, label, mapping.wall_lead_ns,
+                    mapping.client_synchronized)
 
 
 def _raw(mapped: int | None, offset: int) -> int | None:

@@ -296,10 +296,17 @@ def _clock_lines(timelines: Sequence[Timeline]) -> list[str]:
 def _clock_summary(timelines: Sequence[Timeline]) -> str:
     """One line for the headline: which side's clock moved in which runs (the details list each move)."""
     parts = []
-    worker = [f"run {i + 1} {t.clock_status}" for i, t in enumerate(timelines) if t.clock_status != "ok"]
+    either = [f"run {i + 1}" for i, t in enumerate(timelines) if t.clock_status == "drift"
+              and t.clock.get("drifted") == "either"]
+    worker = [f"run {i + 1} {t.clock_status}" for i, t in enumerate(timelines) if t.clock_status != "ok"
+              and f"run {i + 1}" not in either]
     if worker:
         parts.append("the worker's clock moved (" + ", ".join(worker) + "; stepped and drifting runs were re-mapped "
                      "from the exchanges that agree with the order of events)")
+    if either:
+        parts.append("the worker's clock and this client's drifted apart (" + ", ".join(either) + "; the mapping's "
+                     "uncertainty was widened by the drift; this client's clock is not known to be disciplined, so "
+                     "either may be the one that drifts)")
     client = [f"run {i + 1}" for i, t in enumerate(timelines) if t.client_clock_evidence]
     if client:
         parts.append("this client's wall clock stepped (" + ", ".join(client) + "; every client phase is timed on "
