@@ -88,26 +88,34 @@ def test_a_fresh_client_per_download_is_a_cold_start_with_one_run_or_three(worke
             assert "keep one client" in v["fix"]
 
 
-@pytest.mark.parametrize("step_s", [5.0, -3.0])
-def test_a_step_of_the_client_clock_is_named_for_the_client_and_moves_no_phase(worker, step_s):  # noqa: F811
+@pytest.mark.parametrize(("step_s", "jobs"), [(5.0, 1), (-3.0, 1), (5.0, 3)])
+def test_a_step_of_the_client_clock_is_named_for_the_client_and_moves_no_phase(worker, step_s, jobs):  # noqa: F811
     """A wall-clock step in the middle of a fetch was once added to the transfer (3.95 s printed as 8.95 s), or
-    blamed on the worker's clock. The client times its phases on its monotonic clock."""
+    blamed on the worker's clock. The client times its phases on its monotonic clock. The step comes at the
+    first fetch's first write: with three runs, the other two see none, and the cause is the same."""
     chunk, write_s = 8192, 0.02
     with FakeClock() as clock, ClientProcess("--target", worker.target, "--artifact-target", worker.artifact_target,
-                                             "--max-frames", "40", "--chunk-size", str(chunk),
+                                             "--jobs", str(jobs), "--max-frames", "40", "--chunk-size", str(chunk),
                                              "--write-delay", str(write_s), "--step-clock", str(step_s),
                                              env=clock.env(), python_path=[SHIM_DIR]) as child:
         out = child.go()
-    (run,) = out["runs"]
-    assert run["clock"]["status"] == "ok", run["clock"]  # the worker's clock did not move
-    (line,) = run["clock"]["client_evidence"]
-    assert f"{step_s:+.2f} s" in line and "client's clock, not the worker's" in line, line
-    print(f"step {step_s:+.2f} s: {line}")
-    writes = math.ceil(run["file_bytes"] / chunk)
-    phases = run["phases"]
-    fetched = phases["transfer"]["span_s"] + phases["client_write"]["span_s"]  # first byte -> on disk
-    print(f"first byte -> on disk {fetched:.3f} s for {writes} writes of {write_s} s")
-    assert writes * write_s <= fetched <= writes * write_s + 1.0, (fetched, writes)  # not the step's seconds
+    runs = out["runs"]
+    assert len(runs) == jobs
+    for i, run in enumerate(runs):
+        assert run["clock"]["status"] == "ok", run["clock"]  # the worker's clock did not move
+        stepped = run["clock"]["client_evidence"]
+        if i > 0:  # the clock stepped once, in the first run
+            assert stepped == [], stepped
+        else:
+            (line,) = stepped
+            assert f"{step_s:+.2f} s" in line and "client's clock, not the worker's" in line, line
+            print(f"step {step_s:+.2f} s: {line}")
+        writes = math.ceil(run["file_bytes"] / chunk)
+        phases = run["phases"]
+        fetched = phases["transfer"]["span_s"] + phases["client_write"]["span_s"]  # first byte -> on disk
+        print(f"-n {jobs} run {i + 1}: first byte -> on disk {fetched:.3f} s for {writes} writes of {write_s} s")
+        assert writes * write_s <= fetched <= writes * write_s + 1.0, (fetched, writes)  # not the step's seconds
     v = out["diagnosis"]["verdict"]
     assert v["cause"] == "slow_client_disk" and v["severity"] == "fault", v["evidence"]
-    assert "this client's wall clock stepped" in out["text"] and "the worker's clock" not in out["text"]
+    assert v["runs_by_cause"] == {"slow_client_disk": jobs}, v["runs_by_cause"]
+    assert "this client's wall clock stepped (run 1;" in out["text"] and "the worker's clock" not in out["text"]
