@@ -146,8 +146,10 @@ def test_one_way_latency_from_the_proxy_is_named(worker, direction, phase):
     delays = {"up_delay_s": DELAY, "down_delay_s": 0.0} if direction == "up" else {"up_delay_s": 0.0,
                                                                                    "down_delay_s": DELAY}
     with ProxyThread([DelayProxy((host, int(port)), **delays)]) as proxies:
-        run = diagnose_jobs(worker, artifact_target=proxies.proxies[0].address)
-    assert_injected(run, phase, DELAY, tol=0.1)
+        (proxy,) = proxies.proxies
+        run = diagnose_jobs(worker, artifact_target=proxy.address)
+    late = proxy.stats.late_up_s if direction == "up" else proxy.stats.late_down_s  # its own lag on a busy host
+    assert_injected(run, phase, DELAY, tol=0.1 + late)
     assert run.diagnosis.verdict.cause == "network_latency", run.diagnosis.verdict.evidence
     # the artifact path's own clock exchange saw the delay; the synthesis channel's mapping was used instead
     assert all(t.clock_uncertainty_ns < 0.05e9 for t in run.timelines)

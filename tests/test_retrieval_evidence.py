@@ -196,6 +196,21 @@ def test_a_first_byte_a_little_late_on_a_slow_path_is_latency_not_a_buffer():
     assert diagnose([waited]).verdict.cause == "network_latency"
 
 
+def test_a_first_byte_far_past_the_round_trip_that_cpu_waits_explain_names_the_side_that_waited():
+    """A worker held by a CPU quota sends its messages late from gRPC's own threads, after its handler handed them
+    over: its counters see part of that. A first byte 237 ms past a 90 ms round trip, which the waits keep from
+    being a buffer's, is the side that waited."""
+    late = make_timeline(slow="first_byte_transit", extra_ms=330, transfer_ms=0.2, rtt_ms=90, chunks=1)
+    one_chunk = with_evidence(late, data_receive_span_ns=0, last_byte_sent=late.events["first_byte_sent"] + MS // 5)
+    d = diagnose([with_evidence(one_chunk, worker_handler_cpu_wait_ns=80 * MS, worker_handler_span_ns=400 * MS,
+                                client_cpu_wait_ns=5 * MS)]).verdict
+    assert d.cause == "worker_cpu" and any("the worker waited 80.0 ms" in e for e in d.evidence), d.evidence
+    d = diagnose([with_evidence(one_chunk, client_cpu_wait_ns=90 * MS)]).verdict
+    assert d.cause == "client_cpu" and any("the client waited 90.0 ms" in e for e in d.evidence), d.evidence
+    # nobody waited: something on the path held it
+    assert diagnose([one_chunk]).verdict.cause == "buffering_intermediary"
+
+
 @pytest.mark.parametrize("slow,ev", [
     ("commit", {"commit_storage_ns": 400 * MS, "commit_fsync_ns": 390 * MS, "commit_bytes": SIZE}),
     ("first_byte_transit", {}),

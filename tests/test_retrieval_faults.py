@@ -300,7 +300,7 @@ def test_a_worker_starved_of_cpu_is_named_with_one_run_or_three(process_worker, 
         v = run.diagnosis.verdict
         fault = f"{'with other jobs' if crowded else 'alone'} at {fraction:.0%}"
         print(f"{fault}, -n {n}: {v.cause} in {v.phase}, p50 {v.p50_s:.3f} s; " + " | ".join(v.evidence[1:]))
-        assert v.cause == "worker_cpu", (n, v.phase, v.evidence, v.details)
+        assert v.cause == "worker_cpu", (n, v.phase, v.evidence, v.details, [t.evidence for t in run.timelines])
         assert "CPU" in v.fix and "--artifact-dir" not in v.fix
         assert any("for a CPU" in e and "the worker is starved of CPU" in e for e in v.evidence), v.evidence
         for t in run.timelines:  # the worker's own evidence: it waited for a CPU through much of each run

@@ -304,10 +304,33 @@ def _first_byte_transit(t: Timeline, pt: PhaseTime) -> Finding:
             ev.append(f"through the buffer the path delivered {_rate(delivered)} (first byte sent -> last byte "
                       "received); the burst rate behind it says nothing about the path")
         return Finding("buffering_intermediary", ev + held)
+    waited = _waited_past_the_path(t, d)
+    if waited is not None:
+        return Finding(waited[0], ev + waited[1])
     if rtt is not None and d / 1e9 > rtt + 4 * LATENCY_SLACK_S and t.parallel > 1:
         ev.append(f"{t.parallel} fetches shared the connection: the first message waited behind the others' bytes")
         return Finding("bandwidth", ev)
     return Finding("network_latency", ev)
+
+
+def _waited_past_the_path(t: Timeline, d: int) -> tuple[str, list[str]] | None:
+    """(cause, evidence) when the first message took over twice the path's round trip (a loaded host adds tens of
+    ms to a transit: that stays latency), no buffer held it (`_held_past_the_path`: the waits take up too much of
+    it), and one side's wait for a CPU is a real share of the excess: that side. A held worker's gRPC threads
+    send what its handler handed them, unseen by its counters, so its wait shows only in part."""
+    if not t.rtt_ns:
+        return None
+    excess = d - t.rtt_ns
+    worker, client = _ev(t, "worker_handler_cpu_wait_ns") or 0, _ev(t, "client_cpu_wait_ns") or 0
+    if excess < max(CPU_STARVED_MIN_NS, t.rtt_ns) \
+            or max(worker, client) < max(CPU_STARVED_MIN_NS, CPU_STARVED_SHARE * excess):
+        return None
+    line = (f"{_s(excess)} of it is more than the path's round trip allows and no buffer held it: the "
+            f"{'worker' if worker >= client else 'client'} waited {_s(max(worker, client))} for a CPU over the fetch "
+            f"(the {'client' if worker >= client else 'worker'} {_s(min(worker, client))})")
+    if worker >= client:
+        return "worker_cpu", [line + ": the worker is starved of CPU"]
+    return "client_cpu", [line + ": the client is starved of CPU"]
 
 
 def _held_past_the_path(t: Timeline, d: int) -> list[str] | None:
