@@ -282,13 +282,15 @@ WORKER_WAITS = ("worker_commit_cpu_wait_ns", "worker_notify_cpu_wait_ns", "worke
                 "worker_handler_cpu_wait_ns", "worker_open_cpu_wait_ns")
 
 
-@pytest.mark.parametrize(("crowded", "fraction"), [(True, 0.05), (False, 0.02)], ids=["other-jobs", "alone"])
+@pytest.mark.timeout(900)  # every job of a worker held to 2% of a CPU is slow: minutes under load
+@pytest.mark.parametrize(("crowded", "fraction"), [(True, 0.02), (False, 0.02)], ids=["other-jobs", "alone"])
 def test_a_worker_starved_of_cpu_is_named_with_one_run_or_three(process_worker, record_property, crowded, fraction):
     """Once blamed on the connection (a 948 ms request transit), on the disk (a 1.95 s fsync) or on a phase that
     held 3% of the total: the worker now reports its own wait for a CPU around each phase it serves. Held to 5%
     of a CPU alone, a retrieval's few ms of CPU often fit in one period's share (the quota's stalls then fall in
-    a different phase of each run, or in none: rightly healthy at p50); with other jobs on the worker every
-    retrieval waits, and so it does alone at 2% (2 ms a 100 ms period)."""
+    a different phase of each run, or in none: rightly healthy at p50), and with other jobs on it a retrieval
+    sometimes ends within the healthy budget after one 100 ms stall; at 2% (2 ms a 100 ms period), with other
+    jobs or alone, every retrieval waits longer than that."""
     record_property("cpu_fault", CPU_FAULT)
     w = process_worker
     load = other_jobs(w.target, w.artifact_target) if crowded else nullcontext()

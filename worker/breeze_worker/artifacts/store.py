@@ -294,6 +294,7 @@ class ArtifactWriter:
         self.held_at_commit: threadcpu.Held | None = None  # the CPU quota's counters as the commit ended
         # ... and as its job ended (`job_done`): a quota that holds the worker between the two holds the commit
         self.held_at_done: threadcpu.Held | None = None
+        self.handover_wait_ns: int | None = None  # the ending thread's wait for a CPU until it handed the commit over
         if unavailable is not None:
             return
         try:
@@ -350,7 +351,15 @@ class ArtifactWriter:
         """Its job ended (called as it ends, before its commit is handed to an I/O thread): the CPU quota's
         counters now, so the commit's CPU wait also counts a quota that held the worker until the commit began
         (the thread that hands it over, or the one that takes it up, may sleep there unseen by its own)."""
-        self.held_at_done = threadcpu.Held(None, threadcpu.throttled())
+        self.held_at_done = threadcpu.held()
+
+    def handed_over(self) -> None:
+        """Its commit is handed to an I/O thread now, on the thread that called `job_done`: that thread's wait for
+        a CPU in between (a throttled thread waits on its run queue; the quota's own counter may add a CPU's
+        throttled time only later) is part of the commit's."""
+        if self.held_at_done is not None:
+            now = threadcpu.sample()
+            self.handover_wait_ns = None if now is None else now.wait_since(self.held_at_done.thread)
 
     # ---- the steps of a commit (ArtifactStore.commit_together runs them for a group) ----
     def _seal(self) -> bool:
@@ -580,8 +589,9 @@ class ArtifactStore:
                 since_done = None
                 if w.held_at_done is not None and task.ended is not None:
                     since_done = task.ended.quota_since(w.held_at_done)
+                waited = max(task.wait_ns + (w.handover_wait_ns or 0), storage, since_done or 0)
                 info = dataclasses.replace(info, commit=dataclasses.replace(
-                    info.commit, cpu_wait_ns=max(task.wait_ns, storage, since_done or 0), cpu_run_ns=task.run_ns,
+                    info.commit, cpu_wait_ns=waited, cpu_run_ns=task.run_ns,
                     storage_cpu_wait_ns=storage, fsync_cpu_wait_ns=storage_wait.fsync_ns))
             w._committed(info)
             infos[w] = info

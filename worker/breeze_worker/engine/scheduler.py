@@ -612,6 +612,9 @@ class Scheduler:
         (one group: ArtifactStore.commit_together shares the syncs)."""
         if self._ending:
             group, self._ending = self._ending, []
+            for job, _, _ in group:
+                if job.artifact is not None:
+                    job.artifact.handed_over()
             self._io.submit(self._commit, group)
 
     def _commit(self, group: list) -> None:
