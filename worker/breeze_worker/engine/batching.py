@@ -171,12 +171,20 @@ class BatchedStepper:
         """Text segments one join of up to `streams` joiners can bring."""
         return MAX_TEXT_SEGMENTS * (streams if self.batch_joins else 1)
 
+    def _admission(self) -> tuple[int, int]:
+        """(streams, rows) joins may fill: those of the built shape with the most rows (then streams). Every
+        prefix of slots and rows within it runs in that shape or a smaller built one, whatever the streams' mix;
+        a join is refused on its slot or on its rows (`join`)."""
+        if not self.bucketed:
+            return self.max_streams, self.max_rows
+        streams, rows = max(((s, r) for s, r in self.graphs.ready_shapes), key=lambda sr: (sr[1], sr[0]),
+                            default=(0, 0))
+        return min(self.max_streams, streams), min(self.max_rows, rows)
+
     @property
     def ready_streams(self) -> int:
-        """Streams the built shapes serve, whatever their mix (each may use CFG): what may be admitted."""
-        if not self.bucketed:
-            return self.max_streams
-        return min(self.max_streams, max((covered_streams(s) for s in self.graphs.ready_shapes), default=0))
+        """Stream slots the built shapes serve (`_admission`): what may be admitted."""
+        return self._admission()[0]
 
     def build_next(self) -> tuple[int, int] | None:
         """Build the next pending shape (progressive start, from a background thread), the text encoder's shapes
@@ -186,7 +194,7 @@ class BatchedStepper:
             return None
         shape, compiled = pending[0]
         if self.graphed:
-            self.text_encoder.prepare(self._join_segments(covered_streams(shape)), background=True)
+            self.text_encoder.prepare(self._join_segments(shape[0]), background=True)
         self.graphs.build(shape, compiled)
         return shape
 
@@ -234,10 +242,8 @@ class BatchedStepper:
 
     @property
     def ready_rows(self) -> int:
-        """Model rows the built shapes cover: a join takes rows below this."""
-        if not self.bucketed:
-            return self.max_rows
-        return min(self.max_rows, max((rows for _, rows in self.graphs.ready_shapes), default=0))
+        """Model rows the built shapes cover (`_admission`): a join takes rows below this."""
+        return self._admission()[1]
 
     @property
     def ready_rows_free(self) -> int:

@@ -37,7 +37,6 @@ from contextlib import nullcontext
 
 import torch
 
-from breeze_worker.engine.batch_graphs import covered_streams
 from breeze_worker.engine.codec_graphs import bucket_for, pool_for
 
 log = logging.getLogger(__name__)
@@ -122,7 +121,7 @@ class StartupBuild:
             if not pending:
                 return
             shape, compiled = pending[0]
-            slots = bucket_for(covered_streams(shape))
+            slots = bucket_for(shape[0])  # the streams it may admit (BatchedStepper._admission)
             if slots not in pool.built:
                 self._piece(f"the codec's {slots}-slot batch", functools.partial(pool.ensure, slots))
             what = f"batch shape {shape[0]}x{shape[1]}" + (" compiled" if compiled else "")
