@@ -532,7 +532,7 @@ class BatchedStepper:
 
     def _count_fallback(self, shape: tuple[int, int]) -> None:
         """Count (and log once per shape and kind) a step that runs slower than the settings ask: uncompiled
-        while compiling was asked for (the starter shape before its compiled build), or eagerly where graphs
+        while compiling was asked for (a shape before its compiled build), or eagerly where graphs
         were asked for."""
         built = self.graphs.built.get(shape)
         kinds = []
