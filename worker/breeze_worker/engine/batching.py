@@ -11,7 +11,7 @@ without them is refused with ResourceExhausted). Streams join and leave at frame
 
 - join: the prompt (laid out when the request was resolved, engine/prompt.py) is encoded and prefilled into
   the stream's rows of the static cache. On CUDA several joiners at one boundary share one text-encoder
-  batch (replayed from graphs captured at start-up, engine/fastpath/prompt.py) and one prefill per
+  batch (replayed from graphs captured at start-up, engine/fastpath/text_encoder_graphs.py) and one prefill per
   contiguous run of rows, whose input is one gather from a table of every joiner's prompt pieces
   (`gather_prompts`), so a join's host work does not grow by a few dozen launches per joiner; on the CPU
   each is prefilled on its own, exactly as it would be alone;
@@ -45,7 +45,6 @@ import torch
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batch_graphs import ShapeGraphs, covered_streams
 from breeze_worker.engine.fastpath.compiled import compile_wanted
-from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.recovery import (
     SAFE_PRECISION,
     Recovered,
@@ -56,6 +55,7 @@ from breeze_worker.engine.fastpath.recovery import (
 )
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, stream_setup
+from breeze_worker.engine.fastpath.text_encoder_graphs import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.prompt import GatheredPrompt, gather_prompts
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
@@ -357,7 +357,7 @@ class BatchedStepper:
     def _encode(self, joiners, errors) -> list[GatheredPrompt | None]:
         """Each joiner's prompt (None where it failed): batching joins, one text-encoder batch and one table
         of prompt pieces for all joiners; else each joiner's on its own (exactly the alone computation).
-        The encoder runs in graphs on CUDA (fastpath/prompt.py)."""
+        The encoder runs in graphs on CUDA (fastpath/text_encoder_graphs.py)."""
         if self.batch_joins:
             gathered = gather_prompts(self.model, [params for _, params in joiners], self.text_encoder)
         else:

@@ -1,7 +1,7 @@
 """`FastFrameGenerator`: the fast decode path behind the eager generator's interface.
 
 Prompt preparation is engine/prompt.py's, as the eager path's, with the text encoder replayed from a graph
-per length bucket (fastpath/prompt.py); the backbone prefill runs once into the static cache,
+per length bucket (fastpath/text_encoder_graphs.py); the backbone prefill runs once into the static cache,
 replayed from a graph per prompt-length bucket (the prompt left-padded to it, FrameRunner.prefill); then
 each frame is one replay of the sampling graph, ONE host read
 (16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
@@ -34,8 +34,8 @@ import torch
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
-from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, stream_setup
+from breeze_worker.engine.fastpath.text_encoder_graphs import text_encoder_graphs
 from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
