@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames", type=int, default=48, help="frames per request (end of speech masked)")
     p.add_argument("--repeats", type=int, default=3, help="timed batch-1 requests per kind, after one warm-up")
     p.add_argument("--streams", type=int, default=32, help="streams of the burst")
-    p.add_argument("--capacity", type=int, default=256, help="backbone positions the static cache holds")
+    p.add_argument("--capacity", type=int, default=384, help="backbone positions the static cache holds")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--codec", action="store_true", help="decode the bursts' frames too, as the worker does")
     p.add_argument("--tree", default=None, help="another source tree to measure after this checkout (a baseline)")

@@ -152,7 +152,8 @@ def engine_part(served, device, args) -> dict:
             for n in args.streams:
                 requests = stream_requests(served, n, frames_needed, args.seed)
                 keys = [(f"s{i}", r) for i, r in enumerate(requests)]
-                assert stepper.join(keys) == {}
+                refused = stepper.join(keys)
+                assert refused == {}, {key: f"{type(e).__name__}: {e}" for key, e in refused.items()}
                 got: dict[str, list] = {}
 
                 def step(got=got, stepper=stepper):

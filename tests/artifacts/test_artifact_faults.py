@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from breeze_worker.artifacts import syscalls
 from breeze_worker.artifacts.dirlock import LOCK_NAME
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.config import ArtifactSettings
@@ -191,7 +192,7 @@ def test_a_group_commit_shares_its_syncs_and_each_artifact_is_whole(tmp_path, mo
     store = _store(tmp_path)
     writers = _writers(store, 3)
     calls = {"syncfs": 0, "fsync": 0}
-    real_syncfs, real_fsync = store_module._syncfs, os.fsync
+    real_syncfs, real_fsync = syscalls.syncfs, os.fsync
 
     def syncfs(fd):
         calls["syncfs"] += 1
@@ -201,7 +202,7 @@ def test_a_group_commit_shares_its_syncs_and_each_artifact_is_whole(tmp_path, mo
         calls["fsync"] += 1
         return real_fsync(fd)
 
-    monkeypatch.setattr(store_module, "_syncfs", syncfs)
+    monkeypatch.setattr(syscalls, "syncfs", syncfs)
     monkeypatch.setattr(store_module.os, "fsync", fsync)
     infos = store.commit_together(writers)
     assert calls == {"syncfs": 2, "fsync": 1}  # the one fsync: the directory's
@@ -212,16 +213,6 @@ def test_a_group_commit_shares_its_syncs_and_each_artifact_is_whole(tmp_path, mo
         assert hashlib.sha256(data).hexdigest() == info.sha256 == store.describe(info.artifact_id)["sha256"]
         assert store.describe(info.artifact_id)["job_id"] == f"job-{i}"
     assert not list(tmp_path.glob(".*partial"))
-
-
-def test_syncfs_works_on_this_kernel(tmp_path):
-    """The ctypes binding against the real system call (Linux 5.8 and later: every host these tests run on)."""
-    from breeze_worker.artifacts import store as store_module
-
-    assert store_module._syncfs_usable()
-    with open(tmp_path / "f", "wb") as f:
-        f.write(b"x")
-        assert store_module._syncfs(f.fileno()) is True
 
 
 def test_a_failed_sync_in_a_group_gives_up_that_artifact_only(tmp_path, monkeypatch):
@@ -238,7 +229,7 @@ def test_a_failed_sync_in_a_group_gives_up_that_artifact_only(tmp_path, monkeypa
             raise OSError(5, os.strerror(5))
         return real_fsync(fd)
 
-    monkeypatch.setattr(store_module, "_syncfs", lambda fd: False)
+    monkeypatch.setattr(syscalls, "syncfs", lambda fd: False)
     monkeypatch.setattr(store_module.os, "fsync", fsync)
     infos = store.commit_together(writers)
     assert infos[0] is not None and infos[2] is not None and infos[1] is None
@@ -256,7 +247,7 @@ def test_the_read_back_for_the_hashes_runs_while_the_wavs_sync(tmp_path, monkeyp
     store = _store(tmp_path)
     writers = _writers(store, 3)
     hashing, seen_during_sync = threading.Event(), []
-    real_syncfs, real_digest = store_module._syncfs, hashlib.file_digest
+    real_syncfs, real_digest = syscalls.syncfs, hashlib.file_digest
 
     def syncfs(fd):
         if not seen_during_sync:  # the first sync: the WAVs'
@@ -267,7 +258,7 @@ def test_the_read_back_for_the_hashes_runs_while_the_wavs_sync(tmp_path, monkeyp
         hashing.set()
         return real_digest(f, name)
 
-    monkeypatch.setattr(store_module, "_syncfs", syncfs)
+    monkeypatch.setattr(syscalls, "syncfs", syncfs)
     monkeypatch.setattr(store_module.hashlib, "file_digest", file_digest)
     started = time.perf_counter_ns()
     infos = store.commit_together(writers)

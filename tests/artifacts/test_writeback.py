@@ -6,6 +6,7 @@ itself) on a disk-backed file system, against a store with the hints turned off.
 from __future__ import annotations
 
 import ctypes
+import gc
 import hashlib
 import os
 import platform
@@ -15,8 +16,9 @@ import time
 
 import pytest
 
-from breeze_worker.artifacts import store as store_module
-from breeze_worker.artifacts.store import PAGE_BYTES, WRITE_BUFFER_BYTES, ArtifactStore, _WriteBack
+from breeze_worker.artifacts import syscalls
+from breeze_worker.artifacts.store import WRITE_BUFFER_BYTES, ArtifactStore, _WriteBack
+from breeze_worker.artifacts.syscalls import PAGE_BYTES
 from breeze_worker.config import ArtifactSettings
 from breeze_worker.engine.types import PcmEncoding
 
@@ -126,6 +128,9 @@ class _Recorder:
 
 
 def _open_descriptors() -> int:
+    """This process's open descriptors, once the stores of earlier tests are collected (a store and its space
+    keeper refer to each other: its directory lock's descriptor closes whenever the collector next runs)."""
+    gc.collect()
     return len(os.listdir("/proc/self/fd"))
 
 
@@ -139,7 +144,7 @@ def test_each_block_is_hinted_once_in_order(tmp_path):
     assert _open_descriptors() == before + 1  # the writer's own file, nothing more
     inode = os.fstat(writer._file.fileno()).st_ino
     blocks = [(offset, nbytes) for _, offset, nbytes, _ in recorder.calls]
-    assert blocks and all(call[0] == inode and call[3] == store_module.SYNC_FILE_RANGE_WRITE
+    assert blocks and all(call[0] == inode and call[3] == syscalls.SYNC_FILE_RANGE_WRITE
                           for call in recorder.calls)
     assert blocks[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(blocks, blocks[1:]))  # contiguous
     assert all((offset + nbytes) % PAGE_BYTES == 0 for offset, nbytes in blocks)  # whole pages only
@@ -257,7 +262,7 @@ def test_under_the_simulated_slow_volume_nothing_is_hinted_and_the_whole_wav_cou
 def test_where_the_kernel_cannot_count_unwritten_pages_nothing_is_hinted(tmp_path, monkeypatch, caplog):
     """Before Linux 6.5, or where a seccomp profile refuses cachestat, the commit could not say what its sync
     wrote: the store hints nothing, says so once, and counts the whole WAV."""
-    monkeypatch.setattr(store_module, "_libc_syscall", lambda: None)
+    monkeypatch.setattr(syscalls, "_libc_syscall", lambda: None)
     with caplog.at_level("INFO", logger="breeze_worker.artifacts.store"):
         store = ArtifactStore(ArtifactSettings(directory=tmp_path, min_free_bytes=0))
     assert store._writeback is None and "no write-back while streaming" in caplog.text

@@ -17,7 +17,7 @@ from breeze_worker.engine.types import (
     SamplingOverrides,
     SynthesisRequest,
 )
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 from breeze_worker.model.lm.layers import additive_mask
 from breeze_worker.model.tiny import tiny_model
 
@@ -71,10 +71,10 @@ def test_prompt_embeddings_put_each_piece_where_the_layout_says(tiny):
         for span in layout.spans:
             got = batch.inputs_embeds[row, offset + span.start : offset + span.start + span.length]
             with torch.no_grad():
-                if span.kind == prompts.TEXT:  # the segment encoded on its own
+                if span.kind == templates.TEXT:  # the segment encoded on its own
                     ids = torch.tensor([layout.input_ids[span.start : span.start + span.length]])
                     want = lm.encode_text(ids, torch.ones_like(ids))[0]
-                elif span.kind == prompts.AUDIO:
+                elif span.kind == templates.AUDIO:
                     want = lm.embed_frames(torch.as_tensor(REF.codes))
                 else:
                     want = lm.embed_frames(torch.zeros(1, 16, dtype=torch.int64))

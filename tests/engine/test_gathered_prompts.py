@@ -14,7 +14,7 @@ import torch
 
 from breeze_worker.engine.batching import BatchedStepper
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.engine.fastpath.prompt import TextEncoderGraphs
+from breeze_worker.engine.fastpath.text_encoder_graphs import TextEncoderGraphs
 from breeze_worker.engine.prompt import gather_prompts, prepare_prompt_embeddings, prompt_text_segments
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import ReferenceInput, ResolvedReference, SynthesisRequest

@@ -59,12 +59,17 @@ def test_the_starter_serves_one_stream_and_each_build_admits_more(model):
     assert graphs.shapes == [(1, 2), (2, 4), (4, 6), (4, 8)]
     assert graphs.ready_shapes == ((1, 2),) and not graphs.views[(1, 2)].compiled
     assert stepper.ready_streams == 1 and stepper.free_slots == 1
-    # what is left, in the order it is useful: the starter compiled, then the shapes by the streams they serve
-    assert graphs.pending() == [((1, 2), True), ((2, 4), True), ((4, 6), True), ((4, 8), True)]
+    # what is left, in the order it is useful: the other shapes uncompiled by the streams they serve (every
+    # stream admitted after a few captures), then each shape compiled in the same order
+    assert graphs.pending() == [((2, 4), False), ((4, 6), False), ((4, 8), False)] + [
+        ((1, 2), True)]
     admitted = []
     while (shape := stepper.build_next()) is not None:
-        admitted.append((shape, stepper.ready_streams))
-    assert admitted == [((1, 2), 1), ((2, 4), 2), ((4, 6), 3), ((4, 8), 4)]
+        admitted.append((shape, graphs.views[shape].compiled, stepper.ready_streams, stepper.ready_rows))
+    # (4, 6) admits four streams in six rows: four plain ones, or two with CFG and two without (a third with
+    # CFG is refused on its rows until (4, 8) is built)
+    assert admitted == [((2, 4), False, 2, 4), ((4, 6), False, 4, 6), ((4, 8), False, 4, 8),
+                        ((1, 2), True, 4, 8), ((2, 4), True, 4, 8), ((4, 6), True, 4, 8), ((4, 8), True, 4, 8)]
     assert all(view.compiled for view in graphs.views.values()) and graphs.complete
     assert stepper.stats()["compile_fallback"] is None
 
@@ -92,10 +97,10 @@ def test_a_live_stream_keeps_its_frames_alone_while_the_other_shapes_build(model
                 frames.setdefault(key, []).append(out.frame)
         if stepper.build_next() is not None:
             builds += 1
-            if builds == 2:  # (2, 4) published: a second stream may join now, and does
+            if builds == 1:  # (2, 4) published (uncompiled): a second stream may join now, and does
                 assert stepper.ready_streams == 2
                 assert stepper.join([("later", later)]) == {}
-    assert builds == 4 and stepper.graphs.complete
+    assert builds == 7 and stepper.graphs.complete  # three shapes uncompiled, then all four compiled
     for key in ("live", "later"):
         assert len(frames[key]) == len(alone[key]) and all(torch.equal(a, b) for a, b in zip(frames[key], alone[key]))
     # the real views run what the scratch steps compiled: stepping them compiles nothing more

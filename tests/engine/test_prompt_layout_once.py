@@ -18,7 +18,7 @@ from breeze_worker.engine.fastpath.graph import clear_runners
 from breeze_worker.engine.prompt import lay_out, prompt_layouts
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import ReferenceInput, ResolvedReference, SynthesisRequest
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 
 REF = ResolvedReference("r", "ref words", np.random.RandomState(0).randint(0, 2048, (6, 16)), 0.48)
 
@@ -35,10 +35,10 @@ def _resolve(model, tokenizer=True, reference=None, **kwargs):
 
 @pytest.fixture
 def layouts_made(monkeypatch):
-    """Counts every prompt laid out (model/prompts.build_prompts, one per branch: the tokenizer's work)."""
+    """Counts every prompt laid out (model/templates.build_prompts, one per branch: the tokenizer's work)."""
     calls = []
-    real = prompts.build_prompts
-    monkeypatch.setattr(prompts, "build_prompts",
+    real = templates.build_prompts
+    monkeypatch.setattr(templates, "build_prompts",
                         lambda tokenizer, branches: calls.extend([1] * len(branches)) or real(tokenizer, branches))
     return calls
 

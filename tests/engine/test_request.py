@@ -339,7 +339,7 @@ def test_reference_transcript_is_kept_exactly_and_blank_is_rejected(tiny):
 
     from breeze_worker.engine.reference import ReferenceStore, reference_id
     from breeze_worker.model.codec import tiny_codec
-    from breeze_worker.model.prompts import build_prompt, positive_segments
+    from breeze_worker.model.prompt_templates import build_prompt, positive_segments
 
     audio = tone_wav(1.0)
     store = ReferenceStore(tiny_codec(seed=0), max_entries=4)

@@ -15,17 +15,17 @@ def test_the_defaults_are_the_served_ones():
     assert fused.KernelSettings is KernelSettings and fused.DEFAULT_KERNELS == KernelSettings()
     d = FastPathSettings()
     assert (d.compile, d.compile_backend, d.form, d.tune, d.sampler) == ("auto", "inductor", "auto", False, "auto")
-    assert d.read_overlap and not d.pipeline and d.kernels == KernelSettings(chained=True, plans={}, use_triton=True)
+    assert d.read_overlap and d.kernels == KernelSettings(chained=True, plans={}, use_triton=True)
 
 
 def test_every_variable_is_read_by_the_worker_settings():
     env = {"BREEZE_FASTPATH_COMPILE": "1", "BREEZE_FASTPATH_COMPILE_BACKEND": "aot_eager",
            "BREEZE_FASTPATH_FORM": "GEMM", "BREEZE_FASTPATH_TUNE": "on", "BREEZE_FASTPATH_SAMPLER": "torch",
-           "BREEZE_FASTPATH_READ_OVERLAP": "off", "BREEZE_FASTPATH_PIPELINE": "yes", "BREEZE_FUSED_PDL": "off",
+           "BREEZE_FASTPATH_READ_OVERLAP": "off", "BREEZE_FUSED_PDL": "off",
            "BREEZE_FUSED_CONFIG": '{"sample": {"num_warps": 4}, "norm_gate_up@2048": {"block_n": 1}}'}
     got = WorkerSettings.from_env(env).validate().engine.fastpath
     assert got == FastPathSettings(compile="on", compile_backend="aot_eager", form="gemm", tune=True, sampler="torch",
-                                   read_overlap=False, pipeline=True,
+                                   read_overlap=False,
                                    kernels=KernelSettings(chained=False, plans={"sample": {"num_warps": 4},
                                                                                 "norm_gate_up@2048": {"block_n": 1}}))
     # the launch-plan overrides reach the plans, by kernel and by kernel and width
@@ -86,11 +86,12 @@ def test_the_runtime_passes_its_settings_down(monkeypatch):
     and views, and the batch-1 generator carry those settings (here: the torch sampler, uncompiled, on the CPU)."""
     from breeze_worker.engine.runtime import Runtime
 
-    fastpath = FastPathSettings(sampler="torch", compile="off", pipeline=True, kernels=KernelSettings(chained=False))
+    fastpath = FastPathSettings(sampler="torch", compile="off", read_overlap=False,
+                                kernels=KernelSettings(chained=False))
     engine = EngineSettings(device="cpu", fast_path="fast", max_active_streams=2, fastpath=fastpath)
     runtime = Runtime.load(engine)
     want = runtime.fastpath
-    assert want is fastpath and want.pipeline and not want.kernels.chained
+    assert want is fastpath and not want.read_overlap and not want.kernels.chained
     stepper = runtime.stepper
     assert stepper.step_buffers.settings is want and stepper.step_buffers.kernels is want.kernels
     assert all(view.settings is want for view in stepper.graphs.views.values())
@@ -104,9 +105,9 @@ def test_the_runtime_passes_its_settings_down(monkeypatch):
 def test_a_bench_path_names_compilation_form_and_sampler():
     from breeze_worker.bench.runner import fast_settings
 
-    base = FastPathSettings(pipeline=True)
+    base = FastPathSettings(read_overlap=False)
     got = fast_settings("fast-compiled::torch", base)
-    assert (got.compile, got.form, got.sampler, got.pipeline) == ("on", "auto", "torch", True)
+    assert (got.compile, got.form, got.sampler, got.read_overlap) == ("on", "auto", "torch", False)
     got = fast_settings("fast-uncompiled:gemm+attention", base)
     assert (got.compile, got.form, got.sampler) == ("off", "gemm+attention", "auto")
     assert fast_settings("fast", base) == base

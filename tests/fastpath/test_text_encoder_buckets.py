@@ -1,5 +1,5 @@
-"""The joins' text encoder (engine/fastpath/prompt.py) runs padded, power-of-two batches, split into chunks;
-on the CPU in FP32 (`use_graphs=False`: the same padded batches, eagerly) every segment's states equal the
+"""The joins' text encoder (engine/fastpath/text_encoder_graphs.py) runs padded, power-of-two batches, split into
+chunks; on the CPU in FP32 (`use_graphs=False`: the same padded batches, eagerly) every segment's states equal the
 model's own unpadded encoding, and the keys captured at start-up cover every batch a join can bring."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from breeze_worker.engine.fastpath.prompt import (
+from breeze_worker.engine.fastpath.text_encoder_graphs import (
     MAX_TEXT_SEGMENTS,
     TEXT_BUCKETS,
     TextEncoderGraphs,
@@ -18,7 +18,7 @@ from breeze_worker.engine.fastpath.prompt import (
 )
 from breeze_worker.engine.prompt import lay_out
 from breeze_worker.engine.types import ResolvedReference, Template
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 
 
 def _segments(model, lengths, seed=0):
@@ -74,8 +74,8 @@ def test_a_request_brings_at_most_max_text_segments(model):
     counts = []
     for template in Template:
         for cfg in (False, True):
-            ref = reference if template.value in (prompts.CLONE, prompts.DIRECTION) else None
-            instruction = "calmly" if template.value in (prompts.INSTRUCTION, prompts.DIRECTION) else None
+            ref = reference if template.value in (templates.CLONE, templates.DIRECTION) else None
+            instruction = "calmly" if template.value in (templates.INSTRUCTION, templates.DIRECTION) else None
             try:
                 laid = lay_out(model.tokenizer, template, "some text", instruction, ref, cfg)
             except ValueError:  # CFG on a template without a negative prompt

@@ -11,6 +11,10 @@ librosa, no pytest-asyncio), so nothing here imports those, nor gRPC.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -22,6 +26,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """Each failure's traceback to $BREEZE_GPU_FIGURES/failures.jsonl as it happens: a run its host's time
+    limit ends writes no JUnit file, and its failures would otherwise be only the progress line's Fs."""
+    directory = os.environ.get("BREEZE_GPU_FIGURES")
+    if not directory or not report.failed:
+        return
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    with open(Path(directory) / "failures.jsonl", "a") as out:
+        out.write(json.dumps({"test": report.nodeid, "when": report.when,
+                              "traceback": str(report.longrepr)[-6000:]}) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Prompt layouts against the official recipe run by transformers' tokenizer.
 
-The recipe (model/prompts.py): each text segment tokenized with special tokens and decoded back, the audio
+The recipe (model/prompt_templates.py): each text segment tokenized with special tokens and decoded back, the audio
 rendered as markers, the whole string tokenized once; each piece's share of the prompt is what tokenizing the
 piece alone gives. `build_prompts` finds the pieces' shares from the whole prompt's character offsets instead;
 here AutoTokenizer, loading the same tokenizer files, runs the recipe as written, and every layout must have
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.synthetic import WORDS, config_for
 from breeze_worker.model.tokenizer import BreezeTokenizer
@@ -30,7 +30,7 @@ def _save(tokenizer: BreezeTokenizer, directory: Path, marker_flags: dict | None
     directory.mkdir(parents=True)
     spec = json.loads(tokenizer.to_str())
     for token in spec["added_tokens"]:
-        if marker_flags and token["content"] in (prompts.AUDIO_TOKEN, prompts.AUDIO_EOS_TOKEN):
+        if marker_flags and token["content"] in (templates.AUDIO_TOKEN, templates.AUDIO_EOS_TOKEN):
             token.update(marker_flags)
     (directory / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     (directory / "tokenizer_config.json").write_text(json.dumps({
@@ -39,41 +39,41 @@ def _save(tokenizer: BreezeTokenizer, directory: Path, marker_flags: dict | None
     return directory
 
 
-def _recipe(theirs, segments: list[prompts.Segment]) -> tuple[list[int], list[int]] | None:
+def _recipe(theirs, segments: list[templates.Segment]) -> tuple[list[int], list[int]] | None:
     """(ids, each piece's token count) by the recipe as written, or None where the pieces do not add up."""
     pieces = []
     for seg in segments:
-        if seg.kind == prompts.TEXT:
+        if seg.kind == templates.TEXT:
             pieces.append(theirs.decode(theirs.encode(seg.text, add_special_tokens=True),
                                         skip_special_tokens=False))
         else:
-            pieces.append(prompts.AUDIO_TOKEN * seg.frames + prompts.AUDIO_EOS_TOKEN)
+            pieces.append(templates.AUDIO_TOKEN * seg.frames + templates.AUDIO_EOS_TOKEN)
     ids = theirs.encode("".join(pieces), add_special_tokens=False)
     lengths = [len(theirs.encode(piece, add_special_tokens=False)) for piece in pieces]
     return (ids, lengths) if sum(lengths) == len(ids) else None
 
 
-def _lengths(layout: prompts.PromptLayout) -> list[int]:
+def _lengths(layout: templates.PromptLayout) -> list[int]:
     """Each piece's token count: a text span, or an audio span with its end marker."""
     out = []
     for span in layout.spans:
-        if span.kind == prompts.AUDIO_EOS:
+        if span.kind == templates.AUDIO_EOS:
             out[-1] += span.length
         else:
             out.append(span.length)
     return out
 
 
-def _branches() -> list[list[list[prompts.Segment]]]:
+def _branches() -> list[list[list[templates.Segment]]]:
     """Every template's [positive] or [positive, negative] segments over the samples."""
     cases = []
     for text in TEXTS:
         for instruction in INSTRUCTIONS:
             for transcript in TRANSCRIPTS:
-                for template in prompts.TEMPLATES:
+                for template in templates.TEMPLATES:
                     args = (template, text, instruction, transcript, 3)
-                    negative = prompts.negative_segments(*args)
-                    cases.append([prompts.positive_segments(*args)] + ([negative] if negative else []))
+                    negative = templates.negative_segments(*args)
+                    cases.append([templates.positive_segments(*args)] + ([negative] if negative else []))
     return cases
 
 
@@ -90,7 +90,7 @@ def test_layouts_have_the_recipes_ids_and_spans(sized, tmp_path):
     theirs = AutoTokenizer.from_pretrained(str(_save(tokenizer, tmp_path / "tok")))
     checked = 0
     for branches in _branches():
-        ours = prompts.build_prompts(tokenizer, branches)
+        ours = templates.build_prompts(tokenizer, branches)
         for segments, layout in zip(branches, ours):
             expected = _recipe(theirs, segments)
             assert expected is not None, segments  # these tokenizers split every sample cleanly
@@ -98,7 +98,7 @@ def test_layouts_have_the_recipes_ids_and_spans(sized, tmp_path):
             assert list(layout.input_ids) == ids, segments
             assert _lengths(layout) == lengths, segments
             # each text span is the segment's own tokenization with special tokens: what the encoder reads
-            texts = [s.text for s in segments if s.kind == prompts.TEXT]
+            texts = [s.text for s in segments if s.kind == templates.TEXT]
             assert [list(t) for t in layout.text_segments()] == [
                 theirs.encode(t, add_special_tokens=True) for t in texts], segments
             checked += 1
@@ -112,14 +112,14 @@ def test_a_marker_that_takes_in_its_neighbours_space_is_refused_as_the_recipe_re
     directory = _save(tokenizer, tmp_path / "tok", {"lstrip": True})
     ours = BreezeTokenizer.from_checkpoint(directory, config)
     theirs = AutoTokenizer.from_pretrained(str(directory))
-    spaced = prompts.positive_segments(prompts.CLONE, "Hello there.", transcript="ends with a space ",
+    spaced = templates.positive_segments(templates.CLONE, "Hello there.", transcript="ends with a space ",
                                        reference_frames=3)
     assert _recipe(theirs, spaced) is None
     with pytest.raises(ValueError, match="segment"):
-        prompts.build_prompt(ours, spaced)
-    clean = prompts.positive_segments(prompts.CLONE, "Hello there.", transcript="no space", reference_frames=3)
+        templates.build_prompt(ours, spaced)
+    clean = templates.positive_segments(templates.CLONE, "Hello there.", transcript="no space", reference_frames=3)
     expected = _recipe(theirs, clean)
     assert expected is not None
-    layout = prompts.build_prompt(ours, clean)
+    layout = templates.build_prompt(ours, clean)
     assert (list(layout.input_ids), _lengths(layout)) == expected
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from breeze_worker.errors import CheckpointError
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.tokenizer import BreezeTokenizer, build_tiny_tokenizer
 
@@ -38,12 +38,12 @@ def test_any_text_round_trips(tiny):
     assert tiny.tokenizer.decode(ids) == "<bos>" + text
 
 
-@pytest.mark.parametrize("template", prompts.TEMPLATES)
+@pytest.mark.parametrize("template", templates.TEMPLATES)
 def test_template_choice(template):
-    has_ref = template in (prompts.CLONE, prompts.DIRECTION)
-    has_ins = template in (prompts.INSTRUCTION, prompts.DIRECTION)
-    assert prompts.template_for(has_ref, has_ins) == template
-    assert prompts.has_negative_branch(template) == has_ins
+    has_ref = template in (templates.CLONE, templates.DIRECTION)
+    has_ins = template in (templates.INSTRUCTION, templates.DIRECTION)
+    assert templates.template_for(has_ref, has_ins) == template
+    assert templates.has_negative_branch(template) == has_ins
 
 
 def _decode_spans(tok, layout):
@@ -52,19 +52,19 @@ def _decode_spans(tok, layout):
 
 def test_plain_and_instruction_prompts(tiny):
     tok = tiny.tokenizer
-    plain = prompts.build_prompt(tok, prompts.positive_segments("plain", "Hi there"))
+    plain = templates.build_prompt(tok, templates.positive_segments("plain", "Hi there"))
     assert _decode_spans(tok, plain) == [("text", "<bos>[S0]Hi there")]
-    assert prompts.negative_segments("plain", "Hi there") is None
+    assert templates.negative_segments("plain", "Hi there") is None
 
-    ins = prompts.build_prompt(tok, prompts.positive_segments("instruction", "Hi", "calm voice"))
+    ins = templates.build_prompt(tok, templates.positive_segments("instruction", "Hi", "calm voice"))
     assert _decode_spans(tok, ins) == [("text", "<bos>[S0]<ins_bos>calm voice<ins_eos>Hi")]
-    neg = prompts.build_prompt(tok, prompts.negative_segments("instruction", "Hi", "calm voice"))
-    assert neg.input_ids == prompts.build_prompt(tok, prompts.positive_segments("plain", "Hi")).input_ids
+    neg = templates.build_prompt(tok, templates.negative_segments("instruction", "Hi", "calm voice"))
+    assert neg.input_ids == templates.build_prompt(tok, templates.positive_segments("plain", "Hi")).input_ids
 
 
 def test_clone_prompt_has_a_mid_prompt_bos_and_audio_positions(tiny):
     tok, cfg = tiny.tokenizer, tiny.config
-    layout = prompts.build_prompt(tok, prompts.positive_segments("clone", "Say this", transcript="ref words",
+    layout = templates.build_prompt(tok, templates.positive_segments("clone", "Say this", transcript="ref words",
                                                                  reference_frames=4))
     assert [s.kind for s in layout.spans] == ["text", "audio", "audio_eos", "text"]
     ids = list(layout.input_ids)
@@ -75,7 +75,7 @@ def test_clone_prompt_has_a_mid_prompt_bos_and_audio_positions(tiny):
     assert ids[layout.spans[2].start] == cfg.audio_eos_token_id
     assert _decode_spans(tok, layout)[0] == ("text", "<bos>[S0]ref words")
     assert _decode_spans(tok, layout)[3] == ("text", "<bos>[S0]Say this")
-    assert prompts.negative_segments("clone", "Say this", transcript="ref words", reference_frames=4) is None
+    assert templates.negative_segments("clone", "Say this", transcript="ref words", reference_frames=4) is None
     # the text segments the encoder sees are exactly the per-segment tokenizations
     assert layout.text_segments() == [tuple(tok.encode("[S0]ref words", True)), tuple(tok.encode("[S0]Say this", True))]
 
@@ -83,10 +83,10 @@ def test_clone_prompt_has_a_mid_prompt_bos_and_audio_positions(tiny):
 def test_direction_prompt_and_its_negative_is_the_clone_prompt(tiny):
     tok = tiny.tokenizer
     args = dict(text="Say this", instruction="whisper", transcript="ref words", reference_frames=3)
-    pos = prompts.build_prompt(tok, prompts.positive_segments("direction", **args))
+    pos = templates.build_prompt(tok, templates.positive_segments("direction", **args))
     assert _decode_spans(tok, pos)[3] == ("text", "<bos>[S0]<ins_bos>whisper<ins_eos>Say this")
-    neg = prompts.build_prompt(tok, prompts.negative_segments("direction", **args))
-    clone = prompts.build_prompt(tok, prompts.positive_segments("clone", "Say this", transcript="ref words",
+    neg = templates.build_prompt(tok, templates.negative_segments("direction", **args))
+    clone = templates.build_prompt(tok, templates.positive_segments("clone", "Say this", transcript="ref words",
                                                                 reference_frames=3))
     assert neg == clone
     assert len(pos) > len(neg)
@@ -94,19 +94,19 @@ def test_direction_prompt_and_its_negative_is_the_clone_prompt(tiny):
 
 def test_two_scale_guidance_branches_are_the_instruction_clone_and_plain_prompts():
     args = ("hello", "calm", "ref words", 4)
-    ins, ref, uncond = prompts.dual_segments(prompts.DIRECTION, *args)
-    assert ins == prompts.positive_segments(prompts.INSTRUCTION, "hello", "calm")
-    assert ref == prompts.negative_segments(prompts.DIRECTION, *args)  # the clone prompt
-    assert uncond == prompts.positive_segments(prompts.PLAIN, "hello")
-    for template in (prompts.PLAIN, prompts.INSTRUCTION, prompts.CLONE):
+    ins, ref, uncond = templates.dual_segments(templates.DIRECTION, *args)
+    assert ins == templates.positive_segments(templates.INSTRUCTION, "hello", "calm")
+    assert ref == templates.negative_segments(templates.DIRECTION, *args)  # the clone prompt
+    assert uncond == templates.positive_segments(templates.PLAIN, "hello")
+    for template in (templates.PLAIN, templates.INSTRUCTION, templates.CLONE):
         with pytest.raises(ValueError, match="direction template"):
-            prompts.dual_segments(template, *args)
+            templates.dual_segments(template, *args)
 
 
 def test_audio_markers_in_text_are_caught(tiny):
-    assert prompts.reserved_markers_in("a <|AUDIO|> b") == ["<|AUDIO|>"]
+    assert templates.reserved_markers_in("a <|AUDIO|> b") == ["<|AUDIO|>"]
     with pytest.raises(ValueError, match="audio marker"):
-        prompts.build_prompt(tiny.tokenizer, prompts.positive_segments("plain", "x<|audio_eos|>"))
+        templates.build_prompt(tiny.tokenizer, templates.positive_segments("plain", "x<|audio_eos|>"))
 
 
 def test_full_size_special_ids_match_the_release():
@@ -127,16 +127,16 @@ def test_control_tokens_come_from_the_config_and_the_tokenizers_added_tokens(tin
                     AddedToken("\n\n", special=False, normalized=False)])
     raw.add_special_tokens([AddedToken("@@ctl@@", special=True, normalized=False)])
     tok = BreezeTokenizer(raw, cfg)
-    found = prompts.control_tokens(tok)
+    found = templates.control_tokens(tok)
     for token in ("<start_of_turn>", "@@ctl@@", "<bos>", "<ins_bos>", "<end_of_image>", "[S0]", "[S9]",
                   "<|AUDIO|>"):
         assert token in found, token
     assert "\n\n" not in found
     text = "one\n\ntwo <start_of_turn> three @@ctl@@ <bos> [S3]"
-    assert prompts.reserved_markers_in(text, tok) == ["<start_of_turn>", "@@ctl@@", "<bos>", "[S3]"]
-    assert prompts.reserved_markers_in(text) == ["<bos>", "[S3]"]  # without a tokenizer: the fixed set only
-    assert prompts.reserved_markers_in("one\n\ntwo [S1 <bos", tok) == []
+    assert templates.reserved_markers_in(text, tok) == ["<start_of_turn>", "@@ctl@@", "<bos>", "[S3]"]
+    assert templates.reserved_markers_in(text) == ["<bos>", "[S3]"]  # without a tokenizer: the fixed set only
+    assert templates.reserved_markers_in("one\n\ntwo [S1 <bos", tok) == []
     # the injection the check prevents: these strings tokenize as single control ids
     ids = tiny.tokenizer.encode("<ins_bos>[S1]<bos>")
     assert ids == [cfg.ins_bos_token_id, cfg.speaker_token_ids["[S1]"], cfg.bos_token_id]
-    assert prompts.reserved_markers_in("<ins_bos>[S1]<bos>", tiny.tokenizer) == ["<ins_bos>", "[S1]", "<bos>"]
+    assert templates.reserved_markers_in("<ins_bos>[S1]<bos>", tiny.tokenizer) == ["<ins_bos>", "[S1]", "<bos>"]

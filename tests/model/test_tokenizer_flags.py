@@ -8,7 +8,7 @@ transformers 5 reads them otherwise:
   against the `tokenizers` library's own template post-processor on the unmodified tokenizer.json, the clean-up
   against transformers 5's `clean_up_tokenization`, the per-token strip flags against transformers 5's
   AutoTokenizer (which reads them as 4.57.3 does);
-- and the prompt the recipe builds (model/prompts.py) follows the flags.
+- and the prompt the recipe builds (model/prompt_templates.py) follows the flags.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from tokenizers import Tokenizer, processors
 from transformers import AutoTokenizer
 
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 from breeze_worker.model.tokenizer import BreezeTokenizer, TokenizerFlags, clean_up_spaces
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer_golden"
@@ -107,11 +107,11 @@ def test_strip_flags_against_transformers_5(tiny, layouts):
 
 
 def test_the_prompt_follows_the_flags(tiny, layouts):
-    """The recipe encodes each segment with special tokens and decodes it back (model/prompts.py): with bos off
+    """The recipe encodes each segment with special tokens and decodes it back (model/prompt_templates.py): with bos off
     there is no mid-prompt <bos>, with eos on an <eos> ends each segment, with clean-up the text changes."""
-    segments = prompts.positive_segments("clone", "Hello world , ok ?", instruction=None, transcript="a reference .",
+    segments = templates.positive_segments("clone", "Hello world , ok ?", instruction=None, transcript="a reference .",
                                          reference_frames=2)
-    built = {name: prompts.build_prompt(BreezeTokenizer.from_checkpoint(layouts[name], tiny.config), segments)
+    built = {name: templates.build_prompt(BreezeTokenizer.from_checkpoint(layouts[name], tiny.config), segments)
              for name in ("as-shipped", "bos-off", "eos-on", "clean-up-on")}
     bos, eos = tiny.config.bos_token_id, tiny.config.eos_token_id
     assert built["as-shipped"].input_ids.count(bos) == 2 and eos not in built["as-shipped"].input_ids

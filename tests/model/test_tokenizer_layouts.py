@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from breeze_worker.errors import CheckpointError
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 from breeze_worker.model.tokenizer import BreezeTokenizer
 
 SAMPLES = ["Hello world.", "  two  spaces, tabs\tand\nnewlines ", "中文語音合成，測試。", "emoji 🙂 é ß",
@@ -55,10 +55,10 @@ def test_prompts_are_identical_in_both_layouts(tiny, tmp_path):
     """Every template's prompt ids, the mid-prompt <bos> included, match the tokenizer.json layout's."""
     a = BreezeTokenizer.from_checkpoint(_write(tmp_path / "a", tiny, move_to_config=False), tiny.config)
     b = BreezeTokenizer.from_checkpoint(_write(tmp_path / "b", tiny, move_to_config=True), tiny.config)
-    for template in prompts.TEMPLATES:
-        segments = prompts.positive_segments(template, "Hello there.", instruction="warm", transcript="a reference",
+    for template in templates.TEMPLATES:
+        segments = templates.positive_segments(template, "Hello there.", instruction="warm", transcript="a reference",
                                              reference_frames=3)
-        layout_a, layout_b = prompts.build_prompt(a, segments), prompts.build_prompt(b, segments)
+        layout_a, layout_b = templates.build_prompt(a, segments), templates.build_prompt(b, segments)
         assert layout_a == layout_b, template
         assert layout_a.input_ids.count(tiny.config.bos_token_id) == (2 if template in ("clone", "direction") else 1)
 

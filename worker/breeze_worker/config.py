@@ -280,8 +280,6 @@ class FastPathSettings(_Section):
                                    "runs: CUDA), kernel or torch", choices=SAMPLERS)
     read_overlap: bool = setting(True, "the batch-1 runner queues the next frame's backbone step before the "
                                        "frame's host read")
-    pipeline: bool = setting(False, "the batch-1 generator keeps one frame in flight (each frame's audio comes "
-                                    "one frame later)")
     dynamic_shapes: bool = setting(False, "compile the batched step's units once for every batch shape (Dynamo's "
                                           "automatic dynamic shapes: the first shape static, the next ones with "
                                           "symbolic sizes) instead of once per shape: fewer compiles at start-up")

@@ -24,7 +24,8 @@ It changes when the data moves, not what a commit guarantees: the commit still s
 timing then counts the bytes its sync still had to write (`CommitTiming.bytes_synced`): the WAV's pages the
 kernel holds dirty or under write-back when the sync begins (`cachestat`, Linux 6.5 and later), so that bytes
 over sync time stays the volume's rate, the figure the retrieval diagnosis reports. Where the kernel cannot
-say, nothing is queued early and the whole WAV is counted, as before.
+say, nothing is queued early and the whole WAV is counted, as before. The system calls themselves, and what
+stands in where the kernel lacks one, are in syscalls.py.
 """
 
 from __future__ import annotations
@@ -37,12 +38,10 @@ import hashlib
 import io
 import json
 import logging
-import mmap
 import os
 import queue
 import re
 import secrets
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar
 
 from breeze_worker import threadcpu
+from breeze_worker.artifacts import syscalls
 from breeze_worker.artifacts.dirlock import DirectoryLock
 from breeze_worker.artifacts.space import SpaceKeeper, StoreStatus
 from breeze_worker.artifacts.wav import header_size, wav_header
@@ -79,59 +79,6 @@ def check_artifact_id(artifact_id: str) -> str:
             "('art-' followed by 32 lowercase hex digits)"
         )
     return artifact_id
-
-
-def _syncfs_usable() -> bool:
-    """syncfs reports write-back errors since Linux 5.8; before, it could return success after a failed
-    write-back, so it is used only there."""
-    system = os.uname()
-    if system.sysname != "Linux":
-        return False
-    found = re.match(r"(\d+)\.(\d+)", system.release)
-    return found is not None and (int(found.group(1)), int(found.group(2))) >= (5, 8)
-
-
-@functools.cache
-def _libc_syncfs():
-    """The C library's syncfs, where it is usable (`_syncfs_usable`); else None."""
-    if not _syncfs_usable():
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int]
-    return function
-
-
-def _syncfs(fd: int) -> bool:
-    """Flush the whole file system holding `fd` (one call for a group of files); False when syncfs is not
-    usable here or failed (the caller syncs file by file, which names the failing file)."""
-    function = _libc_syncfs()
-    if function is None:
-        return False
-    if function(fd) != 0:
-        log.warning("syncfs on the artifact volume failed (%s); syncing file by file",
-                    os.strerror(ctypes.get_errno()))
-        return False
-    return True
-
-
-@functools.cache
-def _libc_sync_file_range():
-    """The C library's sync_file_range (Linux), else None."""
-    if os.uname().sysname != "Linux":
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return function
-
-
-SYNC_FILE_RANGE_WRITE = 2  # start write-back of the range's dirty pages; wait for nothing
-PAGE_BYTES = mmap.PAGESIZE  # write-back moves whole pages: a hint ends at the last page already written whole
 
 
 class _WriteBack:
@@ -179,7 +126,7 @@ class _WriteBack:
                     continue
                 writer._hinting = True
             try:
-                failed = self._function(f.fileno(), offset, nbytes, SYNC_FILE_RANGE_WRITE) != 0
+                failed = self._function(f.fileno(), offset, nbytes, syscalls.SYNC_FILE_RANGE_WRITE) != 0
                 error = ctypes.get_errno()
             except Exception:  # noqa: BLE001 - a hint is never worth this thread
                 failed, error = True, errno.EIO
@@ -198,66 +145,8 @@ class _WriteBack:
 @functools.cache
 def _process_writeback() -> _WriteBack | None:
     """The process's one write-back thread (every store shares it), or None where sync_file_range is missing."""
-    function = _libc_sync_file_range()
+    function = syscalls.libc_sync_file_range()
     return _WriteBack(function) if function is not None else None
-
-
-CACHESTAT_SYSCALL = 451  # Linux 6.5+; one number on x86-64 and arm64 (and every architecture of the generic table)
-
-
-class _CacheRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]  # len 0: to the end of the file
-
-
-class _CacheStat(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64)
-                for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
-
-
-@functools.cache
-def _libc_syscall():
-    """The C library's `syscall` where cachestat's number is known (Linux on x86-64 or arm64), else None."""
-    if os.uname().sysname != "Linux" or os.uname().machine not in ("x86_64", "aarch64"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        return None
-    function.restype = ctypes.c_long
-    return function
-
-
-def unsynced_bytes(fd: int, size: int) -> int | None:
-    """Of the file's first `size` bytes, those the kernel still has to write to the volume: its pages that are
-    dirty or under write-back (cachestat), counted whole and capped at `size`. None where the kernel cannot say
-    (before Linux 6.5, another system, a call refused)."""
-    function = _libc_syscall()
-    if function is None:
-        return None
-    stat = _CacheStat()
-    if function(CACHESTAT_SYSCALL, ctypes.c_uint(fd), ctypes.byref(_CacheRange(0, 0)), ctypes.byref(stat),
-                ctypes.c_uint(0)) != 0:
-        return None
-    return min(size, (stat.nr_dirty + stat.nr_writeback) * PAGE_BYTES)
-
-
-def _counts_unsynced(directory: Path) -> bool:
-    """Whether `unsynced_bytes` answers for files in `directory` (tried once on a file of its own)."""
-    try:
-        with tempfile.TemporaryFile(dir=directory) as f:
-            f.write(b"\0")
-            f.flush()
-            return unsynced_bytes(f.fileno(), 1) is not None
-    except OSError:
-        return False
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ArtifactWriter:
@@ -335,7 +224,7 @@ class ArtifactWriter:
         view.release()
         self._buffer.clear()
         writeback = self._store._early_writeback()
-        whole = self._written - self._written % PAGE_BYTES
+        whole = self._written - self._written % syscalls.PAGE_BYTES
         if hint and writeback is not None and whole > self._hinted:
             writeback.queue(self, self._hinted, whole - self._hinted)
             self._hinted = whole
@@ -512,7 +401,7 @@ class ArtifactStore:
         self._lock = threading.Lock()
         self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_start_each`)
         # early write-back only where a commit can tell what its sync still wrote (its rate evidence)
-        self._writeback = _process_writeback() if _counts_unsynced(self.directory) else None
+        self._writeback = _process_writeback() if syscalls.counts_unsynced(self.directory) else None
         if self._writeback is None:
             log.info("artifact store %s: no write-back while streaming (it needs sync_file_range and cachestat, "
                      "Linux 6.5 or later): each commit syncs its whole WAV", self.directory)
@@ -668,7 +557,7 @@ class ArtifactStore:
         size = header_size(w.encoding) + w.data_bytes
         if self._early_writeback() is None or w._file is None:
             return size
-        pending = unsynced_bytes(w._file.fileno(), size)
+        pending = syscalls.unsynced_bytes(w._file.fileno(), size)
         return size if pending is None else pending
 
     def _write_sidecars(self, published: list, started_ns: int, wav_sync_ns: int) -> dict:
@@ -719,7 +608,7 @@ class ArtifactStore:
         t1 = clock()
         if kept:
             try:
-                _fsync_dir(self.directory)
+                syscalls.fsync_dir(self.directory)
             except OSError as exc:
                 for w, _, _ in kept:
                     w._unpublish(exc)
@@ -753,7 +642,7 @@ class ArtifactStore:
     def _sync(self, files: list[tuple[_Owner, IO[Any]]]) -> list[tuple[_Owner, OSError]]:
         """Make the files' written data durable: one syncfs for several, else an fsync each; the (owner,
         error) of each file that failed."""
-        if len(files) > 1 and _syncfs(files[0][1].fileno()):
+        if len(files) > 1 and syscalls.syncfs(files[0][1].fileno()):
             return []
         failed = []
         for owner, f in files:

@@ -23,14 +23,15 @@ strided as the view's, so Dynamo's guards pass on the view and nothing compiles 
 view's graphs on a stream of its own in thread-local mode (`fastpath/graph.py capture_graph`), which records
 the kernels without running them: the step's buffers are never touched. A built shape is published at once
 (`built`, `ready_shapes`: what the engine thread steps with from its next step on); a shape built again (the
-starter's compiled upgrade) replaces the old build, which is kept alive so that a replay in flight is never
-freed under the device.
+compiled build that follows an uncompiled one) replaces the old build, which is kept alive so that a replay
+in flight is never freed under the device.
 
 The starter (`starter` shapes) is built uncompiled, which takes seconds, so that a serving worker is ready for
-one stream at once; `pending()` then lists what is left in the order it becomes useful: the starter's compiled
-build, then each shape by the streams it covers. On the CPU the same views run eagerly (compiled if asked), and
-"capturing" is publishing the view. Shapes outside the buckets (the CPU's exact prefixes) get uncompiled views
-on first use: compiling a new shape while streams wait would stall them.
+one stream at once; `pending()` then lists what is left in the order it becomes useful: every other shape
+uncompiled, by the streams it covers, then each shape's compiled build in the same order. On the CPU the same
+views run eagerly (compiled if asked), and "capturing" is publishing the view. Shapes outside the buckets (the
+CPU's exact prefixes) get uncompiled views on first use: compiling a new shape while streams wait would stall
+them.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Shape = tuple[int, int]
+
+
+def _usefulness(shape: Shape) -> tuple[int, int]:
+    """The order shapes are built in: by the streams they serve whatever their mix, then by rows."""
+    return covered_streams(shape), shape[1]
 
 
 def covered_streams(shape: Shape) -> int:
@@ -149,14 +155,17 @@ class ShapeGraphs:
         return view
 
     def pending(self) -> list[tuple[Shape, bool]]:
-        """What is left to build, in the order it is useful: (shape, compiled). First the built shapes that run
-        uncompiled while compiling was asked for (the starter), then the shapes not built yet by the streams
-        they serve (`covered_streams`), fewest first."""
+        """What is left to build, in the order it is useful: (shape, compiled). First the shapes not built yet,
+        uncompiled (a capture: seconds each), by the streams they serve (`covered_streams`), fewest first: every
+        configured stream is admitted soon after serving begins, where compiling first kept all but one stream
+        queued for the length of a compile (tens of seconds each); then, where compiling was asked for, each
+        shape's compiled build in the same order, which replaces its uncompiled one."""
         built = set(self.ready_shapes)
-        upgrades = [(shape, True) for shape in sorted(built)
-                    if self.compile_requested and shape not in self._compile_tried]
-        missing = sorted((s for s in self.shapes if s not in built), key=lambda s: (covered_streams(s), s[1]))
-        return upgrades + [(shape, self.compile_requested) for shape in missing]
+        missing = [(shape, False) for shape in sorted((s for s in self.shapes if s not in built), key=_usefulness)]
+        if not self.compile_requested:
+            return missing
+        upgrades = [(shape, True) for shape in sorted(built, key=_usefulness) if shape not in self._compile_tried]
+        return missing + upgrades
 
     def compile_pending(self, shape: Shape) -> bool:
         """Whether `shape` runs uncompiled now and a compiled build of it is still to come."""

@@ -11,7 +11,7 @@ without them is refused with ResourceExhausted). Streams join and leave at frame
 
 - join: the prompt (laid out when the request was resolved, engine/prompt.py) is encoded and prefilled into
   the stream's rows of the static cache. On CUDA several joiners at one boundary share one text-encoder
-  batch (replayed from graphs captured at start-up, engine/fastpath/prompt.py) and one prefill per
+  batch (replayed from graphs captured at start-up, engine/fastpath/text_encoder_graphs.py) and one prefill per
   contiguous run of rows, whose input is one gather from a table of every joiner's prompt pieces
   (`gather_prompts`), so a join's host work does not grow by a few dozen launches per joiner; on the CPU
   each is prefilled on its own, exactly as it would be alone;
@@ -45,7 +45,6 @@ import torch
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batch_graphs import ShapeGraphs, covered_streams
 from breeze_worker.engine.fastpath.compiled import compile_wanted
-from breeze_worker.engine.fastpath.prompt import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.fastpath.recovery import (
     SAFE_PRECISION,
     Recovered,
@@ -56,6 +55,7 @@ from breeze_worker.engine.fastpath.recovery import (
 )
 from breeze_worker.engine.fastpath.static_cache import bucket_for
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, FrameStep, stream_setup
+from breeze_worker.engine.fastpath.text_encoder_graphs import MAX_TEXT_SEGMENTS, text_encoder_graphs
 from breeze_worker.engine.prompt import GatheredPrompt, gather_prompts
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.stepper import StepOutcome
@@ -171,12 +171,20 @@ class BatchedStepper:
         """Text segments one join of up to `streams` joiners can bring."""
         return MAX_TEXT_SEGMENTS * (streams if self.batch_joins else 1)
 
+    def _admission(self) -> tuple[int, int]:
+        """(streams, rows) joins may fill: those of the built shape with the most rows (then streams). Every
+        prefix of slots and rows within it runs in that shape or a smaller built one, whatever the streams' mix;
+        a join is refused on its slot or on its rows (`join`)."""
+        if not self.bucketed:
+            return self.max_streams, self.max_rows
+        streams, rows = max(((s, r) for s, r in self.graphs.ready_shapes), key=lambda sr: (sr[1], sr[0]),
+                            default=(0, 0))
+        return min(self.max_streams, streams), min(self.max_rows, rows)
+
     @property
     def ready_streams(self) -> int:
-        """Streams the built shapes serve, whatever their mix (each may use CFG): what may be admitted."""
-        if not self.bucketed:
-            return self.max_streams
-        return min(self.max_streams, max((covered_streams(s) for s in self.graphs.ready_shapes), default=0))
+        """Stream slots the built shapes serve (`_admission`): what may be admitted."""
+        return self._admission()[0]
 
     def build_next(self) -> tuple[int, int] | None:
         """Build the next pending shape (progressive start, from a background thread), the text encoder's shapes
@@ -186,7 +194,7 @@ class BatchedStepper:
             return None
         shape, compiled = pending[0]
         if self.graphed:
-            self.text_encoder.prepare(self._join_segments(covered_streams(shape)), background=True)
+            self.text_encoder.prepare(self._join_segments(shape[0]), background=True)
         self.graphs.build(shape, compiled)
         return shape
 
@@ -234,10 +242,8 @@ class BatchedStepper:
 
     @property
     def ready_rows(self) -> int:
-        """Model rows the built shapes cover: a join takes rows below this."""
-        if not self.bucketed:
-            return self.max_rows
-        return min(self.max_rows, max((rows for _, rows in self.graphs.ready_shapes), default=0))
+        """Model rows the built shapes cover (`_admission`): a join takes rows below this."""
+        return self._admission()[1]
 
     @property
     def ready_rows_free(self) -> int:
@@ -351,7 +357,7 @@ class BatchedStepper:
     def _encode(self, joiners, errors) -> list[GatheredPrompt | None]:
         """Each joiner's prompt (None where it failed): batching joins, one text-encoder batch and one table
         of prompt pieces for all joiners; else each joiner's on its own (exactly the alone computation).
-        The encoder runs in graphs on CUDA (fastpath/prompt.py)."""
+        The encoder runs in graphs on CUDA (fastpath/text_encoder_graphs.py)."""
         if self.batch_joins:
             gathered = gather_prompts(self.model, [params for _, params in joiners], self.text_encoder)
         else:
@@ -526,7 +532,7 @@ class BatchedStepper:
 
     def _count_fallback(self, shape: tuple[int, int]) -> None:
         """Count (and log once per shape and kind) a step that runs slower than the settings ask: uncompiled
-        while compiling was asked for (the starter shape before its compiled build), or eagerly where graphs
+        while compiling was asked for (a shape before its compiled build), or eagerly where graphs
         were asked for."""
         built = self.graphs.built.get(shape)
         kinds = []

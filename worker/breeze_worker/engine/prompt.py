@@ -1,7 +1,7 @@
 """Prompt preparation, shared by the eager reference path and the fast path.
 
 A request's prompt is laid out once: `lay_out` tokenizes its text segments into token layouts ([positive],
-[positive, negative] when CFG is on, [instruction, clone, plain] with two guidance scales; model/prompts.py)
+[positive, negative] when CFG is on, [instruction, clone, plain] with two guidance scales; model/prompt_templates.py)
 when `resolve_request` validates it, and the `ResolvedRequest` carries them (`prompt`) to the join. There
 the text segments are encoded, by the text encoder alone or batched with other joiners'
 (`prompt_text_segments`), and `prepare_prompt_embeddings`
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from breeze_worker.engine.types import LaidOutPrompt, ResolvedReference, ResolvedRequest, Template
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 from breeze_worker.model.loaded import LoadedModel
 
 
@@ -68,25 +68,25 @@ def _source(tokenizer, template: Template, text: str, instruction: str | None,
 def lay_out(tokenizer, template: Template, text: str, instruction: str | None,
             reference: ResolvedReference | None, uses_cfg: bool, dual: bool = False) -> LaidOutPrompt:
     """The prompt's token layouts: [positive], [positive, negative] with CFG, or with `dual` (two guidance
-    scales) the three branches [instruction, clone, plain] (model/prompts.py `dual_segments`). ValueError when
+    scales) the three branches [instruction, clone, plain] (model/prompt_templates.py `dual_segments`). ValueError when
     the prompt cannot be laid out (resolve_request turns it into InvalidRequest)."""
     source = _source(tokenizer, template, text, instruction, reference, uses_cfg, dual)
     _, template_name, _, _, transcript, frames, _ = source
     args = (template_name, text, instruction, transcript, frames)
     if dual:
-        branches = prompts.dual_segments(*args)
+        branches = templates.dual_segments(*args)
     else:
-        branches = [prompts.positive_segments(*args)]
+        branches = [templates.positive_segments(*args)]
         if uses_cfg:
-            negative = prompts.negative_segments(*args)
+            negative = templates.negative_segments(*args)
             if negative is None:
                 raise ValueError(f"guidance on the {template_name} template, which has no negative prompt")
             branches.append(negative)
-    return LaidOutPrompt(layouts=tuple(prompts.build_prompts(tokenizer, branches)),
+    return LaidOutPrompt(layouts=tuple(templates.build_prompts(tokenizer, branches)),
                          source=source)
 
 
-def prompt_layouts(model: LoadedModel, request: ResolvedRequest) -> list[prompts.PromptLayout]:
+def prompt_layouts(model: LoadedModel, request: ResolvedRequest) -> list[templates.PromptLayout]:
     """The token layouts of a request's branches (`lay_out`): those it carries from its resolution when they
     were made from its prompt inputs with this model's tokenizer, else laid out now."""
     source = _source(model.tokenizer, request.template, request.text, request.instruction, request.reference,
@@ -99,7 +99,7 @@ def prompt_layouts(model: LoadedModel, request: ResolvedRequest) -> list[prompts
 
 
 def prompt_text_segments(model: LoadedModel, request: ResolvedRequest,
-                         layouts: list[prompts.PromptLayout] | None = None) -> list[torch.Tensor]:
+                         layouts: list[templates.PromptLayout] | None = None) -> list[torch.Tensor]:
     """The request's text segments, in the order `prepare_prompt_embeddings` consumes their encodings
     (`layouts`: `prompt_layouts(model, request)` when the caller has them)."""
     layouts = prompt_layouts(model, request) if layouts is None else layouts
@@ -109,7 +109,7 @@ def prompt_text_segments(model: LoadedModel, request: ResolvedRequest,
 @torch.no_grad()
 def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
                               encoded: list[torch.Tensor] | None = None,
-                              layouts: list[prompts.PromptLayout] | None = None) -> PromptBatch:
+                              layouts: list[templates.PromptLayout] | None = None) -> PromptBatch:
     """`encoded`: the text encoder's output for `prompt_text_segments(model, request)`, when the caller
     encoded them itself (several requests' segments in one batch, or through the fast path's text-encoder
     graphs); None encodes them here. `layouts`: `prompt_layouts(model, request)` when the caller has them."""
@@ -130,9 +130,9 @@ def prepare_prompt_embeddings(model: LoadedModel, request: ResolvedRequest,
     for layout in layouts:
         pieces = []
         for span in layout.spans:
-            if span.kind == prompts.TEXT:
+            if span.kind == templates.TEXT:
                 pieces.append(next(segments))
-            elif span.kind == prompts.AUDIO:
+            elif span.kind == templates.AUDIO:
                 assert ref_embeds is not None  # audio spans are laid out for the request's reference only
                 pieces.append(ref_embeds)
             else:
@@ -154,11 +154,11 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest],
                    encoder) -> list[GatheredPrompt | BaseException]:
     """Several requests' prompts for one prefill, sharing one table: a GatheredPrompt per request, or the
     exception that request's prompt raised. `encoder` encodes the text segments of all of them at once
-    (`encode_flat`: fastpath/prompt.py TextEncoderGraphs). One request alone gets the values
+    (`encode_flat`: fastpath/text_encoder_graphs.py TextEncoderGraphs). One request alone gets the values
     `prepare_prompt_embeddings` gives with the same encoder's encodings."""
     lm, config, device = model.lm, model.config, model.device
     out: list[GatheredPrompt | BaseException | None] = []
-    layouts: dict[int, list[prompts.PromptLayout]] = {}
+    layouts: dict[int, list[templates.PromptLayout]] = {}
     segments: dict[int, list[torch.Tensor]] = {}
     for i, request in enumerate(requests):  # a failing prompt fails its request only
         try:
@@ -207,10 +207,10 @@ def gather_prompts(model: LoadedModel, requests: list[ResolvedRequest],
         for layout in layouts[i]:
             index = []
             for span in layout.spans:
-                if span.kind == prompts.TEXT:
+                if span.kind == templates.TEXT:
                     first, n = next(pieces)
                     index.append(np.arange(first, first + n))
-                elif span.kind == prompts.AUDIO:
+                elif span.kind == templates.AUDIO:
                     first, frames = references[i]  # audio spans are laid out for the request's reference only
                     index.append(np.arange(first, first + frames))
                 else:

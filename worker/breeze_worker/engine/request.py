@@ -11,10 +11,10 @@ be served as given is an `InvalidRequest` whose message says what to change.
 - Voice direction's two guidance scales (cfg_scale_reference, cfg_scale_instruction): both or neither, on
   the direction template only (reference + transcript + instruction), never beside cfg_scale (two forms of
   guidance); each finite in [0, 100] (0 drops that branch's pull). With them cfg_scale is 1 and the request
-  takes three branches (model/prompts.py `dual_segments`).
+  takes three branches (model/prompt_templates.py `dual_segments`).
 - Text, instruction and transcript: with a visible character (a letter, digit, punctuation mark or symbol: not
   only whitespace, zero-width or formatting characters), within the character limit, and free of control tokens
-  (`prompts.control_tokens`: <bos>, <ins_bos>, [S0]..[S9], the audio markers, the tokenizer's special
+  (`templates.control_tokens`: <bos>, <ins_bos>, [S0]..[S9], the audio markers, the tokenizer's special
   tokens), which the tokenizer would read as prompt structure rather than words.
 - Sampling overrides: bounded so every value stays finite in float32 (temperature 0 or in [1e-3, 100],
   repetition penalty <= 1000, top-k < 2**31).
@@ -45,7 +45,7 @@ from breeze_worker.engine.types import (
     Template,
 )
 from breeze_worker.errors import InvalidRequest
-from breeze_worker.model import prompts
+from breeze_worker.model import prompt_templates as templates
 from breeze_worker.model.loaded import GenerationDefaults
 
 MAX_SEED = 2**63
@@ -117,7 +117,7 @@ def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if not _has_visible(value):  # after the length check: it looks at every character
         raise InvalidRequest(f"{name} has no visible character (only spaces, zero-width or other formatting "
                              "characters, or combining marks with nothing to mark): give the words to speak")
-    markers = prompts.reserved_markers_in(value, tokenizer)
+    markers = templates.reserved_markers_in(value, tokenizer)
     if markers:
         raise InvalidRequest(f"{name} contains the reserved marker(s) {', '.join(markers)}, which the tokenizer "
                              "reads as control tokens of the prompt, not as words: remove them")
@@ -169,7 +169,7 @@ def _resolve_sampling(overrides: SamplingOverrides, defaults: GenerationDefaults
 
 
 def _resolve_cfg(req: SynthesisRequest, template: Template, defaults: GenerationDefaults) -> float:
-    guided = prompts.has_negative_branch(template.value)
+    guided = templates.has_negative_branch(template.value)
     if req.cfg_scale is None:
         return float(getattr(defaults, "cfg_scale", 1.0)) if guided else 1.0
     scale = _finite(req.cfg_scale, "cfg_scale")
@@ -268,7 +268,7 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
     if req.instruction is not None:
         _check_text("instruction", req.instruction, max_text_chars, tokenizer)
     _check_reference(req, reference, max_text_chars, tokenizer)
-    template = Template(prompts.template_for(req.reference is not None, req.instruction is not None))
+    template = Template(templates.template_for(req.reference is not None, req.instruction is not None))
     dual = _resolve_dual_cfg(req, template)
     cfg_scale = 1.0 if dual is not None else _resolve_cfg(req, template, defaults)
     sampling = _resolve_sampling(req.sampling, defaults)

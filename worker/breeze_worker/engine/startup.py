@@ -8,10 +8,12 @@ a thread of its own, one piece at a time, in the order it is useful:
 1. the compile bundle's torch cache, when the worker was given one (engine/bundle.py), before anything
    compiles; the reference encoder (model/codec: only requests cloning a voice need it; they wait for it, off
    the engine thread);
-2. the starter shape's compiled build (until then a stream runs its uncompiled graphs, counted and logged);
-3. each further batch shape by the streams it serves, each preceded by the codec batch and the text encoder's
-   shapes those streams need, so that publishing the batch shape, which is what lets the engine admit more
-   streams (BatchedStepper.ready_streams), comes last.
+2. each further batch shape uncompiled (a capture: seconds), by the streams it serves, each preceded by the
+   codec batch and the text encoder's shapes those streams need, so that publishing the batch shape, which is
+   what lets the engine admit more streams (BatchedStepper.ready_streams), comes last: every configured stream
+   is admitted a few captures after SERVING, not after one compile per shape (tens of seconds each);
+3. every shape's compiled build in the same order, each replacing its uncompiled one (until then a stream runs
+   the uncompiled graphs, counted and logged).
 
 Its CUDA work runs on a stream of its own, and every graph is captured in thread-local mode without running
 (engine/batch_graphs.py says why the streams being served are safe meanwhile). Compiling holds the interpreter
@@ -37,7 +39,6 @@ from contextlib import nullcontext
 
 import torch
 
-from breeze_worker.engine.batch_graphs import covered_streams
 from breeze_worker.engine.codec_graphs import bucket_for, pool_for
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class StartupBuild:
             if not pending:
                 return
             shape, compiled = pending[0]
-            slots = bucket_for(covered_streams(shape))
+            slots = bucket_for(shape[0])  # the streams it may admit (BatchedStepper._admission)
             if slots not in pool.built:
                 self._piece(f"the codec's {slots}-slot batch", functools.partial(pool.ensure, slots))
             what = f"batch shape {shape[0]}x{shape[1]}" + (" compiled" if compiled else "")

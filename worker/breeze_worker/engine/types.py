@@ -105,7 +105,7 @@ class ResolvedReference:
 class LaidOutPrompt:
     """A request's prompt token layouts, made once when it is resolved (engine/prompt.py `lay_out`):
     [positive], [positive, negative] with CFG, or [instruction, clone, plain] with two guidance scales
-    (model/prompts.py PromptLayout), and what they were made from, so a changed request is laid out again
+    (model/prompt_templates.py PromptLayout), and what they were made from, so a changed request is laid out again
     rather than served stale layouts."""
 
     layouts: tuple  # tuple[prompts.PromptLayout, ...]

@@ -12,7 +12,7 @@ Where transformers 5 reads the same files differently, the official stack's read
   (transformers 5 keeps tokenizer.json's and ignores both flags);
 - `clean_up_tokenization_spaces: true` removes the space before . , ? ! and before the English contractions
   when decoding (transformers 5 refuses to for BPE tokenizers such as Gemma's). The prompt recipe decodes each
-  segment back to text (model/prompts.py), so this reaches the prompt.
+  segment back to text (model/prompt_templates.py), so this reaches the prompt.
 Or built in code for the tiny default: a byte-fallback
 BPE with single-character pieces (any text, CJK included, round-trips through bytes), the Gemma
 normalizer (spaces -> "▁"), a "<bos> $A" post-processor, and the same special tokens as the real one:

@@ -1,7 +1,7 @@
 """`FastFrameGenerator`: the fast decode path behind the eager generator's interface.
 
 Prompt preparation is engine/prompt.py's, as the eager path's, with the text encoder replayed from a graph
-per length bucket (fastpath/prompt.py); the backbone prefill runs once into the static cache,
+per length bucket (fastpath/text_encoder_graphs.py); the backbone prefill runs once into the static cache,
 replayed from a graph per prompt-length bucket (the prompt left-padded to it, FrameRunner.prefill); then
 each frame is one replay of the sampling graph, ONE host read
 (16 codes + end-of-speech flag + non-finite flag, read together), and one replay of the backbone graph for
@@ -34,8 +34,8 @@ import torch
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
-from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
 from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, stream_setup
+from breeze_worker.engine.fastpath.text_encoder_graphs import text_encoder_graphs
 from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -67,7 +67,7 @@ class FastFrameGenerator:
                  *, settings: FastPathSettings | None = None, eos_masked: bool = False, timed_stages: bool = False):
         self.model, self.request = model, request
         self.device = torch.device(device) if device is not None else model.device
-        self.settings = settings or FastPathSettings()  # compile, form, sampler, kernels, overlap, pipeline
+        self.settings = settings or FastPathSettings()  # compile, form, sampler, kernels, read overlap
         self.eos_masked = eos_masked  # bench only: never end of speech (the frame limit ends the request)
         self.timed_stages = timed_stages  # bench: wait for the device at stage ends so the split is exact
         self.end_reason: EndReason | None = None
@@ -105,32 +105,6 @@ class FastFrameGenerator:
             return True
         return False
 
-    def _pipelined(self, runner, slots: int, limit: int, graphs: bool, frame_spans):
-        """The frame loop with one frame in flight (the settings' `pipeline`): frame t+1's backbone step and
-        sampling are queued before frame t is read (FrameRunner.launch_frame / read_frame), so no host work sits
-        between two frames on the device. A frame that ends the request leaves the next one computed and thrown
-        away; each frame's audio comes one frame later."""
-        launched = runner.launch_frame()
-        for frame_index in range(limit):
-            started = time.perf_counter()
-            frame_spans.next(index=frame_index)
-            with tracing.span("fast_step", index=frame_index, graph=graphs, pipelined=True):
-                following = None
-                if frame_index + 1 < limit:
-                    with tracing.span("backbone_step", for_frame=frame_index + 1, graph=graphs):
-                        runner.backbone_step(slots + frame_index)
-                    following = runner.launch_frame()
-                readout = runner.read_frame(launched)[0]
-            self.host_reads += 1
-            ended = self._check(readout, frame_index)
-            self.timings["generate_s"] += time.perf_counter() - started
-            if ended:
-                return
-            self.frames_emitted += 1
-            yield readout[:READOUT_EOS].clone()
-            launched = following
-        self.end_reason = EndReason.FRAME_LIMIT
-
     def _stage_end(self) -> None:
         if self.timed_stages and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -167,9 +141,6 @@ class FastFrameGenerator:
             frame_index = 0
             graphs = bool(runner.use_graphs)
             frame_spans = tracing.span_sequence("frame")
-            if self.settings.pipeline:
-                yield from self._pipelined(runner, slots, limit, graphs, frame_spans)
-                return
             while frame_index < limit:
                 started = time.perf_counter()
                 frame_spans.next(index=frame_index)

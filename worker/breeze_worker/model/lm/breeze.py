@@ -19,7 +19,7 @@ from breeze_worker.model.lm.backbone import Backbone
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.lm.depth_decoder import DepthDecoder
 from breeze_worker.model.lm.layers import KVCache
-from breeze_worker.model.lm.rope import RotaryEmbedding
+from breeze_worker.model.lm.rope import RotaryEmbedding, table_device
 from breeze_worker.model.lm.text_encoder import TextEncoder
 
 
@@ -34,10 +34,10 @@ class BreezeLM(nn.Module):
         self.backbone_model = Backbone(config.backbone)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size + 1, bias=False)
         self.depth_decoder = DepthDecoder(config.depth, config.num_codebooks, config.vocab_size)
-        self.register_buffer("codebook_offsets", self._offsets(), persistent=False)
+        self.register_buffer("codebook_offsets", self._offsets().to(table_device()), persistent=False)
 
     def _offsets(self) -> torch.Tensor:
-        # on the CPU under any default device (rope.py `default_inv_freq` says why); moved with the module
+        # computed on the CPU (rope.py `table_device` says why); placed by the caller
         return torch.arange(self.config.num_codebooks, dtype=torch.int64, device="cpu") * self.config.vocab_size
 
     @property

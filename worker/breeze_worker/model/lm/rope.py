@@ -14,12 +14,19 @@ import torch
 from torch import nn
 
 
+def table_device() -> torch.device:
+    """Where a computed table (a buffer filled at construction) is made: the default device, except the meta
+    device, where the CPU stands in. Under the loader's meta device an arange goes through torch's reference
+    implementations, whose first use imports sympy and torch's symbolic shapes (~1 s of a start-up); such a
+    table is recomputed on the model's device after materializing anyway."""
+    device = torch.get_default_device()
+    return torch.device("cpu") if device.type == "meta" else device
+
+
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    """1 / theta^(2i/d) for i in [0, d/2), float32, on the CPU whatever the default device: under the loader's
-    meta device an arange goes through torch's reference implementations, whose first use imports sympy and
-    torch's symbolic shapes (~1 s of a start-up); the buffer is recomputed on the model's device anyway."""
+    """1 / theta^(2i/d) for i in [0, d/2), float32, computed on the CPU and placed on `table_device()`."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
-    return 1.0 / (theta**exponents)
+    return (1.0 / (theta**exponents)).to(table_device())
 
 
 def linear_inv_freq(head_dim: int, theta: float, factor: float) -> torch.Tensor:

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 TEXT_BUCKETS = (32, 64, 128, 256, 512)
 MAX_TOKENS = 4096  # rows x padded length of one graph (its activations); larger batches replay several
 # text segments of one request: reference transcript + text, twice with CFG; with two guidance scales the
-# instruction prompt, the clone prompt's two and the plain prompt (model/prompts.py)
+# instruction prompt, the clone prompt's two and the plain prompt (model/prompt_templates.py)
 MAX_TEXT_SEGMENTS = 4
 
 
