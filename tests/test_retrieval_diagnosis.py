@@ -146,8 +146,10 @@ def test_one_way_latency_from_the_proxy_is_named(worker, direction, phase):
     delays = {"up_delay_s": DELAY, "down_delay_s": 0.0} if direction == "up" else {"up_delay_s": 0.0,
                                                                                    "down_delay_s": DELAY}
     with ProxyThread([DelayProxy((host, int(port)), **delays)]) as proxies:
-        run = diagnose_jobs(worker, artifact_target=proxies.proxies[0].address)
-    assert_injected(run, phase, DELAY, tol=0.1)
+        (proxy,) = proxies.proxies
+        run = diagnose_jobs(worker, artifact_target=proxy.address)
+    late = proxy.stats.late_up_s if direction == "up" else proxy.stats.late_down_s  # its own lag on a busy host
+    assert_injected(run, phase, DELAY, tol=0.1 + late)
     assert run.diagnosis.verdict.cause == "network_latency", run.diagnosis.verdict.evidence
     # the artifact path's own clock exchange saw the delay; the synthesis channel's mapping was used instead
     assert all(t.clock_uncertainty_ns < 0.05e9 for t in run.timelines)
@@ -209,8 +211,12 @@ def test_tbf_bandwidth_limit_between_namespaces_is_named(worker):
     for t in run.timelines:
         # every file byte arrives after the first message (a header without data), at the tbf rate
         expected = (t.file_bytes - t.first_chunk_bytes) * 8 / (rate_mbit * 1e6)
-        measured = {pt.phase.name: pt for pt in phase_times(t)}["transfer"].seconds
-        assert 0.75 * expected <= measured <= 1.35 * expected, (measured, expected, qdisc)
+        times = {pt.phase.name: pt for pt in phase_times(t)}
+        measured = times["transfer"].seconds
+        # a client late to read its first message (a busy host) sees the rest arrive sooner after it; from the
+        # worker's first send on, the bytes cannot cross faster than the limit
+        crossing = measured + times["first_byte_transit"].seconds
+        assert 0.75 * expected <= crossing and measured <= 1.35 * expected, (measured, crossing, expected, qdisc)
         assert t.first_chunk_bytes == 0 and t.chunk_size == chunk
         assert t.extra["verified"]
 
@@ -305,5 +311,5 @@ def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
     code = cli.main(["diagnose", *out["runs"][0]["label"].split()[:1], "--target", worker.target,
                      "--artifact-target", worker.artifact_target, "--timeout", str(CALL_TIMEOUT_S)])
     text = capsys.readouterr().out
-    assert code == 0 and "dominant phase:" in text and "fix:" in text and "artifact commit" in text
+    assert code == 0 and "verdict: healthy" in text and "fix:" in text and "artifact commit" in text
     assert "generation done is unknown for existing artifacts" in text and " p50 -" not in text

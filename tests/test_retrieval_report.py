@@ -13,7 +13,7 @@ from pathlib import Path
 
 from test_retrieval_phases import make_timeline
 
-from breeze_client.phases import PHASES
+from breeze_client.phases import PHASES, fetch_ns, format_seconds
 from breeze_client.report import COLORS, LABEL_W, PLOT_W, render_report, write_report
 from breeze_client.report import SEVERITY_COLORS as VERDICT_COLORS
 from breeze_client.verdict import diagnose
@@ -179,3 +179,94 @@ def test_uncertain_phases_are_hatched_in_the_waterfall_and_marked_in_the_table()
     for title in ("request transit", "first byte transit"):
         row = table[:table.index(title)].rsplit("<tr", 1)[1]
         assert "class='uncertain'" in row and "&lt;±450 us" in table[table.index(title):].split("</tr>")[0]
+
+
+PHONE, DESKTOP = (390, 844), (1280, 900)
+FITS = bytes.fromhex("00c853")  # the page's layout mark (opened with #check-layout): it fits the window's width
+
+
+def _screenshot(html_path: Path, tmp: Path, size: tuple[int, int]) -> list[bytes]:
+    """A screenshot of the page at a window of `size`, as rows of RGB bytes (the layout mark painted)."""
+    width, height = size
+    shot = tmp / f"{html_path.stem}-{width}.png"
+    result = run_chromium(html_path.resolve().as_uri() + "#check-layout", f"--window-size={width},{height}",
+                          f"--screenshot={shot}", "--hide-scrollbars")
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    w, h, rows = read_png_rgb(shot)
+    assert (w, h) == size
+    return rows
+
+
+def _pixel(rows: list[bytes], x: int, y: int) -> bytes:
+    return rows[y][3 * x:3 * x + 3]
+
+
+def _first_row_with(rows: list[bytes], color: bytes) -> int | None:
+    return next((y for y, row in enumerate(rows) if any(row[i:i + 3] == color for i in range(0, len(row), 3))), None)
+
+
+def _box(html: str) -> str:
+    start = html.index("<div class='verdict")
+    return html[start:html.index("</div>", start)]
+
+
+def _stepped_runs() -> list:
+    """A 3 min 05 s commit that the worker spent waiting for a CPU, in runs whose clocks moved (many lines)."""
+    runs = []
+    for i in range(3):
+        t = make_timeline(f"art-{i:032x}", slow="commit", extra_ms=185_000)
+        moves = [f"the worker's clock moved -2.00 s (exchange {k})" for k in range(4)]
+        clock = {"status": "stepped", "evidence": moves,
+                 "client_evidence": ["this client's wall clock moved +5.00 s against its monotonic clock"]}
+        runs.append(dataclasses.replace(t, clock=clock, evidence={
+            **t.evidence, "commit_storage_ns": 2_000_000_000, "commit_fsync_ns": 1_950_000_000, "commit_bytes": 46_000,
+            "worker_commit_cpu_wait_ns": 180_000_000_000, "worker_commit_storage_cpu_wait_ns": 1_900_000_000}))
+    return runs
+
+
+def test_a_healthy_page_leads_with_healthy_on_a_phone_and_a_desktop(tmp_path):
+    runs = [make_timeline(f"art-{i}") for i in range(3)]
+    d = diagnose(runs)
+    report = write_report(tmp_path / "healthy.html", d, runs, meta={"target": "127.0.0.1:50051"})
+    html = report.read_text()
+    body = html[html.index("<body>"):]
+    assert body.index("<div class='verdict ok'") < body.index("<h2>")  # the verdict comes first, under the title
+    box = _box(html)
+    assert "Healthy</b>" in box and "Dominant" not in html and "starved" not in html
+    assert not any(word in " ".join(d.verdict.evidence + d.verdict.details) for word in ("starved", "would have"))
+    for size in (PHONE, DESKTOP):
+        rows = _screenshot(report, tmp_path, size)
+        assert _pixel(rows, size[0] - 6, 6) == FITS, f"the page is wider than a {size[0]} px window"
+        top = _first_row_with(rows, bytes.fromhex(VERDICT_COLORS["ok"][1:]))
+        assert top is not None and top < 120, top  # the green box opens the page
+        assert _first_row_with(rows, bytes.fromhex(VERDICT_COLORS["fault"][1:])) is None
+
+
+def test_a_fault_page_keeps_a_few_lines_in_the_box_and_the_rest_below_on_a_phone_and_a_desktop(tmp_path):
+    runs = _stepped_runs()
+    d = diagnose(runs)
+    assert d.verdict.cause == "worker_cpu" and len(d.verdict.details) >= 12  # the clock lines, per run
+    report = write_report(tmp_path / "fault.html", d, runs)
+    html = report.read_text()
+    box = _box(html)
+    assert 2 <= box.count("<li>") <= 4 and "Worker starved of CPU</b>" in box
+    shown = html[:html.index("<script type='application/json'")]  # what the page shows (not its JSON data)
+    assert "3 min 05.0 s" in box and "185.0" not in shown and "185.00 s" not in shown  # minutes and seconds
+    below = html[html.index("More evidence"):html.index("<h2>Phases")]
+    assert below.count("<li>") == len(d.verdict.details)
+    for size in (PHONE, DESKTOP):
+        rows = _screenshot(report, tmp_path, size)
+        assert _pixel(rows, size[0] - 6, 6) == FITS, f"the page is wider than a {size[0]} px window"
+        top = _first_row_with(rows, bytes.fromhex(VERDICT_COLORS["fault"][1:]))
+        assert top is not None and top < 120, top
+
+
+def test_a_page_for_existing_artifacts_has_the_request_to_disk_row(tmp_path):
+    runs = [make_timeline(f"r{i}", slow="transfer", extra_ms=300) for i in range(2)]
+    existing = [dataclasses.replace(t, events={k: v for k, v in t.events.items()
+                                               if k not in ("generation_done", "final_received")}) for t in runs]
+    html = render_report(diagnose(existing), existing)
+    table = html[html.index("<table class='phases'>"):]
+    assert "data-row='fetch'" in table and "request → on disk" in table and "data-row='total'" not in table
+    row = table[table.index("data-row='fetch'"):].split("</tr>")[0]
+    assert f"<th>{format_seconds(fetch_ns(existing[0]) / 1e9)}</th>" in row, row  # 310.8 ms, request -> on disk

@@ -72,13 +72,19 @@ def stats_from_pb(s: synthesis_pb2.JobStats) -> JobStats:
                     nonfinite_layer=s.nonfinite_layer)
 
 
+def optional(message, *names: str) -> dict[str, int | None]:
+    """The optional fields' values, None for those the sender left unset."""
+    return {name: getattr(message, name) if message.HasField(name) else None for name in names}
+
+
 def artifact_from_pb(a: common_pb2.ArtifactInfo, clock: ClockMapping) -> ArtifactRef:
     commit = None
     if a.HasField("commit"):
         c = a.commit
         commit = CommitTiming(server_started_ns=clock.to_client(c.started_unix_ns), bytes_synced=c.bytes_synced,
                               wav_fsync_ns=c.wav_fsync_ns, hash_ns=c.hash_ns, rename_ns=c.rename_ns,
-                              sidecar_fsync_ns=c.sidecar_fsync_ns, dir_fsync_ns=c.dir_fsync_ns)
+                              sidecar_fsync_ns=c.sidecar_fsync_ns, dir_fsync_ns=c.dir_fsync_ns,
+                              **optional(c, "cpu_wait_ns", "cpu_run_ns", "storage_cpu_wait_ns", "fsync_cpu_wait_ns"))
     return ArtifactRef(artifact_id=a.artifact_id, size_bytes=a.size_bytes, sha256=a.sha256, endpoint=a.endpoint,
                        server_committed_ns=clock.to_client(a.committed_unix_ns), commit=commit,
                        clock_offset_ns=clock.offset_ns)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import zstandard
 
 from breeze_client import _convert, hostcpu
-from breeze_client.clock import ClockMapping
+from breeze_client.clock import ClockMapping, now_ns
 from breeze_client.errors import BreezeClientError, IntegrityError, ProtocolError, Unavailable, from_rpc_error
 from breeze_client.types import (
     AudioChunk,
@@ -49,6 +49,7 @@ class SynthesisReceiver:
         self._server_first: int | None = None
         self._finished: synthesis_pb2.JobFinished | None = None
         self._cpu = hostcpu.sample()  # the thread that reads the stream: its CPU wait is evidence
+        self._cpu_final: hostcpu.CpuSample | None = None  # ... its counters when the final message arrived
         self._cpu_ns: tuple[int | None, int | None] = (None, None)
 
     def on_message(self, msg: synthesis_pb2.SynthesizeResponse, received_ns: int) -> JobInfo | AudioChunk | None:
@@ -71,7 +72,9 @@ class SynthesisReceiver:
         if kind == "finished":
             self._final_ns = received_ns
             self._finished = msg.finished
-            self._cpu_ns = hostcpu.since(self._cpu)
+            self._cpu_final = hostcpu.sample()
+            if self._cpu is not None and self._cpu_final is not None:
+                self._cpu_ns = (self._cpu_final.run_ns - self._cpu.run_ns, self._cpu_final.wait_ns - self._cpu.wait_ns)
         return None
 
     @property
@@ -96,10 +99,22 @@ class SynthesisReceiver:
             server_done_ns=c.to_client(f.done_unix_ns),
             server_committed_ns=artifact.server_committed_ns if artifact else None,
             clock_offset_ns=c.offset_ns, clock_uncertainty_ns=c.uncertainty_ns, clock_rtt_ns=c.rtt_ns,
-            cpu_run_ns=self._cpu_ns[0], cpu_wait_ns=self._cpu_ns[1])
+            cpu_run_ns=self._cpu_ns[0], cpu_wait_ns=self._cpu_ns[1], server_final_sent_ns=c.to_client(f.sent_unix_ns),
+            server_notify_cpu_wait_ns=_convert.optional(f, "notify_cpu_wait_ns")["notify_cpu_wait_ns"],
+            cpu_at_final=self._cpu_final)
         return SynthesisResult(job=self.job, stats=_convert.stats_from_pb(f.stats), artifact=artifact,
                                timing=timing, chunks=self._chunks, audio=bytes(self._audio),
                                audio_bytes=self._audio_bytes, artifact_unavailable=f.artifact_unavailable)
+
+
+_FINISHING: set = set()  # calls read to their last message, held until their status arrives
+
+
+def let_finish(call) -> None:
+    """Keep a call whose last message was read until its status arrives, without waiting for it: a call dropped
+    before then is cancelled, and the worker would see a hang-up on a call that succeeded."""
+    _FINISHING.add(call)
+    call.add_done_callback(_FINISHING.discard)
 
 
 class StreamHandle:
@@ -149,7 +164,7 @@ class FetchReceiver:
 
     def __init__(self, artifact_id: str, dest: str | Path | BinaryIO | None, offset: int, limit: int,
                  chunk_size: int, compression: str, clock: ClockMapping, endpoint: str,
-                 stream_window_bytes: int | None = None) -> None:
+                 stream_window_bytes: int | None = None, channel_opened_ns: int | None = None) -> None:
         if compression not in _convert.COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(_convert.COMPRESSIONS)}, not {compression!r}")
         self.artifact_id, self.offset, self.limit = artifact_id, offset, limit
@@ -167,11 +182,14 @@ class FetchReceiver:
         self.first_message_bytes = 0  # file bytes carried by the stream's first message (its header)
         self.info: common_pb2.ArtifactInfo | None = None
         self.stream_window_bytes = stream_window_bytes
+        self.channel_opened_ns = channel_opened_ns  # when the artifact channel it uses was opened
         self._t: dict[str, int | None] = {k: None for k in (
             "request_sent", "received", "opened", "first_sent", "first_recv", "last_sent", "last_recv", "fsynced",
             "first_data_recv", "first_data_sent", "last_msg_recv")}
         self._chunk_times: list[ChunkTiming] = []
         self._read_ns = self._send_wait_ns = 0
+        self._worker_cpu: dict[str, int | None] = {}  # the worker's CPU wait fields (first attempt's header, last's)
+        self._read_cpu_wait: int | None = None  # summed over the chunks that carry it
         self._prev_sent: int | None = None  # worker send time (raw) of the attempt's previous data message
         self._cpu: hostcpu.CpuSample | None = None
         self._decompressor = zstandard.ZstdDecompressor()
@@ -214,7 +232,7 @@ class FetchReceiver:
         """The request for the next attempt: continue from the bytes already received."""
         if self._t["request_sent"] is None:
             self._cpu = hostcpu.sample()
-            self._t["request_sent"] = time.time_ns()
+            self._t["request_sent"] = now_ns()
         limit = 0 if self.limit == 0 else self.limit - (self.position - self.offset)
         return artifacts_pb2.FetchArtifactRequest(artifact_id=self.artifact_id, offset=self.position, limit=limit,
                                                   chunk_size=self.chunk_size,
@@ -229,16 +247,21 @@ class FetchReceiver:
             self._t["received"] = c.to_client(msg.request_received_unix_ns)
             self._t["opened"] = c.to_client(msg.file_opened_unix_ns)
             self._t["first_sent"] = c.to_client(msg.first_byte_sent_unix_ns)
+            self._worker_cpu.update(_convert.optional(msg, "open_cpu_wait_ns", "arrival_cpu_wait_ns"))
             if self._t["first_recv"] is None:  # the response's first byte: the header message
                 self._t["first_recv"] = received_ns
                 self.first_message_bytes = msg.uncompressed_size
         if msg.last:
             self._t["last_sent"] = self.clock.to_client(msg.last_byte_sent_unix_ns)
             self._t["last_msg_recv"] = received_ns
+            self._worker_cpu.update(_convert.optional(msg, "handler_cpu_wait_ns", "handler_cpu_run_ns"))
             if self._prev_sent and msg.last_byte_sent_unix_ns:  # the last data message's wait to be taken
                 self._send_wait_ns += max(0, msg.last_byte_sent_unix_ns - self._prev_sent)
-            if self._t["last_recv"] is None:
-                self._t["last_recv"] = received_ns
+            # every byte is in once the stream's last message arrives: a worker slow to end the stream is in the
+            # transfer, not in the client's write; the last chunk's write went by before it, inside the transfer
+            self._t["last_recv"] = received_ns
+            self.write_in_transfer_ns += self._last_write_ns
+            self._last_write_ns = 0
             return 0
         if not msg.data and not msg.uncompressed_size:
             return 0
@@ -276,8 +299,11 @@ class FetchReceiver:
         if self._prev_sent and msg.sent_unix_ns:
             self._send_wait_ns += max(0, msg.sent_unix_ns - self._prev_sent - msg.read_ns)
         self._prev_sent = msg.sent_unix_ns or None
+        read_wait = msg.read_cpu_wait_ns if msg.HasField("read_cpu_wait_ns") else None
+        if read_wait is not None:
+            self._read_cpu_wait = (self._read_cpu_wait or 0) + read_wait
         self._chunk_times.append(ChunkTiming(received_ns, nbytes, self.clock.to_client(msg.sent_unix_ns),
-                                             msg.read_ns))
+                                             msg.read_ns, read_wait))
 
     def resumed(self) -> None:
         self.resumes += 1
@@ -302,7 +328,7 @@ class FetchReceiver:
                 raise IntegrityError(f"artifact {self.artifact_id}: SHA-256 {digest} of the fetched bytes does not "
                                      f"match the worker's {self.info.sha256}; fetch it again from offset 0")
             verified = True
-        self._t["fsynced"] = time.time_ns()
+        self._t["fsynced"] = now_ns()
         cpu_run, cpu_wait = hostcpu.since(self._cpu)
         data = self._file.getvalue() if isinstance(self._file, io.BytesIO) else None
         self._close()
@@ -320,7 +346,10 @@ class FetchReceiver:
             first_data_received_ns=t["first_data_recv"], server_first_data_sent_ns=t["first_data_sent"],
             last_message_received_ns=t["last_msg_recv"], server_read_ns=self._read_ns,
             server_send_wait_ns=self._send_wait_ns, cpu_run_ns=cpu_run, cpu_wait_ns=cpu_wait,
-            chunk_times=tuple(self._chunk_times))
+            chunk_times=tuple(self._chunk_times), server_read_cpu_wait_ns=self._read_cpu_wait,
+            cpu_at_request=self._cpu, channel_opened_ns=self.channel_opened_ns,
+            clock_measured_ns=c.measured_at_ns or None,
+            **{f"server_{k}": v for k, v in self._worker_cpu.items()})
         return FetchResult(
             artifact_id=self.artifact_id, path=self.path, offset=self.offset, bytes_received=self.received,
             wire_bytes=self.wire, size_bytes=self.info.size_bytes, sha256=self.info.sha256, verified=verified,

@@ -21,10 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from breeze_client import _convert
 from breeze_client import clock as clock_exchange
-from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
+from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver, let_finish
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, fixed_stream_window, open_aio_channel
-from breeze_client.clock import ClockMapping
+from breeze_client.clock import ClockMapping, now_ns
 from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
 from breeze_client.sdk import HEALTH_NAMES, make_request
 from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisRequest, SynthesisResult, WorkerInfo
@@ -44,9 +44,12 @@ class AsyncSynthesisStream(StreamHandle):
     async def __aiter__(self) -> AsyncIterator[AudioChunk]:
         try:
             async for msg in self._call:
-                event = self._receiver.on_message(msg, time.time_ns())
+                event = self._receiver.on_message(msg, now_ns())
                 if isinstance(event, AudioChunk):
                     yield event
+                if self._receiver.done:  # the final message is the last: the result is whole without the status
+                    let_finish(self._call)
+                    break
         except grpc.RpcError as err:
             raise self._error(err) from None
         finally:
@@ -68,6 +71,7 @@ class AsyncBreezeClient:
         # info, health and the clock exchange go to one worker over a plain channel, whatever its health
         self._channel = open_aio_channel(self.options.target, self.options, balanced=True)
         self._control = open_aio_channel(self.options.target, self.options)
+        self._channel_opened_ns: dict[str, int] = {}  # artifact target -> when its channel was opened
         self._artifact_channels: dict[str, grpc.aio.Channel] = {}
         self._clocks: dict[str, ClockMapping] = {}
         self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
@@ -98,6 +102,7 @@ class AsyncBreezeClient:
             return self._control
         if target not in self._artifact_channels:
             self._artifact_channels[target] = open_aio_channel(target, self.options)
+            self._channel_opened_ns[target] = now_ns()
         return self._artifact_channels[target]
 
     async def sync_clock(self, target: str | None = None,
@@ -150,7 +155,7 @@ class AsyncBreezeClient:
                      timeout_s: float | None = None, **options) -> AsyncSynthesisStream:
         request = _convert.request_to_pb(make_request(text, options))
         mapping = await self.clock()
-        sent = time.time_ns()
+        sent = now_ns()
         call = self._synthesis.Synthesize(request, **self._kw(timeout_s))
         return AsyncSynthesisStream(call, SynthesisReceiver(mapping, sent, collect_audio))
 
@@ -194,14 +199,18 @@ class AsyncBreezeClient:
         target, stub = await self._artifacts(endpoint)
         mapping = await self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target,
-                                 fixed_stream_window(self.options))
+                                 fixed_stream_window(self.options), self._channel_opened_ns.get(target))
         policy = ResumePolicy(artifact, target, max_resumes, resume_timeout_s)
         try:
             while True:
                 policy.attempt_started(receiver.position)
                 try:
-                    async for msg in stub.Fetch(receiver.next_request(), **self._kw(timeout_s)):
-                        receiver.on_message(msg, time.time_ns())
+                    call = stub.Fetch(receiver.next_request(), **self._kw(timeout_s))
+                    async for msg in call:
+                        receiver.on_message(msg, now_ns())
+                        if msg.last:  # every byte is in: the file is done without waiting for the status
+                            let_finish(call)
+                            break
                     break
                 except grpc.RpcError as err:
                     pause = policy.after_break(err, receiver.position, receiver.info is not None)

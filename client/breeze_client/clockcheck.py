@@ -6,9 +6,11 @@ made once is not enough: a worker clock that steps or drifts afterwards maps eve
 wrongly (a -2 s phase, a negative total). So each retrieval is bracketed by exchanges, and the check
 
 1. compares consecutive exchanges: intervals that overlap agree; a gap between them is a move of the
-   worker's clock against ours. A move no faster than `MAX_DRIFT_PPM` is drift: the mapping's
-   uncertainty is widened by the drift over the time since the exchange used. A faster move is a step
-   (or a clock running far off, which no exchange pair can tell from a step);
+   worker's clock against ours (ours is the client's monotonic clock, `clock.now_ns`, which nothing
+   steps: a step of the client's wall clock moves no offset, and is named as the client's from the
+   wall clock's lead recorded with each exchange, `client_steps`). A move no faster than `MAX_DRIFT_PPM`
+   is drift: the mapping's uncertainty is widened by the drift over the time since the exchange used. A
+   faster move is a step (or a clock running far off, which no exchange pair can tell from a step);
 2. maps each group of worker events (the job's, the fetch's, the Stat's) with the offsets that agree
    with causality: a worker event that caused a client event happened before it, and one caused by a
    client event happened after it. Each such pair bounds the offset from one side (`Group.before` and
@@ -26,6 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 MAX_DRIFT_PPM = 500.0  # the fastest a disciplined clock slews (ntpd's and chrony's default limit)
+# a move of the client's wall clock against its monotonic clock at least this large is a step (a slew moves
+# both clocks alike; reading the two clocks one after the other differs by microseconds)
+CLIENT_STEP_MIN_NS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class Exchange:
     offset_ns: int
     uncertainty_ns: int
     label: str = ""  # where it was made, e.g. "before the job" or "after the fetch"
+    client_lead_ns: int | None = None  # how far this client's wall clock read ahead of its clock (clock.now_ns)
+    client_synchronized: bool | None = None  # whether this host's clock was disciplined (clock.synchronized)
 
     @property
     def low(self) -> int:
@@ -47,7 +54,8 @@ class Exchange:
 
     def to_dict(self) -> dict:
         return {"at_ns": self.at_ns, "offset_ns": self.offset_ns, "uncertainty_ns": self.uncertainty_ns,
-                "label": self.label}
+                "label": self.label, "client_lead_ns": self.client_lead_ns,
+                "client_synchronized": self.client_synchronized}
 
 
 @dataclass
@@ -119,11 +127,13 @@ class Move:
 
 @dataclass(frozen=True)
 class ClockCheck:
-    status: str  # "ok" | "drift" | "stepped" (re-mapped) | "broken" (a group could not be mapped)
+    status: str  # the worker's: "ok" | "drift" | "stepped" (re-mapped) | "broken" (a group could not be mapped)
     groups: Mapping[str, GroupMapping]
     moves: tuple[Move, ...]
     evidence: tuple[str, ...]
     exchanges: tuple[Exchange, ...] = ()
+    client_evidence: tuple[str, ...] = ()  # steps of this client's wall clock (they move no phase)
+    drifted: str = ""  # whose clock drifts, when the exchanges show drift: "worker" or "either" (see `_drift_side`)
 
     @property
     def broken(self) -> bool:
@@ -132,12 +142,41 @@ class ClockCheck:
     def to_dict(self) -> dict:
         return {"status": self.status, "groups": {k: v.to_dict() for k, v in self.groups.items()},
                 "moves": [m.to_dict() for m in self.moves], "evidence": list(self.evidence),
-                "exchanges": [e.to_dict() for e in self.exchanges]}
+                "exchanges": [e.to_dict() for e in self.exchanges],
+                "client_status": "stepped" if self.client_evidence else "ok",
+                "client_evidence": list(self.client_evidence), "drifted": self.drifted}
+
+
+def client_steps(exchanges: Sequence[Exchange]) -> list[str]:
+    """Evidence lines for each step of this client's wall clock between consecutive exchanges that recorded it.
+
+    The client times everything on its own clock (`clock.now_ns`, advanced by the monotonic clock), so a wall
+    clock step moves no phase and no offset; it is named here for what it is, on the client's side."""
+    out = []
+    known = [e for e in exchanges if e.client_lead_ns is not None]
+    for a, b in zip(known, known[1:]):
+        assert a.client_lead_ns is not None and b.client_lead_ns is not None
+        delta = b.client_lead_ns - a.client_lead_ns
+        if abs(delta) >= CLIENT_STEP_MIN_NS:
+            out.append(f"this client's wall clock moved {_fmt(delta)} against its monotonic clock between the "
+                       f"exchanges {a.label or 'before'} and {b.label or 'after'}: a step of the client's clock, "
+                       "not the worker's; the phases are timed on the client's monotonic clock, so none moved with it")
+    return out
+
+
+def _drift_side(a: Exchange, b: Exchange) -> str:
+    """Whose clock drifts between two exchanges: a step is always the worker's (this client times on its
+    monotonic clock, which nothing steps), but two clocks drifting apart cannot say which one moves unless one
+    is known to be disciplined: "worker" when this client's was at both exchanges, else "either"."""
+    return "worker" if a.client_synchronized and b.client_synchronized else "either"
 
 
 def _fmt(ns: float) -> str:
     s = ns / 1e9
     a = abs(s)
+    if a >= 60:
+        minutes, seconds = divmod(round(a, 1), 60)
+        return f"{'-' if s < 0 else '+'}{int(minutes)} min {seconds:04.1f} s"
     return f"{s:+.2f} s" if a >= 1 else f"{s * 1e3:+.1f} ms" if a >= 1e-3 else f"{s * 1e6:+.0f} us"
 
 
@@ -173,12 +212,22 @@ def check(exchanges: Iterable[Exchange], groups: Iterable[Group]) -> ClockCheck:
         status = "drift"
     else:
         status = "stepped"
+    drifted = ""
     for m in moved:
-        kind = ("drift" if m.ppm <= MAX_DRIFT_PPM else "a step" if m.ppm > 100_000 else
-                f"a step, or a clock running {m.ppm / 1e4:.2g}% off: no disciplined clock drifts faster "
-                f"than {MAX_DRIFT_PPM:.0f} ppm")
-        evidence.append(f"the worker's clock moved {_fmt(m.delta_ns)} against this client's in {m.seconds:.2f} s "
-                        f"between the exchanges {m.first.label or 'before'} and {m.second.label or 'after'} "
+        between = (f"in {m.seconds:.2f} s between the exchanges {m.first.label or 'before'} and "
+                   f"{m.second.label or 'after'}")
+        if m.ppm <= MAX_DRIFT_PPM:
+            side = _drift_side(m.first, m.second)
+            drifted = "either" if "either" in (drifted, side) else side
+            evidence.append(
+                f"the worker's clock drifted {_fmt(m.delta_ns)} against this client's disciplined clock {between} "
+                f"({m.ppm:.0f} ppm: drift)" if side == "worker" else
+                f"the worker's clock and this client's drifted {_fmt(m.delta_ns)} apart {between} ({m.ppm:.0f} ppm: "
+                "drift; this client's clock is not known to be disciplined, so either may be the one that drifts)")
+            continue
+        kind = ("a step" if m.ppm > 100_000 else f"a step, or a clock running {m.ppm / 1e4:.2g}% off: no "
+                f"disciplined clock drifts faster than {MAX_DRIFT_PPM:.0f} ppm")
+        evidence.append(f"the worker's clock moved {_fmt(m.delta_ns)} against this client's {between} "
                         f"({m.ppm:.0f} ppm: {kind})")
     rate = 0.0
     if status == "drift":
@@ -228,4 +277,5 @@ def check(exchanges: Iterable[Exchange], groups: Iterable[Group]) -> ClockCheck:
         mapped[g.name] = result
     if broken:
         status = "broken"
-    return ClockCheck(status, mapped, tuple(moves), tuple(evidence), tuple(ex))
+    return ClockCheck(status, mapped, tuple(moves), tuple(evidence), tuple(ex), tuple(client_steps(ex)),
+                      drifted if status == "drift" else "")

@@ -2,7 +2,7 @@
 
     with BreezeClient(target) as client:
         run = run_diagnosis(client, DiagnoseSettings(jobs=3, configs=sweep_configs([65536, 0], ["none", "zstd"])))
-        print(format_text(run))                  # per-phase p50/p95/max, dominant phase, evidence, fix
+        print(format_text(run))                  # per-phase p50/p95/max, the verdict, its evidence, the fix
         write_report("diag.html", run.diagnosis, run.timelines, sweep=run.sweep_rows())
 
 Each job is fetched as soon as its final message arrives, with the first fetch configuration; this is
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from breeze_client.clock import ClockMapping
+from breeze_client.clock import ClockMapping, now_ns
 from breeze_client.clockcheck import Exchange
 from breeze_client.evidence import build_timeline, exchange_from
 from breeze_client.phases import (
@@ -47,7 +47,7 @@ from breeze_client.phases import (
     transfer_rate,
 )
 from breeze_client.types import ArtifactRef, FetchResult, SynthesisResult
-from breeze_client.verdict import Diagnosis, diagnose
+from breeze_client.verdict import Diagnosis, Verdict, diagnose
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,11 @@ class TimedFile:
         self.first_write_bytes = 0
 
     def write(self, data) -> int:
-        t0 = time.time_ns()
+        t0 = now_ns()
         n = self._inner.write(data)
         if not self.writes:
             self.first_write_bytes = len(data)
-        self.writes.append((t0, time.time_ns()))
+        self.writes.append((t0, now_ns()))
         return n
 
     def write_time_within(self, start: int | None, end: int | None) -> int:
@@ -251,7 +251,7 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
             stats = []
             for artifact_id in settings.artifact_ids:
                 ref = client.stat(artifact_id)
-                stats.append((ref, time.time_ns()))
+                stats.append((ref, now_ns()))
             refs = [ref for ref, _ in stats]
             fetched = fetch_many(client, refs, out_dir, primary, parallel=settings.parallel, dest_factory=dest_factory)
             after = clocks.now("after the fetch")
@@ -317,18 +317,40 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
 def _clock_line(run: DiagnoseRun) -> str:
     statuses = [t.clock_status for t in run.timelines]
     unc = max((t.clock_uncertainty_ns for t in run.timelines), default=0) / 1e9
+    client = [f"run {i + 1}" for i, t in enumerate(run.timelines) if t.client_clock_evidence]
+    moved = f"; this client's wall clock stepped in {', '.join(client)} (no phase moved with it)" if client else ""
     if all(st == "ok" for st in statuses):
-        return f"clock mapping ±{format_seconds(unc)}, checked on every run"
-    return f"clock mapping ±{format_seconds(unc)}, checked on every run: " + ", ".join(
+        return f"clock mapping ±{format_seconds(unc)}, checked on every run{moved}"
+    return f"clock mapping ±{format_seconds(unc)}, checked on every run: the worker's clock: " + ", ".join(
         f"run {i + 1} {st}" + (" (re-mapped)" if st in ("stepped", "drift") else "")
-        for i, st in enumerate(statuses) if st != "ok")
+        for i, st in enumerate(statuses) if st != "ok") + moved
+
+
+def verdict_heading(v: Verdict) -> str:
+    """The verdict's first line: healthy, the clock, or the cause and the phase it holds."""
+    if v.severity == "ok":
+        return f"healthy: {v.explanation}"
+    if v.severity == "unknown":
+        return f"clock mapping broken ({v.cause}): {v.explanation}"
+    return f"{v.cause} in the {v.title} ({v.share:.0%} of the total): {v.explanation}"
+
+
+def verdict_lines(v: Verdict) -> list[str]:
+    """The verdict as text: its heading, the headline evidence, the fix, then the rest of the evidence."""
+    lines = [f"verdict: {verdict_heading(v)}"] + [f"  - {e}" for e in v.evidence]
+    if v.needs_runs:
+        lines.append(f"  - to tell apart: {v.needs_runs}")
+    lines.append(f"fix: {v.fix}")
+    if v.details:
+        lines += ["more evidence:"] + [f"  - {e}" for e in v.details]
+    return lines
 
 
 def format_text(run: DiagnoseRun) -> str:
     """The human summary: phase table, the verdict with evidence and fix, the sweep."""
     d = run.diagnosis
     lines = [f"retrieval diagnosis: {d.runs} run(s), {run.meta.get('primary_config', '')}, {_clock_line(run)}",
-             f"{'phase':<22}{'where':<9}{'p50':>11}{'p95':>11}{'max':>11}"]
+             f"{'phase':<22}{'where':<9}{'p50':>13}{'p95':>13}{'max':>13}"]
     unmeasured = {pt.phase.name for tl in run.timelines for pt in phase_times(tl) if pt.why}
     for phase in PHASES:
         s = d.summaries[phase.name]
@@ -337,29 +359,29 @@ def format_text(run: DiagnoseRun) -> str:
         if phase.name in unmeasured:  # never printed as a measurement: the clock check could not map it
             row = [r if s.count else "clock?" for r in row]
         note = f"  ({len(run.timelines) - s.count} run(s) not measured: clock)" if phase.name in unmeasured else ""
-        lines.append(f"{phase.title:<22}{phase.where:<9}{row[0]:>11}{row[1]:>11}{row[2]:>11}{note}")
+        lines.append(f"{phase.title:<22}{phase.where:<9}{row[0]:>13}{row[1]:>13}{row[2]:>13}{note}")
     t = d.summaries["total"]
     if t.count:
         pm = f"  ±{format_seconds(t.uncertainty_s)}" if t.uncertainty_s else ""
-        lines.append(f"{'generation done -> disk':<31}{format_seconds(t.p50_s):>11}{format_seconds(t.p95_s):>11}"
-                     f"{format_seconds(t.max_s):>11}{pm}")
+        lines.append(f"{'generation done -> disk':<31}{format_seconds(t.p50_s):>13}{format_seconds(t.p95_s):>13}"
+                     f"{format_seconds(t.max_s):>13}{pm}")
     else:
         broken = any("generation_done" in tl.events for tl in run.timelines)
         if broken:
-            lines.append(f"{'generation done -> disk':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}  (it crosses "
+            lines.append(f"{'generation done -> disk':<31}{'clock?':>13}{'clock?':>13}{'clock?':>13}  (it crosses "
                          "the broken clock mapping)")
         f = summarize("fetch", [None if (ns := fetch_ns(tl)) is None else ns / 1e9 for tl in run.timelines])
-        lines.append(f"{'request -> disk':<31}{format_seconds(f.p50_s):>11}{format_seconds(f.p95_s):>11}"
-                     f"{format_seconds(f.max_s):>11}"
+        lines.append(f"{'request -> disk':<31}{format_seconds(f.p50_s):>13}{format_seconds(f.p95_s):>13}"
+                     f"{format_seconds(f.max_s):>13}"
                      + ("" if broken else "  (generation done is unknown for existing artifacts)"))
     w = d.summaries["waited"]
     meaning = "  (how long the file sat committed before it was asked for)"
     if w.count:
         pm = f"  ±{format_seconds(w.uncertainty_s)}" if w.uncertainty_s else ""
-        lines.append(f"{'committed -> requested':<31}{format_seconds(w.p50_s):>11}{format_seconds(w.p95_s):>11}"
-                     f"{format_seconds(w.max_s):>11}{pm}{meaning}")
+        lines.append(f"{'committed -> requested':<31}{format_seconds(w.p50_s):>13}{format_seconds(w.p95_s):>13}"
+                     f"{format_seconds(w.max_s):>13}{pm}{meaning}")
     elif any("artifact_committed" in tl.events for tl in run.timelines):
-        lines.append(f"{'committed -> requested':<31}{'clock?':>11}{'clock?':>11}{'clock?':>11}{meaning}")
+        lines.append(f"{'committed -> requested':<31}{'clock?':>13}{'clock?':>13}{'clock?':>13}{meaning}")
     rates = [r for tl in run.timelines if (r := transfer_rate(tl))]
     rate = summarize("rate", rates).p50_s  # None: no run measured a transfer rate
     if rate is not None:
@@ -370,12 +392,7 @@ def format_text(run: DiagnoseRun) -> str:
                      + ("" if through is None else
                         f" ({'a burst: ' if burst else ''}the path delivered {through / 1e6:.2f} MB/s from first "
                         "byte sent to last byte received)"))
-    v = d.verdict
-    lines += ["", f"dominant phase: {v.title} ({v.share:.0%} of the total)", f"cause ({v.cause}): {v.explanation}"]
-    lines += [f"  - {e}" for e in v.evidence]
-    if v.needs_runs:
-        lines.append(f"  - to tell apart: {v.needs_runs}")
-    lines.append(f"fix: {v.fix}")
+    lines += [""] + verdict_lines(d.verdict)
     if run.sweep:
         lines += ["", f"{'sweep':<26}{'request->disk p50':>18}{'transfer p50':>14}{'MB/s':>8}{'wire MB':>9}"]
         for sweep in run.sweep:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from breeze_client import hostcpu
 from breeze_client.clock import ClockMapping
 from breeze_client.clockcheck import ClockCheck, Exchange, Group, GroupMapping, check
 from breeze_client.phases import Timeline
@@ -27,7 +28,8 @@ _CROSSING = {"job": ("notify", "total", "waited"), "stat": ("waited",), "fetch":
 
 
 def exchange_from(mapping: ClockMapping, label: str) -> Exchange:
-    return Exchange(mapping.measured_at_ns, mapping.offset_ns, mapping.uncertainty_ns, label)
+    return Exchange(mapping.measured_at_ns, mapping.offset_ns, mapping.uncertainty_ns, label, mapping.wall_lead_ns,
+                    mapping.client_synchronized)
 
 
 def _raw(mapped: int | None, offset: int) -> int | None:
@@ -90,6 +92,14 @@ def build_timeline(label: str, fetch: FetchResult, *, synthesis: SynthesisResult
             ev["worker_audio_span_ns"] = w_done - w_first_chunk
         if st.final_received_ns and st.first_chunk_received_ns:
             ev["client_audio_span_ns"] = st.final_received_ns - st.first_chunk_received_ns
+        w_final_sent = _raw(st.server_final_sent_ns, off_s)
+        if w_final_sent and w_committed:
+            ev["worker_notify_span_ns"] = w_final_sent - w_committed
+        if st.server_notify_cpu_wait_ns is not None:
+            ev["worker_notify_cpu_wait_ns"] = st.server_notify_cpu_wait_ns
+        gap_wait = hostcpu.wait_between(st.cpu_at_final, ft.cpu_at_request)  # one thread received and requested
+        if gap_wait is not None:
+            ev["client_gap_cpu_wait_ns"] = gap_wait
         ref, ref_group = synthesis.artifact, "job"
     elif artifact is not None:
         w_committed = _raw(artifact.server_committed_ns, artifact.clock_offset_ns)
@@ -103,6 +113,10 @@ def build_timeline(label: str, fetch: FetchResult, *, synthesis: SynthesisResult
         w_commit_started = _raw(c.server_started_ns, ref.clock_offset_ns)
         ev.update(commit_storage_ns=c.storage_ns, commit_fsync_ns=c.wav_fsync_ns + c.sidecar_fsync_ns + c.dir_fsync_ns,
                   commit_bytes=c.bytes_synced)
+        ev.update({key: v for key, v in (("worker_commit_cpu_wait_ns", c.cpu_wait_ns),
+                                         ("worker_commit_cpu_run_ns", c.cpu_run_ns),
+                                         ("worker_commit_storage_cpu_wait_ns", c.storage_cpu_wait_ns),
+                                         ("worker_commit_fsync_cpu_wait_ns", c.fsync_cpu_wait_ns)) if v is not None})
 
     mapping = check(exchanges or _fallback_exchanges(fetch, synthesis), groups)
     events = {k: int(v) for k, v in client.items() if v}
@@ -117,6 +131,8 @@ def build_timeline(label: str, fetch: FetchResult, *, synthesis: SynthesisResult
     if w_commit_started and ref_group in mapping.groups:
         g = mapping.groups[ref_group]
         ev["commit_started"] = w_commit_started - _offset(mapping, g, groups)
+    if w_lbs and mapping.groups["fetch"].ok:
+        ev["last_byte_sent"] = w_lbs - _offset(mapping, mapping.groups["fetch"], groups)
     unmeasured = {phase: f"clock mapping broken: {g.source}" for g in mapping.groups.values() if not g.ok
                   for phase in _CROSSING[g.name]}
     unmeasured.update({f"event:{name}": "placed with an unchecked mapping (clock mapping broken)"
@@ -165,4 +181,15 @@ def _fetch_evidence(fetch: FetchResult, w_rr, w_opened, w_first_data, w_lbs) -> 
             ev["client_cpu_run_ns"] = ft.cpu_run_ns
     if fetch.stream_window_bytes:
         ev["stream_window_bytes"] = fetch.stream_window_bytes
+    if ft.channel_opened_ns:
+        ev["artifact_channel_opened"] = ft.channel_opened_ns
+    if ft.clock_measured_ns:
+        ev["artifact_clock_measured"] = ft.clock_measured_ns
+    if w_rr and w_lbs:
+        ev["worker_handler_span_ns"] = w_lbs - w_rr
+    ev.update({key: v for key, v in (("worker_open_cpu_wait_ns", ft.server_open_cpu_wait_ns),
+                                     ("worker_arrival_cpu_wait_ns", ft.server_arrival_cpu_wait_ns),
+                                     ("worker_read_cpu_wait_ns", ft.server_read_cpu_wait_ns),
+                                     ("worker_handler_cpu_wait_ns", ft.server_handler_cpu_wait_ns),
+                                     ("worker_handler_cpu_run_ns", ft.server_handler_cpu_run_ns)) if v is not None})
     return ev

@@ -8,6 +8,7 @@ evidence for a client starved of CPU. Elsewhere (no /proc) the sample is None an
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 _PATH = "/proc/thread-self/schedstat"
@@ -17,6 +18,7 @@ _PATH = "/proc/thread-self/schedstat"
 class CpuSample:
     run_ns: int  # time on a CPU so far
     wait_ns: int  # time runnable but waiting for a CPU so far
+    tid: int = 0  # the thread they belong to (samples of two threads do not subtract)
 
 
 def sample() -> CpuSample | None:
@@ -24,9 +26,16 @@ def sample() -> CpuSample | None:
     try:
         with open(_PATH, encoding="ascii") as f:
             run, wait, *_ = f.read().split()
-        return CpuSample(int(run), int(wait))
+        return CpuSample(int(run), int(wait), threading.get_native_id())
     except (OSError, ValueError):
         return None
+
+
+def wait_between(start: CpuSample | None, end: CpuSample | None) -> int | None:
+    """The thread's wait for a CPU from `start` to `end` (None unless both are samples of one thread)."""
+    if start is None or end is None or start.tid != end.tid:
+        return None
+    return end.wait_ns - start.wait_ns
 
 
 def since(start: CpuSample | None) -> tuple[int | None, int | None]:

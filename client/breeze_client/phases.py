@@ -1,10 +1,11 @@
 """The retrieval phase model: one definition used by the SDK, the CLI, the JSON output and the HTML report.
 
-A retrieval is a chain of nine events, each a nanosecond timestamp on the *client's* wall clock
-(`time.time_ns`). Four of them happen on the worker; their worker-clock values are mapped onto the client
-clock with the clock exchange (`client_ns = server_ns - offset_ns`), which is uncertain by up to
-`clock_uncertainty_ns` (half the fastest exchange's round trip). The eight phases between consecutive
-events are what a slow retrieval is split into:
+A retrieval is a chain of nine events, each a nanosecond timestamp on the *client's* clock (`clock.now_ns`:
+the wall clock as read when the SDK loaded, advanced by the monotonic clock, so a step of this machine's wall
+clock moves no client event and no client-only phase). Four of them happen on the worker; their worker-clock
+values are mapped onto the client clock with the clock exchange (`client_ns = server_ns - offset_ns`), which
+is uncertain by up to `clock_uncertainty_ns` (half the fastest exchange's round trip). The eight phases
+between consecutive events are what a slow retrieval is split into:
 
     generation_done --commit--> artifact_committed --notify--> final_received --client_gap--> request_sent
     --request--> request_received --server_first_byte--> first_byte_sent --first_byte_transit-->
@@ -50,7 +51,7 @@ REQUEST_SENT = "request_sent"  # client: the Fetch call was issued
 REQUEST_RECEIVED = "request_received"  # worker: the Fetch call reached the handler
 FIRST_BYTE_SENT = "first_byte_sent"  # worker: the response's first message (header) was handed to gRPC
 FIRST_BYTE_RECEIVED = "first_byte_received"  # client: the response's first message arrived
-LAST_BYTE_RECEIVED = "last_byte_received"  # client: the last chunk arrived
+LAST_BYTE_RECEIVED = "last_byte_received"  # client: every byte is in (the stream's last message arrived)
 FILE_FSYNCED = "file_fsynced"  # client: the file is written, fsynced and verified on disk
 
 EVENTS: tuple[str, ...] = (
@@ -71,15 +72,35 @@ EVIDENCE: dict[str, str] = {
     "worker_read_ns": "worker: time reading (and compressing) the chunks",
     "worker_send_wait_ns": "worker: time its writes waited for the connection to take the chunks",
     "worker_send_span_ns": "worker: first data message sent -> last byte sent",
+    "last_byte_sent": "worker (mapped): the stream's last message was handed to gRPC",
     "data_receive_span_ns": "client: first data message received -> last byte received",
     "path_queue_ns": "the slowest chunk's send -> arrival less the fastest one's: how long bytes queued on the path",
     "client_cpu_wait_ns": "client: the fetching thread's wait for a CPU, request -> file on disk",
     "client_cpu_run_ns": "client: its time on a CPU over the same span",
     "synthesis_cpu_wait_ns": "client: the streaming thread's wait for a CPU during the Synthesize call",
+    "client_gap_cpu_wait_ns": "client: the thread's wait for a CPU from the final message to the artifact request "
+                              "(when one thread did both)",
+    "artifact_channel_opened": "client: the artifact channel the fetch used was opened",
+    "artifact_clock_measured": "client: that channel's clock mapping was measured",
     "worker_audio_span_ns": "worker: first audio chunk emitted -> generation done",
     "client_audio_span_ns": "client: first audio chunk received -> final message received",
     "stream_window_bytes": "client: the channel's fixed HTTP/2 stream window (absent: BDP probing grows it)",
     "synthesis_rtt_ns": "the synthesis channel's round trip (its clock exchange)",
+    # the worker's own wait for a CPU (its threads' scheduler statistics; absent where it cannot measure it)
+    "worker_commit_cpu_wait_ns": "worker: the commit's threads' wait for a CPU (I/O thread woken -> commit end)",
+    "worker_commit_cpu_run_ns": "worker: the committing thread's time on a CPU",
+    "worker_commit_storage_cpu_wait_ns": "worker: of the commit's wait, the part inside its storage calls",
+    "worker_commit_fsync_cpu_wait_ns": "worker: of that, the part inside its fsyncs",
+    "worker_notify_span_ns": "worker: commit end -> the final message handed to gRPC",
+    "worker_notify_cpu_wait_ns": "worker: how long it was held from running over the same span (its event loop's wait "
+                                 "for a CPU, or its CPU quota)",
+    "worker_arrival_cpu_wait_ns": "worker: how long it was held from running (its event loop's wait for a CPU, or "
+                                  "its CPU quota) from the job's final message to the Fetch reaching its handler",
+    "worker_open_cpu_wait_ns": "worker: its wait for a CPU from the request received to the header sent",
+    "worker_read_cpu_wait_ns": "worker: its reading threads' wait for a CPU inside the chunks' reads",
+    "worker_handler_cpu_wait_ns": "worker: how long it was held from running (as above), request -> last byte",
+    "worker_handler_cpu_run_ns": "worker: its time on a CPU over the same span",
+    "worker_handler_span_ns": "worker: request received -> last byte sent",
 }
 
 
@@ -113,9 +134,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("first_byte_transit", FIRST_BYTE_SENT, FIRST_BYTE_RECEIVED, "first byte transit", "network",
           "the response's first message (header) sent -> received by the client: the one-way latency"),
     Phase("transfer", FIRST_BYTE_RECEIVED, LAST_BYTE_RECEIVED, "transfer", "client",
-          "first message received -> last chunk received (file bytes / time = MB/s)"),
+          "first message received -> the stream's last message received (file bytes / time = MB/s)"),
     Phase("client_write", LAST_BYTE_RECEIVED, FILE_FSYNCED, "client write", "client",
-          "last chunk received -> file written, fsynced and verified"),
+          "every byte in -> file written, fsynced and verified"),
 )
 PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
 FETCH_PHASES: frozenset[str] = frozenset(PHASE_NAMES[PHASE_NAMES.index("request"):])  # request -> on disk
@@ -165,6 +186,12 @@ class Timeline:
     def clock_evidence(self) -> tuple[str, ...]:
         """The clock check's evidence lines (none when it found nothing or did not run)."""
         lines = self.clock.get("evidence") or ()
+        return tuple(str(line) for line in lines) if isinstance(lines, (list, tuple)) else ()
+
+    @property
+    def client_clock_evidence(self) -> tuple[str, ...]:
+        """Steps of this client's wall clock during the run (`clockcheck.client_steps`); they move no phase."""
+        lines = self.clock.get("client_evidence") or ()
         return tuple(str(line) for line in lines) if isinstance(lines, (list, tuple)) else ()
 
     def placed(self, event: str) -> bool:
@@ -418,10 +445,13 @@ def summarize_phases(timelines: Sequence[Timeline]) -> dict[str, Summary]:
 
 
 def format_seconds(s: float | None) -> str:
-    """Human duration: 1.23 s, 45.6 ms, 789 us, or '-' when unknown."""
+    """Human duration: 3 min 05.0 s, 1.23 s, 45.6 ms, 789 us, or '-' when unknown."""
     if s is None:
         return "-"
     a = abs(s)
+    if a >= 60.0:
+        minutes, seconds = divmod(round(a, 1), 60)
+        return f"{'-' if s < 0 else ''}{int(minutes)} min {seconds:04.1f} s"
     if a >= 1.0:
         return f"{s:.2f} s"
     if a >= 1e-3:

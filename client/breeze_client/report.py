@@ -1,15 +1,20 @@
 """A self-contained HTML report of retrieval diagnostics: the verdict, the phase table, a waterfall per run.
 
-The page needs no network: CSS, SVG and a few lines of JavaScript are inline. Each run's waterfall has one
-bar per phase (`rect.phase-bar`, `data-phase=<name>`), placed from the run's earliest measured instant; a
-phase within the clock mapping's uncertainty is drawn hatched and labelled `<±U`, in the waterfall and the
-table alike. A phase the clock check could not measure is drawn as an empty outline at the axis start,
-labelled with the reason; one whose length is known but whose place is not (a worker-side phase of a
-group the clock check could not map) keeps its length, dashed, at the axis start. The axis only spans
-the events of measured, placed phases, so a mis-mapped worker time never stretches it. The verdict box is
-coloured by severity: green when healthy, amber when the clock mapping is broken, red for a fault. The
-script only checks the page (bars per run, errors) and records the result on `<html data-render=...
-data-bars=...>`.
+The page needs no network: CSS, SVG and a few lines of JavaScript are inline. It opens with the verdict
+box: "Healthy", "Clock mapping broken", or the cause and the phase it holds, coloured by severity (green,
+amber, red), with at most a few lines of evidence and the fix; the rest of the evidence follows below the
+box. Each run's waterfall has one bar per phase (`rect.phase-bar`, `data-phase=<name>`), placed from the
+run's earliest measured instant; a phase within the clock mapping's uncertainty is drawn hatched and
+labelled `<±U`, in the waterfall and the table alike. A phase the clock check could not measure is drawn as
+an empty outline at the axis start, labelled with the reason; one whose length is known but whose place is
+not (a worker-side phase of a group the clock check could not map) keeps its length, dashed, at the axis
+start. The axis only spans the events of measured, placed phases, so a mis-mapped worker time never
+stretches it. The phase table ends with generation done -> on disk, or request -> on disk where generation
+done is unknown (existing artifacts), and committed -> requested. On a narrow screen (a phone) the text
+wraps and the wide parts (table, waterfalls) scroll sideways inside their own boxes, never the page. The
+script only checks the page (bars per run, errors, whether the page fits the window's width) and records
+the result on `<html data-render=... data-bars=... data-layout=... data-fits=...>`; opened with `#check-layout`
+it also paints the last as a corner mark (green: fits), for a screenshot to read.
 """
 
 from __future__ import annotations
@@ -24,14 +29,25 @@ from breeze_client.phases import (
     PHASES,
     Timeline,
     delivery_rate,
+    fetch_ns,
     format_phase_value,
     format_seconds,
     phase_times,
+    summarize,
     transfer_rate,
     waited_ns,
 )
 from breeze_client.verdict import Diagnosis
 
+CAUSE_TITLES = {  # the verdict box's heading for each fault (verdict.CATALOGUE keys)
+    "storage_write": "Slow artifact volume (writes)", "storage_read": "Slow artifact volume (reads)",
+    "worker_busy": "Worker stalled", "worker_cpu": "Worker starved of CPU", "polling": "Polling",
+    "buffering_intermediary": "Buffering intermediary", "cold_start": "Cold start",
+    "client_delay": "Application delay", "network_latency": "Network latency",
+    "payload_encoding": "Inflated payload", "per_message_overhead": "Small chunks",
+    "window_limited": "Flow-control window", "connection_drops": "Dropped connections",
+    "bandwidth": "Bandwidth", "slow_client_disk": "Slow client disk", "client_cpu": "Client starved of CPU",
+}
 COLORS = {
     "commit": "#8e44ad", "notify": "#2980b9", "client_gap": "#f39c12", "request": "#16a085",
     "server_first_byte": "#c0392b", "first_byte_transit": "#27ae60", "transfer": "#2c3e50",
@@ -50,7 +66,11 @@ td:first-child,th:first-child{text-align:left}
 .verdict.unknown{border-left-color:$unknown;background:#fdf3e7}
 .verdict ul{margin:4px 0} .muted{color:#777} .swatch{display:inline-block;width:10px;height:10px;margin-right:6px}
 .run{margin:10px 0 18px} .run h3{font-size:14px;margin:0 0 4px;font-weight:600}
+.verdict .lead{margin:0 0 4px} .verdict .heading{font-size:16px} .verdict p{margin:4px 0}
+li,p,h3{overflow-wrap:anywhere} .scroll{overflow-x:auto;max-width:100%} td,th{white-space:nowrap}
 svg text{font:11px system-ui,sans-serif}
+@media (max-width:600px){body{margin:10px;font-size:13px} .verdict{padding:6px 10px} td,th{padding:3px 6px}
+  .verdict ul,ul.details{padding-left:18px}}
 """).substitute(SEVERITY_COLORS)
 
 _JS = """
@@ -64,6 +84,15 @@ _JS = """
     var root=document.documentElement;
     root.setAttribute('data-bars',counts.join(','));
     root.setAttribute('data-render',errors.length?'error':'ok');
+    var box=document.querySelector('.verdict').getBoundingClientRect();
+    var fits=root.scrollWidth<=window.innerWidth&&box.left>=0&&box.right<=window.innerWidth;
+    root.setAttribute('data-layout',[window.innerWidth,root.scrollWidth,Math.round(box.top),
+                                     Math.round(box.left),Math.round(box.right)].join(','));
+    root.setAttribute('data-fits',fits?'yes':'no');
+    if(location.hash==='#check-layout'){  // a corner mark a screenshot can read: green fits, magenta overflows
+      var mark=document.createElement('div'); mark.id='layout-check';
+      mark.style.cssText='position:fixed;top:0;right:0;width:12px;height:12px;background:'+(fits?'#00c853':'#ff00ff');
+      document.body.appendChild(mark);}
     var bars=document.querySelectorAll('rect.phase-bar');
     for(var j=0;j<bars.length;j++){bars[j].addEventListener('mouseenter',function(ev){
       var t=ev.target.querySelector('title'); if(t){ev.target.setAttribute('data-hover',t.textContent);}});}
@@ -153,7 +182,7 @@ def _waterfall(timeline: Timeline, index: int) -> str:
     return "".join(parts)
 
 
-def _phase_table(diagnosis: Diagnosis) -> str:
+def _phase_table(diagnosis: Diagnosis, timelines: Sequence[Timeline]) -> str:
     rows = ["<table class='phases'><tr><th>phase</th><th>where</th><th>p50</th><th>p95</th><th>max</th>"
             "<th>clock ±</th></tr>"]
     for phase in PHASES:
@@ -165,8 +194,15 @@ def _phase_table(diagnosis: Diagnosis) -> str:
                     f"{_esc(phase.title)}</td><td>{phase.where}</td>"
                     + "".join(f"<td>{_esc(c)}</td>" for c in cells)
                     + f"<td>{_esc(format_seconds(u) if u else '0')}</td></tr>")
-    for key, title in (("total", "generation done → on disk"), ("waited", "committed → requested")):
-        t = diagnosis.summaries[key]
+    total = diagnosis.summaries["total"]
+    generated = total.count > 0 or any("generation_done" in t.events for t in timelines)
+    spans = [("waited", "committed → requested", diagnosis.summaries["waited"])]
+    if not total.count:  # generation done unknown (existing artifacts) or unmeasured: the fetch stands in
+        fetch = summarize("fetch", [None if (ns := fetch_ns(t)) is None else ns / 1e9 for t in timelines])
+        spans.insert(0, ("fetch", "request → on disk", fetch))
+    if generated:
+        spans.insert(0, ("total", "generation done → on disk", total))
+    for key, title, t in spans:
         if not t.count and key == "waited":
             continue
         cells = [format_phase_value(v, t.uncertainty_s) for v in (t.p50_s, t.p95_s, t.max_s)]
@@ -180,13 +216,24 @@ def _phase_table(diagnosis: Diagnosis) -> str:
 
 
 def _verdict(diagnosis: Diagnosis) -> str:
+    """The verdict box (its heading, at most MAX_HEADLINE lines of evidence, the fix), then the rest below it."""
     v = diagnosis.verdict
     items = "".join(f"<li>{_esc(e)}</li>" for e in v.evidence)
     if v.needs_runs:
         items += f"<li>to tell apart: {_esc(v.needs_runs)}</li>"
-    return (f"<div class='verdict {v.severity}' data-severity='{v.severity}' data-cause='{_esc(v.cause)}'>"
-            f"<b>Dominant phase: {_esc(v.title)}</b> ({_esc(v.phase)}, {v.share:.0%} of the p50 total)<br>"
-            f"Cause ({_esc(v.cause)}): {_esc(v.explanation)}<ul>{items}</ul><b>Fix:</b> {_esc(v.fix)}</div>")
+    if v.severity == "ok":
+        heading = "<b class='heading'>Healthy</b>: nothing in the retrieval path is measurably slow"
+    elif v.severity == "unknown":
+        heading = f"<b class='heading'>Clock mapping broken</b><br>{_esc(v.explanation)}"
+    else:
+        heading = (f"<b class='heading'>{_esc(CAUSE_TITLES.get(v.cause, v.cause))}</b> in the {_esc(v.title)} "
+                   f"({v.share:.0%} of the p50 total)<br>{_esc(v.explanation)}")
+    box = (f"<div class='verdict {v.severity}' data-severity='{v.severity}' data-cause='{_esc(v.cause)}'>"
+           f"<p class='lead'>{heading}</p><ul>{items}</ul><p><b>Fix:</b> {_esc(v.fix)}</p></div>")
+    if v.details:
+        box += ("<h3>More evidence</h3><ul class='details'>"
+                + "".join(f"<li>{_esc(e)}</li>" for e in v.details) + "</ul>")
+    return box
 
 
 def _run_header(t: Timeline, i: int) -> str:
@@ -204,12 +251,10 @@ def _run_header(t: Timeline, i: int) -> str:
 def render_report(diagnosis: Diagnosis, timelines: Sequence[Timeline], *, title: str = "Retrieval diagnosis",
                   sweep: Sequence[dict] = (), meta: dict | None = None) -> str:
     """The whole page as one string (write it with `write_report`); `sweep` rows are SweepResult.to_dict()."""
-    body = [f"<h1>{_esc(title)}</h1>"]
-    if meta:
-        body.append("<p class='muted'>" + " · ".join(f"{_esc(k)}: {_esc(v)}" for k, v in meta.items()) + "</p>")
-    body += ["<h2>Verdict</h2>", _verdict(diagnosis), "<h2>Phases</h2>", _phase_table(diagnosis)]
+    body = [f"<h1>{_esc(title)}</h1>", _verdict(diagnosis), "<h2>Phases</h2>",
+            f"<div class='scroll'>{_phase_table(diagnosis, timelines)}</div>"]
     if sweep:
-        body.append("<h2>Sweep</h2><table><tr><th>configuration</th><th>request → disk p50</th>"
+        body.append("<h2>Sweep</h2><div class='scroll'><table><tr><th>configuration</th><th>request → disk p50</th>"
                     "<th>transfer p50</th><th>MB/s</th><th>wire MB</th><th>dominant</th></tr>")
         for row in sweep:
             rate = row.get("mb_per_s_p50")
@@ -218,14 +263,17 @@ def render_report(diagnosis: Diagnosis, timelines: Sequence[Timeline], *, title:
                         f"<td>{_esc(format_seconds(row['transfer']['p50_s']))}</td>"
                         f"<td>{'-' if rate is None else f'{rate:.1f}'}</td><td>{row['wire_bytes'] / 1e6:.2f}</td>"
                         f"<td>{_esc(row.get('dominant', ''))}</td></tr>")
-        body.append("</table>")
+        body.append("</table></div>")
     body.append("<h2>Waterfall per run</h2>")
     for i, t in enumerate(timelines):
         body.append(f"<div class='run' data-run='{i}' data-clock='{_esc(t.clock_status)}'>{_run_header(t, i)}"
-                    f"{_waterfall(t, i)}</div>")
+                    f"<div class='scroll'>{_waterfall(t, i)}</div></div>")
+    if meta:
+        body.append("<p class='muted'>" + " · ".join(f"{_esc(k)}: {_esc(v)}" for k, v in meta.items()) + "</p>")
     data = json.dumps({"diagnosis": diagnosis.to_dict(), "runs": [t.to_dict() for t in timelines]})
     data = data.replace("</", "<\\/")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>{''.join(body)}"
             f"<script type='application/json' id='diagnosis-data'>{data}</script>"
             f"<script>{_JS}</script></body></html>")

@@ -23,10 +23,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from breeze_client import _convert
 from breeze_client import clock as clock_exchange
-from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver
+from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver, let_finish
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
 from breeze_client.channel import ConnectionOptions, fixed_stream_window, open_channel
-from breeze_client.clock import ClockMapping
+from breeze_client.clock import ClockMapping, now_ns
 from breeze_client.errors import BreezeClientError, Unavailable, from_rpc_error
 from breeze_client.types import ArtifactRef, AudioChunk, FetchResult, SynthesisRequest, SynthesisResult, WorkerInfo
 from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc, clock_pb2_grpc, synthesis_pb2, synthesis_pb2_grpc
@@ -43,7 +43,8 @@ def make_request(text_or_request: str | SynthesisRequest, options: dict) -> Synt
 
 
 class SynthesisStream(StreamHandle):
-    """Iterate for AudioChunk as they arrive; `job` once started, `result` once the stream ended.
+    """Iterate for AudioChunk as they arrive; `job` once started, `result` once the stream ended. The iteration
+    ends with the final message, without waiting for the call's status behind it, so a fetch can follow at once.
 
     Leaving the iteration before the final message (a `break`, an exception in the loop body, the
     iterator being dropped) hangs up, so the worker cancels the job and frees its engine slot at once.
@@ -54,9 +55,12 @@ class SynthesisStream(StreamHandle):
     def __iter__(self) -> Iterator[AudioChunk]:
         try:
             for msg in self._call:
-                event = self._receiver.on_message(msg, time.time_ns())
+                event = self._receiver.on_message(msg, now_ns())
                 if isinstance(event, AudioChunk):
                     yield event
+                if self._receiver.done:  # the final message is the last: the result is whole without the status
+                    let_finish(self._call)
+                    break
         except grpc.RpcError as err:
             raise self._error(err) from None
         finally:
@@ -78,6 +82,7 @@ class BreezeClient:
         # info, health and the clock exchange go to one worker over a plain channel, whatever its health
         self._channel = open_channel(self.options.target, self.options, balanced=True)
         self._control = open_channel(self.options.target, self.options)
+        self._channel_opened_ns: dict[str, int] = {}  # artifact target -> when its channel was opened
         self._artifact_channels: dict[str, grpc.Channel] = {}
         self._clocks: dict[str, ClockMapping] = {}
         self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
@@ -108,6 +113,7 @@ class BreezeClient:
     def _artifact_channel(self, target: str) -> grpc.Channel:
         if target not in self._artifact_channels:
             self._artifact_channels[target] = open_channel(target, self.options)
+            self._channel_opened_ns[target] = now_ns()
         return self._artifact_channels[target]
 
     def _channel_for(self, target: str) -> grpc.Channel:
@@ -165,7 +171,7 @@ class BreezeClient:
         """Start a job; iterate the returned stream for audio chunks as they are generated."""
         request = _convert.request_to_pb(make_request(text, options))
         mapping = self.clock()
-        sent = time.time_ns()
+        sent = now_ns()
         call = self._synthesis.Synthesize(request, **self._kw(timeout_s))
         return SynthesisStream(call, SynthesisReceiver(mapping, sent, collect_audio))
 
@@ -217,14 +223,18 @@ class BreezeClient:
         target, stub = self._artifacts(endpoint)
         mapping = self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target,
-                                 fixed_stream_window(self.options))
+                                 fixed_stream_window(self.options), self._channel_opened_ns.get(target))
         policy = ResumePolicy(artifact, target, max_resumes, resume_timeout_s)
         try:
             while True:
                 policy.attempt_started(receiver.position)
                 try:
-                    for msg in stub.Fetch(receiver.next_request(), **self._kw(timeout_s)):
-                        receiver.on_message(msg, time.time_ns())
+                    call = stub.Fetch(receiver.next_request(), **self._kw(timeout_s))
+                    for msg in call:
+                        receiver.on_message(msg, now_ns())
+                        if msg.last:  # every byte is in: the file is done without waiting for the status
+                            let_finish(call)
+                            break
                     break
                 except grpc.RpcError as err:
                     pause = policy.after_break(err, receiver.position, receiver.info is not None)

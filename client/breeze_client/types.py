@@ -1,4 +1,5 @@
-"""Typed results of the SDK. Every timestamp is nanoseconds on the *client's* clock (`time.time_ns`).
+"""Typed results of the SDK. Every timestamp is nanoseconds on the *client's* clock (`clock.now_ns`: the wall
+clock as read when the SDK loaded, advanced by the monotonic clock, so a wall-clock step moves none of them).
 
 Worker timestamps (fields named server_*) are mapped through the clock exchange; each timing record
 carries the mapping's offset (worker - client) and uncertainty so a reader can judge them. Unknown
@@ -10,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from breeze_client.hostcpu import CpuSample
 
 
 def _ms(a: int | None, b: int | None) -> float | None:
@@ -124,6 +127,11 @@ class CommitTiming(_Dict):
     rename_ns: int
     sidecar_fsync_ns: int  # sidecar write + fsync + rename (0 from Stat)
     dir_fsync_ns: int  # directory fsync (0 from Stat)
+    # the worker's wait for a CPU (None: it cannot measure it, an older worker, or Stat)
+    cpu_wait_ns: int | None = None  # over the commit (from its I/O thread's previous task's end)
+    cpu_run_ns: int | None = None  # the committing thread's time on a CPU
+    storage_cpu_wait_ns: int | None = None  # of cpu_wait_ns, inside the storage calls
+    fsync_cpu_wait_ns: int | None = None  # of that, inside the fsyncs
 
     @property
     def storage_ns(self) -> int:
@@ -160,6 +168,9 @@ class SynthesisTiming(_Dict):
     audio_written_ns: int | None = None  # the caller's own output file was complete (CLI -o)
     cpu_wait_ns: int | None = None  # the receiving thread's wait for a CPU during the call (hostcpu)
     cpu_run_ns: int | None = None  # its time on a CPU during the call
+    server_final_sent_ns: int | None = None  # the final message was handed to gRPC on the worker (mapped)
+    cpu_at_final: CpuSample | None = None  # the receiving thread's CPU counters when the final message arrived
+    server_notify_cpu_wait_ns: int | None = None  # the worker's wait for a CPU from the commit to then
 
     @property
     def ttfa_ms(self) -> float | None:
@@ -197,6 +208,7 @@ class ChunkTiming(_Dict):
     file_bytes: int
     server_sent_ns: int | None  # handed to gRPC on the worker (mapped)
     server_read_ns: int  # the worker's read (and compression) time for it
+    server_read_cpu_wait_ns: int | None = None  # the worker's wait for a CPU in that read (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -209,7 +221,7 @@ class FetchTiming(_Dict):
     server_first_byte_sent_ns: int | None
     first_byte_received_ns: int | None
     server_last_byte_sent_ns: int | None  # of the last attempt
-    last_byte_received_ns: int | None
+    last_byte_received_ns: int | None  # every byte is in: the stream's last message (or, without one, last chunk)
     file_fsynced_ns: int | None  # written, flushed, fsynced (and verified) on disk
     write_ns: int  # time spent inside write calls while receiving (a slow disk shows here)
     clock_offset_ns: int
@@ -224,6 +236,15 @@ class FetchTiming(_Dict):
     cpu_wait_ns: int | None = None  # the receiving thread's wait for a CPU during the fetch (hostcpu)
     cpu_run_ns: int | None = None  # its time on a CPU during the fetch
     chunk_times: tuple[ChunkTiming, ...] = ()  # one per data message received
+    # the worker's wait for a CPU (threadcpu on the worker; None where it cannot measure it), first attempt:
+    server_open_cpu_wait_ns: int | None = None  # request received -> header sent
+    server_arrival_cpu_wait_ns: int | None = None  # the job's final message sent -> request received
+    server_read_cpu_wait_ns: int | None = None  # inside the chunks' reads, all attempts
+    server_handler_cpu_wait_ns: int | None = None  # the handler's event loop: request received -> last byte sent
+    server_handler_cpu_run_ns: int | None = None  # its time on a CPU over the same span
+    cpu_at_request: CpuSample | None = None  # the receiving thread's CPU counters when the request was sent
+    channel_opened_ns: int | None = None  # when the artifact channel it used was opened (client clock)
+    clock_measured_ns: int | None = None  # when that channel's clock mapping was measured (client clock)
 
     @property
     def transfer_ms(self) -> float | None:

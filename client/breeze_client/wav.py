@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 from pathlib import Path
+
+from breeze_client.clock import now_ns
 
 
 def wav_header(encoding: str, sample_rate: int, data_bytes: int) -> bytes:
@@ -39,13 +40,13 @@ class StreamingWavWriter:
 
     def close(self) -> int:
         if self._file.closed:
-            return time.time_ns()
+            return now_ns()
         self._file.seek(0)
         self._file.write(wav_header(self.encoding, self.sample_rate, self.data_bytes))
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        return time.time_ns()
+        return now_ns()
 
 
 def write_wav(path: str | Path, pcm: bytes, encoding: str, sample_rate: int) -> int:

@@ -152,7 +152,14 @@ def test_the_commit_times_its_steps_and_the_sidecar_keeps_them(store):
     assert info.committed_at_ns - c.started_at_ns >= steps  # the commit time is after the last fsync
     stat = store.stat(info.artifact_id)  # the sidecar is stamped before its own write: it cannot time it
     assert stat.committed_at_ns <= info.committed_at_ns
-    assert stat.commit == replace(c, bytes_synced=info.size_bytes, sidecar_fsync_ns=0, dir_fsync_ns=0)
+    # the commit's own CPU evidence (Linux schedstat) rides with the info, not in the sidecar written before it ends
+    assert c.cpu_run_ns is not None and c.cpu_run_ns > 0 and c.cpu_wait_ns is not None
+    assert c.storage_cpu_wait_ns is not None and c.fsync_cpu_wait_ns is not None
+    assert c.fsync_cpu_wait_ns <= c.storage_cpu_wait_ns
+    # the sidecar counts the WAV's part still to write at its sync (all of it, unless write-back got there first),
+    # not its own bytes
+    assert stat.commit == replace(c, bytes_synced=c.bytes_synced - sidecar, sidecar_fsync_ns=0, dir_fsync_ns=0,
+                                  cpu_wait_ns=None, cpu_run_ns=None, storage_cpu_wait_ns=None, fsync_cpu_wait_ns=None)
 
 
 def test_the_storage_fault_slows_the_fsync_and_is_timed_there(tmp_path):

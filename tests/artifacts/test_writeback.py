@@ -6,6 +6,7 @@ itself) on a disk-backed file system, against a store with the hints turned off.
 from __future__ import annotations
 
 import ctypes
+import gc
 import hashlib
 import os
 import platform
@@ -127,6 +128,9 @@ class _Recorder:
 
 
 def _open_descriptors() -> int:
+    """This process's open descriptors, once the stores of earlier tests are collected (a store and its space
+    keeper refer to each other: its directory lock's descriptor closes whenever the collector next runs)."""
+    gc.collect()
     return len(os.listdir("/proc/self/fd"))
 
 

@@ -35,6 +35,9 @@ class ProxyStats:
     drops: int = 0
     bytes_down: int = 0  # upstream -> client
     bytes_up: int = 0  # client -> upstream
+    # the most a message went out after its due time (the proxy's own lag on a busy host), per direction
+    late_down_s: float = 0.0
+    late_up_s: float = 0.0
 
 
 class DelayProxy:
@@ -147,6 +150,7 @@ class DelayProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                self._late(direction, time.monotonic() - due)
                 if drop_at is not None and sent + len(data) >= drop_at:
                     writer.write(data[: drop_at - sent])
                     await writer.drain()
@@ -171,6 +175,12 @@ class DelayProxy:
             pass
         finally:
             releaser.cancel()
+
+    def _late(self, direction: str, late_s: float) -> None:
+        if direction == "down":
+            self.stats.late_down_s = max(self.stats.late_down_s, late_s)
+        else:
+            self.stats.late_up_s = max(self.stats.late_up_s, late_s)
 
     def _count(self, direction: str, n: int) -> None:
         if direction == "down":

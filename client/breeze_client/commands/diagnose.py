@@ -1,10 +1,11 @@
 """`breeze-client diagnose`: name the phase that holds a slow retrieval, with its evidence and the fix.
 
 Runs N synthesis jobs (or takes existing artifact ids), fetches each artifact as soon as its job ends, and
-prints per-phase p50/p95/max, the commit -> request wait, the dominant phase, the cause its evidence names
-and the fix. The clock mapping is checked around every run. `--chunk-sizes` and `--compressions` sweep
-fetch configurations over the same artifacts. `--json` prints one object; `--report FILE.html` writes a
-self-contained page with a waterfall per run and the phase table.
+prints per-phase p50/p95/max, the commit -> request wait, and the verdict: healthy, or the cause its
+evidence names and the phase that holds the time, a few lines of that evidence, the fix, and the rest. The
+clock mapping is checked around every run. `--chunk-sizes` and `--compressions` sweep fetch configurations
+over the same artifacts. `--json` prints one object; `--report FILE.html` writes a self-contained page with
+the verdict, the phase table and a waterfall per run.
 """
 
 from __future__ import annotations

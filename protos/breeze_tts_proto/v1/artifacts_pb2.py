@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from breeze_tts_proto.v1 import common_pb2 as breeze__tts__proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#breeze_tts_proto/v1/artifacts.proto\x12\rbreeze.tts.v1\x1a breeze_tts_proto/v1/common.proto\"*\n\x13StatArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\"\x8f\x01\n\x14\x46\x65tchArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\r\n\x05limit\x18\x03 \x01(\x04\x12\x12\n\nchunk_size\x18\x04 \x01(\r\x12/\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1a.breeze.tts.v1.Compression\"\xb0\x02\n\x15\x46\x65tchArtifactResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x19\n\x11uncompressed_size\x18\x03 \x01(\r\x12)\n\x04info\x18\x04 \x01(\x0b\x32\x1b.breeze.tts.v1.ArtifactInfo\x12 \n\x18request_received_unix_ns\x18\x05 \x01(\x03\x12\x1b\n\x13\x66ile_opened_unix_ns\x18\x06 \x01(\x03\x12\x1f\n\x17\x66irst_byte_sent_unix_ns\x18\x07 \x01(\x03\x12\x0c\n\x04last\x18\x08 \x01(\x08\x12\x1e\n\x16last_byte_sent_unix_ns\x18\t \x01(\x03\x12\x0f\n\x07read_ns\x18\n \x01(\x03\x12\x14\n\x0csent_unix_ns\x18\x0b \x01(\x03\",\n\x15\x44\x65leteArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\"-\n\x16\x44\x65leteArtifactResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04*V\n\x0b\x43ompression\x12\x1b\n\x17\x43OMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x02\x32\x81\x02\n\tArtifacts\x12G\n\x04Stat\x12\".breeze.tts.v1.StatArtifactRequest\x1a\x1b.breeze.tts.v1.ArtifactInfo\x12T\n\x05\x46\x65tch\x12#.breeze.tts.v1.FetchArtifactRequest\x1a$.breeze.tts.v1.FetchArtifactResponse0\x01\x12U\n\x06\x44\x65lete\x12$.breeze.tts.v1.DeleteArtifactRequest\x1a%.breeze.tts.v1.DeleteArtifactResponseB)\n\x10\x61i.breeze.tts.v1P\x01Z\x13\x62reeze/tts/v1;ttsv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#breeze_tts_proto/v1/artifacts.proto\x12\rbreeze.tts.v1\x1a breeze_tts_proto/v1/common.proto\"*\n\x13StatArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\"\x8f\x01\n\x14\x46\x65tchArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\r\n\x05limit\x18\x03 \x01(\x04\x12\x12\n\nchunk_size\x18\x04 \x01(\r\x12/\n\x0b\x63ompression\x18\x05 \x01(\x0e\x32\x1a.breeze.tts.v1.Compression\"\xc4\x04\n\x15\x46\x65tchArtifactResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x19\n\x11uncompressed_size\x18\x03 \x01(\r\x12)\n\x04info\x18\x04 \x01(\x0b\x32\x1b.breeze.tts.v1.ArtifactInfo\x12 \n\x18request_received_unix_ns\x18\x05 \x01(\x03\x12\x1b\n\x13\x66ile_opened_unix_ns\x18\x06 \x01(\x03\x12\x1f\n\x17\x66irst_byte_sent_unix_ns\x18\x07 \x01(\x03\x12\x0c\n\x04last\x18\x08 \x01(\x08\x12\x1e\n\x16last_byte_sent_unix_ns\x18\t \x01(\x03\x12\x0f\n\x07read_ns\x18\n \x01(\x03\x12\x14\n\x0csent_unix_ns\x18\x0b \x01(\x03\x12\x1d\n\x10read_cpu_wait_ns\x18\x0c \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10open_cpu_wait_ns\x18\r \x01(\x03H\x01\x88\x01\x01\x12 \n\x13\x61rrival_cpu_wait_ns\x18\x0e \x01(\x03H\x02\x88\x01\x01\x12 \n\x13handler_cpu_wait_ns\x18\x0f \x01(\x03H\x03\x88\x01\x01\x12\x1f\n\x12handler_cpu_run_ns\x18\x10 \x01(\x03H\x04\x88\x01\x01\x42\x13\n\x11_read_cpu_wait_nsB\x13\n\x11_open_cpu_wait_nsB\x16\n\x14_arrival_cpu_wait_nsB\x16\n\x14_handler_cpu_wait_nsB\x15\n\x13_handler_cpu_run_ns\",\n\x15\x44\x65leteArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\"-\n\x16\x44\x65leteArtifactResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04*V\n\x0b\x43ompression\x12\x1b\n\x17\x43OMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x02\x32\x81\x02\n\tArtifacts\x12G\n\x04Stat\x12\".breeze.tts.v1.StatArtifactRequest\x1a\x1b.breeze.tts.v1.ArtifactInfo\x12T\n\x05\x46\x65tch\x12#.breeze.tts.v1.FetchArtifactRequest\x1a$.breeze.tts.v1.FetchArtifactResponse0\x01\x12U\n\x06\x44\x65lete\x12$.breeze.tts.v1.DeleteArtifactRequest\x1a%.breeze.tts.v1.DeleteArtifactResponseB)\n\x10\x61i.breeze.tts.v1P\x01Z\x13\x62reeze/tts/v1;ttsv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'breeze_tts_proto.v1.artifac
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\020ai.breeze.tts.v1P\001Z\023breeze/tts/v1;ttsv1'
-  _globals['_COMPRESSION']._serialized_start=678
-  _globals['_COMPRESSION']._serialized_end=764
+  _globals['_COMPRESSION']._serialized_start=954
+  _globals['_COMPRESSION']._serialized_end=1040
   _globals['_STATARTIFACTREQUEST']._serialized_start=88
   _globals['_STATARTIFACTREQUEST']._serialized_end=130
   _globals['_FETCHARTIFACTREQUEST']._serialized_start=133
   _globals['_FETCHARTIFACTREQUEST']._serialized_end=276
   _globals['_FETCHARTIFACTRESPONSE']._serialized_start=279
-  _globals['_FETCHARTIFACTRESPONSE']._serialized_end=583
-  _globals['_DELETEARTIFACTREQUEST']._serialized_start=585
-  _globals['_DELETEARTIFACTREQUEST']._serialized_end=629
-  _globals['_DELETEARTIFACTRESPONSE']._serialized_start=631
-  _globals['_DELETEARTIFACTRESPONSE']._serialized_end=676
-  _globals['_ARTIFACTS']._serialized_start=767
-  _globals['_ARTIFACTS']._serialized_end=1024
+  _globals['_FETCHARTIFACTRESPONSE']._serialized_end=859
+  _globals['_DELETEARTIFACTREQUEST']._serialized_start=861
+  _globals['_DELETEARTIFACTREQUEST']._serialized_end=905
+  _globals['_DELETEARTIFACTRESPONSE']._serialized_start=907
+  _globals['_DELETEARTIFACTRESPONSE']._serialized_end=952
+  _globals['_ARTIFACTS']._serialized_start=1043
+  _globals['_ARTIFACTS']._serialized_end=1300
 # @@protoc_insertion_point(module_scope)

@@ -37,7 +37,7 @@ class FetchArtifactRequest(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ..., chunk_size: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ...) -> None: ...
 
 class FetchArtifactResponse(_message.Message):
-    __slots__ = ("data", "offset", "uncompressed_size", "info", "request_received_unix_ns", "file_opened_unix_ns", "first_byte_sent_unix_ns", "last", "last_byte_sent_unix_ns", "read_ns", "sent_unix_ns")
+    __slots__ = ("data", "offset", "uncompressed_size", "info", "request_received_unix_ns", "file_opened_unix_ns", "first_byte_sent_unix_ns", "last", "last_byte_sent_unix_ns", "read_ns", "sent_unix_ns", "read_cpu_wait_ns", "open_cpu_wait_ns", "arrival_cpu_wait_ns", "handler_cpu_wait_ns", "handler_cpu_run_ns")
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,11 @@ class FetchArtifactResponse(_message.Message):
     LAST_BYTE_SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     READ_NS_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    READ_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_CPU_RUN_NS_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     offset: int
     uncompressed_size: int
@@ -60,7 +65,12 @@ class FetchArtifactResponse(_message.Message):
     last_byte_sent_unix_ns: int
     read_ns: int
     sent_unix_ns: int
-    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., info: _Optional[_Union[_common_pb2.ArtifactInfo, _Mapping]] = ..., request_received_unix_ns: _Optional[int] = ..., file_opened_unix_ns: _Optional[int] = ..., first_byte_sent_unix_ns: _Optional[int] = ..., last: _Optional[bool] = ..., last_byte_sent_unix_ns: _Optional[int] = ..., read_ns: _Optional[int] = ..., sent_unix_ns: _Optional[int] = ...) -> None: ...
+    read_cpu_wait_ns: int
+    open_cpu_wait_ns: int
+    arrival_cpu_wait_ns: int
+    handler_cpu_wait_ns: int
+    handler_cpu_run_ns: int
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., info: _Optional[_Union[_common_pb2.ArtifactInfo, _Mapping]] = ..., request_received_unix_ns: _Optional[int] = ..., file_opened_unix_ns: _Optional[int] = ..., first_byte_sent_unix_ns: _Optional[int] = ..., last: _Optional[bool] = ..., last_byte_sent_unix_ns: _Optional[int] = ..., read_ns: _Optional[int] = ..., sent_unix_ns: _Optional[int] = ..., read_cpu_wait_ns: _Optional[int] = ..., open_cpu_wait_ns: _Optional[int] = ..., arrival_cpu_wait_ns: _Optional[int] = ..., handler_cpu_wait_ns: _Optional[int] = ..., handler_cpu_run_ns: _Optional[int] = ...) -> None: ...
 
 class DeleteArtifactRequest(_message.Message):
     __slots__ = ("artifact_id",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n breeze_tts_proto/v1/common.proto\x12\rbreeze.tts.v1\"\xa1\x01\n\x0c\x41rtifactInfo\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x19\n\x11\x63ommitted_unix_ns\x18\x04 \x01(\x03\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12+\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x1b.breeze.tts.v1.CommitTiming\"\xa7\x01\n\x0c\x43ommitTiming\x12\x17\n\x0fstarted_unix_ns\x18\x01 \x01(\x03\x12\x14\n\x0c\x62ytes_synced\x18\x02 \x01(\x04\x12\x14\n\x0cwav_fsync_ns\x18\x03 \x01(\x03\x12\x0f\n\x07hash_ns\x18\x04 \x01(\x03\x12\x11\n\trename_ns\x18\x05 \x01(\x03\x12\x18\n\x10sidecar_fsync_ns\x18\x06 \x01(\x03\x12\x14\n\x0c\x64ir_fsync_ns\x18\x07 \x01(\x03*[\n\x0bPcmEncoding\x12\x1c\n\x18PCM_ENCODING_UNSPECIFIED\x10\x00\x12\x16\n\x12PCM_ENCODING_S16LE\x10\x01\x12\x16\n\x12PCM_ENCODING_F32LE\x10\x02\x42)\n\x10\x61i.breeze.tts.v1P\x01Z\x13\x62reeze/tts/v1;ttsv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n breeze_tts_proto/v1/common.proto\x12\rbreeze.tts.v1\"\xa1\x01\n\x0c\x41rtifactInfo\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x19\n\x11\x63ommitted_unix_ns\x18\x04 \x01(\x03\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12+\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x1b.breeze.tts.v1.CommitTiming\"\xe9\x02\n\x0c\x43ommitTiming\x12\x17\n\x0fstarted_unix_ns\x18\x01 \x01(\x03\x12\x14\n\x0c\x62ytes_synced\x18\x02 \x01(\x04\x12\x14\n\x0cwav_fsync_ns\x18\x03 \x01(\x03\x12\x0f\n\x07hash_ns\x18\x04 \x01(\x03\x12\x11\n\trename_ns\x18\x05 \x01(\x03\x12\x18\n\x10sidecar_fsync_ns\x18\x06 \x01(\x03\x12\x14\n\x0c\x64ir_fsync_ns\x18\x07 \x01(\x03\x12\x18\n\x0b\x63pu_wait_ns\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\ncpu_run_ns\x18\t \x01(\x03H\x01\x88\x01\x01\x12 \n\x13storage_cpu_wait_ns\x18\n \x01(\x03H\x02\x88\x01\x01\x12\x1e\n\x11\x66sync_cpu_wait_ns\x18\x0b \x01(\x03H\x03\x88\x01\x01\x42\x0e\n\x0c_cpu_wait_nsB\r\n\x0b_cpu_run_nsB\x16\n\x14_storage_cpu_wait_nsB\x14\n\x12_fsync_cpu_wait_ns*[\n\x0bPcmEncoding\x12\x1c\n\x18PCM_ENCODING_UNSPECIFIED\x10\x00\x12\x16\n\x12PCM_ENCODING_S16LE\x10\x01\x12\x16\n\x12PCM_ENCODING_F32LE\x10\x02\x42)\n\x10\x61i.breeze.tts.v1P\x01Z\x13\x62reeze/tts/v1;ttsv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,10 +32,10 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'breeze_tts_proto.v1.common_
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\020ai.breeze.tts.v1P\001Z\023breeze/tts/v1;ttsv1'
-  _globals['_PCMENCODING']._serialized_start=385
-  _globals['_PCMENCODING']._serialized_end=476
+  _globals['_PCMENCODING']._serialized_start=579
+  _globals['_PCMENCODING']._serialized_end=670
   _globals['_ARTIFACTINFO']._serialized_start=52
   _globals['_ARTIFACTINFO']._serialized_end=213
   _globals['_COMMITTIMING']._serialized_start=216
-  _globals['_COMMITTIMING']._serialized_end=383
+  _globals['_COMMITTIMING']._serialized_end=577
 # @@protoc_insertion_point(module_scope)

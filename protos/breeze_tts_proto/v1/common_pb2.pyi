@@ -32,7 +32,7 @@ class ArtifactInfo(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., committed_unix_ns: _Optional[int] = ..., endpoint: _Optional[str] = ..., commit: _Optional[_Union[CommitTiming, _Mapping]] = ...) -> None: ...
 
 class CommitTiming(_message.Message):
-    __slots__ = ("started_unix_ns", "bytes_synced", "wav_fsync_ns", "hash_ns", "rename_ns", "sidecar_fsync_ns", "dir_fsync_ns")
+    __slots__ = ("started_unix_ns", "bytes_synced", "wav_fsync_ns", "hash_ns", "rename_ns", "sidecar_fsync_ns", "dir_fsync_ns", "cpu_wait_ns", "cpu_run_ns", "storage_cpu_wait_ns", "fsync_cpu_wait_ns")
     STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SYNCED_FIELD_NUMBER: _ClassVar[int]
     WAV_FSYNC_NS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,10 @@ class CommitTiming(_message.Message):
     RENAME_NS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_FSYNC_NS_FIELD_NUMBER: _ClassVar[int]
     DIR_FSYNC_NS_FIELD_NUMBER: _ClassVar[int]
+    CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    CPU_RUN_NS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    FSYNC_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     started_unix_ns: int
     bytes_synced: int
     wav_fsync_ns: int
@@ -47,4 +51,8 @@ class CommitTiming(_message.Message):
     rename_ns: int
     sidecar_fsync_ns: int
     dir_fsync_ns: int
-    def __init__(self, started_unix_ns: _Optional[int] = ..., bytes_synced: _Optional[int] = ..., wav_fsync_ns: _Optional[int] = ..., hash_ns: _Optional[int] = ..., rename_ns: _Optional[int] = ..., sidecar_fsync_ns: _Optional[int] = ..., dir_fsync_ns: _Optional[int] = ...) -> None: ...
+    cpu_wait_ns: int
+    cpu_run_ns: int
+    storage_cpu_wait_ns: int
+    fsync_cpu_wait_ns: int
+    def __init__(self, started_unix_ns: _Optional[int] = ..., bytes_synced: _Optional[int] = ..., wav_fsync_ns: _Optional[int] = ..., hash_ns: _Optional[int] = ..., rename_ns: _Optional[int] = ..., sidecar_fsync_ns: _Optional[int] = ..., dir_fsync_ns: _Optional[int] = ..., cpu_wait_ns: _Optional[int] = ..., cpu_run_ns: _Optional[int] = ..., storage_cpu_wait_ns: _Optional[int] = ..., fsync_cpu_wait_ns: _Optional[int] = ...) -> None: ...

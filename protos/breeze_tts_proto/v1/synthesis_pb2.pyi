@@ -196,18 +196,22 @@ class JobStats(_message.Message):
     def __init__(self, frames: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., rtf: _Optional[float] = ..., ttfa_s: _Optional[float] = ..., stages: _Optional[_Union[StageTimes, _Mapping]] = ..., end_reason: _Optional[_Union[EndReason, str]] = ..., nonfinite_events: _Optional[int] = ..., nonfinite_layer: _Optional[str] = ...) -> None: ...
 
 class JobFinished(_message.Message):
-    __slots__ = ("job_id", "done_unix_ns", "stats", "artifact", "artifact_unavailable")
+    __slots__ = ("job_id", "done_unix_ns", "stats", "artifact", "artifact_unavailable", "sent_unix_ns", "notify_cpu_wait_ns")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DONE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     done_unix_ns: int
     stats: JobStats
     artifact: _common_pb2.ArtifactInfo
     artifact_unavailable: str
-    def __init__(self, job_id: _Optional[str] = ..., done_unix_ns: _Optional[int] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ..., artifact: _Optional[_Union[_common_pb2.ArtifactInfo, _Mapping]] = ..., artifact_unavailable: _Optional[str] = ...) -> None: ...
+    sent_unix_ns: int
+    notify_cpu_wait_ns: int
+    def __init__(self, job_id: _Optional[str] = ..., done_unix_ns: _Optional[int] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ..., artifact: _Optional[_Union[_common_pb2.ArtifactInfo, _Mapping]] = ..., artifact_unavailable: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ..., notify_cpu_wait_ns: _Optional[int] = ...) -> None: ...
 
 class SynthesizeResponse(_message.Message):
     __slots__ = ("started", "chunk", "finished")

@@ -1,4 +1,4 @@
-"""A wall clock the test controls, for a worker subprocess (see sitecustomize.py in this directory).
+"""A wall clock the test controls, for a worker or client subprocess (see sitecustomize.py in this directory).
 
     with FakeClock() as clock, WorkerProcess(env=clock.env(), python_path=[SHIM_DIR]) as worker:
         clock.set(300.0)            # the worker's wall clock runs 300 s ahead
@@ -15,6 +15,14 @@ from pathlib import Path
 SHIM_DIR = Path(__file__).resolve().parent
 
 
+def set_clock_file(path: str | Path, offset_s: float, rate: float = 0.0) -> None:
+    """Write what the shim reads (replacing the file atomically): from a test, or from the shimmed process."""
+    path = Path(path)
+    temp = path.with_suffix(".new")
+    temp.write_text(f"{offset_s!r} {rate!r}\n", encoding="ascii")
+    os.replace(temp, path)
+
+
 class FakeClock:
     def __init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="breeze-clock-")
@@ -22,10 +30,8 @@ class FakeClock:
         self.set(0.0)
 
     def set(self, offset_s: float, rate: float = 0.0) -> None:
-        """The worker's wall clock = real + offset_s (+ rate x seconds from now); replaces the file atomically."""
-        temp = self.path.with_suffix(".new")
-        temp.write_text(f"{offset_s!r} {rate!r}\n", encoding="ascii")
-        os.replace(temp, self.path)
+        """The process's wall clock = real + offset_s (+ rate x seconds from now)."""
+        set_clock_file(self.path, offset_s, rate)
 
     def env(self) -> dict[str, str]:
         """Environment for the worker subprocess (with SHIM_DIR first on its PYTHONPATH): the file to read."""

@@ -48,6 +48,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar
 
+from breeze_worker import threadcpu
 from breeze_worker.artifacts import syscalls
 from breeze_worker.artifacts.dirlock import DirectoryLock
 from breeze_worker.artifacts.space import SpaceKeeper, StoreStatus
@@ -179,6 +180,10 @@ class ArtifactWriter:
         self._data_bytes = 0
         self._info: ArtifactInfo | None = None
         self.unavailable_reason: str | None = unavailable
+        self.held_at_commit: threadcpu.Held | None = None  # the CPU quota's counters as the commit ended
+        # ... and as its job ended (`job_done`): a quota that holds the worker between the two holds the commit
+        self.held_at_done: threadcpu.Held | None = None
+        self.handover_wait_ns: int | None = None  # the ending thread's wait for a CPU until it handed the commit over
         if unavailable is not None:
             return
         try:
@@ -230,6 +235,20 @@ class ArtifactWriter:
         None when the artifact was given up (`unavailable_reason` says why). `ArtifactStore.commit_together`
         commits several at once."""
         return self._store.commit_together([self])[0]
+
+    def job_done(self) -> None:
+        """Its job ended (called as it ends, before its commit is handed to an I/O thread): the CPU quota's
+        counters now, so the commit's CPU wait also counts a quota that held the worker until the commit began
+        (the thread that hands it over, or the one that takes it up, may sleep there unseen by its own)."""
+        self.held_at_done = threadcpu.held()
+
+    def handed_over(self) -> None:
+        """Its commit is handed to an I/O thread now, on the thread that called `job_done`: that thread's wait for
+        a CPU in between (a throttled thread waits on its run queue; the quota's own counter may add a CPU's
+        throttled time only later) is part of the commit's."""
+        if self.held_at_done is not None:
+            now = threadcpu.sample()
+            self.handover_wait_ns = None if now is None else now.wait_since(self.held_at_done.thread)
 
     # ---- the steps of a commit (ArtifactStore.commit_together runs them for a group) ----
     def _seal(self) -> bool:
@@ -339,6 +358,34 @@ class ArtifactWriter:
             self.abort()
 
 
+@dataclasses.dataclass
+class _StorageWait:
+    """A commit's wait for a CPU inside its storage steps, or the CPU quota's hold when longer (ns; 0 where the
+    counters are missing)."""
+
+    fsync_ns: int = 0  # the committing thread's, inside the WAV's sync and the sidecars' and directory's
+    readback_ns: int = 0  # the read-back threads', beyond the committing thread's own during the sync, or the
+    # CPU quota's hold while the committing thread waited for them, when longer
+    rename_ns: int = 0  # the committing thread's, inside the renames
+
+    def total(self) -> int:
+        return self.fsync_ns + self.readback_ns + self.rename_ns
+
+
+def _between(a: threadcpu.Held, b: threadcpu.Held) -> int:
+    """The committing thread's wait for a CPU from `a` to `b`, or the CPU quota's hold when longer (a thread
+    waiting for the interpreter lock that a throttled thread holds sleeps: only the quota shows that)."""
+    return b.wait_since(a) or 0
+
+
+def _digest_waited(w: ArtifactWriter) -> tuple[tuple[str, int] | OSError, int | None]:
+    """A read-back (`ArtifactWriter._digest`) and its thread's wait for a CPU (the committing thread's samples
+    count the CPU quota's hold over the same time)."""
+    with threadcpu.PoolTask(quota=False) as task:
+        digest = w._digest()
+    return digest, task.wait_ns
+
+
 class ArtifactStore:
     """Committed WAV artifacts under one directory, with retention by age and total size."""
 
@@ -423,12 +470,31 @@ class ArtifactStore:
         return [results[w] for w in writers]
 
     def _commit_live(self, live: list[ArtifactWriter]) -> list[ArtifactInfo | None]:
+        with threadcpu.PoolTask() as task:  # on an I/O thread: its wait to be woken for the commit counts
+            infos, storage_wait = self._commit_steps(live)
+        for w, info in infos.items():
+            if info.commit is not None and task.wait_ns is not None:
+                storage = storage_wait.total()
+                since_done = None
+                if w.held_at_done is not None and task.ended is not None:
+                    since_done = task.ended.quota_since(w.held_at_done)
+                waited = max(task.wait_ns + (w.handover_wait_ns or 0), storage, since_done or 0)
+                info = dataclasses.replace(info, commit=dataclasses.replace(
+                    info.commit, cpu_wait_ns=waited, cpu_run_ns=task.run_ns,
+                    storage_cpu_wait_ns=storage, fsync_cpu_wait_ns=storage_wait.fsync_ns))
+            w._committed(info)
+            infos[w] = info
+        return [infos.get(w) for w in live]
+
+    def _commit_steps(self, live: list[ArtifactWriter]) -> tuple[dict[ArtifactWriter, ArtifactInfo], _StorageWait]:
         started_ns, clock = time.time_ns(), time.perf_counter_ns
+        waits = _StorageWait()
         delay = self.settings.fault_commit_delay_s
         if delay > 0:  # test-only fault injection (diagnosis tests): a stall outside the storage calls
             time.sleep(delay)
         reading: list[Future] = []
         try:
+            cpu0 = threadcpu.held()  # sampled outside the steps they time
             t0 = clock()
             sealed = [w for w in live if w._seal()]
             unsynced = {w: self._unsynced(w) for w in sealed}
@@ -436,11 +502,19 @@ class ArtifactStore:
             # each sealed WAV is read back for its hash on the read-back threads while this thread syncs them
             # (the hash covers the bytes the file holds, which the sync does not change; hashlib lets go of
             # the interpreter while it hashes, and a 64-stream group reads back ~24 MB)
-            reading = self._start_each(ArtifactWriter._digest, sealed)
+            reading = self._start_each(_digest_waited, sealed)
             failed = dict(self._sync([(w, w._file) for w in sealed if w._file is not None]))
             t1 = clock()
-            digests = self._finish_each(reading)
+            cpu1 = threadcpu.held()
+            waits.fsync_ns = _between(cpu0, cpu1)
+            read_back = self._finish_each(reading)
             reading = []
+            digests = [digest for digest, _ in read_back]
+            cpu2 = threadcpu.held()
+            # the read-backs ran beside the sync: their wait counts where it outlasted the committing thread's;
+            # while this thread sleeps on them, a CPU quota that holds them shows only in its hold (`_between`)
+            beyond = max(0, max((wait or 0 for _, wait in read_back), default=0) - waits.fsync_ns)
+            waits.readback_ns = max(beyond, _between(cpu1, cpu2))
             t2 = clock()
             in_place = []
             for w, digest in zip(sealed, digests):
@@ -454,9 +528,12 @@ class ArtifactStore:
                 if w._publish_wav():
                     in_place.append((w, digest))
             t3 = clock()
+            cpu3 = threadcpu.held()
+            waits.rename_ns = _between(cpu2, cpu3)
             # each artifact's steps are the group's, in full: it waited for every one of them
             published = [(w, (sha256, size, unsynced[w], t2 - t1, t3 - t2)) for w, (sha256, size) in in_place]
             infos = self._write_sidecars(published, started_ns, t1 - t0)
+            waits.fsync_ns += _between(cpu3, threadcpu.held())  # the sidecars' writes and syncs, the directory's
         except BaseException as exc:  # not a disk fault (those are per artifact): the whole group is off
             self._finish_each(reading, quietly=True)  # no read-back thread still reads a file removed below
             for w in live:
@@ -467,9 +544,7 @@ class ArtifactStore:
                 else:
                     w.abort()
             raise
-        for w, info in infos.items():
-            w._committed(info)
-        return [infos.get(w) for w in live]
+        return infos, waits
 
     def _early_writeback(self) -> _WriteBack | None:
         """The write-back thread, when blocks are queued for write-back as they are written: not under the
@@ -540,7 +615,9 @@ class ArtifactStore:
                 return {}
         t2 = clock()
         infos = {}
+        quota = threadcpu.Held(None, threadcpu.throttled())  # with the commit time: the final message's start
         for w, info, nbytes in kept:
+            w.held_at_commit = quota
             assert info.commit is not None  # set above
             commit = dataclasses.replace(info.commit, bytes_synced=info.commit.bytes_synced + nbytes,
                                          sidecar_fsync_ns=t1 - t0, dir_fsync_ns=t2 - t1)

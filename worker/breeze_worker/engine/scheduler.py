@@ -601,6 +601,8 @@ class Scheduler:
         self._take_stream_info(job)
         done_at = time.monotonic()
         done_at_ns = time.time_ns()
+        if job.artifact is not None:
+            job.artifact.job_done()
         stats = job.stats(end_reason, self.runtime.sample_rate, done_at)
         self.metrics.job_ended(end_reason.value, stats)
         self._ending.append((job, stats, done_at_ns))
@@ -610,6 +612,9 @@ class Scheduler:
         (one group: ArtifactStore.commit_together shares the syncs)."""
         if self._ending:
             group, self._ending = self._ending, []
+            for job, _, _ in group:
+                if job.artifact is not None:
+                    job.artifact.handed_over()
             self._io.submit(self._commit, group)
 
     def _commit(self, group: list) -> None:

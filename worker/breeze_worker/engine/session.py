@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from breeze_worker import threadcpu
 from breeze_worker.engine.types import (
     AudioChunk,
     EndReason,
@@ -75,6 +76,8 @@ class EventSink:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
+        # the consumer's thread (made on its event loop): the commit samples its CPU counters (threadcpu)
+        self.thread_id = threading.get_native_id()
 
     def put(self, item) -> None:
         post([(self, item)])
@@ -204,4 +207,10 @@ class Job:
     def finished_event(self, stats: JobStats, done_at_ns: int, artifact_info,
                        artifact_unavailable: str | None = None) -> JobFinished:
         return JobFinished(job_id=self.job_id, done_at_ns=done_at_ns, stats=stats, artifact=artifact_info,
-                           artifact_unavailable=artifact_unavailable)
+                           artifact_unavailable=artifact_unavailable,
+                           held_at_commit=self._held_at_commit())
+
+    def _held_at_commit(self) -> threadcpu.Held:
+        """The consumer's event loop thread's counters now, and the CPU quota's as the commit ended."""
+        quota = getattr(self.artifact, "held_at_commit", None) or threadcpu.Held(None, threadcpu.throttled())
+        return threadcpu.Held(threadcpu.sample(self.sink.thread_id), quota.throttled, quota.at_ns)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from breeze_worker.threadcpu import Held
+
 
 class Template(str, enum.Enum):
     """Which of the model's four prompt templates a request uses (chosen from which inputs it has)."""
@@ -204,6 +206,11 @@ class CommitTiming:
     rename_ns: int
     sidecar_fsync_ns: int = 0  # sidecar write + fsync + rename (unknown to Stat: 0)
     dir_fsync_ns: int = 0  # directory fsync (unknown to Stat: 0)
+    # the commit's wait for a CPU and its time on one (threadcpu; None where unmeasured, and in Stat)
+    cpu_wait_ns: int | None = None  # from the I/O thread's previous task's end through the commit
+    cpu_run_ns: int | None = None
+    storage_cpu_wait_ns: int | None = None  # of cpu_wait_ns, inside the storage steps
+    fsync_cpu_wait_ns: int | None = None  # of that, inside the fsyncs
 
 
 @dataclass(frozen=True)
@@ -222,3 +229,4 @@ class JobFinished:
     stats: JobStats
     artifact: ArtifactInfo | None
     artifact_unavailable: str | None = None  # why `artifact` is None although the audio streamed to the end
+    held_at_commit: Held | None = None  # the consumer's event loop thread's CPU counters, the CPU quota's, at commit

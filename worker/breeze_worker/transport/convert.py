@@ -81,7 +81,8 @@ def artifact_to_pb(info: et.ArtifactInfo, endpoint: str) -> common_pb2.ArtifactI
         msg.commit.CopyFrom(common_pb2.CommitTiming(
             started_unix_ns=c.started_at_ns, bytes_synced=c.bytes_synced, wav_fsync_ns=c.wav_fsync_ns,
             hash_ns=c.hash_ns, rename_ns=c.rename_ns, sidecar_fsync_ns=c.sidecar_fsync_ns,
-            dir_fsync_ns=c.dir_fsync_ns))
+            dir_fsync_ns=c.dir_fsync_ns, cpu_wait_ns=c.cpu_wait_ns, cpu_run_ns=c.cpu_run_ns,
+            storage_cpu_wait_ns=c.storage_cpu_wait_ns, fsync_cpu_wait_ns=c.fsync_cpu_wait_ns))
     return msg
 
 

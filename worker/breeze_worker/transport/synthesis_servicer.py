@@ -19,7 +19,8 @@ from collections.abc import Callable
 import grpc
 
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
-from breeze_worker import logs
+from breeze_worker import logs, threadcpu
+from breeze_worker.engine.types import JobFinished
 from breeze_worker.errors import ResourceExhausted
 from breeze_worker.transport import convert
 from breeze_worker.transport.status import mapped_errors
@@ -36,6 +37,19 @@ def request_too_large(size: int, limit: int) -> ResourceExhausted:
         f"the request is {size:,} bytes; this worker accepts at most {limit:,} (its --max-request-bytes): "
         "send a shorter reference audio clip, name a reference the worker already holds with reference_id "
         "instead of re-sending the audio, or start the worker with a larger --max-request-bytes")
+
+
+def _stamp_final(finished: synthesis_pb2.JobFinished, event: JobFinished) -> None:
+    """The final message's send time and how long the worker was held from running since the commit ended (this,
+    the event loop thread's wait for a CPU, or its CPU quota's hold on every thread); the artifact's first Fetch
+    measures the same from here (threadcpu.finals)."""
+    now = threadcpu.held()
+    finished.sent_unix_ns = time.time_ns()
+    wait = now.wait_since(event.held_at_commit)
+    if wait is not None:
+        finished.notify_cpu_wait_ns = wait
+    if event.artifact is not None:
+        threadcpu.finals.record(event.artifact.artifact_id, now)
 
 
 class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
@@ -60,7 +74,10 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
                                              received_ns=received_ns)
 
             async def write(event) -> None:
-                await context.write(convert.event_to_pb(event, self._artifact_endpoint))
+                message = convert.event_to_pb(event, self._artifact_endpoint)
+                if isinstance(event, JobFinished):
+                    _stamp_final(message.finished, event)
+                await context.write(message)
                 if self._metrics is not None:
                     self._metrics.message_sent()
 
