@@ -35,7 +35,7 @@ class ServedWorker:
         self.proc: subprocess.Popen | None = None
         self._stderr: list[str] = []
         self._lock = threading.Lock()
-        self.target = self.artifact_target = ""
+        self.target = self.artifact_target = self.ready_line = ""
         self.metrics_port: int | None = None
         self.metrics_host: str | None = None
 
@@ -59,7 +59,8 @@ class ServedWorker:
                                      env=ENV)
         threading.Thread(target=self._drain, daemon=True).start()
         line = self.proc.stdout.readline()  # blocks until ready (or the process dies)
-        match = READY.match(line.strip())
+        self.ready_line = line.strip()
+        match = READY.match(self.ready_line)
         if not match:
             self.__exit__()
             raise AssertionError(f"no ready line, got {line!r}; stderr: {self.stderr_text()[-3000:]}")

@@ -139,3 +139,31 @@ def test_a_refused_precision_stops_serve_with_one_clear_line(tmp_path):
     assert proc.returncode == 1
     assert "the engine failed to start" in proc.stderr and "--force-precision" in proc.stderr
     assert "Traceback" not in proc.stderr and "breeze-worker ready" not in proc.stdout
+
+
+def test_a_synthetic_checkpoint_is_flagged_not_speech_where_the_tiny_default_is(tmp_path):
+    """make-checkpoint's files are readable by another user (a service account), and a worker serving them says
+    that its audio is not speech in the ready line, the log, health and GetWorkerInfo."""
+    from served_worker import ServedWorker
+
+    from breeze_client.sdk import BreezeClient
+
+    checkpoint = tmp_path / "synthetic"
+    made = subprocess.run([sys.executable, "-m", "breeze_worker.cli", "make-checkpoint", "--size", "tiny",
+                           str(checkpoint)], capture_output=True, text=True, timeout=300, env=ENV,
+                          preexec_fn=lambda: os.umask(0o022))
+    assert made.returncode == 0, made.stderr
+    modes = {str(p.relative_to(checkpoint)): p.stat().st_mode & 0o777 for p in checkpoint.rglob("*") if p.is_file()}
+    assert "model-00001-of-00002.safetensors" in modes and "audio_tokenizer/model.safetensors" in modes
+    assert set(modes.values()) == {0o644}, modes
+    with ServedWorker(tmp_path / "artifacts", "--model", str(checkpoint), "--artifact-grace-s", "0") as worker:
+        ready = READY.match(worker.ready_line)
+        assert ready and "NOT speech" in ready.group(5) and str(checkpoint) in ready.group(5)
+        assert any("WARNING" in line and "SYNTHETIC checkpoint" in line and "NOT speech" in line
+                   for line in worker.stderr_lines())
+        with BreezeClient(worker.target, timeout_s=60) as client:
+            info = client.worker_info()
+        assert not info.is_tiny_default and "SYNTHETIC" in info.warning and "NOT speech" in info.warning
+        health = _client("health", "--target", worker.target)
+    assert health.returncode == 0, health.stderr
+    assert "WARNING" in health.stdout and "NOT speech" in health.stdout

@@ -66,9 +66,8 @@ class Engine:
         assert self.scheduler is not None  # `_load` made it
         self.scheduler.start()
         self.ready = True
-        if self.is_tiny_default:
-            log.warning("serving the TINY EMBEDDED DEFAULT model: random weights, its audio is NOT speech. "
-                        "Pass --model DIR with a Breeze TTS 2 checkpoint for real synthesis.")
+        if self.not_speech_warning:
+            log.warning("%s", self.not_speech_warning)
         log.info("engine ready in %.2f s (%s)", self.load_s, self.model_description)
 
     def _load(self) -> None:
@@ -122,6 +121,11 @@ class Engine:
     @property
     def is_tiny_default(self) -> bool:
         return self.runtime is not None and self.runtime.is_tiny_default
+
+    @property
+    def not_speech_warning(self) -> str:
+        """Why the audio is not speech (the tiny default, a synthetic checkpoint), for logs and clients; ""."""
+        return self.runtime.not_speech_warning if self.runtime else ""
 
     @property
     def model_description(self) -> str:

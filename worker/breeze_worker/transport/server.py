@@ -37,7 +37,7 @@ from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, Artifac
 from breeze_worker.transport.auth import BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
-from breeze_worker.transport.synthesis_servicer import TINY_DEFAULT_WARNING, SynthesisServicer
+from breeze_worker.transport.synthesis_servicer import SynthesisServicer
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: Artifac
     return synthesis_pb2.WorkerInfo(
         model_description=str(getattr(engine, "model_description", "")),
         is_tiny_default=tiny,
-        warning=TINY_DEFAULT_WARNING if tiny else "",
+        warning=str(getattr(engine, "not_speech_warning", "")),
         sample_rate=int(getattr(engine, "sample_rate", 24000)),
         artifact_endpoint=endpoint,
         ready=bool(getattr(engine, "ready", False)),
