@@ -37,6 +37,7 @@ from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, Artifac
 from breeze_worker.transport.auth import BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
+from breeze_worker.transport.preflight import check_tls_files, in_use_error, port_in_use
 from breeze_worker.transport.synthesis_servicer import SynthesisServicer
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
     if s.tls_cert is None:
         return None
     assert s.tls_key is not None  # settings.validate() (before this): tls_cert and tls_key come together
+    check_tls_files(s)
     client_ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca is not None else None
     return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())],
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)
@@ -105,8 +107,10 @@ def warn_about_exposure(settings: WorkerSettings) -> None:
                     "certificates)", s.host)
 
 
-def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
+def _bind(server: grpc.aio.Server, host: str, port: int, credentials, flag: str) -> int:
     address = host_port(host, port)
+    if port_in_use(host, port):
+        raise in_use_error(address, port, flag)
     try:
         bound = (server.add_secure_port(address, credentials) if credentials is not None
                  else server.add_insecure_port(address))
@@ -230,8 +234,8 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     synthesis_server = grpc.aio.server(interceptors=interceptors, options=synthesis_options)
     artifact_server = grpc.aio.server(interceptors=interceptors,
                                       options=_options(_ARTIFACT_REQUEST_BYTES, MAX_MESSAGE_BYTES))
-    synthesis_port = _bind(synthesis_server, s.host, s.port, credentials)
-    artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials)
+    synthesis_port = _bind(synthesis_server, s.host, s.port, credentials, "--port")
+    artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials, "--artifact-port")
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
 
     synthesis_pb2_grpc.add_SynthesisServicer_to_server(
