@@ -291,7 +291,7 @@ def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
     code = cli.main(["diagnose", "--target", worker.target, "--artifact-target", worker.artifact_target,
                      "--timeout", str(CALL_TIMEOUT_S), "-n", "2", "--max-frames", "8", "--chunk-sizes", "16k,0",
                      "--compressions", "none,zstd",
-                     "--json", "--report", str(report)])
+                     "--json", "-", "--report", str(report)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["diagnosis"]["verdict"]["phase"] == "server_first_byte" and out["diagnosis"]["verdict"]["fix"]

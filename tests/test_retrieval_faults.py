@@ -350,7 +350,7 @@ def test_the_same_path_gets_the_same_cause_with_one_run_or_three(worker):
 
 def test_cli_json_carries_the_wait_and_the_clock(worker, capsys):
     code = cli.main(["diagnose", "--target", worker.target, "--artifact-target", worker.artifact_target,
-                     "--timeout", str(CALL_TIMEOUT_S), "-n", "1", "--max-frames", "8", "--json"])
+                     "--timeout", str(CALL_TIMEOUT_S), "-n", "1", "--max-frames", "8", "--json", "-"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     (run,) = out["runs"]

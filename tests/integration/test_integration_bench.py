@@ -37,7 +37,7 @@ def two_stream_worker(tmp_path_factory):
 def test_bench_concurrency_two_json(two_stream_worker):
     run = bench(two_stream_worker.target, "--labels", "short,chunk-4.80s",
                 "--frames", "3", "--warmup", "1", "--iterations", "2", "--concurrency", "2",
-                "--timeout", "120", "--json")
+                "--timeout", "120", "--json", "-")
     out = run.stdout
     assert run.returncode == 0, run.stderr
     doc = json.loads(out)
@@ -90,9 +90,10 @@ def test_bench_table_says_frames_are_limited(two_stream_worker):
     assert "tiny default" in run.stderr
 
 
-def test_unknown_label_is_a_usage_error(two_stream_worker):
+def test_unknown_label_is_refused_with_the_known_ones(two_stream_worker):
     run = bench(two_stream_worker.target, "--labels", "huge")
-    assert run.returncode == 2 and "unknown label" in run.stderr
+    assert run.returncode == 1 and run.stderr.startswith("error: INVALID_ARGUMENT: unknown label")
+    assert "chunk-7.36s" in run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker):
     """1 slot and 1 queue place for 3 clients at once: the third is refused (RESOURCE_EXHAUSTED); the bench
     goes on, counts it per label and keeps it out of the statistics."""
     run = bench(one_slot_worker.target, "--labels", "chunk-4.80s", "--frames", "40",
-                "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json")
+                "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json", "-")
     out = run.stdout
     assert run.returncode == 0, run.stderr
     s = json.loads(out)["labels"][0]
@@ -152,7 +153,7 @@ def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, tmp_path)
     run = bench(two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
                 "--warmup", "0", "--iterations", "1", "--concurrency", "4", "--cfg-every", "2",
                 "--clone-every", "4", "--reference", str(reference), "--reference-text",
-                "Please call Stella.", "--timeout", "120", "--json")
+                "Please call Stella.", "--timeout", "120", "--json", "-")
     out = run.stdout
     assert run.returncode == 0, run.stderr
     doc = json.loads(out)
@@ -164,4 +165,4 @@ def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, tmp_path)
 
 def test_a_clone_mix_without_a_reference_is_refused(two_stream_worker):
     run = bench(two_stream_worker.target, "--clone-every", "4")
-    assert run.returncode == 2 and "--reference" in run.stderr
+    assert run.returncode == 1 and run.stderr.startswith("error: INVALID_ARGUMENT: ") and "--reference" in run.stderr

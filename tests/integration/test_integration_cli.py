@@ -63,7 +63,7 @@ def test_synth_stream_then_fetch(served, tmp_path):
     _, target, artifact_target, _, _ = served
     out = tmp_path / "out.wav"
     synth = _client("synth", "Hello from the command line.", "--stream", "-o", str(out), "--max-frames", "6",
-                    "--seed", "5", "--target", target, "--json")
+                    "--seed", "5", "--target", target, "--json", "-")
     assert synth.returncode == 0, synth.stderr
     report = json.loads(synth.stdout)
     assert report["job"]["seed"] == 5 and report["timing"]["ttfa_ms"] > 0 and report["stats"]["rtf"] > 0
@@ -123,6 +123,47 @@ def test_ctrl_c_during_synth_stream_exits_130_with_a_valid_wav(served, tmp_path)
     audio, rate = sf.read(out, dtype="int16")  # the header was fixed: a valid WAV of what arrived
     assert rate == 24000 and len(audio) >= 2 * 1920  # at least the two frames seen before Ctrl-C
     assert len(audio) * 2 == out.stat().st_size - 44
+    _assert_partial_wav_said(stderr, out, audio)
+
+
+def _assert_partial_wav_said(stderr: str, out: Path, audio: np.ndarray) -> None:
+    """stderr names the partial WAV with the seconds and bytes of audio it really holds."""
+    said = re.search(rf"{re.escape(str(out))}: a partial WAV of the ([0-9.]+) s of audio that arrived \((\d+) "
+                     r"bytes of audio", stderr)
+    assert said, stderr
+    assert int(said.group(2)) == 2 * len(audio) and said.group(1) == f"{len(audio) / 24000:.2f}"
+
+
+def test_a_deadline_shorter_than_the_job_names_the_flag_and_the_partial_wav(served, tmp_path):
+    """--timeout ends the stream while audio is arriving: `error: DEADLINE_EXCEEDED` says which flag to change,
+    and the next line says what the WAV holds. The stream is held after its first audio by a proxy, so the
+    deadline comes mid-stream however fast the worker runs."""
+    from tcp_proxy import TcpProxy
+
+    _, target, _, _, _ = served
+    out = tmp_path / "late.wav"
+    with TcpProxy(target, stall_after_bytes=20_000) as proxy:
+        late = _client("synth", "A sentence that takes longer than its deadline.", "--stream", "-o", str(out),
+                       "--max-frames", "1500", "--temperature", "0", "--seed", "4", "--target", proxy.address,
+                       "--timeout", "8")
+        assert proxy.stalled.is_set(), late.stderr  # the audio stopped arriving mid-stream, as meant
+    assert late.returncode == 1 and "Traceback" not in late.stderr, late.stderr
+    first = late.stderr.strip().splitlines()[-2]
+    assert first.startswith("error: DEADLINE_EXCEEDED: ") and "--timeout 8 s" in first, late.stderr
+    audio, rate = sf.read(out, dtype="int16")
+    assert rate == 24000 and len(audio) > 0
+    _assert_partial_wav_said(late.stderr, out, audio)
+
+
+def test_the_ports_swapped_say_which_flag_takes_which(served, tmp_path):
+    _, target, artifact_target, _, _ = served
+    synth = _client("synth", "Hello.", "--max-frames", "2", "--target", artifact_target)
+    assert synth.returncode == 1 and synth.stderr.startswith("error: UNIMPLEMENTED: "), synth.stderr
+    assert "--target takes its synthesis address" in synth.stderr and "Traceback" not in synth.stderr
+    fetch = _client("fetch", "art-" + "0" * 32, "-o", str(tmp_path / "x.wav"), "--target", target,
+                    "--artifact-target", target)
+    assert fetch.returncode == 1 and fetch.stderr.startswith("error: UNIMPLEMENTED: "), fetch.stderr
+    assert "--artifact-target its artifact address" in fetch.stderr
 
 
 def test_sigterm_stops_the_worker_gracefully(served):

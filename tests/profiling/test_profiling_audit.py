@@ -170,3 +170,12 @@ def test_a_deliberately_added_cuda_synchronize_in_the_fast_path_is_caught(tmp_pa
     waits = [s for s in run["sites"] if s["op"] == "synchronize" and not s["setup"]]
     assert len(waits) == 1 and waits[0]["per_frame"] == 16.0
     assert waits[0]["site"].startswith("breeze_worker/engine/fastpath/step.py:") and "sample_rows(" in waits[0]["code"]
+
+
+def test_json_to_stdout_is_only_the_document(use_tiny, capsys):
+    """`--json -`: stdout parses as the one JSON document; the table goes to stderr (the convention of both
+    command-line tools)."""
+    assert worker_main(["audit-syncs", "--device", "cpu", "--frames", "2", "--path", "fast", "--json", "-"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["schema"] == "breeze-audit-syncs/1" and "[fast] 2 frames" in out.err

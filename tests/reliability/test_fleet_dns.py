@@ -97,13 +97,13 @@ def test_a_dns_name_spreads_jobs_and_finds_workers_added_later(tmp_path):
         assert probe.wait(30) == 0, probe.stderr.read()[-3000:]
 
         cli = _in_namespace(hosts, sys.executable, "-m", "breeze_client.cli", "synth", "Said through the CLI.",
-                            "--max-frames", "2", "--json", "--target", f"dns:///{NAME}:{port}")
+                            "--max-frames", "2", "--json", "-", "--target", f"dns:///{NAME}:{port}")
         out, err = cli.communicate(timeout=120)
         assert cli.returncode == 0, err
         artifact = json.loads(out)["artifact"]
         assert artifact["endpoint"] in {w.artifact_target for w in workers}
         fetch = subprocess.run([sys.executable, "-m", "breeze_client.cli", "fetch", artifact["artifact_id"],
-                                "-o", str(tmp_path / "cli.wav"), "--json", "--artifact-target",
+                                "-o", str(tmp_path / "cli.wav"), "--json", "-", "--artifact-target",
                                 artifact["endpoint"], "--target", workers[0].target],
                                env=ENV, capture_output=True, text=True, timeout=120)
         assert fetch.returncode == 0, fetch.stderr

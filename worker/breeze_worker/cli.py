@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from breeze_worker import logs
+from breeze_worker import jsonout, logs
 
 # subcommand -> (module under breeze_worker.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             logs.configure(args.log_level, args.log_format)  # the one place logging is configured
         except ValueError as exc:
             parser.error(str(exc))
-        return int(_load(args.command).run(args) or 0)
+        with jsonout.stdout_for(getattr(args, "json", None)):
+            return int(_load(args.command).run(args) or 0)
     except ModuleNotFoundError as exc:  # `pip install .` is the client alone: the worker's stack is an extra
         if not _missing_dependency(exc):
             raise

@@ -19,13 +19,13 @@ import sys
 
 import torch
 
+from breeze_worker import jsonout
 from breeze_worker.errors import BreezeError
 from breeze_worker.profiling.setup import (
     add_model_arguments,
     add_request_arguments,
     device_meta,
     parse_paths,
-    write_json,
 )
 
 log = logging.getLogger("breeze_worker.audit_syncs")
@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=int, default=None, metavar="N",
                         help="fail (exit 1) if any frame of the fast path makes more than N host syncs (setup "
                              "not counted; the eager reference's syncs are reported, never judged)")
-    parser.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON (- for stdout)")
+    jsonout.add_argument(parser, "write the result as one JSON document, every sync event included, to FILE (- for "
+                         "stdout; the table then goes to stderr)")
 
 
 def audit(args: argparse.Namespace) -> dict:
@@ -92,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except (BreezeError, ValueError) as exc:  # a bad flag, checkpoint or request: one line, the usage exit
         print(f"breeze-worker audit-syncs: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(table(doc), file=sys.stderr if args.json == "-" else sys.stdout)
-    write_json(doc, args.json)
+    print(table(doc))
+    jsonout.write(doc, args.json)
     if not doc["within_budget"]:
         over = {p["path"]: p["frames_over_budget"] for p in doc["paths"] if not p["within_budget"]}
         log.error("host syncs per frame exceed the budget of %d: %s", args.budget, over)
