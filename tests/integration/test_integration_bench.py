@@ -42,6 +42,11 @@ def test_bench_concurrency_two_json(two_stream_worker):
     assert run.returncode == 0, run.stderr
     doc = json.loads(out)
     assert doc["schema"] == "breeze-client-bench/1"
+    # stderr is no terminal here: each round is still reported, one line each; the table went to stderr too
+    progress = [line for line in run.stderr.splitlines() if line.startswith("bench: ")]
+    assert progress == [f"bench: {label}: {step}" for label in ("short", "chunk-4.80s")
+                        for step in ("warm-up 1/1", "iteration 1/2 x 2 clients", "iteration 2/2 x 2 clients")]
+    assert "TTFA ms" in run.stderr
     meta = doc["meta"]
     assert meta["concurrency"] == 2 and meta["iterations"] == 2 and meta["warmup"] == 1
     assert meta["worker_is_tiny_default"] is True and "frame limit" in meta["frame_limit_note"]
