@@ -48,7 +48,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                         "dns:///name:port or ipv4:host:port,host:port (env BREEZE_TARGET; default %(default)s)")
     g.add_argument("--artifact-target", default=os.environ.get("BREEZE_ARTIFACT_TARGET"),
                    help="host:port of the Artifacts endpoint (default: the address the job's worker advertises; "
-                        "with a fleet --target, fetch needs it: the address synth printed)")
+                        "with a fleet --target, fetch by id asks each worker and uses the one that holds it)")
     g.add_argument("--tls-ca", type=Path, default=None, help="PEM roots to trust; turns TLS on")
     g.add_argument("--tls", action="store_true", help="TLS with the system's trusted roots")
     g.add_argument("--tls-server-name", default=None, help="name to check in the worker's certificate")
