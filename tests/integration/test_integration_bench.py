@@ -150,11 +150,12 @@ def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker):
 def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, tmp_path):
     """--cfg-every 2 --clone-every 4 over 4 clients: client 1 instruction + CFG, client 3 a clone with an
     instruction (direction), clients 0 and 2 plain; the worker's reported template says so."""
-    import shutil
     import subprocess
 
+    from host_tools import need_tool
+
     reference = tmp_path / "ref.wav"
-    subprocess.run([shutil.which("espeak-ng"), "-w", str(reference), "Please call Stella."], check=True, timeout=60)
+    subprocess.run([need_tool("espeak-ng"), "-w", str(reference), "Please call Stella."], check=True, timeout=60)
     run = bench(two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
                 "--warmup", "0", "--iterations", "1", "--concurrency", "4", "--cfg-every", "2",
                 "--clone-every", "4", "--reference", str(reference), "--reference-text",

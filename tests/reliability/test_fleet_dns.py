@@ -14,14 +14,13 @@ Needs root (unshare -m, mount --bind)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
 
 import pytest
+from host_tools import need_tool
 from served import ENV, ServedWorker, free_port, start_all
 
 pytestmark = pytest.mark.root
@@ -62,8 +61,7 @@ def _ask(probe: subprocess.Popen, jobs: int, frames: int = 2) -> list:
 
 
 def test_a_dns_name_spreads_jobs_and_finds_workers_added_later(tmp_path):
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        raise RuntimeError("this test needs root and unshare (CI runs as root)")
+    need_tool("unshare")  # and root: the module's mark
     port, artifact_port = free_port(), free_port()
     workers = [ServedWorker(tmp_path / f"w{i}", "--max-connection-age-s", str(CONNECTION_AGE_S),
                             "--max-active-streams", "2", host=f"127.0.0.{i + 1}", port=port,

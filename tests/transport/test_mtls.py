@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_engine import FakeEngine
+from host_tools import need_tool
 from transport_helpers import worker_settings
 
 from breeze_client.aio import AsyncBreezeClient
@@ -50,7 +50,7 @@ def _signed(directory: Path, name: str, ca: tuple[Path, Path], extension: str) -
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     """Two CAs; the worker's certificate and one client certificate from CA 'trusted', one from 'stranger'."""
-    assert shutil.which("openssl"), "the mTLS tests need the openssl command"
+    need_tool("openssl")
     d = tmp_path_factory.mktemp("pki")
     trusted, stranger = _ca(d, "trusted-ca"), _ca(d, "stranger-ca")
     return {

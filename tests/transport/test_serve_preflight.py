@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from host_tools import need_tool
 
 from breeze_worker.config import ServerSettings
 from breeze_worker.transport.preflight import PreflightError, check_tls_files, port_in_use
@@ -22,8 +23,9 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / d) for d in ("worke
 
 def _pair(directory: Path, name: str) -> tuple[Path, Path]:
     key, cert = directory / f"{name}.key", directory / f"{name}.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    subprocess.run([need_tool("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=localhost", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
+                   timeout=60)
     return cert, key
 
 
