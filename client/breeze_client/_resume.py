@@ -9,8 +9,15 @@ an outage of several seconds costs one resume, not a burst of failed calls. The 
 - `max_resumes`: how many resumed attempts in a row may bring no bytes at all (0 turns resuming off).
   Such attempts are spaced by a growing pause (0.25 s, 0.5 s, 1 s, ... up to 4 s).
 
-A Fetch that fails before its first message (the worker is not reachable at all) is not resumed: gRPC's
-own retry policy for Fetch has already tried, and the caller should hear about it at once.
+A Fetch whose artifact channel could not connect before its first attempt (the worker is not reachable at
+all) is not resumed: gRPC's own retry policy for Fetch has already tried, and the caller should hear about it
+at once. One whose channel was connected is resumed even if it broke before its first message reached the
+client: a connection reset discards what the kernel had received and gRPC had not yet read, so on a busy
+machine a break can come before any message was handed over, although the worker was serving.
+
+`FetchResult.resumes` counts the attempts after a break that brought the stream back (their first message
+arrived); an attempt that failed at once, on a connection already gone, is not a resume (`max_resumes`
+bounds those).
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ class ResumePolicy:
     def after_break(self, err: grpc.RpcError, position: int, started: bool) -> float:
         """The pause (seconds) before waiting for the endpoint again; raises the SDK error to give up.
 
-        `position` is the next byte wanted; `started` whether any attempt got the stream's first message.
+        `position` is the next byte wanted; `started` whether the stream was under way: the channel was connected
+        when the first attempt began, or an attempt got the stream's first message.
         """
         code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
         if code is not grpc.StatusCode.UNAVAILABLE or self.max_resumes <= 0 or not started:
