@@ -270,7 +270,8 @@ def test_serve_warns_when_a_fault_delay_is_set(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "breeze_worker.cli", "serve", "--host", "127.0.0.1", "--port", "0",
              "--artifact-port", "0", "--artifact-dir", str(tmp_path / "art"), "--device", "cpu",
-             "--fault-commit-delay-s", "0.5"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+             "--fault-commit-delay-s", "0.5", "--artifact-grace-s", "0"], stdout=subprocess.PIPE, stderr=err, text=True,
+            env=env)
         timer = threading.Timer(240, proc.kill)
         timer.start()
         try:

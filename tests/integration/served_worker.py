@@ -29,8 +29,10 @@ def worker_command(*args: str) -> list[str]:
 
 class ServedWorker:
     def __init__(self, artifact_dir: Path, *args: str, host: str = "127.0.0.1") -> None:
+        # no artifact grace at the stop unless `args` set one (a later flag wins): nothing fetches then
         self.command = worker_command("serve", "--device", "cpu", "--host", host, "--port", "0",
-                                      "--artifact-port", "0", "--artifact-dir", str(artifact_dir), *args)
+                                      "--artifact-port", "0", "--artifact-dir", str(artifact_dir),
+                                      "--artifact-grace-s", "0", *args)
         self.host = host
         self.proc: subprocess.Popen | None = None
         self._stderr: list[str] = []

@@ -33,7 +33,8 @@ def _client(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def served(tmp_path_factory):
     artifacts = tmp_path_factory.mktemp("cli-artifacts")
     proc = subprocess.Popen([sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--port", "0",
-                             "--artifact-port", "0", "--artifact-dir", str(artifacts), "--metrics-port", "0"],
+                             "--artifact-port", "0", "--artifact-dir", str(artifacts), "--metrics-port", "0",
+                             "--artifact-grace-s", "0"],  # its stop is tested, not the grace (test_drain.py)
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     stderr_lines: list[str] = []
     threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
@@ -185,19 +186,22 @@ def test_a_refused_precision_stops_serve_with_one_clear_line(tmp_path):
 def test_a_synthetic_checkpoint_is_flagged_not_speech_where_the_tiny_default_is(tmp_path):
     """make-checkpoint's files are readable by another user (a service account), and a worker serving them says
     that its audio is not speech in the ready line, the log, health and GetWorkerInfo."""
+    import torch
     from served_worker import ServedWorker
 
     from breeze_client.sdk import BreezeClient
+    from breeze_worker.model.synthetic import write_synthetic_checkpoint
 
     checkpoint = tmp_path / "synthetic"
-    made = subprocess.run([sys.executable, "-m", "breeze_worker.cli", "make-checkpoint", "--size", "tiny",
-                           str(checkpoint)], capture_output=True, text=True, timeout=300, env=ENV,
-                          preexec_fn=lambda: os.umask(0o022))
-    assert made.returncode == 0, made.stderr
+    umask = os.umask(0o022)  # as make-checkpoint writes it under the usual umask
+    try:
+        write_synthetic_checkpoint(checkpoint, "tiny", seed=0, dtype=torch.float32)
+    finally:
+        os.umask(umask)
     modes = {str(p.relative_to(checkpoint)): p.stat().st_mode & 0o777 for p in checkpoint.rglob("*") if p.is_file()}
     assert "model-00001-of-00002.safetensors" in modes and "audio_tokenizer/model.safetensors" in modes
     assert set(modes.values()) == {0o644}, modes
-    with ServedWorker(tmp_path / "artifacts", "--model", str(checkpoint), "--artifact-grace-s", "0") as worker:
+    with ServedWorker(tmp_path / "artifacts", "--model", str(checkpoint)) as worker:
         ready = READY.match(worker.ready_line)
         assert ready and "NOT speech" in ready.group(5) and str(checkpoint) in ready.group(5)
         assert any("WARNING" in line and "SYNTHETIC checkpoint" in line and "NOT speech" in line
