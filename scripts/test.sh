@@ -35,4 +35,6 @@ if [[ $(id -u) -ne 0 && ${BREEZE_TESTS_REQUIRE_HOST:-} != 1 ]]; then
 fi
 bash scripts/install.sh --dev
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec .venv/bin/python -m pytest -q "$@"
+# in parallel: each test file runs whole in one of BREEZE_TEST_WORKERS processes, the longest files first and
+# the heaviest fault suites one after another (tests/run_layout.py); BREEZE_TEST_WORKERS=0: in this process
+exec .venv/bin/python -m pytest -q -n "${BREEZE_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

@@ -1,14 +1,27 @@
-"""Fixtures and hooks shared by every test directory: tests marked `root` need root (host_tools.py), and the
-tests skipped for what the host lacks are listed at the end of a run with what each needs."""
+"""Fixtures and hooks shared by every test directory: the order and grouping of a parallel run (run_layout.py),
+tests marked `root` need root (host_tools.py), and the tests skipped for what the host lacks are listed at the
+end of a run with what each needs."""
 
 from __future__ import annotations
 
 import contextlib
 
 import pytest
+import run_layout
 from host_tools import SKIP_PREFIX, need_root
 
 _lacking: list[tuple[str, str]] = []  # (test id, what it needs) for the tests skipped for the host
+
+
+def pytest_collection_modifyitems(items):
+    run_layout.order_longest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (scripts/test.sh runs the suite in parallel)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadfile":
+        return run_layout.make_scheduler(config, log)
+    return None
 
 
 def pytest_runtest_setup(item):

@@ -33,7 +33,7 @@ def test_needs_nothing():
 
 
 def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    for name in ("conftest.py", "host_tools.py"):
+    for name in ("conftest.py", "host_tools.py", "run_layout.py"):
         shutil.copy(ROOT / "tests" / name, tmp_path / name)
     (tmp_path / "test_needy.py").write_text(NEEDY)
     (tmp_path / "not_root.py").write_text("import os\nos.geteuid = lambda: 1000\n")  # as an ordinary user

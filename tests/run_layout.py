@@ -1,0 +1,61 @@
+"""How the suite runs in parallel (scripts/test.sh: pytest-xdist, `-n N --dist loadfile --no-loadscope-reorder`).
+
+Each test file runs whole on one xdist worker, so its module-scoped workers and models are built once. Two
+things shorten the run on a small machine without changing what any test proves:
+
+- The longest files start first (`LONG_FIRST`, measured with `--durations`): the run does not end with one
+  long file running alone while the other workers idle. A file missing from the list only starts later.
+- The heaviest fault suites share a worker (`ONE_AFTER_ANOTHER`): each starts several worker processes or
+  injects CPU, disk and network faults, so two of one group at once would only slow each other down and
+  stretch the margins their faults need. Each group runs its files one after another.
+
+Without xdist (`pytest` alone) only the order changes; every file still runs as one block.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# the files that take tens of seconds on 2 cores (worker processes, injected faults, mypy), longest first
+LONG_FIRST = (
+    "tests/reliability/test_fleet.py", "tests/reliability/test_fleet_dns.py", "tests/reliability/test_soak.py",
+    "tests/test_retrieval_faults.py", "tests/test_retrieval_diagnosis.py", "tests/test_serve_bench.py",
+    "tests/reliability/test_full_disk.py", "tests/benchmarks/test_benchmark_tools.py",
+    "tests/test_code_quality.py", "tests/integration/test_integration_cli.py",
+    "tests/reliability/test_slow_reader.py", "tests/reliability/test_drain.py",
+    "tests/integration/test_integration_security.py", "tests/fastpath/test_fused_sampling.py",
+    "tests/codec/test_resample_reference.py", "tests/engine/test_sampling_fidelity.py",
+    "tests/model/test_synthetic_checkpoint.py", "tests/reliability/test_log_backpressure.py",
+    "tests/test_readme.py", "tests/fastpath/test_fused.py", "tests/engine/test_batching.py",
+    "tests/integration/test_integration_bench.py", "tests/integration/test_integration_artifacts.py",
+)
+
+# groups of files that run one after another on one worker
+ONE_AFTER_ANOTHER = {
+    "fleet": ("tests/reliability/test_fleet.py", "tests/reliability/test_fleet_dns.py",
+              "tests/reliability/test_soak.py"),
+    "retrieval faults": ("tests/test_retrieval_faults.py", "tests/test_retrieval_diagnosis.py"),
+}
+_GROUP_OF = {path: name for name, paths in ONE_AFTER_ANOTHER.items() for path in paths}
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def order_longest_first(items: list[pytest.Item]) -> None:
+    """Reorder `items` in place: the files of LONG_FIRST first, in its order; the rest as collected."""
+    rank = {path: i for i, path in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(_file_of(item.nodeid), len(rank)))
+
+
+def make_scheduler(config: pytest.Config, log):
+    """xdist's file-at-a-time scheduling, with the files of each ONE_AFTER_ANOTHER group as one unit."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = _file_of(nodeid)
+            return _GROUP_OF.get(path, path)
+
+    return FilesAndGroups(config, log)
