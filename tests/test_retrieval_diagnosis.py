@@ -95,8 +95,9 @@ def test_a_commit_stall_outside_the_storage_calls_is_the_worker_not_the_volume(c
     verdict = run.diagnosis.verdict
     assert verdict.cause == "worker_busy", verdict.evidence
     assert "CPU" in verdict.fix and any("inside its storage calls" in e for e in verdict.evidence)
-    for t in run.timelines:
-        assert t.evidence["commit_storage_ns"] < 0.1 * DELAY * 1e9
+    for t in run.timelines:  # the stall lies outside the storage calls: the commit's time beside them holds it all
+        commit_s = {pt.phase.name: pt for pt in phase_times(t)}["commit"].seconds
+        assert commit_s - t.evidence["commit_storage_ns"] / 1e9 >= DELAY - 0.02, (commit_s, t.evidence)
 
 
 def test_a_stall_after_the_file_is_open_is_the_worker_not_the_volume(clean_faults):

@@ -167,6 +167,30 @@ def test_the_ports_swapped_say_which_flag_takes_which(served, tmp_path):
     assert "--artifact-target its artifact address" in fetch.stderr
 
 
+def test_a_fetch_cut_by_its_deadline_keeps_its_bytes_and_says_how_to_continue(served, tmp_path):
+    from tcp_proxy import TcpProxy
+
+    from breeze_client.sdk import BreezeClient
+
+    _, target, artifact_target, _, _ = served
+    with BreezeClient(target, timeout_s=60) as client:
+        artifact = client.synthesize("A file fetched in two goes.", max_frames=12, seed=6).artifact
+    out = tmp_path / "two-goes.wav"
+    with TcpProxy(artifact_target, stall_after_bytes=12_000) as proxy:
+        cut = _client("fetch", artifact.artifact_id, "-o", str(out), "--chunk-size", "4096", "--target", target,
+                      "--artifact-target", proxy.address, "--timeout", "5")
+        assert proxy.stalled.is_set(), cut.stderr
+    kept = out.stat().st_size
+    assert cut.returncode == 1 and cut.stderr.startswith("error: DEADLINE_EXCEEDED: "), cut.stderr
+    assert 0 < kept < artifact.size_bytes
+    assert (f"{out}: the first {kept} bytes of the artifact are kept; continue with breeze-client fetch "
+            f"{artifact.artifact_id} -o {out} --resume") in cut.stderr
+    resumed = _client("fetch", artifact.artifact_id, "-o", str(out), "--resume", "--target", target,
+                      "--artifact-target", artifact_target)
+    assert resumed.returncode == 0 and "sha256 verified" in resumed.stdout, resumed.stderr
+    assert out.stat().st_size == artifact.size_bytes
+
+
 def test_sigterm_stops_the_worker_gracefully(served):
     proc = served[0]
     proc.send_signal(signal.SIGTERM)
@@ -212,3 +236,4 @@ def test_a_synthetic_checkpoint_is_flagged_not_speech_where_the_tiny_default_is(
         health = _client("health", "--target", worker.target)
     assert health.returncode == 0, health.stderr
     assert "WARNING" in health.stdout and "NOT speech" in health.stdout
+
