@@ -101,17 +101,6 @@ class AsyncBreezeClient:
             self._artifact_channels[target] = open_aio_channel(target, self.options)
         return self._artifact_channels[target]
 
-    async def _connects(self, target: str) -> bool:
-        """See BreezeClient._connects."""
-        channel = self._channel_for(target)
-        decided = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                   grpc.ChannelConnectivity.SHUTDOWN)
-        state = channel.get_state(try_to_connect=True)
-        while state not in decided:
-            await channel.wait_for_state_change(state)
-            state = channel.get_state(try_to_connect=True)
-        return state is grpc.ChannelConnectivity.READY
-
     async def sync_clock(self, target: str | None = None,
                          samples: int = clock_exchange.DEFAULT_SAMPLES) -> ClockMapping:
         target = target or self.options.target
@@ -229,11 +218,11 @@ class AsyncBreezeClient:
             endpoint = endpoint or artifact.endpoint
             artifact = artifact.artifact_id
         target, stub = await self._artifacts(endpoint, artifact)
+        answered = target not in self._clocks  # the clock exchange below reaches the worker, or raises
         mapping = await self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target,
                                  fixed_stream_window(self.options))
         policy = ResumePolicy(artifact, target, max_resumes, resume_timeout_s)
-        reached = await self._connects(target)
         try:
             while True:
                 policy.attempt_started(receiver.position)
@@ -242,7 +231,7 @@ class AsyncBreezeClient:
                         receiver.on_message(msg, time.time_ns())
                     break
                 except grpc.RpcError as err:
-                    pause = policy.after_break(err, receiver.position, reached or receiver.info is not None)
+                    pause = policy.after_break(err, receiver.position, answered or receiver.info is not None)
                     log.warning("fetch of %s broke at byte %d (%s); resuming when %s is reachable", artifact,
                                 receiver.position, err.details(), target)
                 await asyncio.sleep(min(pause, max(policy.time_left_s(), 0.0)))

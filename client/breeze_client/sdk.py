@@ -13,7 +13,6 @@ local clock by a clock exchange made once per channel (before the first timed ca
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -244,11 +243,11 @@ class BreezeClient:
             endpoint = endpoint or artifact.endpoint
             artifact = artifact.artifact_id
         target, stub = self._artifacts(endpoint, artifact)
+        answered = target not in self._clocks  # the clock exchange below reaches the worker, or raises
         mapping = self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target,
                                  fixed_stream_window(self.options))
         policy = ResumePolicy(artifact, target, max_resumes, resume_timeout_s)
-        reached = self._connects(target)
         try:
             while True:
                 policy.attempt_started(receiver.position)
@@ -257,7 +256,7 @@ class BreezeClient:
                         receiver.on_message(msg, time.time_ns())
                     break
                 except grpc.RpcError as err:
-                    pause = policy.after_break(err, receiver.position, reached or receiver.info is not None)
+                    pause = policy.after_break(err, receiver.position, answered or receiver.info is not None)
                     log.warning("fetch of %s broke at byte %d (%s); resuming when %s is reachable", artifact,
                                 receiver.position, err.details(), target)
                 time.sleep(min(pause, max(policy.time_left_s(), 0.0)))
@@ -267,24 +266,6 @@ class BreezeClient:
         except BreezeClientError:
             receiver.abandon()
             raise
-
-    def _connects(self, target: str) -> bool:
-        """Whether the artifact channel to `target` is connected, or connects before it first fails (decided by
-        the channel's own state changes: gRPC ends a connection attempt within its connect timeout)."""
-        channel = self._artifact_channel(target)
-        outcome: queue.SimpleQueue[grpc.ChannelConnectivity] = queue.SimpleQueue()
-        decided = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                   grpc.ChannelConnectivity.SHUTDOWN)
-
-        def on_state(state: grpc.ChannelConnectivity) -> None:
-            if state in decided:
-                outcome.put(state)
-
-        channel.subscribe(on_state, try_to_connect=True)
-        try:
-            return outcome.get() is grpc.ChannelConnectivity.READY
-        finally:
-            channel.unsubscribe(on_state)
 
     def _wait_for_channel(self, target: str, policy: ResumePolicy, position: int) -> None:
         """Block until the artifact channel is connected again, within the policy's time left."""
