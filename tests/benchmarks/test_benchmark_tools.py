@@ -68,7 +68,8 @@ def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_p
 
 def test_request_intake_times_each_kind_of_the_mix_in_two_trees(tmp_path):
     """This checkout against itself as the other tree: every kind of the serve mix timed in both, the ratio of
-    their mix means reported (two runs of one tree: close to 1)."""
+    their mix means reported. What each kind costs, and how close two runs of one tree come, are the tool's
+    figures (they move with the machine's load), not this test's verdict."""
     out = tmp_path / "intake.json"
     done = tool("request_intake", "--tree", str(ROOT), "--rounds", "1", "--calls", "20", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -76,10 +77,11 @@ def test_request_intake_times_each_kind_of_the_mix_in_two_trees(tmp_path):
     assert META_KEYS <= set(doc["meta"]) and doc["mix"] == ["plain", "cfg", "plain", "clone+cfg"]
     for name in ("this checkout", "other tree"):
         kinds = doc[name]["us_per_request"]
-        assert set(kinds) == {"plain", "cfg", "clone+cfg"}
-        # guidance lays out two prompts, a clone a reference's frames too: each costs more than a plain one
-        assert 0 < kinds["plain"] < kinds["cfg"] < kinds["clone+cfg"]
-    assert 0.2 < doc["other_over_this"] < 5.0
+        assert set(kinds) == {"plain", "cfg", "clone+cfg"} and all(us > 0 for us in kinds.values())
+        lo, hi = doc[name]["mix_mean_us_range"]
+        assert 0 < lo <= doc[name]["mix_mean_us"] <= hi
+    means = {name: doc[name]["mix_mean_us"] for name in ("this checkout", "other tree")}
+    assert doc["other_over_this"] == pytest.approx(means["other tree"] / means["this checkout"])
     assert "other tree / this checkout" in done.stdout
 
 
