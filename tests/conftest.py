@@ -14,7 +14,7 @@ _lacking: list[tuple[str, str]] = []  # (test id, what it needs) for the tests s
 
 
 def pytest_collection_modifyitems(items):
-    run_layout.order_longest_first(items)
+    run_layout.arrange(items)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (scripts/test.sh runs the suite in parallel)

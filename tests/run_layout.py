@@ -9,6 +9,10 @@ things shorten the run on a small machine without changing what any test proves:
   injects CPU, disk and network faults, so two of one group at once would only slow each other down and
   stretch the margins their faults need. Each group runs its files one after another.
 
+The tests of the long files also get `LONG_TIMEOUT_S` before pytest-timeout calls them hung (the suite's 300 s
+is for the rest): their work is CPU-bound minutes on a busy 2-core machine (the Triton interpreter's kernel
+checks, the soak, the serve bench took 4-5 minutes each beside a parallel run and two busy loops).
+
 Without xdist (`pytest` alone) only the order changes; every file still runs as one block.
 """
 
@@ -30,6 +34,8 @@ LONG_FIRST = (
     "tests/integration/test_integration_bench.py", "tests/integration/test_integration_artifacts.py",
 )
 
+LONG_TIMEOUT_S = 1200
+
 # groups of files that run one after another on one worker
 ONE_AFTER_ANOTHER = {
     "fleet": ("tests/reliability/test_fleet.py", "tests/reliability/test_fleet_dns.py",
@@ -43,10 +49,14 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def order_longest_first(items: list[pytest.Item]) -> None:
-    """Reorder `items` in place: the files of LONG_FIRST first, in its order; the rest as collected."""
+def arrange(items: list[pytest.Item]) -> None:
+    """Reorder `items` in place, the files of LONG_FIRST first, in its order (the rest as collected), and give
+    their tests LONG_TIMEOUT_S unless a test sets its own."""
     rank = {path: i for i, path in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(_file_of(item.nodeid), len(rank)))
+    for item in items:
+        if _file_of(item.nodeid) in rank and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
 
 
 def make_scheduler(config: pytest.Config, log):

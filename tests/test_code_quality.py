@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -22,8 +20,7 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.timeout(1800)  # a whole-tree check, CPU-bound: ~40 s alone on 2 cores, minutes beside a busy suite
-def test_mypy_finds_nothing():
+def test_mypy_finds_nothing():  # ~40 s alone on 2 cores, minutes beside a busy suite (run_layout.LONG_TIMEOUT_S)
     result = _run(str(BIN / "mypy"), "--no-incremental")  # files and options: [tool.mypy]
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr
     assert "Success: no issues found" in result.stdout, result.stdout
