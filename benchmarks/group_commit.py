@@ -9,8 +9,9 @@ another source tree, in separate processes taking turns (--rounds) on the same v
 median commit time and each step's (from the artifacts' own commit timing) and the ratio.
 
 The frames are written as a round writes them: one frame for every artifact each --step-ms (the engine step at
-that many streams; 18.5 ms is the H200's at 64, M15), so the kernel's write-back can run while they stream, and
-the commit follows the last frame at once. --step-ms 0 writes everything at once, then waits 0.2 s.
+that many streams; 18.5 ms is the H200's at 64, docs/perf-data/serve-d8bcb0a-20261204.json), so the kernel's
+write-back can run while they stream, and the commit follows the last frame at once. --step-ms 0 writes
+everything at once, then waits 0.2 s.
 
     python benchmarks/group_commit.py --dir /var/lib/breeze/artifacts-bench --tree ../baseline --json commit.json
 

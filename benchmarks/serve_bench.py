@@ -3,7 +3,8 @@
 
 One run, on one GPU host (one device call):
   1. start-up, cold: `breeze-worker serve --model DIR` with empty compile caches (Inductor, Triton), timed from
-     process start to the ready line (health SERVING), with the worker's own split (load, codec graphs, warm-up);
+     process start to the ready line (health SERVING) and to full capacity (the start-up's background build
+     done; every later phase runs at full capacity), with the worker's own split (load, codec graphs, warm-up);
   2. the first request after SERVING (time to first audio) against the steady TTFA of the next few requests;
   3. `breeze-client bench` at each --concurrency (a request mix: every 2nd client an instruction with CFG, every
      4th a clone of --reference, else of speech made here with espeak-ng; without either, no clones, and the
@@ -41,12 +42,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from bench_env import pythonpath_for, use_source_tree
 
 READY = re.compile(r"breeze-worker ready: synthesis=(\S+) artifacts=(\S+)")
+# the progressive start's end (engine/startup.py); a worker without it is complete at its ready line
+FULL = re.compile(r"full capacity: (\d+) of (\d+) streams ready")
+STREAMS_READY = re.compile(r"; streams (\d+)/(\d+) ready")
 METRICS_AT = re.compile(r"metrics on (http://\S+/metrics)")
 SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) ([-+\d.eE]+|NaN|\+Inf)$")
 SPLIT = {  # worker log line -> start-up phase
@@ -90,9 +95,10 @@ class Worker:
     """`breeze-worker serve` as a subprocess; its log goes to a file, the ready line is waited for."""
 
     def __init__(self, args: argparse.Namespace, cache: Path, log_path: Path, artifacts: Path,
-                 extra: list[str] | None = None, tree: Path | None = None):
+                 extra: list[str] | None = None, tree: Path | None = None, cpus: str | None = None):
         """`extra`: more `serve` arguments (a variant's settings); `tree`: run the worker from another source
-        tree (its worker/, client/ and protos/ first on PYTHONPATH), e.g. an earlier commit as the baseline."""
+        tree (its worker/, client/ and protos/ first on PYTHONPATH), e.g. an earlier commit as the baseline;
+        `cpus`: run it under `taskset -c CPUS` (its compile workers inherit the set)."""
         self.env = {**os.environ, **_cache_env(cache), "PYTHONUNBUFFERED": "1"}
         if args.torch_logs:  # e.g. Dynamo recompiles after SERVING land in the kept log
             self.env["TORCH_LOGS"] = args.torch_logs
@@ -103,7 +109,14 @@ class Worker:
                     "--max-active-streams", str(max(args.concurrency)), "--max-queue", str(max(args.concurrency)),
                     "--metrics-port", "0",
                     *(["--model", str(args.model)] if args.model else []), *args.worker_arg, *(extra or [])]
+        if cpus:
+            self.cmd = ["taskset", "-c", cpus, *self.cmd]
         self.log_path = log_path
+        self.started = 0.0  # time.perf_counter() at launch
+        self.ready_s: float | None = None
+        self.streams_ready: tuple[int, int] | None = None  # (ready, configured) from the ready line
+        self.full_s: float | None = None  # launch -> every stream ready (`wait_full`)
+        self._watcher: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
         self.target = ""
         self.metrics_url = ""
@@ -111,7 +124,8 @@ class Worker:
     def start(self, timeout_s: float, profile: Path | None = None) -> dict:
         """Start and wait for the ready line; the start-up's time and the worker's own split. `profile`: sample
         the start-up with py-spy into that file (folded stacks) and summarize it (`startup_profile`)."""
-        t0 = time.perf_counter()
+        t0 = self.started = time.perf_counter()
+        self.launched_wall = time.time()
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=self.env)
         profiler = _profile_startup(self.proc.pid, profile) if profile is not None else None
@@ -124,13 +138,18 @@ class Worker:
                 match = READY.search(line)
                 if match:
                     self.target = match.group(1)
+                    ready = STREAMS_READY.search(line)
+                    self.streams_ready = (int(ready.group(1)), int(ready.group(2))) if ready else None
                     break
                 if time.perf_counter() - t0 > timeout_s:
                     raise RuntimeError(f"the worker was not ready in {timeout_s:.0f} s")
         finally:
             _stop_profile(profiler)
-        ready_s = time.perf_counter() - t0
+        ready_s = self.ready_s = time.perf_counter() - t0
         self.log.flush()
+        if self.streams_ready is not None:
+            self._watcher = threading.Thread(target=self._watch_full, daemon=True)
+            self._watcher.start()
         text = self.log_path.read_text()
         found = METRICS_AT.search(text)
         self.metrics_url = found.group(1) if found else ""
@@ -139,6 +158,38 @@ class Worker:
         if profiler is not None and profile is not None and profile.exists():
             result["profile"] = {"file": profile.name, **startup_profile(profile.read_text(), PROFILE_RATE_HZ)}
         return result
+
+    def _watch_full(self, poll_s: float = 0.05) -> None:
+        """From the ready line on, poll the log for the line saying all streams are ready (engine/startup.py) and
+        note when it came (`full_s`, seconds from launch)."""
+        while self.proc is not None and self.proc.poll() is None:
+            if FULL.search(self.log_path.read_text()):
+                self.full_s = time.perf_counter() - self.started
+                return
+            time.sleep(poll_s)
+
+    def logged_at(self, pattern: re.Pattern) -> float | None:
+        """Seconds from launch to the first log line matching `pattern`, by the line's own time stamp (text log
+        format, local time, milliseconds); None when no line matches."""
+        self.log.flush()
+        for line in self.log_path.read_text().splitlines():
+            if pattern.search(line):
+                try:
+                    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                except ValueError:
+                    return None
+                return stamp - self.launched_wall
+        return None
+
+    def wait_full(self, timeout_s: float) -> float | None:
+        """Seconds from launch to full capacity: every configured stream admitted and the start-up's background
+        build done (the log line engine/startup.py writes at its end); an earlier tree, whose ready line says
+        nothing of streams, is complete at its ready line. None: not within `timeout_s` from now."""
+        if self.streams_ready is None:
+            return self.ready_s
+        if self._watcher is not None:
+            self._watcher.join(timeout_s)
+        return self.full_s
 
     def metrics(self) -> dict[str, float]:
         """The worker's /metrics samples by name (with labels), {} when it has no metrics port."""
@@ -541,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(args, cache, work / "worker-cold.log", work / "artifacts")
     try:
         doc["startup"]["cold"] = worker.start(args.startup_timeout, _startup_file(args, work, "cold"))
+        # the requests and loads below measure the worker at full capacity (its start-up's background build done;
+        # benchmarks/startup_bench.py measures what is served before)
+        doc["startup"]["cold"]["full_capacity_s"] = worker.wait_full(args.startup_timeout)
         save()
         pairs = _single_requests(worker.target, args.single_requests, frames=4)
         ttfa, worker_ttfa = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -559,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         warm = Worker(args, cache, work / "worker-warm.log", work / "artifacts")
         try:
             doc["startup"]["warm_caches"] = warm.start(args.startup_timeout, _startup_file(args, work, "warm"))
+            doc["startup"]["warm_caches"]["full_capacity_s"] = warm.wait_full(args.startup_timeout)
             save()
         finally:
             warm.stop()
@@ -584,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             w = Worker(args, v_cache, work / f"worker-{name}-{key}.log", work / "artifacts", v["args"], v["tree"])
             try:
                 entry[key] = w.start(args.startup_timeout, _startup_file(args, work, f"{name}-{key}"))
+                entry[key]["full_capacity_s"] = w.wait_full(args.startup_timeout)
                 if key == starts[-1]:
                     _load(w, v["levels"] or args.variant_concurrency or args.concurrency, args, reference, work,
                           name, entry.setdefault("load", {}), save)

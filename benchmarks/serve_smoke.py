@@ -6,7 +6,7 @@ and with an instruction and CFG, `breeze-client fetch` of the first job's artifa
 time and JSON output (TTFA, RTF, the artifact's retrieval timestamps, the bench's figures), whether each WAV
 written is a valid 24 kHz file with the streamed samples, and the worker's exit status after SIGTERM.
 `--worker-env NAME=VALUE` (repeatable) runs the worker with settings from the environment (e.g.
-BREEZE_ENGINE_CODEC_TF32=1). Exits 1 if any step failed; `--json FILE` writes everything.
+BREEZE_ENGINE_CODEC_TF32=0 for a strict-FP32 codec). Exits 1 if any step failed; `--json FILE` writes everything.
 
 The worker and the client need grpcio, protobuf and zstandard; a host without them takes them as wheels on
 PYTHONPATH (the device's notes say how).

@@ -18,7 +18,8 @@ pyver="${2:-3.12}"
 [[ -x .venv/bin/python ]] || { echo "gpu_host_wheels: no .venv here: run scripts/install.sh --dev first" >&2; exit 1; }
 # the worker's and the client's modules outside torch/transformers, with what they load (cffi for soundfile)
 packages=(grpcio grpcio-health-checking grpcio-reflection protobuf prometheus-client zstandard soundfile soxr
-          cffi pycparser)
+          cffi pycparser
+          aiohttp multidict yarl propcache frozenlist aiosignal aiohappyeyeballs attrs idna)  # the HTTP face
 specs=()
 for name in "${packages[@]}"; do
   version=$(.venv/bin/python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")

@@ -62,6 +62,8 @@ class InProcessWorker:
             await self.servers.stop(0.5)
         if self.engine is not None:
             await self.engine.stop()
+        if self.store is not None:
+            self.store.close()  # the directory's lock: a restart on it opens a new store
 
     def start(self, timeout_s: float = 300) -> InProcessWorker:
         try:

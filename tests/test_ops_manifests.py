@@ -21,12 +21,11 @@ import yaml
 
 from breeze_worker.commands.serve import add_arguments, settings_from_args
 from breeze_worker.engine.metrics import EngineMetrics
-from breeze_worker.transport.server import ARTIFACTS_SERVICE, SYNTHESIS_SERVICE
 
 OPS = Path(__file__).resolve().parents[1] / "ops"
 STOP_MARGIN_S = 10  # the engine's stop and the exit after the artifact grace
 # what the required env file / Secret provides: a non-loopback worker refuses to start without a token
-TOKEN_ENV = {"BREEZE_SERVER_AUTH_TOKEN": "from-the-env-file"}
+TOKEN_ENV = {"BREEZE_SERVER_AUTH_TOKEN": "from-the-env-file-or-secret"}
 # the oldest Kubernetes the manifests support (the preStop sleep action is on by default from 1.30) and the
 # newest whose schema the package bundles
 K8S_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
@@ -63,7 +62,8 @@ def test_every_kubernetes_manifest_is_valid_against_the_kubernetes_schema(versio
         # without a schema, which would otherwise go unchecked)
         kubernetes_validate.validate(doc, version, strict=True)
         kinds.add(doc["kind"])
-    assert kinds == {"StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap"}
+    assert kinds == {"StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap", "Job",
+                     "PersistentVolumeClaim"}
 
 
 def _set(path: str, value):
@@ -88,7 +88,7 @@ _PROBE = "spec.template.spec.containers.0"
     ("HorizontalPodAutoscaler", _set("spec.scaleTargetRef", _DELETE)),  # a required field missing
     ("HorizontalPodAutoscaler", _set("spec.metrics.0.pods.target.averageValue", [1])),  # not a quantity
     ("PodDisruptionBudget", _set("spec.maxUnavailble", 1)),
-    ("StatefulSet", _set(f"{_PROBE}.readinessProbe.grpc.port", "synth")),  # gRPC probes take no named port
+    ("StatefulSet", _set(f"{_PROBE}.readinessProbe.httpGet.port", 9464.5)),  # a port is a number or a name
     ("StatefulSet", _set(f"{_PROBE}.lifecycle.preStop.sleep", {"second": 5})),
     ("Service", _set("spec.clusterIp", "None")),
 ], ids=lambda v: v if isinstance(v, str) else "")
@@ -120,13 +120,37 @@ def test_kubernetes_statefulset_drains_in_order_and_keeps_artifacts():
     assert f".{sts['spec']['serviceName']}." in container["args"][1]  # the address advertised is that name
 
 
-def test_kubernetes_probes_watch_the_health_services_the_worker_reports():
+def test_kubernetes_probes_ask_the_worker_s_probe_routes_on_its_metrics_port():
+    """The kubelet's gRPC probes cannot speak TLS, which the worker serves: the probes are plain HTTP on the metrics
+    port the worker listens on (the image's --metrics-port), at the routes metrics_http.py serves."""
     _, _, container = _statefulset()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    for probe in ("startupProbe", "readinessProbe"):  # NOT_SERVING while warming up and from a drain's start
-        assert container[probe]["grpc"] == {"port": ports["synth"], "service": SYNTHESIS_SERVICE}
-    # SERVING until the artifact grace ends: a draining worker is not restarted
-    assert container["livenessProbe"]["grpc"] == {"port": ports["artifacts"], "service": ARTIFACTS_SERVICE}
+    image = _image_argv()
+    assert ports["metrics"] == int(image[image.index("--metrics-port") + 1])
+    for probe in ("startupProbe", "readinessProbe"):  # 503 while warming up and from a drain's start
+        assert container[probe]["httpGet"] == {"port": "metrics", "path": "/healthz"}
+    # 200 until the artifact grace ends: a draining worker is not restarted (the routes' answers:
+    # tests/transport/test_metrics_http.py)
+    assert container["livenessProbe"]["httpGet"] == {"port": "metrics", "path": "/livez"}
+
+
+def test_kubernetes_statefulset_passes_its_token_with_tls():
+    _, pod, container = _statefulset()
+    env = {e["name"]: e for e in container["env"]}
+    assert env["BREEZE_SERVER_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "breeze-worker"
+    cert, key = env["BREEZE_SERVER_TLS_CERT"]["value"], env["BREEZE_SERVER_TLS_KEY"]["value"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert cert == f"{mounts['tls']}/tls.crt" and key == f"{mounts['tls']}/tls.key"
+    assert volumes["tls"]["secret"]["secretName"] == "breeze-worker-tls"
+    values = {name: e["value"] for name, e in env.items() if "value" in e}
+    server = _settings(["--model", "/models/breeze", *container["args"]], {**values, **TOKEN_ENV})
+    assert server.auth_token and server.tls_cert is not None and server.tls_key is not None
+
+
+def test_every_kubernetes_manifest_states_the_oldest_kubernetes_it_supports():
+    for path in sorted((OPS / "k8s").glob("*.yaml")):
+        assert f"Needs Kubernetes {K8S_VERSIONS[0]} or later" in path.read_text(), path.name
 
 
 def test_kubernetes_services_give_a_fleet_address_a_simple_address_and_per_pod_names():
@@ -176,12 +200,46 @@ def test_systemd_unit():
     assert "/var/lib/breeze" in re.search(r"^ReadWritePaths=(.*)$", unit, re.M).group(1)
 
 
+def _image_argv() -> list[str]:
+    """The container's ENTRYPOINT."""
+    dockerfile = (OPS / "container" / "Dockerfile").read_text()
+    return json.loads(re.search(r"^ENTRYPOINT (\[.*?\])$", dockerfile, re.S | re.M).group(1).replace("\\\n", " "))
+
+
 def test_container_image():
     dockerfile = (OPS / "container" / "Dockerfile").read_text()
-    entry = re.search(r"^ENTRYPOINT (\[.*?\])$", dockerfile, re.S | re.M).group(1).replace("\\\n", " ")
-    argv = json.loads(entry)
+    argv = _image_argv()
     assert "--env-file" in dockerfile  # the documented run passes the token's env file
     server = _settings(argv[argv.index("serve") + 1:], TOKEN_ENV)
     timeout = float(re.search(r"--stop-timeout (\d+)", dockerfile).group(1))
     assert timeout >= server.grace_s + server.artifact_grace_s + STOP_MARGIN_S
     assert 'VOLUME ["/var/lib/breeze/artifacts"]' in dockerfile
+
+
+def test_the_compile_bundle_job_builds_what_the_workers_install():
+    """The Job compiles with the StatefulSet's image, GPU kind and engine settings (what the bundle's key holds),
+    into the volume the workers mount, at the path they are told; `compile` accepts its command line."""
+    from breeze_worker.commands.compile_bundle import add_arguments as compile_arguments
+
+    _, pod, container = _statefulset()
+    job = _k8s("Job")["breeze-compile-bundle"]["spec"]["template"]["spec"]
+    compile_container = job["containers"][0]
+    assert compile_container["image"] == container["image"] and job["nodeSelector"] == pod["spec"]["nodeSelector"]
+    worker_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    job_env = {e["name"]: e["value"] for e in compile_container["env"]}
+    shaping = {k: v for k, v in worker_env.items() if k.startswith("BREEZE_ENGINE_")}
+    assert shaping.pop("BREEZE_ENGINE_COMPILE_BUNDLE") and shaping == job_env
+    command = compile_container["command"]
+    assert command[:2] == ["breeze-worker", "compile"]
+    parser = argparse.ArgumentParser()
+    compile_arguments(parser)
+    args = parser.parse_args(command[2:])
+    assert str(args.out) == worker_env["BREEZE_ENGINE_COMPILE_BUNDLE"]
+
+    def claim(spec: dict, mounted_at: str) -> str:
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mount = next(m for c in spec["containers"] for m in c["volumeMounts"] if m["mountPath"] == mounted_at)
+        return volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+
+    directory = str(args.out.parent)
+    assert claim(job, directory) == claim(pod["spec"], directory) == "breeze-compile-bundles"

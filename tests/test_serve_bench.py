@@ -125,3 +125,62 @@ def test_a_synthetic_checkpoint_written_whole_is_reused_and_a_partial_one_rewrit
     _, meta = bench._synthetic_checkpoint(tmp_path, "tiny")
     assert meta["reused"] is False and (path / NOTICE).is_file()
     load_checkpoint(path, device="cpu")  # the rewritten directory is a whole checkpoint
+
+
+def test_the_start_up_bench_on_the_cpu(tmp_path):
+    """benchmarks/startup_bench.py end to end on the tiny synthetic checkpoint: every case's SERVING and full
+    capacity, the cold start's first request, burst and steady requests, the bundle built by `compile` and
+    installed by a worker on empty caches (also under taskset), the baseline tree's warm start and the
+    frame-time loads of both, the summary and the table."""
+    out = tmp_path / "startup.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "startup_bench.py"), "--make-checkpoint", "tiny",
+                           "--device", "cpu", "--streams", "2", "--burst", "2", "--burst-frames", "3", "--frames", "2",
+                           "--single-requests", "2", "--cpus", "0", "--engine-arg=--fast-path", "--engine-arg=fast",
+                           "--baseline-tree", str(ROOT), "--skip-baseline-cold", "--work-dir", str(tmp_path / "w"),
+                           "--keep", str(tmp_path / "kept"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    cases = doc["cases"]
+    assert list(cases) == ["new-cold", "new-warm", "new-warm-cpus", "compile", "new-bundle", "new-bundle-cpus",
+                           "base-warm"]
+    assert doc["skipped"] == {"base-cold": "--skip-baseline-cold (base-warm uses this tree's warm caches)"}
+    for name, entry in cases.items():
+        assert "error" not in entry, (name, entry)
+        if name != "compile":
+            serving = entry["process_start_to_serving_s"]
+            assert 0 < serving <= entry["all_streams_admitted_s"] <= entry["full_capacity_s"] <= entry["case_s"]
+    assert cases["new-warm-cpus"]["cpus"] == "0" and cases["base-warm"]["tree"] == str(ROOT)
+    assert cases["compile"]["returncode"] == 0 and cases["compile"]["bundle_mb"] > 0
+    assert "compile bundle" in (tmp_path / "kept" / "worker-new-bundle.log").read_text()
+    cold = cases["new-cold"]
+    assert cold["first_request"]["ttfa_ms"] > 0 and cold["first_request"]["ratio"] > 0
+    assert cold["burst"]["requests"] == 2 and not cold["burst"]["errors"] and cold["burst"]["worker_rtf"]["max"] > 0
+    for name in ("new-warm", "base-warm"):
+        assert cases[name]["load"]["1"]["requests"] == 1 and cases[name]["load"]["1"]["ms_per_frame"] > 0
+    assert set(doc["summary"]["frame_time_new_over_base"]) == {"1"}
+    table = proc.stdout.strip().splitlines()
+    assert table[-1].startswith("frame time at 1 stream(s): new")
+    assert any(line.startswith("new-bundle-cpus") for line in table)
+
+
+def test_the_start_up_bench_skips_a_case_that_would_end_after_its_deadline(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("startup_bench", ROOT / "benchmarks" / "startup_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.argparse.Namespace(deadline_s=100.0, out=tmp_path / "s.json", keep=None, device="cpu", model=None,
+                                    streams=2, torch_logs="", burst=2, engine_arg=[], worker_arg=[], label="x",
+                                    frames=None, iterations=1, commit="c", cases=[], estimate={})
+    run = bench.Run(args, tmp_path)
+    run.t0 -= 50.0  # 50 s spent
+    assert run.fits("new-warm", "warm") is False  # a warm start is expected to take 90 s by default
+    why = json.loads(args.out.read_text())["skipped"]["new-warm"]
+    assert why.startswith("deadline: ") and "~90 s more expected, --deadline-s 100" in why
+    run.spent["warm"] = 20.0
+    assert run.fits("new-warm", "warm") is True
+    args.cases = ["new-cold"]
+    assert run.fits("new-warm", "warm") is False
+    assert json.loads(args.out.read_text())["skipped"]["new-warm"] == "not in --cases"

@@ -30,7 +30,7 @@ def request_to_pb(req: SynthesisRequest) -> synthesis_pb2.SynthesizeRequest:
         raise ValueError(f"encoding must be one of {sorted(ENCODINGS)}, not {req.encoding!r}")
     msg = synthesis_pb2.SynthesizeRequest(text=req.text, encoding=ENCODINGS[req.encoding],
                                           frames_per_chunk=req.frames_per_chunk, request_id=req.request_id or "")
-    for name in ("instruction", "cfg_scale", "seed", "max_frames"):
+    for name in ("instruction", "cfg_scale", "seed", "max_frames", "cfg_scale_reference", "cfg_scale_instruction"):
         value = getattr(req, name)
         if value is not None:
             setattr(msg, name, value)
@@ -59,14 +59,17 @@ def job_from_pb(m: synthesis_pb2.JobStarted, clock: ClockMapping) -> JobInfo:
         reference_id=m.reference_id, reference_seconds=p.reference_seconds,
         server_started_ns=clock.to_client(m.started_unix_ns), artifact_id=m.artifact_id,
         artifact_endpoint=m.artifact_endpoint,
-        server_received_ns=clock.to_client(m.received_unix_ns))
+        server_received_ns=clock.to_client(m.received_unix_ns),
+        cfg_scale_reference=p.cfg_scale_reference if p.HasField("cfg_scale_reference") else None,
+        cfg_scale_instruction=p.cfg_scale_instruction if p.HasField("cfg_scale_instruction") else None)
 
 
 def stats_from_pb(s: synthesis_pb2.JobStats) -> JobStats:
     st = s.stages
     return JobStats(frames=s.frames, audio_seconds=s.audio_seconds, wall_seconds=s.wall_seconds, rtf=s.rtf,
                     ttfa_s=s.ttfa_s, stages=StageTimes(st.text_encode_s, st.prefill_s, st.generate_s, st.codec_s),
-                    end_reason=_END_REASONS.get(s.end_reason, "unspecified"), nonfinite_events=s.nonfinite_events)
+                    end_reason=_END_REASONS.get(s.end_reason, "unspecified"), nonfinite_events=s.nonfinite_events,
+                    nonfinite_layer=s.nonfinite_layer)
 
 
 def artifact_from_pb(a: common_pb2.ArtifactInfo, clock: ClockMapping) -> ArtifactRef:
@@ -86,4 +89,5 @@ def worker_info_from_pb(m: synthesis_pb2.WorkerInfo) -> WorkerInfo:
                       sample_rate=m.sample_rate, artifact_endpoint=m.artifact_endpoint, ready=m.ready,
                       max_text_chars=m.max_text_chars, max_request_bytes=m.max_request_bytes, version=m.version,
                       artifact_store_degraded=m.artifact_store_degraded,
-                      artifact_disk_free_bytes=m.artifact_disk_free_bytes)
+                      artifact_disk_free_bytes=m.artifact_disk_free_bytes, max_active_streams=m.max_active_streams,
+                      ready_streams=m.ready_streams, startup_building=m.startup_building)

@@ -18,7 +18,7 @@ import zstandard
 
 from breeze_client import _convert, hostcpu
 from breeze_client.clock import ClockMapping
-from breeze_client.errors import IntegrityError, ProtocolError
+from breeze_client.errors import BreezeClientError, IntegrityError, ProtocolError, Unavailable, from_rpc_error
 from breeze_client.types import (
     AudioChunk,
     ChunkTiming,
@@ -78,6 +78,11 @@ class SynthesisReceiver:
     def done(self) -> bool:
         return self._finished is not None
 
+    @property
+    def audio_bytes(self) -> int:
+        """Every PCM byte received so far."""
+        return self._audio_bytes
+
     def result(self) -> SynthesisResult:
         if self.job is None or self._finished is None:
             raise ProtocolError("the Synthesize stream ended without its start or final message")
@@ -108,6 +113,21 @@ class StreamHandle:
     def _hang_up_unless_done(self) -> None:
         if not self._receiver.done:
             self._call.cancel()
+
+    def _error(self, err) -> BreezeClientError:
+        """The SDK error for a stream that failed (`err`: grpc.RpcError). Lost after its job started (the worker
+        died, drained past its grace, or the connection broke), it says what is gone and what to do."""
+        error = from_rpc_error(err)
+        job = self._receiver.job
+        if not isinstance(error, Unavailable) or job is None or self._receiver.done:
+            return error
+        width = 2 if job.encoding == "s16le" else 4
+        seconds = self._receiver.audio_bytes / (width * job.sample_rate) if job.sample_rate else 0.0
+        gone = f"the job and its artifact {job.artifact_id} are" if job.artifact_id else "the job is"
+        return Unavailable(
+            f"the worker was lost while job {job.job_id} streamed ({error.message}): {gone} gone (no artifact will "
+            f"be committed), and the {seconds:.1f} s of audio received are only its start. Synthesize again: a "
+            "fleet target sends the job to another worker")
 
     @property
     def job(self):

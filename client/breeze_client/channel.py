@@ -60,6 +60,31 @@ FLEET_SERVICE_CONFIG = json.dumps({
 })
 
 
+def _addresses(target: str) -> list[str]:
+    """The host:port addresses a gRPC target names (gRPC's syntax: a scheme it knows, else the whole target is
+    a DNS name with an optional port)."""
+    scheme, _, rest = target.partition(":")
+    if scheme == "dns":
+        return [rest[2:].partition("/")[2] if rest.startswith("//") else rest]  # dns://authority/host:port
+    if scheme in ("ipv4", "ipv6"):
+        return rest.split(",")
+    if scheme in ("unix", "unix-abstract", "vsock", "xds", "google-c2p"):
+        return []
+    return [target]
+
+
+def check_target(target: str, flag: str = "target") -> None:
+    """ValueError when an address of `target` names a port that is not a number from 1 to 65535 (gRPC would
+    dial another port: 66051 wraps to 515)."""
+    for address in _addresses(target):
+        if address.startswith("["):  # [IPv6]:port
+            port = address.partition("]")[2].removeprefix(":")
+        else:
+            port = address.rpartition(":")[2] if address.count(":") == 1 else ""
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"{flag} {target}: {port!r} is not a port; a port is a number from 1 to 65535")
+
+
 @dataclass(frozen=True)
 class ConnectionOptions:
     """How to reach a worker or a fleet: the same set on every SDK client and CLI subcommand."""
@@ -79,6 +104,9 @@ class ConnectionOptions:
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("a client certificate needs both --tls-cert and --tls-key")
+        check_target(self.target, "--target")
+        if self.artifact_target is not None:
+            check_target(self.artifact_target, "--artifact-target")
 
     @property
     def uses_tls(self) -> bool:

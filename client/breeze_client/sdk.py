@@ -59,7 +59,7 @@ class SynthesisStream(StreamHandle):
                 if isinstance(event, AudioChunk):
                     yield event
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+            raise self._error(err) from None
         finally:
             self._hang_up_unless_done()
         self._result = self._receiver.result()

@@ -43,6 +43,10 @@ class SynthesisRequest(_Dict):
     encoding: str = "s16le"  # s16le | f32le
     frames_per_chunk: int = 1
     request_id: str | None = None
+    # voice direction's two guidance scales (both or neither; with a reference, its transcript and an
+    # instruction, and without cfg_scale): u + reference * (clone - u) + instruction * (instruction prompt - u)
+    cfg_scale_reference: float | None = None
+    cfg_scale_instruction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class JobInfo(_Dict):
     artifact_id: str = ""  # the id the job's artifact gets once committed (fetchable after the job ends)
     artifact_endpoint: str = ""  # host:port of the Artifacts endpoint of the worker running the job (where to fetch)
     server_received_ns: int | None = None  # the request reached the worker's handler (mapped; None: not stamped)
+    cfg_scale_reference: float | None = None  # the two guidance scales used (None: cfg_scale or no guidance)
+    cfg_scale_instruction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,8 @@ class JobStats(_Dict):
     ttfa_s: float  # worker: job start -> first chunk emitted
     stages: StageTimes
     end_reason: str  # end_of_speech | frame_limit | cancelled | error
-    nonfinite_events: int
+    nonfinite_events: int  # frames recomputed at a safe precision after non-finite values (the stream went on)
+    nonfinite_layer: str = ""  # where the first of them overflowed ("" when none or unknown)
 
 
 @dataclass(frozen=True)
@@ -289,3 +296,6 @@ class WorkerInfo(_Dict):
     version: str
     artifact_store_degraded: str = ""  # why the worker's artifact store cannot write ("" while it can)
     artifact_disk_free_bytes: int = 0
+    max_active_streams: int = 0  # streams the worker is configured to decode at once (0: an older worker)
+    ready_streams: int = 0  # streams it admits now (fewer while its start-up builds the rest)
+    startup_building: str = ""  # what its start-up is building now ("" once everything is built)

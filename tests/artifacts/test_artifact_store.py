@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from breeze_worker.artifacts.dirlock import LOCK_NAME
 from breeze_worker.artifacts.store import ARTIFACT_ID_PATTERN, ArtifactStore
 from breeze_worker.config import ArtifactSettings
 from breeze_worker.engine.types import PcmEncoding
@@ -59,7 +60,7 @@ def test_ids_are_unguessable_and_nothing_half_written_is_visible(store):
         store.stat(w.artifact_id)  # still writing: not served
     for x in writers:
         x.abort()
-    assert os.listdir(store.directory) == []  # abort removed every temporary file
+    assert os.listdir(store.directory) == [LOCK_NAME]  # abort removed every temporary file
     with pytest.raises(RuntimeError):
         w.append(b"\0\0")
 
@@ -69,7 +70,7 @@ def test_writer_context_aborts_on_error(store):
         with store.begin("job-1", 24000, PcmEncoding.S16LE) as w:
             w.append(b"\0\0")
             raise ValueError("engine failed")
-    assert os.listdir(store.directory) == []
+    assert os.listdir(store.directory) == [LOCK_NAME]
     with pytest.raises(NotFound):
         store.stat(w.artifact_id)
 
@@ -94,7 +95,7 @@ def test_unknown_id_is_not_found_and_delete_removes_both_files(store):
     w.append(b"\0\0" * 4)
     info = w.commit()
     store.delete(info.artifact_id)
-    assert os.listdir(store.directory) == []
+    assert os.listdir(store.directory) == [LOCK_NAME]
     with pytest.raises(NotFound):
         store.delete(info.artifact_id)
 

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("device_run", "engine_bench", "concurrency_sweep", "kernel_check", "serve_smoke", "retrieval_bench",
-         "host_overhead", "serve_bench", "request_intake", "group_commit")
+         "host_overhead", "serve_bench", "request_intake", "group_commit", "guidance_cost", "t4_policy_check")
 META_KEYS = {"date", "commit", "gpu", "driver", "torch", "triton", "python"}
 
 
@@ -68,8 +68,8 @@ def test_host_overhead_serves_the_simulated_device_through_the_real_worker(tmp_p
 
 def test_request_intake_times_each_kind_of_the_mix_in_two_trees(tmp_path):
     """This checkout against itself as the other tree: every kind of the serve mix timed in both, the ratio of
-    their mix means reported. What each kind costs, and how close two runs of one tree come, are the tool's
-    figures (they move with the machine's load), not this test's verdict."""
+    their mix means reported. Only the figures' presence and arithmetic are checked: their values are timings,
+    which depend on how busy the machine is."""
     out = tmp_path / "intake.json"
     done = tool("request_intake", "--tree", str(ROOT), "--rounds", "1", "--calls", "20", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -77,11 +77,11 @@ def test_request_intake_times_each_kind_of_the_mix_in_two_trees(tmp_path):
     assert META_KEYS <= set(doc["meta"]) and doc["mix"] == ["plain", "cfg", "plain", "clone+cfg"]
     for name in ("this checkout", "other tree"):
         kinds = doc[name]["us_per_request"]
-        assert set(kinds) == {"plain", "cfg", "clone+cfg"} and all(us > 0 for us in kinds.values())
-        lo, hi = doc[name]["mix_mean_us_range"]
-        assert 0 < lo <= doc[name]["mix_mean_us"] <= hi
-    means = {name: doc[name]["mix_mean_us"] for name in ("this checkout", "other tree")}
-    assert doc["other_over_this"] == pytest.approx(means["other tree"] / means["this checkout"])
+        assert set(kinds) == {"plain", "cfg", "clone+cfg"} and all(v > 0 for v in kinds.values())
+        low, high = doc[name]["mix_mean_us_range"]
+        assert low <= doc[name]["mix_mean_us"] <= high
+    means = [doc[name]["mix_mean_us"] for name in ("other tree", "this checkout")]
+    assert doc["other_over_this"] == pytest.approx(means[0] / means[1])
     assert "other tree / this checkout" in done.stdout
 
 
@@ -155,10 +155,12 @@ def test_the_engine_sweep_runs_the_client_mix_with_clones_of_real_speech(tmp_pat
     """`breeze-worker bench --concurrency` with the serve bench's mix: every stream the given text, half with
     CFG, every 2nd from the first cloning an espeak-ng recording encoded as the worker encodes one; its
     length as soundfile reads the file (not our decoder) is what the JSON records."""
-    import soundfile
-    from host_tools import need_tool
+    import shutil
 
-    espeak = need_tool("espeak-ng")
+    import soundfile
+
+    espeak = shutil.which("espeak-ng")
+    assert espeak, "espeak-ng is not installed: apt-get install -y espeak-ng"
     reference, words = tmp_path / "reference.wav", "Please call Stella. Ask her to bring these things."
     subprocess.run([espeak, "-w", str(reference), words], check=True, timeout=60)
     out = tmp_path / "sweep.json"
@@ -193,3 +195,61 @@ def test_stream_requests_clone_the_cfg_streams_and_speak_one_text():
     assert {r.text for r in requests} == {"one text"} and sum(r.uses_cfg for r in requests) == 4
     with pytest.raises(ValueError):
         StreamMix(clone_every=2)
+
+
+def test_guidance_cost_measures_one_two_and_three_rows_in_each_tree(tmp_path):
+    """This checkout against itself as the other tree, on the tiny model: batch 1 with 1, 2 and 3 rows and a
+    burst whose direction streams take one guidance scale, then two, every request running all its frames; the
+    table comes last."""
+    out = tmp_path / "guidance.json"
+    done = tool("guidance_cost", "--device", "cpu", "--size", "tiny", "--frames", "3", "--repeats", "1",
+                "--streams", "4", "--tree", str(ROOT), "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert META_KEYS <= set(doc["meta"]) and (doc["streams"], doc["frames"]) == (4, 3)
+    for name in ("this checkout", "other tree"):
+        tree = doc[name]
+        assert tree["dual_cfg_served"] and not tree["timed_out"] and tree["returncode"] == 0
+        assert {k: v["rows"] for k, v in tree["batch1"].items()} == {"plain": 1, "cfg": 2, "dual": 3}
+        assert all(v["frames"] == 3 and v["ms_per_frame"] > 0 for v in tree["batch1"].values())
+        # 4 streams: direction (2 or 3 rows), plain, CFG (2), plain
+        assert {k: v["rows"] for k, v in tree["bursts"].items()} == {"single": 6, "dual": 7}
+        assert all(v["frames"] == [3] and v["aggregate_x_realtime"] > 0 for v in tree["bursts"].values())
+    assert not list(tmp_path.glob("part-*.json"))  # the children's partial files are gone
+    last = done.stdout.strip().splitlines()
+    assert last[0].startswith("guidance cost on cpu") and "batch 1 ms/frame, 3 rows (two scales)" in done.stdout
+    assert last[-1].startswith("other tree:")
+
+
+def test_the_t4_policy_check_runs_every_part_on_the_cpu(tmp_path):
+    """The GPU tool's smoke run on the tiny model (its times mean nothing here): the precision check of both
+    fp16-mixed forms, the half codec's SNR on the goldens and the model's codec, the engine and the codec timed
+    with each option, the doctor's projection; one JSON (to $OUT by default) and the table last."""
+    env_out = tmp_path / "out"
+    env_out.mkdir()
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "t4_policy_check.py"), "--device", "cpu",
+                           "--size", "tiny", "--frames", "3", "--streams", "1,2", "--codec-rows", "1,2",
+                           "--steps", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1",
+                               "OUT": str(env_out)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads((env_out / "t4_policy_check.json").read_text())
+    assert doc["schema"] == "breeze-t4-policy-check/1" and META_KEYS <= set(doc["meta"])
+    policies = doc["precision"]["policies"]
+    assert set(policies) == {"fp16-mixed", "fp16-mixed-kv16"}
+    assert "stored in FP16" in policies["fp16-mixed-kv16"]["recipe"]
+    assert all(p["summary"]["nonfinite"] == 0 for p in policies.values())
+    assert doc["precision"]["kv_ranges"]["key_max"] > 0
+    for part in ("goldens", "model_teacher_frames", "model_random_codes"):
+        assert doc["codec_snr"][part]["passes"], part
+    assert {(r["half_kv"], r["streams"]) for r in doc["engine"]["rows"]} == {(h, n) for h in (False, True)
+                                                                             for n in (1, 2)}
+    by_kv = {r["half_kv"]: r["backbone_cache_bytes_per_row_position"] for r in doc["engine"]["rows"]}
+    assert by_kv[False] == 2 * by_kv[True] and doc["engine"]["half_kv_refusal"] is None
+    assert all(v == 1.0 for v in doc["engine"]["identical_frames_fp16_vs_fp32_cache"].values())
+    assert {(r["precision"], r["rows"]) for r in doc["codec_time"]} == {(p, n) for p in ("fp32", "fp16-mixed")
+                                                                        for n in (1, 2)}
+    assert [o["option"] for o in doc["t4_projection"]][0] == "FP32 KV caches, FP32 codec"
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("T4 policy check on cpu") and lines[-1].startswith("  projected 16 GB T4, both")

@@ -5,11 +5,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from host_tools import need_tool
 
-from breeze_worker.model.codec import Codec, tiny_codec
+from breeze_worker.model.codec import Codec, load_codec, tiny_codec
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "codec_golden"
 
 SPEECH_TEXT = "Please call Stella. Ask her to bring these things with her from the store."
 
@@ -31,3 +34,16 @@ def speech_files(tmp_path_factory) -> dict[str, Path]:
     subprocess.run([sox, str(source), "-r", "16000", "-c", "2", str(files["stereo16k"])], check=True, timeout=60)
     subprocess.run([sox, str(source), "-r", "44100", "-c", "1", str(files["mono44k"])], check=True, timeout=60)
     return files
+
+
+@pytest.fixture(scope="module")
+def golden():
+    """The golden fixture's arrays (tests/fixtures/codec_golden, made by scripts/make_codec_golden.py)."""
+    return dict(np.load(GOLDEN / "golden.npz"))
+
+
+@pytest.fixture(scope="module")
+def golden_codec():
+    """The golden fixture's codec, loaded by our loader."""
+    torch.set_num_threads(1)
+    return load_codec(GOLDEN / "audio_tokenizer", device="cpu")

@@ -20,17 +20,6 @@ from breeze_worker.model.codec import load_codec, write_codec_checkpoint
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "codec_golden"
 
 
-@pytest.fixture(scope="module")
-def golden():
-    return dict(np.load(FIXTURE / "golden.npz"))
-
-
-@pytest.fixture(scope="module")
-def golden_codec():
-    torch.set_num_threads(1)
-    return load_codec(FIXTURE / "audio_tokenizer", device="cpu")
-
-
 def test_fixture_is_small():
     total = sum(p.stat().st_size for p in FIXTURE.rglob("*") if p.is_file())
     assert total < 1_000_000

@@ -55,7 +55,10 @@ def test_cpu_report_json_schema_and_nothing_left_behind(quiet_host, capsys):
     assert doc["model"]["bytes_per_frame"] == {"bf16": 12_957_329_408, "fp16-mixed": 13_029_756_928}
     verdict = doc["verdict"]
     assert "a T4, projected" in verdict["subject"] and verdict["policy"] == "fp16-mixed"
-    assert verdict["streams_within_rtf_target"] == 0 and verdict["stop"]["stop"] is True
+    assert verdict["streams_within_rtf_target"] == 0
+    # projected on the CPU: a lower bound decides nothing, so the report never says "reached" or "stop"
+    assert verdict["stop"]["stop"] is False and verdict["stop"]["state"] == "undecided"
+    assert verdict["stop"]["measured"] is False
     assert verdict["cost"]["price_per_hour"] == 0.526 and len(verdict["lines"]) >= 4
     assert [p["streams"] for p in verdict["batched"]] == [1, 2, 4, 8, 16, 32]
     classes = doc["projections"]["classes"]
@@ -70,6 +73,10 @@ def test_cpu_report_json_schema_and_nothing_left_behind(quiet_host, capsys):
     for probe in PROBES:
         assert f"  {probe}: no CUDA device" in out
     assert "T4         fp16-mixed" in out  # the class table
+    # the T4 before and after its 16-bit options, in the document and the text
+    options = doc["projections"]["t4_options"]
+    assert [r["slots"] for r in options] == [6, 13, 6, 13] and [r["streams_rtf_1"] for r in options] == [4, 8, 4, 8]
+    assert "projected for a 16 GB T4 (fp16-mixed), before and after the 16-bit options" in out
 
 
 def test_gpu_class_and_prices(quiet_host):

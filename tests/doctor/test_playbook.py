@@ -23,6 +23,15 @@ def test_the_playbook_table_is_the_doctors_projection():
     assert table == markdown_classes(rows)
 
 
+def test_the_playbook_t4_options_table_is_the_doctors_projection():
+    from breeze_worker.doctor.report import markdown_options, t4_options
+
+    text = PLAYBOOK.read_text()
+    start, end = "<!-- doctor:t4-options -->\n", "\n<!-- /doctor:t4-options -->"
+    table = text[text.index(start) + len(start):text.index(end)]
+    assert table == markdown_options(t4_options(config_for("full")))
+
+
 def test_every_worker_command_in_the_playbook_parses():
     """Each `breeze-worker ...` line the playbook tells a user to run is accepted by the real parser."""
     text = PLAYBOOK.read_text()

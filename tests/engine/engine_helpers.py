@@ -30,3 +30,24 @@ def spy_frames_by_seed(stepper, monkeypatch) -> dict[int, list]:
 
     monkeypatch.setattr(stepper, "step", spy)
     return recorded
+
+
+def run_schedule(stepper, schedule: dict[int, list], max_steps: int = 50):
+    """Step a batched stepper until every stream ended; `schedule` {step index: [(key, request), ...]} joins at
+    frame boundaries. Returns (frames per key, end reason per key, the rows each stream held at each step)."""
+    frames: dict = {}
+    ends: dict = {}
+    layouts: list[dict] = []
+    for n in range(max_steps):
+        if n in schedule:
+            assert stepper.join(schedule[n]) == {}
+        if not len(stepper) and n > max(schedule):
+            break
+        layouts.append({key: list(st.rows) for key, st in stepper._streams.items()})
+        for key, out in stepper.step().items():
+            assert out.error is None
+            if out.frame is not None:
+                frames.setdefault(key, []).append(out.frame)
+            if out.end_reason is not None:
+                ends[key] = out.end_reason
+    return frames, ends, layouts

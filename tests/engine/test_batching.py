@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import run_schedule
 
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper
@@ -47,18 +48,7 @@ def alone(model, requests):
 
 def _run(stepper, schedule: dict[int, list], max_steps: int = 50):
     """Step until every stream ended; `schedule` {step index: [(key, request), ...]} joins at boundaries."""
-    frames, ends = {}, {}
-    for n in range(max_steps):
-        if n in schedule:
-            assert stepper.join(schedule[n]) == {}
-        if not len(stepper) and n > max(schedule):
-            break
-        for key, out in stepper.step().items():
-            assert out.error is None
-            if out.frame is not None:
-                frames.setdefault(key, []).append(out.frame)
-            if out.end_reason is not None:
-                ends[key] = out.end_reason
+    frames, ends, _ = run_schedule(stepper, schedule, max_steps)
     return frames, ends
 
 
@@ -105,26 +95,6 @@ def test_a_stream_that_leaves_frees_its_slot_for_the_next_join(model, requests):
     assert stepper.join([("c", requests["c"])]) == {}
     assert set(stepper.step()) == {"b", "c"}
     assert stepper.stream_info("a")["generate_s"] > 0
-
-
-def test_a_stream_with_nonfinite_values_leaves_clean_rows_for_the_next_one(model, requests, alone,
-                                                                          nan_frame_embedding):
-    """A stream whose backbone step computed NaN (its frame embedding, at the second backbone step) ends with
-    NumericalError; the stream that takes its rows next gives its frames alone. Without the scrub of the
-    rows' caches (FrameStep.scrub) it failed too: its attention read the masked NaN slots."""
-    from breeze_worker.errors import NumericalError
-
-    stepper = BatchedStepper(model, 1, "cpu")
-    with nan_frame_embedding(model.lm, at=2):
-        assert stepper.join([("x", requests["a"])]) == {}
-        rows = list(stepper._streams["x"].rows)
-        errors = [out.error for _ in range(4) for out in stepper.step().values() if out.error is not None]
-    assert len(errors) == 1 and isinstance(errors[0], NumericalError) and len(stepper) == 0
-    assert stepper.stream_info("x")["nonfinite_events"] == 1
-    assert stepper.join([("a", requests["a"])]) == {} and stepper._streams["a"].rows == rows
-    frames, ends = _run(stepper, {0: []})
-    _assert_identical(frames, alone, "a")
-    assert ends["a"] is EndReason.FRAME_LIMIT
 
 
 def test_concurrency_sweep_measures_every_level_and_agreement(model):

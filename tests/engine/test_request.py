@@ -65,6 +65,45 @@ def test_non_positive_or_non_finite_cfg_scale(scale):
         resolve(instruction="warm", cfg_scale=scale)
 
 
+def test_two_guidance_scales_on_the_direction_template_take_three_branches(tiny):
+    r = resolve(tiny, REF, reference=WITH_AUDIO, instruction="warm", cfg_scale_reference=1.5,
+                cfg_scale_instruction=0.0)
+    assert r.template is Template.DIRECTION and r.dual_cfg and r.branches == 3 and r.uses_cfg
+    assert (r.cfg_scale, r.cfg_scale_reference, r.cfg_scale_instruction) == (1.0, 1.5, 0.0)
+    assert r.prompt is not None and len(r.prompt.layouts) == 3
+    single = resolve(tiny, REF, reference=WITH_AUDIO, instruction="warm", cfg_scale=2.0)
+    assert single.branches == 2 and not single.dual_cfg and single.cfg_scale_reference is None
+    assert resolve(tiny, REF, reference=WITH_AUDIO, instruction="warm").branches == 1
+
+
+DIRECTION = {"reference": WITH_AUDIO, "instruction": "warm"}
+
+
+@pytest.mark.parametrize("kwargs, reference, words", [
+    (dict(DIRECTION, cfg_scale_reference=1.5), REF, "cfg_scale_reference was set without cfg_scale_instruction"),
+    (dict(DIRECTION, cfg_scale_instruction=1.5), REF, "cfg_scale_instruction was set without cfg_scale_reference"),
+    (dict(DIRECTION, cfg_scale=2.0, cfg_scale_reference=1.5, cfg_scale_instruction=2.0), REF,
+     "set cfg_scale alone or the two scales without it"),
+    (dict(cfg_scale_reference=1.5, cfg_scale_instruction=2.0), None,
+     "this request is plain: add reference audio with its transcript and an instruction"),
+    (dict(instruction="warm", cfg_scale_reference=1.5, cfg_scale_instruction=2.0), None,
+     "this request is instruction: add reference audio with its transcript"),
+    (dict(reference=WITH_AUDIO, cfg_scale_reference=1.5, cfg_scale_instruction=2.0), REF,
+     "this request is clone: add an instruction"),
+    (dict(DIRECTION, cfg_scale_reference=-0.5, cfg_scale_instruction=2.0), REF, "cfg_scale_reference must be in"),
+    (dict(DIRECTION, cfg_scale_reference=1.0, cfg_scale_instruction=101.0), REF,
+     "cfg_scale_instruction must be in"),
+    (dict(DIRECTION, cfg_scale_reference=math.nan, cfg_scale_instruction=2.0), REF,
+     "cfg_scale_reference must be a finite number"),
+    (dict(DIRECTION, cfg_scale_reference=1.0, cfg_scale_instruction=True), REF,
+     "cfg_scale_instruction must be a finite number"),
+])
+def test_invalid_combinations_of_the_two_guidance_scales_say_which(tiny, kwargs, reference, words):
+    with pytest.raises(InvalidRequest) as info:
+        resolve(tiny, reference, **kwargs)
+    assert words in str(info.value)
+
+
 @pytest.mark.parametrize("text, match", [("", "empty"), ("   \n", "empty"), ("x" * 2001, "2001 characters"),
                                          ("a <|AUDIO|> b", "reserved marker"),
                                          ("\x00\x00\x00", "control character U\\+0000 at position 0"),
@@ -318,3 +357,16 @@ def test_reference_transcript_is_kept_exactly_and_blank_is_rejected(tiny):
     layout = build_prompt(tiny.tokenizer, positive_segments("clone", r.text, transcript=sent,
                                                             reference_frames=int(ref.codes.shape[0])))
     assert tiny.tokenizer.decode(list(layout.text_segments()[0])) == "<bos>[S0]" + sent
+
+
+@pytest.mark.parametrize("invisible", [
+    "\u200b", "\u200b\u200c\u200d\u2060\ufeff" * 20, "\u00a0\u3000\u200b", "\u0301\u0308", "\u2028\u200e"])
+@pytest.mark.parametrize("field", ["text", "instruction"])
+def test_a_text_without_a_visible_character_is_refused(invisible, field):
+    with pytest.raises(InvalidRequest, match=f"{field} has no visible character"):
+        resolve(**{field: invisible})
+
+
+@pytest.mark.parametrize("visible", ["\u200bhi\u200b", "\u4f60\u597d", "?", "\u2764", "e\u0301", "\u0661"])
+def test_a_text_with_a_visible_character_is_kept_as_it_is(visible):
+    assert resolve(text=visible).text == visible

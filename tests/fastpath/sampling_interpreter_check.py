@@ -67,16 +67,21 @@ def _case(kind: str, seed: int, vocab: int = 2051, extreme: bool = False) -> dic
     flags[7] = True  # a flag set earlier in the frame stays set
     keep = torch.zeros(rows, vocab, dtype=torch.int8)
     table = torch.randn(vocab, 24, generator=g)
-    cond_row = torch.arange(rows) * 2
-    uncond_row = torch.where(torch.arange(rows) % 3 == 0, cond_row, cond_row + 1)
-    next_out = torch.full((2 * rows + 1, 1, 24), 7.0)  # the last row belongs to no stream: left alone
+    # stream s owns rows from 3s: one row, a CFG pair, or three rows (two guidance scales), in turn
+    kind_of = torch.arange(rows) % 3
+    cond_row = torch.arange(rows) * 3
+    uncond_row = torch.where(kind_of == 0, cond_row, cond_row + 1 + (kind_of == 2).long())
+    ref_row = torch.where(kind_of == 2, cond_row + 1, uncond_row)
+    next_out = torch.full((3 * rows, 1, 24), 7.0)  # rows no stream owns are left alone
     codes = torch.zeros(rows, 4, dtype=torch.int64)
     code = fused_sampling.sample(logits, sampling, blocked, torch.log(noise), flags, keep_out=keep,
                                  out=codes[:, 2], next_table=table, next_out=next_out, cond_row=cond_row,
-                                 uncond_row=uncond_row)
+                                 uncond_row=uncond_row, ref_row=ref_row)
     want_next = table[code.clamp(0, vocab - 1)]
-    next_ok = (torch.equal(next_out[cond_row, 0], want_next) and torch.equal(next_out[uncond_row, 0], want_next)
-               and bool((next_out[-1] == 7.0).all()) and torch.equal(codes[:, 2], code)
+    owned = torch.zeros(3 * rows, dtype=torch.bool)
+    owned[torch.cat([cond_row, uncond_row, ref_row])] = True
+    next_ok = (all(torch.equal(next_out[r, 0], want_next) for r in (cond_row, uncond_row, ref_row))
+               and bool((next_out[~owned] == 7.0).all()) and torch.equal(codes[:, 2], code)
                and not codes[:, [0, 1, 3]].any())
 
     scaled, expected_keep = filter_rows(logits, sampling, blocked)

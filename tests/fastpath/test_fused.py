@@ -5,6 +5,8 @@ before Triton is imported, hence the subprocess; Triton is a dev dependency (pyp
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_check):
     cases = interpreter_check("fused_interpreter_check.py")
@@ -19,11 +21,32 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
 
 
 def test_depth_head_kernel_matches_its_torch_form_in_the_interpreter(interpreter_check):
-    """fused.depth_head (final norm, the codebook's head in FP32, CFG): CFG and plain streams, strided rows."""
+    """fused.depth_head (final norm, the codebook's head in FP32, CFG): CFG and plain streams, strided rows, and
+    streams with two guidance scales (a third row) beside them."""
     cases = interpreter_check("head_interpreter_check.py")
-    assert len(cases) == 4 and all(c["ok"] for c in cases)
+    assert len(cases) == 6 and all(c["ok"] for c in cases)
     assert any(c["strided"] for c in cases) and any(c["no_cfg_streams"] and c["cfg_streams"] for c in cases)
+    assert any(c["dual_streams"] and c["no_cfg_streams"] and c["cfg_streams"] > c["dual_streams"] for c in cases)
     assert max(c["err"] for c in cases if c["dtype"] == c["weights"] == "torch.float32") < 1e-5
+
+
+def test_depth_head_kernel_compiles_for_hopper():
+    """Triton's compiler (stricter than its interpreter) builds the depth head kernel for sm_90, its third-row
+    branch (two guidance scales) included, at the full-size depth width and a batch of streams."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from breeze_worker.engine.fastpath import fused_kernels
+
+    signature = {"x_ptr": "*bf16", "stride_x": "i32", "w_norm_ptr": "*bf16", "w_ptr": "*bf16", "cond_ptr": "*i64",
+                 "uncond_ptr": "*i64", "scale_ptr": "*fp32", "ref_ptr": "*i64", "ref_scale_ptr": "*fp32",
+                 "out_ptr": "*fp32", "H": "i32", "V": "i32", "eps": "fp32", "STREAMS": "constexpr",
+                 "BLOCK_V": "constexpr", "HP": "constexpr", "USE_PDL": "constexpr"}
+    source = ASTSource(fn=fused_kernels._depth_head_kernel, signature=signature,
+                       constexprs={"STREAMS": 4, "BLOCK_V": 8, "HP": 1024, "USE_PDL": True})
+    built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert "_depth_head_kernel" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000
 
 
 def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():

@@ -46,9 +46,9 @@ def test_sampling_kernel_compiles_for_hopper():
                  "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "log_noise_ptr": "*fp32", "stride_n": "i32",
                  "code_ptr": "*i64", "stride_code": "i32", "nonfinite_ptr": "*u8", "keep_ptr": "*i64",
                  "table_ptr": "*bf16", "stride_t": "i32", "next_ptr": "*bf16", "stride_next": "i32",
-                 "cond_ptr": "*i64", "uncond_ptr": "*i64", "H": "i32", "V": "i32", "VP": "constexpr",
-                 "VT": "constexpr", "WRITE_KEEP": "constexpr", "WRITE_NEXT": "constexpr", "HP": "constexpr",
-                 "USE_PDL": "constexpr"}
+                 "cond_ptr": "*i64", "uncond_ptr": "*i64", "ref_ptr": "*i64", "H": "i32", "V": "i32",
+                 "VP": "constexpr", "VT": "constexpr", "WRITE_KEEP": "constexpr", "WRITE_NEXT": "constexpr",
+                 "HP": "constexpr", "USE_PDL": "constexpr"}
     # 2051 classes as 2048 + 4 (fused_sampling.blocks), and a power of two (no tail block)
     for (head, tail), extras in [(fused_sampling.blocks(vocab), extras) for vocab in (2051, 2048)
                                  for extras in (True, False)]:

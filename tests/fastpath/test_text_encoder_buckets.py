@@ -67,7 +67,8 @@ def test_a_long_segment_leaves_the_short_ones_in_their_bucket():
 
 
 def test_a_request_brings_at_most_max_text_segments(model):
-    """The start-up capture sizes joins by MAX_TEXT_SEGMENTS per request: every template, CFG on and off."""
+    """The start-up capture sizes joins by MAX_TEXT_SEGMENTS per request: every template, CFG on and off, and
+    the direction template with two guidance scales."""
     reference = ResolvedReference(reference_id="ref-" + "0" * 32, transcript="a reference line",
                                   codes=torch.zeros((3, 16), dtype=torch.int64).numpy(), seconds=0.24)
     counts = []
@@ -80,4 +81,7 @@ def test_a_request_brings_at_most_max_text_segments(model):
             except ValueError:  # CFG on a template without a negative prompt
                 continue
             counts.append(sum(len(layout.text_segments()) for layout in laid.layouts))
-    assert max(counts) == MAX_TEXT_SEGMENTS
+    dual = lay_out(model.tokenizer, Template.DIRECTION, "some text", "calmly", reference, True, dual=True)
+    assert len(dual.layouts) == 3
+    counts.append(sum(len(layout.text_segments()) for layout in dual.layouts))
+    assert max(counts) == MAX_TEXT_SEGMENTS == counts[-1]

@@ -32,3 +32,20 @@ def release_device_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
+
+
+def fp32_mid_model(device: torch.device, capacity: int):
+    """The suite's mid-size model (full widths, few layers; seeded random weights) in FP32 with `capacity`
+    backbone slots and end of speech masked, for a module-scoped fixture (it yields the model, then frees it)."""
+    from dataclasses import replace
+
+    from breeze_worker.bench.models import random_model
+    from breeze_worker.bench.runner import mask_end_of_speech
+    from breeze_worker.engine.precision import make_policy
+
+    model = random_model("mid", 1234, device, make_policy("fp32", "GPU suite"), with_codec=False)
+    model.generation_defaults = replace(model.generation_defaults, max_sequence=capacity)
+    mask_end_of_speech(model)
+    yield model
+    del model
+    release_device_memory()

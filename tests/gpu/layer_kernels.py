@@ -7,7 +7,8 @@ model's own layers (model/lm) as their reference.
 - the backbone's layer step (the `fused+chain+all` kernels around the attention: norm + q/k/v, q/k norm +
   RoPE + a write at each row's own slot, attention, output projection, the MLP), a prompt then single steps,
   each row at its own RoPE position and cache slot;
-- a depth position's logits (`depth_head`: final norm, the codebook's head in FP32, CFG).
+- a depth position's logits (`depth_head`: final norm, the codebook's head in FP32, CFG over two or three
+  rows).
 
 The reference is the model's `DecoderLayer` over all positions at once with a causal mask (no cache), in the
 layer's dtype, and again in FP32 on the same (rounded) weights; errors are of what the layers add to their
@@ -203,25 +204,29 @@ def check_backbone(layers: list[Layer], rows: int, prompt: int, steps: int, slot
 
 
 def check_depth_head(hidden: int, vocab: int, dtype: torch.dtype, device: torch.device, seed: int) -> dict:
-    """`depth_head` (final norm, FP32 head, CFG) on 3 streams over 5 rows (two CFG pairs, one plain stream;
-    the rows a strided view, as the step hands them) vs float64 arithmetic on the same rounded values."""
+    """`depth_head` (final norm, FP32 head, CFG) on 4 streams over 8 rows (two CFG pairs, one plain stream, one
+    with two guidance scales over three rows; the rows a strided view, as the step hands them) vs float64
+    arithmetic on the same rounded values."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    x_all = torch.randn(5, 2, hidden, generator=generator, device=device).to(dtype)
+    x_all = torch.randn(8, 2, hidden, generator=generator, device=device).to(dtype)
     x = x_all[:, -1]  # [R, H], row stride 2 * hidden
     w_norm = (1.0 + 0.1 * torch.randn(hidden, generator=generator, device=device)).to(dtype)
     head = (0.05 * torch.randn(hidden, vocab, generator=generator, device=device)).to(dtype).contiguous()
-    cond = torch.tensor([0, 2, 4], device=device)
-    uncond = torch.tensor([1, 3, 4], device=device)
-    scale = torch.tensor([2.0, 1.5, 1.0], device=device)
+    cond = torch.tensor([0, 2, 4, 5], device=device)
+    uncond = torch.tensor([1, 3, 4, 7], device=device)
+    scale = torch.tensor([2.0, 1.5, 1.0, 2.5], device=device)
+    ref = torch.tensor([1, 3, 4, 6], device=device)  # the third row of stream 3; the others have none
+    ref_scale = torch.tensor([0.0, 0.0, 0.0, 1.25], device=device)
     eps = 1e-5
     with torch.no_grad():
-        got = fused.depth_head(x, w_norm, eps, head, cond, uncond, scale)
+        got = fused.depth_head(x, w_norm, eps, head, cond, uncond, scale, ref_row=ref, ref_scale=ref_scale)
         xd = x.double()
         normed = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)).float() * w_norm.float()
         logits = normed.to(dtype).double() @ head.double()  # the product's input rounded as the kernel rounds it
-        want = logits[uncond] + scale.double()[:, None] * (logits[cond] - logits[uncond])
+        want = (logits[uncond] + ref_scale.double()[:, None] * (logits[ref] - logits[uncond])
+                + scale.double()[:, None] * (logits[cond] - logits[uncond]))
     return {"error": relative_error(got, want), "finite": bool(torch.isfinite(got).all()),
-            "shape_ok": tuple(got.shape) == (3, vocab) and got.dtype == torch.float32}
+            "shape_ok": tuple(got.shape) == (4, vocab) and got.dtype == torch.float32}
 
 
 def relative_error(test: torch.Tensor, ref: torch.Tensor) -> float:

@@ -1,6 +1,6 @@
 """The codec's graphed streaming step on the GPU against the same step run eagerly and against the codec's
-own streaming decode (the full-size decoder, seeded random weights, true FP32 convolutions as the worker's
-default).
+own streaming decode (the full-size decoder, seeded random weights, strict FP32 convolutions; the worker's
+default, TF32 where the device has it, is compared with them by the last test).
 
 Per slot bucket: the CUDA graph's replay gives the eager step's audio at the same width bit for bit (the graph
 captures what the step runs, each convolution in the form tuned for that bucket); against the codec's own

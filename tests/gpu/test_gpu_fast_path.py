@@ -14,18 +14,14 @@ compile), seeded random weights, FP32, end of speech masked, 12 frames:
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
-from gpu_support import release_device_memory
+from gpu_support import fp32_mid_model
 
-from breeze_worker.bench.models import random_model
-from breeze_worker.bench.runner import make_request, mask_end_of_speech
+from breeze_worker.bench.runner import make_request
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
-from breeze_worker.engine.precision import make_policy
 from breeze_worker.engine.types import EndReason
 
 pytestmark = pytest.mark.gpu
@@ -36,12 +32,7 @@ CAPACITY = 256  # backbone slots: the prompt and the frames fit; one attention b
 
 @pytest.fixture(scope="module")
 def mid_model(cuda):
-    model = random_model("mid", 1234, cuda, make_policy("fp32", "GPU suite"), with_codec=False)
-    model.generation_defaults = replace(model.generation_defaults, max_sequence=CAPACITY)
-    mask_end_of_speech(model)
-    yield model
-    del model
-    release_device_memory()
+    yield from fp32_mid_model(cuda, CAPACITY)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The bf16 and fp16-mixed fast paths against the FP32 eager path on the full-size model (issue 25, item 6).
+"""The bf16 and fp16-mixed fast paths against the FP32 eager path on the full-size model.
 
 Measured by tests/gpu/policy_agreement.py (its docstring says what each figure is) on the full-size
 architecture with seeded random weights, CFG on, 12 greedy frames and 200 sampling seeds; the figures go to

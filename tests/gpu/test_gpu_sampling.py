@@ -1,5 +1,5 @@
 """Sampling on the GPU: the Triton sampling kernel against the torch sampler, and no sampler ever drawing a
-token its filters cut or a reserved id (issue 25).
+token its filters cut or a reserved id.
 
 - The kernel (engine/fastpath/fused_sampling.py, the committed launch plan) keeps exactly the torch sampler's
   token set and draws its codes (engine/sampling.py `filter_rows` / `sample_rows`), flags non-finite rows,

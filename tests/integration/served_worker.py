@@ -1,6 +1,6 @@
 """`breeze-worker serve` as a subprocess on loopback, for tests that look at it from outside (its log, its ports).
 
-    with ServedWorker(tmp_path, "--log-format", "json", "--token", "T") as worker:
+    with ServedWorker(tmp_path, "--log-format", "json", "--token", "a-test-token-of-16-chars") as worker:
         worker.target, worker.artifact_target, worker.metrics_port, worker.stderr_text()
 """
 

@@ -11,11 +11,13 @@ import re
 
 import grpc
 import pytest
-from worker_helpers import MAX_REQUEST_BYTES, assert_still_serving
+from worker_helpers import MAX_REQUEST_BYTES, assert_still_serving, tone_wav
 
 from breeze_client.errors import InvalidArgument, NotFound, RequestTooLarge
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
 from breeze_worker.transport.server import receive_cap
+
+_TONE = tone_wav(1.2)  # a reference clip: audio in every frame, not speech
 
 CASES = {
     "empty text": (dict(text=""), "text"),
@@ -29,6 +31,16 @@ CASES = {
     "cfg_scale NaN": (dict(text="Hi.", instruction="Speak softly.", cfg_scale=math.nan), "cfg_scale"),
     "cfg_scale unusable for the plain template": (dict(text="Hi.", cfg_scale=2.0), "cfg_scale"),
     "malformed reference id": (dict(text="Hi.", reference_id="ref-does-not-exist"), "ref-"),
+    "one of the two guidance scales": (dict(text="Hi.", instruction="Speak softly.", cfg_scale_reference=1.5),
+                                       "cfg_scale_reference was set without cfg_scale_instruction"),
+    "two guidance scales without a reference": (dict(text="Hi.", instruction="Speak softly.", cfg_scale_reference=1.5,
+                                                     cfg_scale_instruction=2.0), "add reference audio"),
+    "two guidance scales beside cfg_scale": (dict(text="Hi.", instruction="Speak softly.", cfg_scale=2.0,
+                                                  cfg_scale_reference=1.5, cfg_scale_instruction=2.0),
+                                             "set cfg_scale alone or the two scales without it"),
+    "a guidance scale out of range": (dict(text="Hi.", instruction="Speak softly.", reference_audio=_TONE,
+                                           reference_text="a steady tone", cfg_scale_reference=1.5,
+                                           cfg_scale_instruction=-1.0), "cfg_scale_instruction must be in [0, 100]"),
 }
 NOT_FOUND_CASES = {
     "unknown reference id": (dict(text="Hi.", reference_id="ref-" + "0" * 32), "reference"),
@@ -88,4 +100,16 @@ def test_a_request_past_grpcs_hard_cap_still_says_what_to_change(client):
         client.synthesize("Hi.", reference_audio=b"\0" * (receive_cap(MAX_REQUEST_BYTES) + 1000),
                           reference_text="words")
     assert "larger than max" in info.value.message and "shorter reference" in info.value.message
+    assert_still_serving(client)
+
+
+def test_a_client_built_from_the_proto_alone_reads_which_guidance_scale_is_missing(worker, client):
+    """The two scales are fields of SynthesizeRequest: a plain gRPC client setting one gets INVALID_ARGUMENT
+    naming the other."""
+    request = synthesis_pb2.SynthesizeRequest(text="Hi.", instruction="Speak softly.", cfg_scale_instruction=2.0)
+    with grpc.insecure_channel(worker.target) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            list(synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(request, timeout=60))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "cfg_scale_instruction was set without cfg_scale_reference" in info.value.details()
     assert_still_serving(client)

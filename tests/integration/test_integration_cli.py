@@ -96,6 +96,28 @@ def test_a_failed_call_exits_non_zero_with_status_and_message(served):
     assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr
 
 
+def test_synth_with_two_guidance_scales(served, tmp_path):
+    """Voice direction's two scales as flags: the job reports them; one of them alone is refused, naming the
+    other, and the command exits non-zero."""
+    _, target, _, _, _ = served
+    reference = tmp_path / "tone.wav"
+    t = np.arange(round(1.2 * 24000)) / 24000
+    sf.write(reference, (0.4 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 24000)
+    common = ("--ref-audio", str(reference), "--ref-text", "a steady tone", "--instruction", "calm and slow",
+              "--max-frames", "3", "--seed", "4", "--target", target)
+    synth = _client("synth", "Directed.", *common, "--cfg-scale-reference", "1.5", "--cfg-scale-instruction", "2",
+                    "--json")
+    assert synth.returncode == 0, synth.stderr
+    job = json.loads(synth.stdout)["job"]
+    assert job["template"] == "direction" and job["cfg_scale"] == 1.0
+    assert (job["cfg_scale_reference"], job["cfg_scale_instruction"]) == (1.5, 2.0)
+    human = _client("synth", "Directed.", *common, "--cfg-scale-reference", "0", "--cfg-scale-instruction", "3")
+    assert human.returncode == 0 and "guidance: reference 0, instruction 3" in human.stdout, human.stderr
+    alone = _client("synth", "Directed.", *common, "--cfg-scale-reference", "1.5")
+    assert alone.returncode != 0 and "INVALID_ARGUMENT" in alone.stderr
+    assert "cfg_scale_reference was set without cfg_scale_instruction" in alone.stderr
+
+
 def _interruptible() -> None:
     """Ctrl-C's default disposition in the client, as in a terminal: a test run started as a background job of
     a non-interactive shell ignores SIGINT, and children inherit that (Python then installs no handler)."""

@@ -22,7 +22,7 @@ from breeze_client.errors import InvalidArgument
 from breeze_client.sdk import BreezeClient
 from breeze_tts_proto.v1 import synthesis_pb2
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-for-the-tests"
 FORGED = "evil\n2026-01-01 00:00:00,000 ERROR breeze_worker.serve forged record"
 SYNTHESIZE = "/breeze.tts.v1.Synthesis/Synthesize"
 STAT = "/breeze.tts.v1.Artifacts/Stat"

@@ -7,6 +7,7 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
+from worker_helpers import tone_wav
 
 from breeze_client.aio import AsyncBreezeClient
 from breeze_client.wav import wav_header
@@ -74,6 +75,24 @@ def test_reference_audio_is_held_under_an_id_that_later_requests_can_name(client
     assert cloned.job.template == "clone" and ref_id and cloned.job.reference_seconds > 0
     again = client.synthesize("And once more.", reference_id=ref_id, max_frames=3, seed=5)
     assert again.job.reference_id == ref_id and again.job.template == "clone"
+
+
+def test_voice_direction_with_two_guidance_scales_streams_and_reports_them(client):
+    """The SDK's two keywords reach the engine; the start message reports the scales it used, the stream and
+    the artifact hold the same audio."""
+    stream = client.stream("Directed now.", reference_audio=tone_wav(1.2), reference_text="a steady tone",
+                           instruction="calm and slow", cfg_scale_reference=1.5, cfg_scale_instruction=2.0,
+                           max_frames=4, seed=6)
+    chunks = list(stream)
+    result = stream.result
+    job = result.job
+    assert job.template == "direction" and job.cfg_scale == 1.0
+    assert (job.cfg_scale_reference, job.cfg_scale_instruction) == (1.5, 2.0)
+    assert result.stats.frames == 4 and b"".join(c.pcm for c in chunks) == result.audio
+    assert _wav_data(client.fetch(result.artifact).data, "s16le") == result.audio
+    single = client.synthesize("Directed now.", reference_id=job.reference_id, instruction="calm and slow",
+                               cfg_scale=2.0, max_frames=2, seed=6).job
+    assert single.cfg_scale == 2.0 and single.cfg_scale_reference is None and single.cfg_scale_instruction is None
 
 
 async def test_asyncio_client_streams_and_fetches(worker):

@@ -92,6 +92,17 @@ def test_direction_prompt_and_its_negative_is_the_clone_prompt(tiny):
     assert len(pos) > len(neg)
 
 
+def test_two_scale_guidance_branches_are_the_instruction_clone_and_plain_prompts():
+    args = ("hello", "calm", "ref words", 4)
+    ins, ref, uncond = prompts.dual_segments(prompts.DIRECTION, *args)
+    assert ins == prompts.positive_segments(prompts.INSTRUCTION, "hello", "calm")
+    assert ref == prompts.negative_segments(prompts.DIRECTION, *args)  # the clone prompt
+    assert uncond == prompts.positive_segments(prompts.PLAIN, "hello")
+    for template in (prompts.PLAIN, prompts.INSTRUCTION, prompts.CLONE):
+        with pytest.raises(ValueError, match="direction template"):
+            prompts.dual_segments(template, *args)
+
+
 def test_audio_markers_in_text_are_caught(tiny):
     assert prompts.reserved_markers_in("a <|AUDIO|> b") == ["<|AUDIO|>"]
     with pytest.raises(ValueError, match="audio marker"):

@@ -71,7 +71,9 @@ def test_cli_json_schema(tmp_path, tiny_lm, monkeypatch):
     doc = json.loads(out.read_text())
     assert doc["schema"] == "breeze-precision-check/1" and doc["frames"] == 2 and doc["top_k"] == 50
     assert {"device", "model", "reference", "cfg", "seed", "teacher"} <= set(doc["meta"])
-    assert [p["policy"] for p in doc["policies"]] == ["fp32", "bf16", "fp16-mixed", "fp16"]
+    assert [p["policy"] for p in doc["policies"]] == ["fp32", "bf16", "fp16-mixed", "fp16-mixed-kv16", "fp16"]
+    ranges = doc["kv_ranges"]  # reported with the kv16 policy
+    assert len(ranges["per_layer"]) == 2 and ranges["fp16_limit"] == 65504.0
     for p in doc["policies"]:
         assert {"policy", "applied", "emulated", "note", "kept_fp32", "recipe", "error", "summary", "per_step",
                 "per_codebook"} <= set(p)
@@ -146,3 +148,39 @@ def test_cli_massive_activation_shows_where_plain_fp16_overflows(tmp_path, monke
 def test_cli_massive_activation_must_be_positive(capsys):
     assert worker_main(["precision-check", "--device", "cpu", "--massive-activation", "0"]) == 2
     assert "--massive-activation must be positive" in capsys.readouterr().err
+
+
+def test_kv16_stores_the_backbone_cache_in_fp16_and_the_keys_stay_under_their_norm_bound(tiny_lm):
+    """fp16-mixed-kv16 rounds every backbone key and value to FP16 (model/lm/layers.py RoundingKVCache) and
+    agrees with FP32 about as well as fp16-mixed; the FP32 reference's largest key per layer is under the bound
+    the q/k norm puts on it (sqrt(head_dim) x the largest k-norm gain), a bound derived, not fitted."""
+    request = make_request(tiny_lm, "hello there world", True, 3, 5)
+    result = precision_check(tiny_lm, request, ["fp16-mixed", "fp16-mixed-kv16"])
+    by = {p["policy"]: p for p in result["policies"]}
+    kv16 = by["fp16-mixed-kv16"]
+    assert kv16["applied"] and not kv16["emulated"] and "stored in FP16" in kv16["recipe"]
+    assert kv16["summary"]["nonfinite"] == 0 and kv16["summary"]["top1_agreement"] >= 0.95
+    assert kv16["summary"]["kl_mean"] < 10 * by["fp16-mixed"]["summary"]["kl_mean"] + 1e-6
+    ranges = result["kv_ranges"]
+    for layer in ranges["per_layer"]:
+        assert 0.0 < layer["key_max"] <= layer["key_bound"] and layer["value_max"] > 0.0
+    assert ranges["key_max"] < 65504.0 and ranges["value_max"] < 65504.0
+
+
+def test_cli_codec_check(tmp_path, monkeypatch, capsys):
+    """`precision-check --codec` decodes the teacher frames with the codec in FP32 and fp16-mixed, both ways."""
+    from breeze_worker.model.tiny import tiny_model
+
+    model = tiny_model(seed=0)  # with its codec
+    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: model)
+    out = tmp_path / "precision.json"
+    assert worker_main(["precision-check", "--device", "cpu", "--frames", "3", "--policies", "fp16-mixed",
+                        "--codec", "--json", str(out)]) == 0
+    codec = json.loads(out.read_text())["codec"]
+    assert codec["frames"] == 3 and codec["rows"] == 1 and codec["threshold_db"] == 40.0
+    assert codec["passes"] and codec["min_snr_db"] >= 40.0
+    assert "codec fp16-mixed vs fp32 (3 frames" in capsys.readouterr().out
+    assert model.codec.precision == "fp32"  # the check decodes with a copy
+    no_codec = tiny_model(seed=0, with_codec=False)
+    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: no_codec)
+    assert worker_main(["precision-check", "--device", "cpu", "--frames", "2", "--codec"]) == 2

@@ -84,13 +84,17 @@ class ServedWorker:
     def artifact_target(self) -> str:
         return f"{self.host}:{self.artifact_port}"
 
+    def command(self) -> list[str]:
+        """The worker's command line."""
+        return [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--host", self.host,
+                "--metrics-host", "127.0.0.1", "--port", str(self.port),
+                "--artifact-port", str(self.artifact_port), "--artifact-dir", str(self.artifact_dir),
+                "--metrics-port", str(self.metrics_port), *self.args]
+
     def start(self, timeout_s: float = 180) -> ServedWorker:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "breeze_worker.cli", "serve", "--device", "cpu", "--host", self.host,
-             "--metrics-host", "127.0.0.1", "--port", str(self.port),
-             "--artifact-port", str(self.artifact_port), "--artifact-dir", str(self.artifact_dir),
-             "--metrics-port", str(self.metrics_port), *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE if self.stderr is None else self.stderr, text=True, env=ENV)
+            self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE if self.stderr is None else self.stderr,
+            text=True, env=ENV)
         log = self.log
         if self.stderr is not None:
             os.close(self.stderr)  # the worker has its copy: the pipe ends when it exits

@@ -1,6 +1,6 @@
 """Admission before work: reference audio is decoded only once its request holds an engine slot, and its
 container header is checked before anything is decoded. A real worker (one slot, one queue place) on real
-ports; the hostile file of issue 26 (a FLAC of 8 channels at 655 350 Hz, within the duration limit)."""
+ports; a hostile file (a FLAC of 8 channels at 655 350 Hz, within the duration limit)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Soak with faults (bounded: a few minutes on 2 cores, the tiny default model): mixed plain / CFG / clone jobs
-with random cancels against a real worker process on a small tmpfs, a kill -9 mid-write, a disk that fills
-mid-write (from outside the worker), a kill -9 mid-fetch, restarts on the same address and directory. At
-the end every artifact the worker reported is fetched and checked against its SHA-256 and the audio its job
-streamed; no cancelled or killed job's artifact id ever appears; the figures are printed (lost must be 0)."""
+"""Soak with faults, bounded for CI (well under a minute on 2 cores, the tiny default model): mixed plain / CFG /
+clone jobs with random cancels against a real worker process on a small tmpfs, a disk that fills mid-write (from
+outside the worker), one kill -9 while jobs write and a fetch is mid-stream, a restart on the same address and
+directory. At the end every artifact the worker reported is fetched and checked against its SHA-256 and the audio
+its job streamed; no cancelled or killed job's artifact id ever appears; the figures are printed (lost must be
+0)."""
 
 from __future__ import annotations
 
@@ -135,21 +136,6 @@ def _check_fetch(client: BreezeClient, job: Job, **fetch_options) -> int:
     return fetched.resumes
 
 
-def _kill_mid_write(worker: ServedWorker, client: BreezeClient, ledger: Ledger, rng: random.Random) -> list[str]:
-    runs = [StreamInThread(client, f"Killed mid-write {i}.", max_frames=400, seed=900 + i, temperature=0.0)
-            for i in range(2)]
-    for run in runs:
-        run.wait_for(3)
-    killed = [run.job.artifact_id for run in runs]
-    worker.kill9()
-    for run in runs:
-        run.finish()
-        assert run.error is not None and run.error.code == "UNAVAILABLE"
-        ledger.jobs.append(Job(len(ledger.jobs), "plain", "s16le", None, run.job.artifact_id, "error:UNAVAILABLE"))
-    ledger.faults.append("kill -9 mid-write")
-    return killed
-
-
 def _fill_mid_write(disk, worker: ServedWorker, client: BreezeClient, ledger: Ledger) -> None:
     runs = [StreamInThread(client, f"Writing when the disk fills {i}.", max_frames=30, seed=950 + i,
                            temperature=0.0) for i in range(3)]
@@ -186,17 +172,18 @@ class _PausedSink(io.BytesIO):
         return super().write(data)
 
 
-def _kill_mid_fetch(worker: ServedWorker, ledger: Ledger) -> int:
-    """A 1.5 MB artifact fetched in 16 KiB chunks over a channel whose window stays at 64 KiB (so the worker is
-    still sending); the worker is killed and restarted; the SDK resumes and verifies the whole file."""
-    with BreezeClient(worker.target, timeout_s=300) as client:
-        big = StreamInThread(client, "A big artifact to fetch.", max_frames=200, seed=990, temperature=0.0,
-                             encoding="f32le")
-        result = big.finish()
-        assert result.artifact is not None, result.artifact_unavailable
-        job = Job(len(ledger.jobs), "plain", "f32le", None, result.artifact.artifact_id, "artifact",
-                  bytes(big.audio), result.artifact.sha256, result.artifact.size_bytes)
-        ledger.jobs.append(job)
+def _kill_mid_write_and_fetch(worker: ServedWorker, client: BreezeClient, ledger: Ledger) -> tuple[list[str], int]:
+    """One kill -9 while two jobs write their artifacts and a fetch is mid-stream; then a restart on the same ports
+    and directory. The jobs end with UNAVAILABLE and their artifacts never appear; the restart sweeps their temp
+    files; the fetch (16 KiB chunks over a channel whose window stays at 64 KiB, its destination holding its first
+    write until the kill, so the worker is surely still sending) resumes and verifies the whole file."""
+    big = StreamInThread(client, "An artifact to fetch across a crash.", max_frames=60, seed=990, temperature=0.0,
+                         encoding="f32le")
+    result = big.finish()
+    assert result.artifact is not None, result.artifact_unavailable
+    job = Job(len(ledger.jobs), "plain", "f32le", None, result.artifact.artifact_id, "artifact", bytes(big.audio),
+              result.artifact.sha256, result.artifact.size_bytes)
+    ledger.jobs.append(job)
     slow = BreezeClient(worker.target, timeout_s=300, extra_options=(("grpc.http2.bdp_probe", 0),))
     sink, outcome = _PausedSink(), {}
 
@@ -209,18 +196,28 @@ def _kill_mid_fetch(worker: ServedWorker, ledger: Ledger) -> int:
 
     fetching = threading.Thread(target=fetch, daemon=True)
     fetching.start()
+    runs = [StreamInThread(client, f"Killed mid-write {i}.", max_frames=400, seed=900 + i, temperature=0.0)
+            for i in range(2)]
+    for run in runs:
+        run.wait_for(3)
     assert sink.first.wait(60)
+    killed = [run.job.artifact_id for run in runs]
     worker.kill9()
     sink.go.set()
-    worker.start()
+    for run in runs:
+        run.finish()
+        assert run.error is not None and run.error.code == "UNAVAILABLE"
+        ledger.jobs.append(Job(len(ledger.jobs), "plain", "s16le", None, run.job.artifact_id, "error:UNAVAILABLE"))
+    worker.start()  # the same ports and directory
+    assert worker.wait_logged("removed 2 unfinished artifact file(s)")
     fetching.join(180)
     slow.close()
     assert "error" not in outcome, outcome.get("error")
     fetched = outcome["result"]
     data = sink.getvalue()
     assert fetched.verified and hashlib.sha256(data).hexdigest() == job.sha256 and data.endswith(job.audio)
-    ledger.faults.append("kill -9 mid-fetch")
-    return fetched.resumes
+    ledger.faults += ["kill -9 mid-write and mid-fetch", "restart"]
+    return killed, fetched.resumes
 
 
 def test_soak_with_crashes_a_full_disk_and_cancels(tmp_path, capsys):
@@ -233,16 +230,10 @@ def test_soak_with_crashes_a_full_disk_and_cancels(tmp_path, capsys):
                               "0").start()
         try:
             client = BreezeClient(worker.target, timeout_s=300, artifact_target=worker.artifact_target)
-            _phase(client, ledger, rng, 12)
-            killed = _kill_mid_write(worker, client, ledger, rng)
-            worker.start()  # the same ports and directory
-            assert worker.wait_logged("removed 2 unfinished artifact file(s)")
-            ledger.faults.append("restart")
-            _phase(client, ledger, rng, 12)
-            _fill_mid_write(disk, worker, client, ledger)
             _phase(client, ledger, rng, 9)
-            resumes = _kill_mid_fetch(worker, ledger)
-            ledger.faults.append("restart")
+            _fill_mid_write(disk, worker, client, ledger)
+            _phase(client, ledger, rng, 6)
+            killed, resumes = _kill_mid_write_and_fetch(worker, client, ledger)
             _phase(client, ledger, rng, 6)
 
             verified = 0

@@ -7,7 +7,7 @@ import grpc
 import pytest
 from fake_engine import FakeEngine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from transport_helpers import worker_settings
+from transport_helpers import TOKEN, worker_settings
 
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.transport.server import create_server
@@ -57,13 +57,13 @@ async def test_wrapped_handlers_still_answer(fake_worker):
 
 
 async def test_the_token_check_refuses_unknown_methods_too(tmp_path):
-    settings = worker_settings(tmp_path, auth_token="tok")
+    settings = worker_settings(tmp_path, auth_token=TOKEN)
     store = ArtifactStore(settings.artifacts)
     servers = await create_server(settings, FakeEngine(store), store)
     try:
         port = servers.synthesis_port
         assert (await _raw(port, "/no.such.Service/Method", "unary", b""))[0] is grpc.StatusCode.UNAUTHENTICATED
-        code, _ = await _raw(port, "/no.such.Service/Method", "unary", b"", token="tok")
+        code, _ = await _raw(port, "/no.such.Service/Method", "unary", b"", token=TOKEN)
         assert code is grpc.StatusCode.UNIMPLEMENTED
         code, details = await _raw(port, "/grpc.health.v1.Health/Check", "unary", NOT_UTF8)  # health is open
         assert code is grpc.StatusCode.INVALID_ARGUMENT, details

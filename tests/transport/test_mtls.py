@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fake_engine import FakeEngine
 from host_tools import need_tool
-from transport_helpers import worker_settings
+from transport_helpers import TOKEN, worker_settings
 
 from breeze_client.aio import AsyncBreezeClient
 from breeze_client.channel import ConnectionOptions
@@ -65,7 +65,7 @@ def pki(tmp_path_factory):
 @pytest.fixture
 async def mtls_worker(tmp_path, pki):
     cert, key = pki["server"]
-    settings = worker_settings(tmp_path, tls_cert=cert, tls_key=key, tls_client_ca=pki["ca"], auth_token="tok")
+    settings = worker_settings(tmp_path, tls_cert=cert, tls_key=key, tls_client_ca=pki["ca"], auth_token=TOKEN)
     store = ArtifactStore(settings.artifacts)
     servers = await create_server(settings, FakeEngine(store), store)
     yield servers
@@ -80,7 +80,7 @@ def _options(servers, pki, client: str | None, **kw) -> ConnectionOptions:
 
 
 async def test_a_client_certificate_from_the_worker_ca_is_accepted_on_both_ports(mtls_worker, pki):
-    async with AsyncBreezeClient(options=_options(mtls_worker, pki, "client", token="tok")) as client:
+    async with AsyncBreezeClient(options=_options(mtls_worker, pki, "client", token=TOKEN)) as client:
         result = await client.synthesize("over mutual TLS")
         fetched = await client.fetch(result.artifact)  # the artifact port
         assert fetched.verified and fetched.data.endswith(result.audio)
@@ -93,7 +93,7 @@ async def test_a_client_certificate_from_the_worker_ca_is_accepted_on_both_ports
 @pytest.mark.parametrize("client", [None, "stranger"], ids=["no-certificate", "another-ca"])
 async def test_a_client_without_a_certificate_of_the_worker_ca_is_refused(mtls_worker, pki, client):
     for port in (mtls_worker.synthesis_port, mtls_worker.artifact_port):
-        opts = replace(_options(mtls_worker, pki, client, token="tok"), target=f"localhost:{port}")
+        opts = replace(_options(mtls_worker, pki, client, token=TOKEN), target=f"localhost:{port}")
         async with AsyncBreezeClient(options=opts) as c:
             with pytest.raises(BreezeClientError) as refused:
                 await c.health()  # even the open health service: the handshake fails first
@@ -109,7 +109,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 async def test_the_cli_presents_its_certificate_with_tls_cert_and_tls_key(mtls_worker, pki):
     target = f"localhost:{mtls_worker.synthesis_port}"
     common = ("health", "--target", target, "--artifact-target", f"localhost:{mtls_worker.artifact_port}",
-              "--tls-ca", str(pki["ca"]), "--token", "tok", "--timeout", "10", "--json", "-")
+              "--tls-ca", str(pki["ca"]), "--token", TOKEN, "--timeout", "10", "--json", "-")
     ok = await asyncio.to_thread(_cli, *common, "--tls-cert", str(pki["client"][0]), "--tls-key",
                                  str(pki["client"][1]))
     assert ok.returncode == 0, ok.stderr

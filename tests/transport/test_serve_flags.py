@@ -3,6 +3,7 @@
 import argparse
 
 import pytest
+from transport_helpers import TOKEN
 
 from breeze_worker.commands.serve import add_arguments, settings_from_args
 from breeze_worker.config import SettingsError, WorkerSettings, setting_fields
@@ -88,7 +89,7 @@ def test_a_loopback_listener_needs_no_authentication(host):
 def test_a_non_loopback_listener_needs_a_token_client_certificates_or_allow_insecure(host, tmp_path):
     with pytest.raises(ValueError, match=f"refusing to listen on {host} without authentication"):
         settings_from_args(parse("--host", host), {})
-    assert settings_from_args(parse("--host", host), {"BREEZE_SERVER_AUTH_TOKEN": "t"}).server.auth_token == "t"
+    assert settings_from_args(parse("--host", host), {"BREEZE_SERVER_AUTH_TOKEN": TOKEN}).server.auth_token == TOKEN
     assert settings_from_args(parse("--host", host, "--allow-insecure"), {}).server.allow_insecure
     pem = [str(tmp_path / name) for name in ("cert.pem", "key.pem", "ca.pem")]
     mtls = settings_from_args(parse("--host", host, "--tls-cert", pem[0], "--tls-key", pem[1],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -66,3 +67,19 @@ async def test_mapped_errors_aborts_and_logs_a_traceback_for_surprises(caplog):
         async with mapped_errors(ctx, "Test()"):
             raise errors.NotFound("no such artifact: check the id")
     assert ctx.aborted == (grpc.StatusCode.NOT_FOUND, "no such artifact: check the id")
+
+
+async def test_a_send_that_finds_its_caller_gone_is_a_cancel_logged_at_info_without_a_traceback(caplog):
+    """gRPC raises its own error (ExecuteBatchError) from a write on a call whose peer went away, when the write
+    fails before the hang-up reaches the handler's task."""
+    from grpc._cython import cygrpc
+
+    ctx = _Context()
+    with caplog.at_level(logging.DEBUG, logger="breeze_worker.transport.status"):
+        with pytest.raises(asyncio.CancelledError):
+            async with mapped_errors(ctx, "Synthesize"):
+                raise cygrpc.ExecuteBatchError('Failed "execute_batch": (<SendMessageOperation>,)')
+    assert ctx.aborted is None  # nothing to send to a caller that is gone
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "Synthesize ended: the caller went away (ExecuteBatchError)")]
+    assert not any(r.exc_info for r in caplog.records)

@@ -12,11 +12,12 @@ from fake_engine import FakeEngine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from host_tools import need_tool
-from transport_helpers import worker_settings
+from transport_helpers import TOKEN, worker_settings
 
 from breeze_client.aio import AsyncBreezeClient
 from breeze_client.errors import Internal, InvalidArgument, Unauthenticated
 from breeze_tts_proto.v1 import synthesis_pb2, synthesis_pb2_grpc
+from breeze_worker.artifacts.dirlock import LOCK_NAME
 from breeze_worker.artifacts.store import ArtifactStore
 from breeze_worker.transport.server import create_server
 
@@ -62,7 +63,7 @@ async def test_reflection_lists_the_services_on_both_ports(fake_worker):
 
 
 async def test_bearer_token_is_required_except_for_health(tmp_path):
-    settings = worker_settings(tmp_path, auth_token="s3cret")
+    settings = worker_settings(tmp_path, auth_token=TOKEN)
     store = ArtifactStore(settings.artifacts)
     servers = await create_server(settings, FakeEngine(store), store)
     target = f"127.0.0.1:{servers.synthesis_port}"
@@ -74,7 +75,7 @@ async def test_bearer_token_is_required_except_for_health(tmp_path):
                     await client.worker_info()
                 with pytest.raises(Unauthenticated):
                     await client.synthesize("hello")
-        async with AsyncBreezeClient(target, token="s3cret") as client:
+        async with AsyncBreezeClient(target, token=TOKEN) as client:
             result = await client.synthesize("hello")
             fetched = await client.fetch(result.artifact)
             assert fetched.verified and fetched.data.endswith(result.audio)
@@ -119,7 +120,7 @@ async def test_cancelling_the_call_cancels_the_engine_job(fake_worker):
                 break
             await asyncio.sleep(0.02)
         assert engine.cancelled == [stream.job.job_id] and engine.active == 0 and not engine.finished
-        assert list(servers.store.directory.iterdir()) == []  # the unfinished artifact was discarded
+        assert [p.name for p in servers.store.directory.iterdir()] == [LOCK_NAME]  # the unfinished artifact is gone
         result = await client.synthesize("the next job", max_frames=3)  # the worker keeps serving
         assert result.stats.frames == 3
 

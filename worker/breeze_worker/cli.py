@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                          "changes the host)"),
     "make-checkpoint": ("make_checkpoint", "write a synthetic checkpoint (official layout, random weights; "
                                            "its audio is NOT speech)"),
+    "compile": ("compile_bundle", "compile everything `serve` would with these settings into a compile bundle for "
+                                  "hosts of the same kind (serve --compile-bundle)"),
 }
 
 

@@ -286,6 +286,9 @@ class FastPathSettings(_Section):
                                           "automatic dynamic shapes: the first shape static, the next ones with "
                                           "symbolic sizes) instead of once per shape: fewer compiles at start-up")
     kernels: KernelSettings = section(KernelSettings)
+    half_kv: bool = setting(True, "under fp16-mixed, the backbone's keys and values in FP16 where its q/k norms "
+                                  "bound the keys and its k/v projections run in FP16 (half the cache memory a "
+                                  "stream slot takes); off: FP32, as the residual stream")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -332,10 +335,24 @@ class EngineSettings(_Section):
     reference_cache_entries: int = setting(64, "encoded references kept in memory", at_least=1)
     codec_tf32: bool = setting(True, "TF32 convolutions in the codec where the device has them (compute "
                                      "capability >= 8.0), as PyTorch's own default for cuDNN; off: strict FP32")
+    codec_precision: str = setting("fp32", "the codec decoder's precision: fp32, or fp16-mixed (its convolutions "
+                                           "with FP16 weights and inputs, everything else FP32) for GPUs without "
+                                           "TF32 (compute capability < 8.0, a T4) once `breeze-worker "
+                                           "precision-check --codec` shows it within 40 dB SNR of FP32",
+                                   choices=("fp32", "fp16-mixed"))
     codec_compile_slots: int = setting(16, "on CUDA, compile the codec's batched step with torch.compile "
                                             "(Inductor) for every slot bucket of at least this many slots, at "
                                             "warm-up, before its CUDA graph (0: never; 1: every bucket; the "
                                             "compiled code is cached, TORCHINDUCTOR_CACHE_DIR)", at_least=0)
+    compile_bundle: Path | None = setting(None, "a compile bundle (`breeze-worker compile`, built on a host of the "
+                                                "same kind with the same settings) to install into this host's "
+                                                "compile caches before compiling; one that does not match is "
+                                                "refused, with a log line, and the worker compiles as without it",
+                                          metavar="BUNDLE")
+    startup: str = setting("progressive", "progressive: report SERVING once what one stream needs is built (the "
+                                          "smallest batch shape uncompiled, the codec's one-slot batch) and build "
+                                          "the rest while serving, admitting streams as their batch shapes are "
+                                          "ready; whole: build everything first", choices=("progressive", "whole"))
     codec_overlap: bool = setting(False, "decode each step's audio on its own CUDA stream while the next step "
                                          "runs (experimental: multi-second stalls were seen at 16 streams)")
     fastpath: FastPathSettings = section(FastPathSettings)
@@ -389,6 +406,9 @@ class ArtifactSettings(_Section):
                                                     hidden=True)
 
 
+MIN_TOKEN_CHARS = 16  # a shorter bearer token is refused at start-up
+
+
 def is_loopback(host: str) -> bool:
     """True for localhost and loopback addresses (127.0.0.0/8, ::1); anything else may be reachable."""
     name = host.strip().strip("[]").lower()
@@ -415,11 +435,17 @@ class ServerSettings(_Section):
                "finish first), so clients of a fleet address resolve it again and find new workers; 0: never",
         at_least=0)
     auth_token: str | None = setting(None, "require 'authorization: Bearer TOKEN' on every call but health "
-                                           "(prefer the environment variable)", flag="--token", metavar="TOKEN")
+                                           f"(prefer the environment variable; at least {MIN_TOKEN_CHARS} "
+                                           "characters)", flag="--token", metavar="TOKEN")
+    auth_max_failures: int = setting(20, "failed authentications one address may make before its calls are "
+                                         "refused (RESOURCE_EXHAUSTED) until it regains one", at_least=1)
+    auth_failure_refill_s: float = setting(3.0, "an address regains one failed authentication every this many "
+                                                "seconds", positive=True)
     allow_insecure: bool = setting(False, "serve on a non-loopback --host with neither a token nor client "
                                           "certificates (refused otherwise)")
-    metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and /healthz) of this port "
-                                             "(default: off)", at_least=0, at_most=65535, metavar="PORT")
+    metrics_port: int | None = setting(None, "serve Prometheus metrics on GET /metrics (and the probes /healthz, "
+                                             "/livez) of this port (default: off)", at_least=0, at_most=65535,
+                                       metavar="PORT")
     metrics_host: str | None = setting(None, "address the metrics listener binds (default: the --host value)",
                                        metavar="HOST")
     tls_cert: Path | None = setting(None, "PEM certificate chain (TLS on both ports; needs --tls-key)",
@@ -432,9 +458,46 @@ class ServerSettings(_Section):
     artifact_grace_s: float = setting(10.0, "seconds the artifact port serves on after the running jobs ended on "
                                             "SIGTERM (so their artifacts can be fetched)", at_least=0)
     max_stream_buffer_bytes: int = setting(
-        16 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than real time; past it "
-                          "the stream ends (RESOURCE_EXHAUSTED) and the job runs on for its artifact",
+        4 * 1024 * 1024, "audio bytes one stream may hold for a client that reads slower than the audio is made "
+                         "(4 MiB: 87 s of s16le); past it the stream ends (RESOURCE_EXHAUSTED) and the job runs on "
+                         "for its artifact", at_least=64 * 1024)
+    max_buffered_audio_bytes: int = setting(
+        128 * 1024 * 1024, "audio bytes all streams together may hold for their clients; a stream whose next "
+                           "chunk would pass it ends as one over --max-stream-buffer-bytes does",
         at_least=64 * 1024)
+    reader_stall_s: float = setting(
+        10.0, "seconds a client may take no audio while some waits for it; then its stream ends "
+              "(RESOURCE_EXHAUSTED) and the job runs on for its artifact, as it does when a client that took "
+              "nothing this long goes away", positive=True)
+    # what any peer, authenticated or not, can make the worker hold (docs/operations.md, "Bounds")
+    max_streams_per_connection: int = setting(128, "calls one client connection may have open at once, on each "
+                                                   "port (HTTP/2 concurrent streams)", at_least=1)
+    max_calls: int = setting(2048, "calls open at once on each port, all connections together; one more is "
+                                   "refused with RESOURCE_EXHAUSTED", at_least=16)
+    health_max_watchers: int = setting(1024, "health Watch calls open at once, both ports together (health is "
+                                             "open without a token); one more is refused with RESOURCE_EXHAUSTED",
+                                       at_least=1)
+    first_message_timeout_s: float = setting(15.0, "seconds a call may take to send its request message after it "
+                                                   "opened; then it ends with DEADLINE_EXCEEDED", positive=True)
+    max_waiting_calls_per_peer: int = setting(64, "calls one address may have open that have not sent their "
+                                                  "request message yet; one more is refused with "
+                                                  "RESOURCE_EXHAUSTED", at_least=1)
+    keepalive_time_s: float = setting(60.0, "seconds between the worker's pings on a connection, to find peers "
+                                            "that are gone", positive=True)
+    keepalive_timeout_s: float = setting(20.0, "seconds a peer has to answer a ping, and to acknowledge data "
+                                               "sent to it (TCP user timeout), before its connection is closed",
+                                         positive=True)
+    max_connection_idle_s: float = setting(300.0, "seconds a connection with no call open is kept (its client "
+                                                  "reconnects when it calls again); 0: for ever", at_least=0)
+    handshake_timeout_s: float = setting(10.0, "seconds a new connection has to finish its TLS and HTTP/2 "
+                                               "handshakes", positive=True)
+    metrics_max_connections: int = setting(256, "connections the metrics listener holds at once; at the bound, "
+                                                "the oldest connection that has not sent its request is closed "
+                                                "for a new one", at_least=2)
+    metrics_max_connections_per_peer: int = setting(16, "connections one address may hold on the metrics "
+                                                        "listener; its oldest is closed for a new one", at_least=1)
+    metrics_read_timeout_s: float = setting(5.0, "seconds a metrics client has to send its request",
+                                            positive=True)
     switch_interval_ms: float = setting(
         0.5, "the interpreter's thread switch interval, ms (Python's default: 5): every torch call of the engine "
              "thread gives up the interpreter lock and may wait this long to get it back from the event loop",
@@ -448,6 +511,23 @@ class ServerSettings(_Section):
         if self.port == self.artifact_port and self.port != 0:
             raise SettingsError(f"the artifact channel needs its own port: {label['artifact_port']} must differ "
                                 f"from {label['port']}")
+        if self.max_buffered_audio_bytes < self.max_stream_buffer_bytes:
+            raise SettingsError(f"{label['max_buffered_audio_bytes']} (all streams) must be at least "
+                                f"{label['max_stream_buffer_bytes']} (one stream), {self.max_stream_buffer_bytes}")
+        advertised = self.advertised_artifact_address
+        if advertised is not None:
+            port = advertised.rpartition("]")[2] if advertised.startswith("[") else advertised
+            port = port.rpartition(":")[2] if ":" in port else ""
+            if not (port.isdigit() and 1 <= int(port) <= 65535):
+                raise SettingsError(f"{label['advertised_artifact_address']} {advertised}: clients dial it, so it "
+                                    "needs a port, a number from 1 to 65535 (HOST:PORT)")
+        if self.auth_token is not None and len(self.auth_token) < MIN_TOKEN_CHARS:
+            raise SettingsError(f"{label['auth_token']}: the bearer token is {len(self.auth_token)} characters; use "
+                                f"at least {MIN_TOKEN_CHARS} (a random one: openssl rand -hex 32)")
+        if self.reader_stall_s >= self.keepalive_timeout_s:
+            raise SettingsError(f"{label['reader_stall_s']} ({self.reader_stall_s:g}) must be less than "
+                                f"{label['keepalive_timeout_s']} ({self.keepalive_timeout_s:g}): the connection of a "
+                                "peer that stopped reading is closed then, and the worker must end its stream first")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError(f"TLS needs both {label['tls_cert']} and {label['tls_key']}")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -467,10 +547,49 @@ class ServerSettings(_Section):
 
 
 @dataclass(frozen=True)
+class HttpSettings(_Section):
+    """The optional HTTP face (transport/http/): the official API, the OpenAI speech API and the listening page.
+    Authentication and TLS are the server section's (--token, --tls-*)."""
+
+    ENV_PREFIX: ClassVar[str] = "BREEZE_HTTP_"
+    FLAG_PREFIX: ClassVar[str] = "http-"
+    port: int | None = setting(None, "serve the HTTP face (POST /v1/audio/speech, the listening page at /) on this "
+                                     "port (0: any free port; default: off)", at_least=0, at_most=65535,
+                               metavar="PORT")
+    host: str = setting("127.0.0.1", "address the HTTP face binds (anything but loopback needs a token or client "
+                                     "certificates, as --host)")
+    read_timeout_s: float = setting(30.0, "seconds a client gets to send a request's head, and again its body; "
+                                          "slower: the connection is closed (408 once the head is in)",
+                                    positive=True)
+    voices_dir: Path | None = setting(None, "directory of voices for the OpenAI body's `voice`: NAME.wav with its "
+                                            "exact transcript in NAME.txt (default: only the model's own voice)",
+                                      metavar="DIR")
+    reference_fp32: bool = setting(False, "load a second copy of the model in FP32 so the listening page can "
+                                          "render a request at the reference precision beside the serving one "
+                                          "(memory: the model again, in FP32)")
+    reference_device: str | None = setting(None, "device of the FP32 reference copy: cpu, cuda or cuda:N "
+                                                 "(default: the engine's)", metavar="DEVICE")
+
+    def validate(self) -> None:
+        if self.voices_dir is not None and not Path(self.voices_dir).is_dir():
+            raise SettingsError(f"{_field(HttpSettings, 'voices_dir').label}: {self.voices_dir} is not a "
+                                "directory: give a directory of NAME.wav + NAME.txt pairs")
+        device = self.reference_device
+        if device is not None and device not in ("auto", "cpu") and not device.startswith("cuda"):
+            raise SettingsError(f"{_field(HttpSettings, 'reference_device').label} must be cpu, cuda or cuda:N, "
+                                f"not {device!r}")
+
+    @property
+    def listens_on_loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
     engine: EngineSettings = section(EngineSettings)
     artifacts: ArtifactSettings = section(ArtifactSettings)
     server: ServerSettings = section(ServerSettings)
+    http: HttpSettings = section(HttpSettings)
 
     def validate(self) -> WorkerSettings:
         """The checks across fields and against the host, of every section; returns self."""
@@ -478,6 +597,13 @@ class WorkerSettings:
         self.engine.fastpath.validate()
         self.artifacts.validate()
         self.server.validate()
+        self.http.validate()
+        s = self.server
+        if self.http.port is not None and not self.http.listens_on_loopback and not s.auth_token \
+                and s.tls_client_ca is None and not s.allow_insecure:
+            raise SettingsError(f"refusing to listen on {self.http.host} ({_field(HttpSettings, 'host').label}) "
+                                "without authentication: set a token or client certificates as for --host, listen "
+                                "on 127.0.0.1, or pass --allow-insecure")
         return self
 
     @classmethod

@@ -254,7 +254,14 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
 
 def _route_library_loggers() -> None:
     """transformers installs a stderr handler of its own ('[transformers] message', not propagated): remove
-    it, so its records reach the one handler above in the chosen format."""
+    it, so its records reach the one handler above in the chosen format. Only once transformers is imported
+    (importing it costs a start-up much; the reference encoder, which imports it, calls `route_transformers`)."""
+    if "transformers" in sys.modules:
+        route_transformers()
+
+
+def route_transformers() -> None:
+    """transformers' log records through this process's handler (see `_route_library_loggers`)."""
     try:
         from transformers.utils import logging as transformers_logging
     except ImportError:  # the worker's model code is not installed: nothing to route

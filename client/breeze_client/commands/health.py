@@ -36,6 +36,9 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         ("model", f"{info.model_description}  ({info.sample_rate} Hz, worker {info.version})"),
         ("clock", f"worker - client = {clock.offset_ns / 1e6:+.3f} ms +- {clock.uncertainty_ns / 1e6:.3f} ms"),
     ]
+    if info.max_active_streams:
+        rows.append(("streams", f"{info.ready_streams} of {info.max_active_streams} ready"
+                                + (f"  (building {info.startup_building})" if info.startup_building else "")))
     if info.artifact_store_degraded:
         rows.append(("DEGRADED", f"artifact store: {info.artifact_store_degraded} (jobs stream audio without an "
                                  "artifact)"))

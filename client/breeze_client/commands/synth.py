@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream", action="store_true", help="write audio to the file as it arrives")
     p.add_argument("--instruction", default=None, help="speaking instruction (voice design / direction)")
     p.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (> 0)")
+    p.add_argument("--cfg-scale-reference", type=float, default=None,
+                   help="voice direction with two guidance scales: the reference's (with --cfg-scale-instruction, "
+                        "--ref-audio/--ref-id, --ref-text and --instruction; not with --cfg-scale)")
+    p.add_argument("--cfg-scale-instruction", type=float, default=None,
+                   help="voice direction with two guidance scales: the instruction's (see --cfg-scale-reference)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the worker picks and reports one)")
     p.add_argument("--ref-audio", type=Path, default=None, help="reference audio file for cloning")
     p.add_argument("--ref-text", default=None, help="exact transcript of --ref-audio")
@@ -46,7 +51,14 @@ def _request(args) -> SynthesisRequest:
         reference_audio=args.ref_audio.read_bytes() if args.ref_audio else None, reference_text=args.ref_text,
         reference_id=args.ref_id, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         repetition_penalty=args.repetition_penalty, max_frames=args.max_frames, encoding=args.encoding,
-        frames_per_chunk=args.frames_per_chunk)
+        frames_per_chunk=args.frames_per_chunk, cfg_scale_reference=args.cfg_scale_reference,
+        cfg_scale_instruction=args.cfg_scale_instruction)
+
+
+def _guidance(job) -> str:
+    if job.cfg_scale_reference is not None:
+        return f"guidance: reference {job.cfg_scale_reference:g}, instruction {job.cfg_scale_instruction:g}"
+    return f"cfg {job.cfg_scale:g}"
 
 
 def _left_behind(output: Path | None, writer: StreamingWavWriter | None, stream: bool, sample_rate: int) -> str:
@@ -111,7 +123,8 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     s, job, a = result.stats, result.job, result.artifact
     ttfa = f"{timing.ttfa_ms:.1f} ms" if timing.ttfa_ms is not None else "- (no audio)"
     rows = [
-        ("job", f"{job.job_id}  (template {job.template}, seed {job.seed}, queue {job.queue_wait_s:.3f} s)"),
+        ("job", f"{job.job_id}  (template {job.template}, seed {job.seed}, {_guidance(job)}, "
+                f"queue {job.queue_wait_s:.3f} s)"),
         ("TTFA", f"{ttfa} request sent -> first audio received (worker: {s.ttfa_s * 1e3:.1f} ms)"),
         ("RTF", f"{s.rtf:.3f}  ({s.wall_seconds:.2f} s for {s.audio_seconds:.2f} s of audio, {s.frames} frames, "
                 f"{s.end_reason})"),

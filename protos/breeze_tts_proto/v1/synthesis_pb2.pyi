@@ -56,7 +56,7 @@ class ReferenceAudio(_message.Message):
     def __init__(self, audio: _Optional[bytes] = ..., reference_id: _Optional[str] = ..., transcript: _Optional[str] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
-    __slots__ = ("text", "instruction", "cfg_scale", "seed", "reference", "sampling", "max_frames", "encoding", "frames_per_chunk", "request_id")
+    __slots__ = ("text", "instruction", "cfg_scale", "seed", "reference", "sampling", "max_frames", "encoding", "frames_per_chunk", "request_id", "cfg_scale_reference", "cfg_scale_instruction")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     CFG_SCALE_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,8 @@ class SynthesizeRequest(_message.Message):
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_PER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     text: str
     instruction: str
     cfg_scale: float
@@ -77,7 +79,9 @@ class SynthesizeRequest(_message.Message):
     encoding: _common_pb2.PcmEncoding
     frames_per_chunk: int
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., reference: _Optional[_Union[ReferenceAudio, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOverrides, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    cfg_scale_reference: float
+    cfg_scale_instruction: float
+    def __init__(self, text: _Optional[str] = ..., instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., reference: _Optional[_Union[ReferenceAudio, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOverrides, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., request_id: _Optional[str] = ..., cfg_scale_reference: _Optional[float] = ..., cfg_scale_instruction: _Optional[float] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "repetition_penalty")
@@ -92,7 +96,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
 
 class ResolvedParams(_message.Message):
-    __slots__ = ("instruction", "cfg_scale", "seed", "template", "sampling", "max_frames", "encoding", "frames_per_chunk", "reference_seconds")
+    __slots__ = ("instruction", "cfg_scale", "seed", "template", "sampling", "max_frames", "encoding", "frames_per_chunk", "reference_seconds", "cfg_scale_reference", "cfg_scale_instruction")
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     CFG_SCALE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +106,8 @@ class ResolvedParams(_message.Message):
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     FRAMES_PER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    CFG_SCALE_INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     instruction: str
     cfg_scale: float
     seed: int
@@ -111,7 +117,9 @@ class ResolvedParams(_message.Message):
     encoding: _common_pb2.PcmEncoding
     frames_per_chunk: int
     reference_seconds: float
-    def __init__(self, instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., template: _Optional[_Union[Template, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., reference_seconds: _Optional[float] = ...) -> None: ...
+    cfg_scale_reference: float
+    cfg_scale_instruction: float
+    def __init__(self, instruction: _Optional[str] = ..., cfg_scale: _Optional[float] = ..., seed: _Optional[int] = ..., template: _Optional[_Union[Template, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_frames: _Optional[int] = ..., encoding: _Optional[_Union[_common_pb2.PcmEncoding, str]] = ..., frames_per_chunk: _Optional[int] = ..., reference_seconds: _Optional[float] = ..., cfg_scale_reference: _Optional[float] = ..., cfg_scale_instruction: _Optional[float] = ...) -> None: ...
 
 class JobStarted(_message.Message):
     __slots__ = ("job_id", "params", "sample_rate", "encoding", "template", "queue_wait_s", "reference_id", "started_unix_ns", "artifact_id", "artifact_endpoint", "received_unix_ns")
@@ -166,7 +174,7 @@ class StageTimes(_message.Message):
     def __init__(self, text_encode_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., generate_s: _Optional[float] = ..., codec_s: _Optional[float] = ...) -> None: ...
 
 class JobStats(_message.Message):
-    __slots__ = ("frames", "audio_seconds", "wall_seconds", "rtf", "ttfa_s", "stages", "end_reason", "nonfinite_events")
+    __slots__ = ("frames", "audio_seconds", "wall_seconds", "rtf", "ttfa_s", "stages", "end_reason", "nonfinite_events", "nonfinite_layer")
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +183,7 @@ class JobStats(_message.Message):
     STAGES_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     NONFINITE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NONFINITE_LAYER_FIELD_NUMBER: _ClassVar[int]
     frames: int
     audio_seconds: float
     wall_seconds: float
@@ -183,7 +192,8 @@ class JobStats(_message.Message):
     stages: StageTimes
     end_reason: EndReason
     nonfinite_events: int
-    def __init__(self, frames: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., rtf: _Optional[float] = ..., ttfa_s: _Optional[float] = ..., stages: _Optional[_Union[StageTimes, _Mapping]] = ..., end_reason: _Optional[_Union[EndReason, str]] = ..., nonfinite_events: _Optional[int] = ...) -> None: ...
+    nonfinite_layer: str
+    def __init__(self, frames: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., rtf: _Optional[float] = ..., ttfa_s: _Optional[float] = ..., stages: _Optional[_Union[StageTimes, _Mapping]] = ..., end_reason: _Optional[_Union[EndReason, str]] = ..., nonfinite_events: _Optional[int] = ..., nonfinite_layer: _Optional[str] = ...) -> None: ...
 
 class JobFinished(_message.Message):
     __slots__ = ("job_id", "done_unix_ns", "stats", "artifact", "artifact_unavailable")
@@ -214,7 +224,7 @@ class GetWorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_description", "is_tiny_default", "warning", "sample_rate", "artifact_endpoint", "ready", "max_text_chars", "max_request_bytes", "version", "artifact_store_degraded", "artifact_disk_free_bytes")
+    __slots__ = ("model_description", "is_tiny_default", "warning", "sample_rate", "artifact_endpoint", "ready", "max_text_chars", "max_request_bytes", "version", "artifact_store_degraded", "artifact_disk_free_bytes", "max_active_streams", "ready_streams", "startup_building")
     MODEL_DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     IS_TINY_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     WARNING_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +236,9 @@ class WorkerInfo(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_STORE_DEGRADED_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    READY_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_BUILDING_FIELD_NUMBER: _ClassVar[int]
     model_description: str
     is_tiny_default: bool
     warning: str
@@ -237,4 +250,7 @@ class WorkerInfo(_message.Message):
     version: str
     artifact_store_degraded: str
     artifact_disk_free_bytes: int
-    def __init__(self, model_description: _Optional[str] = ..., is_tiny_default: _Optional[bool] = ..., warning: _Optional[str] = ..., sample_rate: _Optional[int] = ..., artifact_endpoint: _Optional[str] = ..., ready: _Optional[bool] = ..., max_text_chars: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., version: _Optional[str] = ..., artifact_store_degraded: _Optional[str] = ..., artifact_disk_free_bytes: _Optional[int] = ...) -> None: ...
+    max_active_streams: int
+    ready_streams: int
+    startup_building: str
+    def __init__(self, model_description: _Optional[str] = ..., is_tiny_default: _Optional[bool] = ..., warning: _Optional[str] = ..., sample_rate: _Optional[int] = ..., artifact_endpoint: _Optional[str] = ..., ready: _Optional[bool] = ..., max_text_chars: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., version: _Optional[str] = ..., artifact_store_degraded: _Optional[str] = ..., artifact_disk_free_bytes: _Optional[int] = ..., max_active_streams: _Optional[int] = ..., ready_streams: _Optional[int] = ..., startup_building: _Optional[str] = ...) -> None: ...

@@ -4,6 +4,7 @@ Layout of the store directory:
     art-<32 hex>.wav      the committed WAV (header + exactly the PCM streamed to the client)
     art-<32 hex>.json     its sidecar: size, sha256, commit time, job id, sample rate, encoding
     .art-<32 hex>.partial a job still writing (never served; removed by abort or by retention)
+    .breeze-worker.lock   the lock that keeps a second worker out, with its holder's pid and addresses
 
 An artifact exists for readers once its sidecar exists; the sidecar is written (temp file, fsync,
 rename) only after the WAV itself was fsynced and renamed into place. Ids are unguessable
@@ -11,7 +12,8 @@ rename) only after the WAV itself was fsynced and renamed into place. Ids are un
 
 A storage fault (ENOSPC, EIO, a read-only disk) fails one artifact, never its job: the writer removes its
 temp file, stops writing and reports why (`unavailable_reason`), and the job streams on without an artifact.
-Opening the store sweeps the temp files a crashed run left; `space.py` keeps the free-space headroom.
+Opening the store locks its directory (`dirlock.py`: one worker per directory), then sweeps the temp files a
+crashed run left; `space.py` keeps the free-space headroom.
 Every commit step is timed (`ArtifactInfo.commit`, also kept in the sidecar): the evidence that tells a
 slow volume from a worker that was slow around its storage calls.
 
@@ -47,6 +49,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar
 
+from breeze_worker.artifacts.dirlock import DirectoryLock
 from breeze_worker.artifacts.space import SpaceKeeper, StoreStatus
 from breeze_worker.artifacts.wav import header_size, wav_header
 from breeze_worker.config import ArtifactSettings
@@ -450,11 +453,15 @@ class ArtifactWriter:
 class ArtifactStore:
     """Committed WAV artifacts under one directory, with retention by age and total size."""
 
-    def __init__(self, settings: ArtifactSettings) -> None:
+    def __init__(self, settings: ArtifactSettings, holder: dict | None = None) -> None:
+        """Open the store: lock its directory for this process before anything in it is touched (DirectoryInUse,
+        an OSError naming the holder, when another worker has it; `holder` adds this one's addresses to the
+        lock's record), then sweep what a crashed run left."""
         settings.validate()
         self.settings = settings
         self.directory = Path(settings.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.lock = DirectoryLock.acquire(self.directory, holder)
         self._lock = threading.Lock()
         self._commit_pool: ThreadPoolExecutor | None = None  # a group commit's read-backs (`_start_each`)
         # early write-back only where a commit can tell what its sync still wrote (its rate evidence)
@@ -464,6 +471,10 @@ class ArtifactStore:
                      "Linux 6.5 or later): each commit syncs its whole WAV", self.directory)
         self.space = SpaceKeeper(self)
         self._sweep_leftovers()
+
+    def close(self) -> None:
+        """Let the directory go (another store may open it); the process's end does the same."""
+        self.lock.release()
 
     # ---- paths (only ever built from checked ids) ----
     def wav_path(self, artifact_id: str) -> Path:
@@ -789,7 +800,7 @@ class ArtifactStore:
 
     def _sweep_leftovers(self) -> None:
         """At start-up no artifact is being written: every temp file and every WAV without a sidecar is what a
-        crashed or killed run left behind (one worker per artifact directory)."""
+        crashed or killed run left behind (the directory's lock, taken before, keeps every other worker out)."""
         removed = 0
         for path in self.directory.iterdir():
             name = path.name

@@ -21,14 +21,19 @@ from breeze_worker.profiling.setup import add_model_arguments, add_request_argum
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, precision=False)
     add_request_arguments(parser, frames=16)
-    parser.add_argument("--policies", default="fp32,bf16,fp16-mixed,fp16",
-                        help="policies to compare with FP32 (fp32 checks the reference against itself)")
+    parser.add_argument("--policies", default="fp32,bf16,fp16-mixed,fp16-mixed-kv16,fp16",
+                        help="policies to compare with FP32 (fp32 checks the reference against itself; "
+                             "fp16-mixed-kv16: fp16-mixed with the backbone's keys and values stored in FP16)")
     parser.add_argument("--top-k", type=int, default=50, help="k of the top-k agreement (the sampler's default)")
     parser.add_argument("--per-step", action="store_true", help="also print every step of every policy")
     parser.add_argument("--massive-activation", type=float, default=None, metavar="SCALE",
                         help="stress test: multiply the first backbone MLP's gate and up projections by SCALE "
                              "(inner activations grow ~SCALE^2, like a trained model's massive activations) to see "
                              "where plain FP16 overflows and what fp16-mixed keeps in FP32")
+    parser.add_argument("--codec", action="store_true",
+                        help="also decode the teacher frames with the codec in fp32 and in fp16-mixed (FP16 "
+                             "convolutions), one-shot and streamed, and report the SNR against FP32 (the "
+                             "--codec-precision fp16-mixed check; threshold 40 dB)")
     jsonout.add_argument(parser)
 
 
@@ -57,7 +62,14 @@ def check(args: argparse.Namespace) -> dict:
 
         injected = inject_massive_activation(model, args.massive_activation)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
-    result = precision_check(model, request, policies, top_k=args.top_k)
+    if args.codec and model.codec is None:
+        raise ValueError("--codec: this model has no codec to check")
+    codes: list = []
+    result = precision_check(model, request, policies, top_k=args.top_k, codes_out=codes)
+    if args.codec:
+        from breeze_worker.profiling.codec_precision import codec_precision_check
+
+        result["codec"] = codec_precision_check(model.codec, codes[0].t()[None])
     meta = {**device_meta(device), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "model": args.model or f"random-{args.size}", "reference": "fp32", "cfg": bool(args.cfg),
             "cfg_scale": request.cfg_scale, "seed": args.seed, "text": args.text,
@@ -93,6 +105,20 @@ def table(doc: dict, per_step: bool = False) -> str:
                 lines.append(f"{'  frame ' + str(step['frame']):<12}{_f(step['kl_mean'], '.3e'):>11}"
                              f"{_f(step['kl_max'], '.3e'):>11}{step['top1_agreement']:>8.3f}"
                              f"{step['topk_overlap']:>8.3f}{step['nonfinite']:>12}")
+    ranges = doc.get("kv_ranges")
+    if ranges:
+        bounds = [r["key_bound"] for r in ranges["per_layer"] if r["key_bound"] is not None]
+        lines.append(f"FP32 reference backbone cache: keys up to {ranges['key_max']:.4g} (the q/k norms bound them at "
+                     f"{max(bounds):.4g}), values up to {ranges['value_max']:.4g}; FP16's limit "
+                     f"{ranges['fp16_limit']:.0f}" if bounds else
+                     f"FP32 reference backbone cache: keys up to {ranges['key_max']:.4g}, values up to "
+                     f"{ranges['value_max']:.4g}; FP16's limit {ranges['fp16_limit']:.0f}")
+    codec = doc.get("codec")
+    if codec:
+        snr = codec["snr_db"]
+        lines.append(f"codec fp16-mixed vs fp32 ({codec['frames']} frames, {codec['fp16_convolutions']} FP16 "
+                     f"convolutions): SNR one-shot {min(snr['one_shot']):.1f} dB, streamed {min(snr['streamed']):.1f} "
+                     f"dB; {'passes' if codec['passes'] else 'FAILS'} the {codec['threshold_db']:.0f} dB threshold")
     peaks = doc.get("activation_peaks") or {}
     if peaks:
         lines.append(f"FP32 reference: {len(peaks)} linear layers read or write values within 4x of the FP16 limit "

@@ -3,7 +3,8 @@
 Every flag is generated from a field of the typed settings in `breeze_worker.config` (its help, default and
 environment variable, BREEZE_<SECTION>_<FIELD>, come from there; a flag overrides its variable; a switch
 --x has its --no-x). When both servers listen and the model is warm, one line goes to stdout:
-    breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...
+    breeze-worker ready: synthesis=HOST:PORT artifacts=HOST:PORT model=...; streams N/M ready
+(N < M while the start-up builds the rest in the background, engine/startup.py; a log line says when all M are).
 The test-only faults (--fault-*, BREEZE_ARTIFACTS_FAULT_*) are hidden from --help; when one is
 non-zero the worker logs a WARNING at startup and the ready line ends with `TEST FAULTS ON: ...`.
 
@@ -30,7 +31,7 @@ from breeze_worker.errors import BreezeError
 log = logging.getLogger("breeze_worker.serve")
 
 _GROUPS = {"engine": "engine", "fastpath": "fast path (measurement and tuning)", "server": "server",
-           "artifacts": "artifacts"}
+           "artifacts": "artifacts", "http": "HTTP face (official API, OpenAI speech API, listening page)"}
 
 
 def _group_of(f: SettingField) -> str:
@@ -68,11 +69,14 @@ def _converter(f: SettingField):
     return convert
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
     """One flag per setting of `WorkerSettings` (breeze_worker/config.py): its help, its default and its
-    variable come from the field; absent flags leave the variable's value or the default."""
+    variable come from the field; absent flags leave the variable's value or the default. `sections`: only
+    those sections' settings (`compile` takes the engine's)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in setting_fields(WorkerSettings):
+        if sections is not None and f.path[0] not in sections:
+            continue
         title = _group_of(f)
         group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
         if f.kind is bool:  # --flag / --no-flag; absent: None
@@ -120,10 +124,25 @@ def tune_interpreter(server: ServerSettings, metrics) -> None:
     gc.callbacks.append(timed)
 
 
+async def freeze_after_startup(server: ServerSettings, engine) -> None:
+    """Once the start-up's background build is done (engine/startup.py), freeze what it left too (with
+    --gc-freeze): compiling made many long-lived objects after the freeze at SERVING, and each full collection
+    would scan them again, every stream waiting. No collection first: that would stall the streams now."""
+    startup = getattr(engine.runtime, "startup", None)
+    if not server.gc_freeze or startup is None:
+        return
+    while not startup.done.is_set():  # polled: a thread waiting on it could hold the exit up
+        await asyncio.sleep(0.5)
+    before = gc.get_freeze_count()
+    gc.freeze()
+    log.info("garbage collector: %d objects of the start-up's background build frozen", gc.get_freeze_count() - before)
+
+
 async def serve(settings: WorkerSettings) -> int:
+    """Open the artifact store first: its directory's lock refuses a second worker before anything else runs
+    (DirectoryInUse, an OSError naming the holder); the lock is let go of when the worker ends."""
     from breeze_worker.artifacts.store import ArtifactStore
-    from breeze_worker.engine.service import Engine
-    from breeze_worker.transport.server import create_server, host_port
+    from breeze_worker.transport.server import host_port
 
     if settings.engine.model_dir is None:
         log.warning("no --model given: serving the TINY EMBEDDED DEFAULT (random weights); its audio is NOT "
@@ -132,9 +151,24 @@ async def serve(settings: WorkerSettings) -> int:
     if faults:
         log.warning("TEST-ONLY FAULT INJECTION IS ON (%s): artifact commits or fetches are delayed, or artifact "
                     "writes fail, on purpose. Unset --fault-* / BREEZE_ARTIFACTS_FAULT_* outside the tests.", faults)
-    store = ArtifactStore(settings.artifacts)
+    s = settings.server
+    store = ArtifactStore(settings.artifacts, holder={
+        "synthesis": host_port(s.host, s.port), "artifacts": host_port(s.host, s.artifact_port)})
+    try:
+        return await _serve(settings, store)
+    finally:
+        store.close()
+
+
+async def _serve(settings: WorkerSettings, store) -> int:
+    from breeze_worker.engine.service import Engine
+    from breeze_worker.transport.server import create_server, host_port
+
+    faults = active_faults(settings)
     engine = Engine(settings.engine, store)
     servers = await create_server(settings, engine, store)
+    store.lock.update(synthesis=host_port(settings.server.host, servers.synthesis_port),
+                      artifacts=host_port(settings.server.host, servers.artifact_port))
     stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -148,21 +182,40 @@ async def serve(settings: WorkerSettings) -> int:
         from breeze_worker.engine.metrics import CONTENT_TYPE
         from breeze_worker.transport.metrics_http import MetricsServer
 
-        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready, CONTENT_TYPE)
+        s = settings.server
+        metrics = MetricsServer(engine.metrics.render, lambda: engine.ready and not engine.draining, CONTENT_TYPE,
+                                max_connections=s.metrics_max_connections,
+                                max_per_peer=s.metrics_max_connections_per_peer,
+                                read_timeout_s=s.metrics_read_timeout_s)
         metrics_host = settings.server.metrics_host or settings.server.host
         port = await metrics.start(metrics_host, settings.server.metrics_port)
+        store.lock.update(metrics=host_port(metrics_host, port))
         log.info("metrics on http://%s/metrics", host_port(metrics_host, port))
+    http = None
+    if settings.http.port is not None:
+        from breeze_worker.transport.http import start_http
+
+        http = await start_http(settings, engine, store, servers.artifact_endpoint, servers.slow_readers,
+                                servers.auth_throttle)
+        log.info("HTTP face on http%s://%s/", "s" if settings.server.tls_cert else "",
+                 host_port(settings.http.host, http.port))
     starting = asyncio.create_task(engine.start())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
+    frozen_later: asyncio.Task | None = None
     if starting.done() and starting.exception() is None and not stop.is_set():
         tune_interpreter(settings.server, engine.metrics)
+        frozen_later = asyncio.create_task(freeze_after_startup(settings.server, engine))
         await servers.set_serving(True)
         host = settings.server.host
         model = "tiny-default (audio is NOT speech)" if engine.is_tiny_default else engine.model_description
+        readiness = engine.readiness()
+        ready, configured = readiness["ready_streams"], readiness["configured_streams"]
+        capacity = (f"; streams {ready}/{configured} ready" + ("" if ready >= configured else
+                                                                " (the rest are built while serving)"))
         print(f"breeze-worker ready: synthesis={host}:{servers.synthesis_port} "
-              f"artifacts={host}:{servers.artifact_port} model={model}"
+              f"artifacts={host}:{servers.artifact_port} model={model}{capacity}"
               + (f"; TEST FAULTS ON: {faults}" if faults else ""), flush=True)
         await stopping
     elif starting.done() and starting.exception() is not None:
@@ -173,9 +226,13 @@ async def serve(settings: WorkerSettings) -> int:
             log.error("the engine failed to start", exc_info=exc)
         code = 1
     stopping.cancel()
+    if frozen_later is not None:
+        frozen_later.cancel()
     await _drain(settings, engine, servers, served=code == 0 and starting.done(), hurry=hurry)
     if metrics is not None:
         await metrics.stop()
+    if http is not None:
+        await http.stop()
     if not starting.done():
         await asyncio.wait({starting}, timeout=settings.server.grace_s)
     await engine.stop()

@@ -102,9 +102,14 @@ class ReferenceRun:
 
 H200_REFERENCE = ReferenceRun(
     device="NVIDIA H200",
-    source=("this repository's H200 runs: copy bandwidth and bf16 batch 1 from `breeze-worker bench` run 47 "
-            "(four processes, 7.77-7.94 ms; 7.90 the median of runs 39-47), fp16-mixed from run 34, byte counts "
-            "from run 34, batched steps from the concurrency sweep of run 28 (default settings)"),
+    source=("this repository's measurements on an NVIDIA H200 with the full-size architecture (random weights): "
+            "copy bandwidth 4.26 TB/s and the bf16 fast path at batch 1 with CFG, 7.77-7.94 ms a frame in four "
+            "processes (7.90 the median), `breeze-worker bench` at commit 9165fbb "
+            "(docs/perf-data/batch1-bf16-9165fbb-20261202-p1..p4.json); the fp16-mixed fast path, 9.37 ms a "
+            "frame, and the bytes per frame of both policies at 435d551 "
+            "(docs/perf-data/batch1-fp16mixed-435d551-20261202.json); batched steps of 1-32 streams with default "
+            "settings and the FP32 codec at a72eac9 "
+            "(docs/perf-data/sweep-default-a72eac9-20261202.json)"),
     bandwidth=4.26e12,
     bytes_per_frame={"bf16": 12_957_329_408, "fp16-mixed": 13_029_756_928},
     lm_ms_cfg={"bf16": 7.90, "fp16-mixed": 9.37},

@@ -9,7 +9,8 @@ import torch
 
 from breeze_worker.model.lm.config import BreezeConfig
 
-KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16-mixed": 4}  # the caches hold the residual stream's dtype
+RESIDUAL_BYTES = {"fp32": 4, "bf16": 2, "fp16-mixed": 4}  # the caches hold the residual stream's dtype, but
+HALF_KV_BYTES = 2  # the backbone's under fp16-mixed with the half_kv setting (engine/precision.py backbone_kv_dtype)
 ROWS_PER_SLOT = 2  # a stream slot keeps two rows (cond + uncond) so any stream may use CFG
 
 
@@ -49,15 +50,18 @@ def frame_bytes(config: BreezeConfig, policy: str) -> int:
     return _lm_figures(config, policy)[1]
 
 
-@functools.lru_cache(maxsize=1)
-def codec_bytes() -> int:
-    """The released codec decoder's FP32 weights (the encoder is loaded too with a checkpoint; it is small)."""
+@functools.lru_cache(maxsize=2)
+def codec_bytes(half: bool = False) -> int:
+    """The released codec decoder's weights (the encoder is loaded too with a checkpoint; it is small): FP32, or
+    with `half` its convolutions' in FP16 (the codec's fp16-mixed precision, model/codec/codec.py)."""
     from breeze_worker.model.codec.config import released_decoder_config
     from breeze_worker.model.codec.decoder import CodecDecoder
+    from breeze_worker.model.codec.layers import TwoFormConvolution
 
     with torch.device("meta"):
         decoder = CodecDecoder(released_decoder_config())
-    return sum(p.numel() * 4 for p in decoder.parameters())
+    convolutions = {id(p) for m in decoder.modules() if isinstance(m, TwoFormConvolution) for p in m.parameters()}
+    return sum(p.numel() * (2 if half and id(p) in convolutions else 4) for p in decoder.parameters())
 
 
 def params_per_frame(config: BreezeConfig) -> float:
@@ -65,11 +69,13 @@ def params_per_frame(config: BreezeConfig) -> float:
     return frame_bytes(config, "bf16") / 2.0
 
 
-def stream_bytes(config: BreezeConfig, policy: str, capacity: int) -> int:
+def stream_bytes(config: BreezeConfig, policy: str, capacity: int, half_kv: bool = False) -> int:
     """One stream slot's caches: the backbone's keys and values for `capacity` positions and the depth
-    decoder's for one frame's 16 positions, for `ROWS_PER_SLOT` rows."""
+    decoder's for one frame's 16 positions, for `ROWS_PER_SLOT` rows; `half_kv`: the backbone's in FP16 under
+    fp16-mixed (the worker's default where the weights allow it)."""
     bb, dd = config.backbone, config.depth
-    width = KV_DTYPE_BYTES[policy] * 2  # keys and values
-    per_row = (bb.num_hidden_layers * bb.num_key_value_heads * bb.head_dim * capacity * width
-               + dd.num_hidden_layers * dd.num_key_value_heads * dd.head_dim * config.num_codebooks * width)
+    residual = RESIDUAL_BYTES[policy]
+    backbone = HALF_KV_BYTES if half_kv and policy == "fp16-mixed" else residual
+    per_row = 2 * (bb.num_hidden_layers * bb.num_key_value_heads * bb.head_dim * capacity * backbone
+                   + dd.num_hidden_layers * dd.num_key_value_heads * dd.head_dim * config.num_codebooks * residual)
     return ROWS_PER_SLOT * per_row

@@ -33,7 +33,7 @@ PROBES = ("copy_bandwidth", "floor", "startup", "memory", "fast_path", "precisio
 # the least time (s) a probe is started with; a probe with less left is reported as not measured
 MIN_SECONDS = {"startup": 20.0, "memory": 5.0, "fast_path": 20.0, "precision": 30.0}
 BANDWIDTH_MB = 1024  # copied to measure bandwidth (2 GiB on the device while it runs)
-MEMORY_SLOTS = 3  # stream slots of the cache-only stepper compared with one
+MEMORY_SLOTS = 4  # stream slots of the cache-only stepper compared with two (a 1-slot stepper holds 3 rows)
 LOAD_MARGIN_BYTES = 1 << 30  # activations, workspaces and the codec's buffers beyond the weights
 FAST_KEYS = ("ms_per_frame", "generate_ms_per_frame", "codec_ms_per_frame", "ttfa_ms", "ttfa_lm_ms",
              "ttfa_codec_ms", "rtf", "frames", "repeats", "first_use_s", "compiled", "fallback_reason",
@@ -250,21 +250,26 @@ def _cache_only_stepper_bytes(model, device: torch.device, slots: int) -> int:
 
 def probe_memory(model, device: torch.device, policy: str, engine_reserved: int, model_bytes: int) -> dict:
     """Model, one stream slot's caches (the difference between cache-only steppers of MEMORY_SLOTS slots and of
-    one), the fixed rest of the 1-stream engine (graphs, workspaces, codec graphs), and how many slots fit."""
+    two, over the slots between: from two slots on a stepper holds two rows a slot, while one slot holds three,
+    room for a stream with two guidance scales), the fixed rest of the 1-stream engine (graphs, workspaces,
+    codec graphs), and how many slots fit."""
     from breeze_worker.doctor.figures import HEADROOM_FRACTION
     from breeze_worker.doctor.verdict import streams_that_fit
 
     if device.type != "cuda":
         raise NotMeasured("no CUDA device: memory per stream is a GPU figure")
+    from breeze_worker.engine.precision import backbone_kv_dtype
+
     capacity = model.generation_defaults.max_sequence
-    estimate = footprint.stream_bytes(model.config, policy, capacity)
+    half_kv = backbone_kv_dtype(model.lm, True) == torch.float16  # as the worker's default settings serve
+    estimate = footprint.stream_bytes(model.config, policy, capacity, half_kv=half_kv)
     free = _free(device)
     if free is not None and free < (MEMORY_SLOTS + 1) * estimate:
         raise NotMeasured(f"too little free GPU memory to measure per-stream caches ({free / 2**30:.1f} GiB free, "
                           f"about {(MEMORY_SLOTS + 1) * estimate / 2**30:.1f} GiB needed)")
-    one = _cache_only_stepper_bytes(model, device, 1)
+    two = _cache_only_stepper_bytes(model, device, 2)
     many = _cache_only_stepper_bytes(model, device, MEMORY_SLOTS)
-    per_stream = (many - one) // (MEMORY_SLOTS - 1)
+    per_stream = (many - two) // (MEMORY_SLOTS - 2)
     free, total = torch.cuda.mem_get_info(device)
     outside = max(0, int(total - free) - _reserved(device))  # CUDA context, libraries, other processes
     fixed = max(0, engine_reserved - per_stream) + outside
@@ -309,11 +314,12 @@ def probe_fast_path(model, device: torch.device, floor: float | None, frames: in
 
 
 def precision_policies(auto_policy: str) -> list[str]:
-    """The serving policy, fp16-mixed (the T4's) when that is another, and plain FP16 for contrast."""
+    """The serving policy, fp16-mixed (the T4's) when that is another, fp16-mixed with the backbone's 16-bit
+    caches (what a T4 serves by default), and plain FP16 for contrast."""
     out = [auto_policy]
     if auto_policy != "fp16-mixed":
         out.append("fp16-mixed")
-    return out + ["fp16"]
+    return out + ["fp16-mixed-kv16", "fp16"]
 
 
 def probe_precision(spec: ModelSpec, device: torch.device, policies: list[str], frames: int) -> dict:

@@ -30,6 +30,7 @@ from breeze_worker.doctor.verdict import (
     project_batched,
     project_class,
     verdict,
+    x_realtime,
 )
 
 SCHEMA = "breeze-doctor/1"
@@ -98,14 +99,41 @@ def host_figures(facts: DeviceFacts, measured: dict, policy: str, config,
                    batched=batched, projected=frozenset(projected))
 
 
-def class_figures(config, reference: ReferenceRun = H200_REFERENCE) -> list[Figures]:
-    """Every GPU class projected from the reference (the model's footprint at its capacity per policy)."""
-    capacity = 2048
+CAPACITY = 2048  # positions a stream slot holds in the projections (the released max sequence)
+# the T4's 16-bit options, before and after: (label, backbone KV cache in FP16, codec convolutions in FP16)
+T4_OPTIONS = (("FP32 KV caches, FP32 codec", False, False), ("FP16 backbone KV cache", True, False),
+              ("FP16 codec convolutions", False, True), ("both", True, True))
+
+
+def class_figures(config, reference: ReferenceRun = H200_REFERENCE, *, half_kv: bool = True,
+                  half_codec: bool = False, classes=GPU_CLASSES) -> list[Figures]:
+    """GPU classes projected from the reference (the model's footprint at `CAPACITY` positions per policy).
+    Defaults as the worker serves: under fp16-mixed the backbone's KV cache in FP16 (`half_kv`, where the
+    checkpoint's q/k norm gains allow it), the codec in FP32."""
     policies = ("bf16", "fp16-mixed")
-    model_bytes = {p: footprint.weight_bytes(config, p) + footprint.codec_bytes() for p in policies}
-    stream_bytes = {p: footprint.stream_bytes(config, p, capacity) for p in policies}
-    return [project_class(c, reference, params_per_frame=footprint.params_per_frame(config),
-                          model_bytes=model_bytes, stream_bytes=stream_bytes) for c in GPU_CLASSES]
+    model_bytes = {p: footprint.weight_bytes(config, p) + footprint.codec_bytes(half_codec) for p in policies}
+    stream_bytes = {p: footprint.stream_bytes(config, p, CAPACITY, half_kv) for p in policies}
+    return [project_class(c, reference, params_per_frame=footprint.params_per_frame(config), model_bytes=model_bytes,
+                          stream_bytes=stream_bytes, half_codec=half_codec) for c in classes]
+
+
+def t4_options(config, reference: ReferenceRun = H200_REFERENCE) -> list[dict]:
+    """A 16 GB T4 (fp16-mixed) projected before and after the 16-bit options (`T4_OPTIONS`): stream slots, the
+    streams at RTF <= 0.5 and at RTF <= 1 and their aggregate, by the same projection as the class table."""
+    t4 = next(c for c in GPU_CLASSES if c.name == "T4")
+    rows = []
+    for label, half_kv, half_codec in T4_OPTIONS:
+        fig = class_figures(config, reference, half_kv=half_kv, half_codec=half_codec, classes=(t4,))[0]
+        v = verdict(fig, HostContext(measured=False))
+        best, within = v.best, v.within
+        rows.append({"option": label, "half_kv": half_kv, "half_codec": half_codec, "slots": v.fits,
+                     "stream_bytes": fig.stream_bytes, "model_bytes": fig.model_bytes,
+                     "streams_rtf_0_5": 0 if within is None else within.streams,
+                     "streams_rtf_1": 0 if best is None else best.streams,
+                     "step_ms": None if best is None else best.step_ms,
+                     "codec_ms": None if best is None else best.codec_ms,
+                     "x_realtime": None if best is None else x_realtime(best.streams, best.step_ms)})
+    return rows
 
 
 def verdict_doc(fig: Figures | None, v: Verdict | None, subject: str) -> dict:
@@ -118,7 +146,7 @@ def verdict_doc(fig: Figures | None, v: Verdict | None, subject: str) -> dict:
         "rtf_target": v.rtf_target,
         "streams_within_rtf_target": 0 if v.within is None else v.within.streams,
         "streams_fit": v.fits, "realtime_streams": None if v.best is None else v.best.streams,
-        "stop": None if v.stop is None else {**asdict(v.stop), "overhead_ms": v.stop.overhead_ms},
+        "stop": None if v.stop is None else {**asdict(v.stop), "stop": v.stop.stop, "overhead_ms": v.stop.overhead_ms},
         "stop_ratio": STOP_RATIO, "cost": v.cost,
         "batched": [{**asdict(p), "step_ms": p.step_ms, "rtf": p.step_ms / FRAME_MS} for p in fig.batched],
         "projected": sorted(fig.projected), "lines": v.lines, "next_steps": v.next_steps,
@@ -145,7 +173,7 @@ def build(*, meta: dict, facts: DeviceFacts, policy: dict, config, measured: dic
                         "model": "LM = byte floor at the datasheet bandwidth + the reference's overhead above its "
                                  "floor (+ its growth with streams); codec = the reference's, its growth scaled by "
                                  "FP32 throughput; streams half with CFG; memory slots at 2048 positions",
-                        "rtf_target": RTF_TARGET, "classes": classes},
+                        "rtf_target": RTF_TARGET, "classes": classes, "t4_options": t4_options(config)},
     }
 
 
@@ -253,6 +281,36 @@ def _class_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _options_lines(doc: dict) -> list[str]:
+    rows = doc["projections"].get("t4_options") or []
+    if not rows:
+        return []
+    lines = ["projected for a 16 GB T4 (fp16-mixed), before and after the 16-bit options (`--fastpath-half-kv`, "
+             "`--codec-precision fp16-mixed`):",
+             f"{'option':<28}{'slot GiB':>9}{'slots':>6}{'<=0.5':>6}{'<=1':>5}{'step ms':>9}{'codec ms':>9}"
+             f"{'x real time':>12}"]
+    for r in rows:
+        lines.append(f"{r['option']:<28}{_gib(r['stream_bytes']):>9}{_f(r['slots'], 'd'):>6}{r['streams_rtf_0_5']:>6}"
+                     f"{r['streams_rtf_1']:>5}{_f(r['step_ms'], '.1f'):>9}{_f(r['codec_ms'], '.1f'):>9}"
+                     f"{_f(r['x_realtime'], '.1f'):>12}")
+    lines.append("<=0.5 / <=1: the most streams (1, 2, 4, ... 32) that fit and keep every stream at that RTF; step ms, "
+                 "codec ms and x real time at the <=1 level")
+    return lines
+
+
+def markdown_options(rows: list[dict]) -> str:
+    """The T4 options table as Markdown (docs/t4-playbook.md holds this function's output for the default model)."""
+    lines = ["| on a 16 GB T4 | stream slot GB | stream slots | streams at RTF <= 0.5 | streams at RTF <= 1 "
+             "| step ms (LM + codec) | codec ms | x real time |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['option']} | {r['stream_bytes'] / 1e9:.2f} | {_f(r['slots'], 'd')} "
+                     f"| {r['streams_rtf_0_5']} | {r['streams_rtf_1']} | {_f(r['step_ms'], '.1f')} "
+                     f"| {_f(r['codec_ms'], '.1f')} "
+                     f"| {_f(r['x_realtime'], '.1f')} |")
+    return "\n".join(lines)
+
+
 def markdown_classes(rows: list[dict]) -> str:
     """The cost table as Markdown (docs/t4-playbook.md holds this function's output for the default model)."""
     lines = ["| GPU class | policy | bandwidth GB/s | bytes per frame GB | byte floor ms | batch 1 ms (LM + codec) "
@@ -294,4 +352,5 @@ def text(doc: dict) -> str:
         lines.append("next:")
         lines += [f"  - {step}" for step in v["next_steps"]]
     lines += _class_lines(doc)
+    lines += _options_lines(doc)
     return "\n".join(lines)

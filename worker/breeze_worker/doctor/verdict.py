@@ -8,7 +8,8 @@ The model behind every projection (stated in the report next to its figures):
   of that overhead, and becomes compute-bound only where its GEMMs (2 FLOPs per weight per row) at
   `COMPUTE_EFFICIENCY` of the datasheet peak take longer than the floor;
 - the codec (strict FP32) costs the reference's batch-1 time plus its growth with N scaled by the ratio of FP32
-  throughputs;
+  throughputs; in its fp16-mixed precision (FP16 convolutions, `half_codec`) by the ratio of the reference's
+  FP32 throughput to the device's FP16 tensor-core throughput (the growth taken as the convolutions' arithmetic);
 - a stream's RTF at N streams is the step time / 80 ms; the aggregate is N x 80 ms / step time.
 """
 
@@ -65,14 +66,15 @@ def compute_ms(rows: int, params_per_frame: float, half_tflops: float,
 
 
 def project_batched(lm1_ms: float, codec1_ms: float, floor: float, params_per_frame: float, half_tflops: float,
-                    fp32_tflops: float, reference: ReferenceRun) -> tuple[BatchedPoint, ...]:
+                    codec_tflops: float, reference: ReferenceRun) -> tuple[BatchedPoint, ...]:
     """The step at each of `STREAM_LEVELS` streams on a device whose batch-1 LM time is `lm1_ms` (byte floor
-    `floor`) and codec time `codec1_ms` (module docstring)."""
+    `floor`) and codec time `codec1_ms`, its codec's convolutions running at `codec_tflops` (its FP32 peak, or
+    its FP16 tensor-core peak for the half-precision codec; module docstring)."""
     points = []
     for n in STREAM_LEVELS:
         bound = max(floor, compute_ms(rows_for(n), params_per_frame, half_tflops))
         lm = bound + (lm1_ms - floor) + reference.overhead_growth_ms(n)
-        codec = codec1_ms + reference.codec_growth_ms(n) * reference.fp32_tflops / fp32_tflops
+        codec = codec1_ms + reference.codec_growth_ms(n) * reference.fp32_tflops / codec_tflops
         points.append(BatchedPoint(n, lm, codec))
     return tuple(points)
 
@@ -106,26 +108,46 @@ def cost_per_audio_hour(price_per_hour: float, x_rt: float) -> float:
     return price_per_hour / x_rt
 
 
+REACHED, NOT_REACHED, UNDECIDED = "reached", "not reached", "undecided"
+
+
 @dataclass(frozen=True)
 class Stop:
-    """The stop condition: the LM time over its byte floor, against `STOP_RATIO`."""
+    """The stop condition: the LM time over its byte floor, against `STOP_RATIO`.
+
+    `measured`: the LM time and the bandwidth of the floor were both measured on the device the verdict speaks
+    for. Only then can the condition be `reached`. A projected LM time is a lower bound (the floor plus the
+    reference device's overhead), so a projected ratio above the threshold shows `not reached` (the true one is
+    higher still) and a projected ratio at or below it decides nothing (`undecided`): measure."""
 
     lm_ms: float
     floor_ms: float
     ratio: float
     stop_ratio: float
-    stop: bool  # True: more kernel work cannot pay on this device
+    measured: bool
+    state: str  # REACHED | NOT_REACHED | UNDECIDED
+
+    @property
+    def stop(self) -> bool:
+        """True only when measured on this device: more kernel work cannot pay here."""
+        return self.state == REACHED
 
     @property
     def overhead_ms(self) -> float:
         return self.lm_ms - self.floor_ms
 
 
-def stop_condition(lm_ms: float | None, floor: float | None, stop_ratio: float = STOP_RATIO) -> Stop | None:
+def stop_condition(lm_ms: float | None, floor: float | None, stop_ratio: float = STOP_RATIO,
+                   measured: bool = True) -> Stop | None:
+    """The stop condition from an LM time and a byte floor; `measured` False when either is a projection."""
     if lm_ms is None or not floor:
         return None
     ratio = lm_ms / floor
-    return Stop(lm_ms=lm_ms, floor_ms=floor, ratio=ratio, stop_ratio=stop_ratio, stop=ratio <= stop_ratio)
+    if ratio > stop_ratio:
+        state = NOT_REACHED
+    else:
+        state = REACHED if measured else UNDECIDED
+    return Stop(lm_ms=lm_ms, floor_ms=floor, ratio=ratio, stop_ratio=stop_ratio, measured=measured, state=state)
 
 
 @dataclass(frozen=True)
@@ -166,9 +188,10 @@ def verdict(fig: Figures, context: HostContext = HostContext(), price_per_hour: 
     fits = streams_that_fit(fig.memory_bytes, fig.model_bytes, fig.fixed_bytes, fig.stream_bytes)
     within = streams_within(fig.batched, rtf_target, fits)
     best = best_throughput(fig.batched, 1.0, fits)
+    measured = context.measured and not ({"lm_ms_cfg", "bandwidth"} & fig.projected)
     out = Verdict(batch1_ms=batch1, rtf_batch1=None if batch1 is None else rtf(batch1), floor_ms=floor,
-                  stop=stop_condition(fig.lm_ms_cfg, floor), fits=fits, within=within, best=best,
-                  rtf_target=rtf_target)
+                  stop=stop_condition(fig.lm_ms_cfg, floor, measured=measured), fits=fits, within=within,
+                  best=best, rtf_target=rtf_target)
     if price_per_hour is not None:
         if batch1:
             out.cost["batch1_per_audio_hour"] = cost_per_audio_hour(price_per_hour, x_realtime(1, batch1))
@@ -212,11 +235,7 @@ def _lines(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
     if v.stop is None:
         lines.append("stop condition: not known (the LM time or the byte floor is missing)")
     else:
-        s = v.stop
-        state = ("reached: more kernel work cannot pay here" if s.stop
-                 else f"not reached: removing every ms above the floor would make the LM up to {s.ratio:.2f}x faster")
-        lines.append(f"stop condition (LM <= {s.stop_ratio}x the byte floor): LM {s.lm_ms:.2f} ms = {s.ratio:.2f}x the "
-                     f"floor of {s.floor_ms:.2f} ms ({_how(fig, 'bandwidth', context)} bandwidth); {state}")
+        lines.append(_stop_line(v.stop))
     cost = v.cost
     if "price_per_hour" in cost:
         parts = []
@@ -226,6 +245,21 @@ def _lines(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
             parts.append(f"${cost['batched_per_audio_hour']:.4f} at {cost['batched_streams']} streams")
         lines.append(f"cost at ${cost['price_per_hour']:.3f}/h: " + (", ".join(parts) if parts else "not known"))
     return lines
+
+
+def _stop_line(s: Stop) -> str:
+    head = f"stop condition (LM <= {s.stop_ratio}x the byte floor): LM {s.lm_ms:.2f} ms = {s.ratio:.2f}x the floor of "
+    if s.measured:
+        state = ("reached: more kernel work cannot pay here" if s.stop
+                 else f"not reached: removing every ms above the floor would make the LM up to {s.ratio:.2f}x faster")
+        return f"{head}{s.floor_ms:.2f} ms (LM time and copy bandwidth measured here); {state}"
+    if s.state == NOT_REACHED:
+        state = ("not reached, even on the projection: its LM time is a lower bound, so the measured ratio can "
+                 "only be higher")
+    else:
+        state = ("undecided: the projected LM time is a lower bound, which cannot show the condition reached; "
+                 "measure the LM time and the copy bandwidth on the GPU itself (`breeze-worker doctor --device cuda`)")
+    return f"{head}{s.floor_ms:.2f} ms (projected: the LM time a lower bound); {state}"
 
 
 def next_steps(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
@@ -241,17 +275,23 @@ def next_steps(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
         steps.append("serve with --precision auto (fp16-mixed here): BF16 is emulated below compute capability 8.0; "
                      "never --force-precision bf16 on this GPU")
     s = v.stop
-    if s is not None and s.stop:
+    if s is not None and s.stop:  # measured on this device (Stop.stop)
         steps.append(f"stop optimizing kernels on this GPU: the weights' bytes bound a frame at {s.floor_ms:.1f} ms "
                      f"(RTF {rtf(s.floor_ms):.2f} before any codec work) and only {s.overhead_ms:.1f} ms is above it; "
                      "to go faster read fewer bytes per frame (weight-only quantization, not in this project) or "
                      "move to a GPU with more memory bandwidth (compare classes: `breeze-worker doctor "
                      "--price-per-hour CLASS=PRICE,...`)")
-    elif s is not None:
+    elif s is not None and s.measured:
         steps.append(f"the LM spends {s.overhead_ms:.1f} ms a frame above its byte floor: profile it with "
                      "`breeze-worker bench --paths fast --cfg on` (GPU-busy fraction, top kernels) and "
                      "`breeze-worker trace --path fast`; keep host syncs at one a frame "
                      "(`breeze-worker audit-syncs --path fast --budget 1`)")
+    elif s is not None:
+        steps.append(f"measure before deciding anything on kernels: on the {fig.device} itself run `breeze-worker "
+                     "doctor --device cuda --json doctor.json` (the fast path's ms per frame, the copy bandwidth and "
+                     f"the ratio to the floor; projected here {s.ratio:.2f}x from a lower bound) and "
+                     "`breeze-worker bench --size full --device cuda --paths eager,fast --cfg on` (the GPU-busy "
+                     "fraction: near 1, kernels and bytes limit the frame; small, the host does)")
     if v.within is not None and v.within.streams > 1:
         steps.append(f"serve {v.within.streams} streams at once (`breeze-worker serve --max-active-streams "
                      f"{v.within.streams}`): batching costs little per extra stream while the step is bound by "
@@ -271,9 +311,10 @@ def next_steps(fig: Figures, v: Verdict, context: HostContext) -> list[str]:
 
 
 def project_class(c: GpuClass, reference: ReferenceRun, *, params_per_frame: float, model_bytes: dict[str, int],
-                  stream_bytes: dict[str, int]) -> Figures:
+                  stream_bytes: dict[str, int], half_codec: bool = False) -> Figures:
     """A GPU class's figures projected from the reference (module docstring): its `auto` policy's bytes per frame
-    at its datasheet bandwidth, the reference's overhead, the model and cache footprints given per policy."""
+    at its datasheet bandwidth, the reference's overhead, the model and cache footprints given per policy;
+    `half_codec`: the codec's convolutions in FP16 (scaled by the class's FP16 tensor-core peak)."""
     policy = policy_for(c.capability)
     bytes_per_frame = reference.bytes_per_frame[policy]
     floor = floor_ms(bytes_per_frame, c.bandwidth)
@@ -281,7 +322,8 @@ def project_class(c: GpuClass, reference: ReferenceRun, *, params_per_frame: flo
         raise ValueError(f"GPU class {c.name} has no bandwidth to project its figures from")
     lm1 = floor + reference.overhead_ms(policy)
     codec1 = reference.batched[0].codec_ms
-    batched = project_batched(lm1, codec1, floor, params_per_frame, c.half_tflops, c.fp32_tflops, reference)
+    batched = project_batched(lm1, codec1, floor, params_per_frame, c.half_tflops,
+                              c.half_tflops if half_codec else c.fp32_tflops, reference)
     fields = {"bandwidth", "lm_ms_cfg", "codec_ms", "memory_bytes", "model_bytes", "fixed_bytes", "stream_bytes",
               "batched"}
     return Figures(device=c.name, source=f"projected from {reference.device} figures and {c.name} datasheet figures",

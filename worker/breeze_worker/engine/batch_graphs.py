@@ -1,182 +1,330 @@
-"""CUDA graphs for the batched frame step: one per batch-shape bucket, built once at start-up.
+"""The batched frame step's batch shapes: each one's view of the step's buffers, compiled or not, and its CUDA
+graphs, built at start-up or, while the worker serves, in the background.
 
-A shape is (streams, rows): the prefix of stream slots and model rows a step covers (`FrameStep.narrow`
-gives a view of the one static cache with that prefix). `sample_frame` is captured per shape; the backbone
-step per (rows, attention bucket). All graphs share one memory pool: their only live outputs are the
-step's static buffers, so replaying them in any order is safe.
+A shape is (streams, rows): the prefix of stream slots and model rows a step covers (`FrameStep.narrow` gives a
+view of the one static cache with that prefix). `sample_frame` is captured per shape, the backbone step per
+(shape, attention bucket). All graphs share one memory pool: their only live outputs are the step's static
+buffers, and the engine thread replays them one at a time, so replaying them in any order is safe.
 
-With compilation on (fastpath/compiled.py) every bucket view runs `torch.compile`d units (each view picks
-its layers' form by its row count), compiled by one warm-up pass before capture; Dynamo compiles once per
-distinct shape, so the buckets are few (engine/batching.py `bucket_shapes`). The fallbacks are the batch-1
-runner's (fastpath/graph.py): a compile error first retries every view whose form has a fallback in that
-form (fastpath/forms.py: `gemm+attention` -> `gemm`, the library's GEMMs only; `fused+chain+all` ->
-`units+attn`); another compile error is logged and the uncompiled views are captured; a capture error of
-the compiled views retries them uncompiled; a second capture error leaves the views eager.
+With compilation on (fastpath/compiled.py) a shape's view runs `torch.compile`d units (its layers' form follows
+its row count), compiled by a warm-up pass before capture; Dynamo compiles once per distinct shape, so the
+buckets are few (engine/batching.py `bucket_shapes`). The fallbacks are the batch-1 runner's (fastpath/graph.py):
+a compile error retries the shape in its form's fallback (fastpath/forms.py: `gemm+attention` -> `gemm`, the
+library's GEMMs only; `fused+chain+all` -> `units+attn`; a form that failed once is not tried again for later
+shapes); another compile error leaves the shape uncompiled; a capture error of the compiled view retries it
+uncompiled; a second capture error leaves the shape eager.
 
-Capture runs the step on the real buffers (warm-up runs, then capture), so it happens before any stream
-joins; the caller resets the rows afterwards. On the CPU the same views run eagerly (compiled if asked).
-Shapes outside the buckets (the CPU's exact prefixes) get uncompiled views on first use: compiling a new
-shape while streams wait would stall them.
+Building a shape (`build`) and the streams' safety. Every view is a prefix of the same buffers, and a warm-up
+pass runs the step on the buffers it is given. At start-up, before any stream joins (`exclusive`), the warm-up
+runs on the view itself, as capture requires. While streams are live, running a larger shape's step on the
+step's buffers would overwrite their caches, sampling state and frame counters, so a background build warms up
+(and compiles) on a scratch step of the shape's size (`FrameStep.scratch`: buffers of its own, shaped and
+strided as the view's, so Dynamo's guards pass on the view and nothing compiles again), then captures the
+view's graphs on a stream of its own in thread-local mode (`fastpath/graph.py capture_graph`), which records
+the kernels without running them: the step's buffers are never touched. A built shape is published at once
+(`built`, `ready_shapes`: what the engine thread steps with from its next step on); a shape built again (the
+starter's compiled upgrade) replaces the old build, which is kept alive so that a replay in flight is never
+freed under the device.
+
+The starter (`starter` shapes) is built uncompiled, which takes seconds, so that a serving worker is ready for
+one stream at once; `pending()` then lists what is left in the order it becomes useful: the starter's compiled
+build, then each shape by the streams it covers. On the CPU the same views run eagerly (compiled if asked), and
+"capturing" is publishing the view. Shapes outside the buckets (the CPU's exact prefixes) get uncompiled views
+on first use: compiling a new shape while streams wait would stall them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from breeze_worker.engine.fastpath.compiled import compile_unit
 from breeze_worker.engine.fastpath.forms import LayerForm, fallback_of, select_form
-from breeze_worker.engine.fastpath.graph import run_on_side_stream
+from breeze_worker.engine.fastpath.graph import capture_graph
 from breeze_worker.engine.fastpath.static_cache import buckets_up_to
 from breeze_worker.engine.fastpath.step import FrameStep
 
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
 log = logging.getLogger(__name__)
+
+Shape = tuple[int, int]
+
+
+def covered_streams(shape: Shape) -> int:
+    """Streams a shape serves whatever their mix: each stream may use CFG (two rows)."""
+    streams, rows = shape
+    return min(streams, rows // 2)
+
+
+def _dynamo_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (its counters)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+@dataclass(frozen=True)
+class Built:
+    """One batch shape as the engine thread steps it: its view of the step's buffers and, on CUDA, its graphs."""
+
+    view: FrameStep
+    sample: torch.cuda.CUDAGraph | None = None
+    backbone: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)  # attention bucket -> graph
+    compile_s: float = 0.0
+    capture_s: float = 0.0
+    background: bool = False  # built while the worker served (warmed on a scratch step)
+
+    @property
+    def graphed(self) -> bool:
+        return self.sample is not None
 
 
 class ShapeGraphs:
-    def __init__(self, step: FrameStep, shapes: list[tuple[int, int]], use_graphs: bool, compile: bool = False):
+    def __init__(self, step: FrameStep, shapes: list[Shape], use_graphs: bool, compile: bool = False,
+                 starter: list[Shape] | None = None):
+        """`starter` None: build every shape now (compiled where asked), before any stream joins (a bench, or a
+        worker built whole before serving); else only those of `shapes` in `starter`, uncompiled, and the rest
+        are `pending()` for `build` on a background thread."""
         self.step = step
         self.shapes = sorted(set(shapes))
-        self.views = {shape: step.narrow(shape[1], shape[0]) for shape in self.shapes}
-        self._extra: dict[tuple[int, int], FrameStep] = {}  # uncompiled views of non-bucket shapes
-        # the backbone step reads per-stream buffers only through row -> stream gathers: capture it on the
-        # widest stream prefix paired with each row count, so any paired shape's indices stay in bounds
-        self._backbone_view: dict[int, FrameStep] = {}
-        for s, r in self.shapes:
-            if r not in self._backbone_view or self._backbone_view[r].streams < s:
-                self._backbone_view[r] = self.views[(s, r)]
+        self.use_graphs = use_graphs
+        self.compile_requested = bool(compile and self.shapes)
         self.buckets = buckets_up_to(step.cache.capacity)
-        self.sample_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.backbone_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.built: dict[Shape, Built] = {}
+        self.ready_shapes: tuple[Shape, ...] = ()  # replaced whole on each publish (the engine thread reads it)
+        self._retired: list[Built] = []  # builds a later one replaced: a replay may still be in flight
+        self._extra: dict[Shape, FrameStep] = {}  # uncompiled views of non-bucket shapes
         self.fallback_reason: str | None = None
         self.compile_fallback_reason: str | None = None
-        self.compile_requested = bool(compile and self.views)
         self.compile_s = 0.0
         self.capture_s = 0.0
+        self.capture_recompiles = 0  # Dynamo graphs compiled while capturing (the warm-up should have compiled all)
+        self._failed_forms: set[str] = set()  # forms whose compile failed here: later shapes go to the fallback
+        self._compile_tried: set[Shape] = set()  # shapes whose compiled build ran (whatever came of it)
+        self._stream: torch.cuda.Stream | None = None  # warm-ups and captures (CUDA)
+        self._pool: _POOL_HANDLE | None = None  # the graphs' memory pool (CUDA)
+        self._build_lock = threading.Lock()  # one build at a time
         self._host: torch.Tensor | None = None  # pinned host copy of `readout` (CUDA)
         self._read_done: torch.cuda.Event | None = None
-        if self.compile_requested:
-            self._compile()
-        if use_graphs:
-            self._capture()
+        now = self.shapes if starter is None else [s for s in self.shapes if s in set(starter)]
+        if now:
+            self.build_all(now, compiled=self.compile_requested and starter is None, exclusive=True)
+        if starter is None:
+            self.log_totals()
 
+    # (`built` grows on the builder's thread while others read it: each reader takes one snapshot of it)
     @property
     def graph_count(self) -> int:
-        return len(self.sample_graphs) + len(self.backbone_graphs)
+        return sum(int(b.graphed) + len(b.backbone) for b in list(self.built.values()))
 
     @property
     def compiled(self) -> bool:
-        return any(view.compiled for view in self.views.values())
+        return any(b.view.compiled for b in list(self.built.values()))
 
-    def view(self, shape: tuple[int, int]) -> FrameStep:
-        view = self.views.get(shape, self._extra.get(shape))
+    @property
+    def views(self) -> dict[Shape, FrameStep]:
+        """The built shapes' views (the ones the engine steps with)."""
+        return {shape: b.view for shape, b in list(self.built.items())}
+
+    @property
+    def complete(self) -> bool:
+        """Every shape built, compiled where compiling was asked for and worked."""
+        return not self.pending()
+
+    def view(self, shape: Shape) -> FrameStep:
+        built = self.built.get(shape)
+        if built is not None:
+            return built.view
+        view = self._extra.get(shape)
         if view is None:
             view = self._extra[shape] = self.step.narrow(shape[1], shape[0])
         return view
 
-    # ---- start-up ----
-    def _form(self, view: FrameStep) -> LayerForm:
-        """The view's compiled form: it follows the view's row count (and the settings' `form`)."""
-        return select_form(view.rows, compiled=True, requested=self.step.settings.form)
+    def pending(self) -> list[tuple[Shape, bool]]:
+        """What is left to build, in the order it is useful: (shape, compiled). First the built shapes that run
+        uncompiled while compiling was asked for (the starter), then the shapes not built yet by the streams
+        they serve (`covered_streams`), fewest first."""
+        built = set(self.ready_shapes)
+        upgrades = [(shape, True) for shape in sorted(built)
+                    if self.compile_requested and shape not in self._compile_tried]
+        missing = sorted((s for s in self.shapes if s not in built), key=lambda s: (covered_streams(s), s[1]))
+        return upgrades + [(shape, self.compile_requested) for shape in missing]
 
-    def _set_compiled(self, on: bool, fallback: bool = False) -> None:
-        """`fallback`: views whose form has a fallback (fastpath/forms.py) compile that form instead."""
-        settings = self.step.settings
-        for view in self.views.values():
-            if on:
-                form = self._form(view)
-                view.use_compiled(lambda fn: compile_unit(fn, settings), fallback and fallback_of(form) or form)
-            else:
-                view.use_uncompiled()
+    def compile_pending(self, shape: Shape) -> bool:
+        """Whether `shape` runs uncompiled now and a compiled build of it is still to come."""
+        return self.compile_requested and shape not in self._compile_tried
 
-    def _warm(self) -> None:
-        for view in self.views.values():
-            view.sample_frame()
-        for view in self._backbone_view.values():
-            for bucket in self.buckets:
-                view.backbone_step(bucket)
+    # ---- building ----
+    def build(self, shape: Shape, compiled: bool, exclusive: bool = False) -> Built:
+        """Build `shape` (compiled or not), capture its graphs (CUDA) and publish it. `exclusive`: no stream is
+        live, so the warm-up may run on the step's own buffers; otherwise it runs on a scratch step."""
+        return self.build_all([shape], compiled, exclusive)[shape]
 
+    def build_all(self, shapes: list[Shape], compiled: bool, exclusive: bool = False) -> dict[Shape, Built]:
+        """`build` for several shapes: compiled by one warm-up pass over all of them (every shape's frame, then
+        every shape's backbone steps: the order Dynamo meets the shapes in, which decides what its automatic
+        dynamic shapes compile), then each captured and published."""
+        with self._build_lock:
+            views = {shape: self.step.narrow(shape[1], shape[0]) for shape in shapes}
+            warm_on = dict(views) if exclusive else {
+                shape: self._on_stream(lambda s=shape: self.step.scratch(s[1], s[0])) for shape in shapes}
+            t0 = time.perf_counter()
+            if compiled:
+                self._compile_tried.update(shapes)
+                self._compile(views, warm_on)
+            compile_s = (time.perf_counter() - t0) / max(1, len(shapes))
+            out = {}
+            for shape in shapes:
+                view = views[shape]
+                sample: torch.cuda.CUDAGraph | None = None
+                backbone: dict[int, torch.cuda.CUDAGraph] = {}
+                t1 = time.perf_counter()
+                if self.use_graphs:
+                    sample, backbone = self._capture(shape, view, warm_on[shape])
+                out[shape] = Built(view, sample, backbone, compile_s if view.compiled else 0.0,
+                                   time.perf_counter() - t1, background=not exclusive)
+                self._publish(shape, out[shape])
+            return out
 
-    def _compile(self) -> None:
-        """Compile every bucket view's units (Dynamo compiles on first call: one warm-up pass)."""
-        t0 = time.perf_counter()
-        kernel_forms = any(fallback_of(self._form(view)) for view in self.views.values())
-        attempts = [False, True] if kernel_forms else [False]  # the forms asked for, then their fallbacks
-        for i, fallback in enumerate(attempts):
-            try:
-                self._set_compiled(True, fallback)
-                run_on_side_stream(self.step.device, self._warm)
-                break
-            except Exception as exc:  # compilation is an optimization: keep the uncompiled step
-                then = ("trying the forms' fallbacks (forms without our Triton kernels)" if i + 1 < len(attempts)
-                        else "running the batched step uncompiled")
-                reason = f"torch.compile failed ({type(exc).__name__}: {exc}); {then}"
-                self.compile_fallback_reason = (f"{self.compile_fallback_reason}; then {reason}"
-                                                if self.compile_fallback_reason else reason)
-                log.warning("%s", reason)
-                self._set_compiled(False)
-        self.compile_s = time.perf_counter() - t0
+    def _publish(self, shape: Shape, built: Built) -> None:
+        old = self.built.get(shape)
+        if old is not None:
+            self._retired.append(old)
+        self.built[shape] = built
+        self.ready_shapes = tuple(sorted(self.built))
+        self.compile_s += built.compile_s
+        self.capture_s += built.capture_s
+
+    def log_totals(self) -> None:
+        """The build's totals, as one line each for the compile and the capture (what the benches read)."""
         if self.compiled:
-            log.info("compiled the batched step for %d batch shapes in %.1f s", len(self.shapes), self.compile_s)
-
-    def _capture(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            self._capture_all()
-        except Exception as exc:
-            if self.compiled:  # retry once with the uncompiled views before giving up on graphs
-                self.compile_fallback_reason = (f"CUDA graph capture of the compiled batched step failed "
-                                                f"({type(exc).__name__}: {exc}); capturing the uncompiled step")
-                log.warning("%s", self.compile_fallback_reason)
-                self._set_compiled(False)
-                self.sample_graphs, self.backbone_graphs = {}, {}
-                try:
-                    self._capture_all()
-                except Exception as again:
-                    self._graphs_failed(again)
-            else:
-                self._graphs_failed(exc)
-        self.capture_s = time.perf_counter() - t0
-        if self.sample_graphs:
+            log.info("compiled the batched step for %d batch shapes in %.1f s", len(self.built), self.compile_s)
+        if self.graph_count:
             log.info("captured %d CUDA graphs for %d batch shapes in %.2f s (compiled: %s)", self.graph_count,
-                     len(self.shapes), self.capture_s, self.compiled)
+                     len(self.built), self.capture_s, self.compiled)
 
-    def _graphs_failed(self, exc: Exception) -> None:
-        self.fallback_reason = (f"CUDA graph capture failed ({type(exc).__name__}: {exc}); "
-                                "running the batched step eagerly")
-        log.warning("%s", self.fallback_reason)
-        self.sample_graphs, self.backbone_graphs = {}, {}
-
-    def _capture_all(self) -> None:
+    def _on_stream(self, work):
+        """`work()` on the builders' CUDA stream, after what the current stream has queued, and waited for (on
+        the CPU: just `work()`): warm-ups before a capture allocate library workspaces on the stream that
+        captures."""
         device = self.step.device
-        pool = torch.cuda.graph_pool_handle()
-        run_on_side_stream(self.step.device, self._warm)
-        for shape, view in self.views.items():
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                view.sample_frame()
-            self.sample_graphs[shape] = graph
-        for rows, view in self._backbone_view.items():
+        if device.type != "cuda":
+            return work()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        self._stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(self._stream):
+            out = work()
+        self._stream.synchronize()
+        return out
+
+    def _warm(self, targets: list[FrameStep]) -> None:
+        for target in targets:
+            target.sample_frame()
+        for target in targets:
             for bucket in self.buckets:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    view.backbone_step(bucket)
-                self.backbone_graphs[(rows, bucket)] = graph
-        torch.cuda.synchronize(device)
+                target.backbone_step(bucket)
+
+    def _compile(self, views: dict[Shape, FrameStep], warm_on: dict[Shape, FrameStep]) -> None:
+        """Compile the views' units by one warm-up pass on `warm_on` (Dynamo compiles on first call), each in its
+        form; when that fails, each in its form's fallback; uncompiled when that fails too. A form that failed
+        is not tried again for a later build."""
+        settings = self.step.settings
+        forms = {shape: select_form(view.rows, compiled=True, requested=settings.form) for shape, view in views.items()}
+        for level in (0, 1):
+            chosen: dict[Shape, LayerForm] = {}
+            for shape, form in forms.items():
+                attempt = form if level == 0 else fallback_of(form)
+                if attempt is not None and attempt.name not in self._failed_forms:
+                    chosen[shape] = attempt
+            if not chosen:
+                continue
+            targets = [warm_on[shape] for shape in chosen]
+            try:
+                for shape, form in chosen.items():
+                    for target in {id(views[shape]): views[shape], id(warm_on[shape]): warm_on[shape]}.values():
+                        target.use_compiled(lambda fn: compile_unit(fn, settings), form)
+                self._on_stream(functools.partial(self._warm, targets))
+                return
+            except Exception as exc:  # compilation is an optimization: keep the uncompiled step
+                self._failed_forms.update(form.name for form in chosen.values())
+                names = ", ".join(sorted({f.name for f in chosen.values()}))
+                then = ("trying the forms' fallbacks (forms without our Triton kernels)" if level == 0
+                        else "running the batched step uncompiled")
+                shapes = ", ".join(f"{s}x{r}" for s, r in chosen)
+                self._compile_failed(f"torch.compile of batch shapes {shapes} ({names}) failed "
+                                     f"({type(exc).__name__}: {exc}); {then}")
+                for shape in views:
+                    views[shape].use_uncompiled()
+                    warm_on[shape].use_uncompiled()
+
+    def _compile_failed(self, reason: str) -> None:
+        self.compile_fallback_reason = (f"{self.compile_fallback_reason}; then {reason}"
+                                        if self.compile_fallback_reason else reason)
+        log.warning("%s", reason)
+
+    def _capture(self, shape: Shape, view: FrameStep,
+                 warm_on: FrameStep) -> tuple[torch.cuda.CUDAGraph | None, dict[int, torch.cuda.CUDAGraph]]:
+        try:
+            return self._capture_view(view, warm_on)
+        except Exception as exc:
+            if view.compiled:  # retry once with the uncompiled view before giving up on graphs
+                self._compile_failed(f"CUDA graph capture of the compiled batch shape {shape[0]}x{shape[1]} failed "
+                                     f"({type(exc).__name__}: {exc}); capturing it uncompiled")
+                view.use_uncompiled()
+                warm_on.use_uncompiled()
+                try:
+                    return self._capture_view(view, warm_on)
+                except Exception as again:
+                    exc = again
+            reason = (f"CUDA graph capture of batch shape {shape[0]}x{shape[1]} failed ({type(exc).__name__}: "
+                      f"{exc}); running that shape eagerly")
+            self.fallback_reason = f"{self.fallback_reason}; {reason}" if self.fallback_reason else reason
+            log.warning("%s", reason)
+            return None, {}
+
+    def _capture_view(self, view: FrameStep,
+                      warm_on: FrameStep) -> tuple[torch.cuda.CUDAGraph, dict[int, torch.cuda.CUDAGraph]]:
+        # libraries, workspaces and kernels ready on this thread and stream before the capture
+        self._on_stream(lambda: self._warm([warm_on]))
+        if warm_on is not view:
+            self._on_stream(lambda: view.fused_workspace.reserve_like(warm_on.fused_workspace))
+        assert self._stream is not None  # created by the warm-up (CUDA)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        compiled_before = _dynamo_graphs() if view.compiled else 0
+        sample, _ = capture_graph(view.sample_frame, self._stream, self._pool)
+        backbone: dict[int, torch.cuda.CUDAGraph] = {}
+        for bucket in self.buckets:
+            backbone[bucket], _ = capture_graph(functools.partial(view.backbone_step, bucket), self._stream, self._pool)
+        self._stream.synchronize()
+        if view.compiled and (again := _dynamo_graphs() - compiled_before):
+            self.capture_recompiles += again
+            log.warning("Dynamo compiled %d graph(s) again while capturing batch shape %dx%d on the step's buffers: "
+                        "its guards did not hold for the view the warm-up did not run on", again, view.streams,
+                        view.rows)
+        return sample, backbone
 
     # ---- per step ----
-    def sample_frame(self, shape: tuple[int, int], then=None) -> torch.Tensor:
+    def sample_frame(self, shape: Shape, then=None) -> torch.Tensor:
         """Sample one frame for every stream of `shape` and return the host copy of `readout` [streams, 18]
         (the step's one host read). `then()`, if given, is queued on the device right behind the copy
         (the next backbone step): on CUDA the host waits for the copy only, so `then`'s work runs while
         the caller reads the frame."""
-        graph = self.sample_graphs.get(shape)
-        view = self.view(shape)
-        if graph is not None:
-            graph.replay()
+        built = self.built.get(shape)
+        if built is not None and built.sample is not None:
+            view = built.view
+            built.sample.replay()
         else:
+            view = self.view(shape)
             view.sample_frame()
         if view.readout.device.type != "cuda":
             out = view.readout.clone()
@@ -196,10 +344,10 @@ class ShapeGraphs:
         read_done.synchronize()
         return host.clone()
 
-    def backbone_step(self, shape: tuple[int, int], bucket: int) -> None:
-        graph = self.backbone_graphs.get((shape[1], bucket))
+    def backbone_step(self, shape: Shape, bucket: int) -> None:
+        built = self.built.get(shape)
+        graph = built.backbone.get(bucket) if built is not None else None
         if graph is not None:
             graph.replay()
         else:
-            view = self._backbone_view.get(shape[1])
-            (view if view is not None else self.view(shape)).backbone_step(bucket)
+            self.view(shape).backbone_step(bucket)

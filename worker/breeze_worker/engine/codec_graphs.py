@@ -22,7 +22,9 @@ concatenations, LayerNorm and GELU, a large share of an eager step's kernel time
 not "reduce-overhead": our graph captures the compiled code, which must not capture CUDA graphs of its own.
 The convolution forms are tuned eagerly first and compiled in as chosen (`TwoFormConvolution.gemm_shapes` says
 why it is a dict). Why only the large buckets by default: there the fused kernels save the most (a 32-slot step
-9.2 -> 7.0 ms in FP32, 6.2 -> 3.9 ms with TF32, batching runs 14-16 and 26-27 in docs/performance.md), while
+9.2 -> 7.0 ms in FP32, 6.2 -> 3.9 ms with TF32 on an H200; through the worker at 64 clients the codec step
+5.80 ms against 9.32 ms uncompiled: docs/performance.md, serve-46ea515-20261203.json and
+serve-6f13d35-20261204.json), while
 each bucket's compile costs 16-35 s of a cold start (Inductor's cache makes the next start's far shorter), and
 the small buckets' steps are short anyway.
 A failed compile is logged and kept in `fallback_reason`, and the batch runs (and captures) the
@@ -59,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from breeze_worker.engine.fastpath.graph import run_on_side_stream
+from breeze_worker.engine.fastpath.graph import capture_graph, run_on_side_stream
 from breeze_worker.model.codec.layers import TwoFormConvolution
 from breeze_worker.model.codec.streaming import DecoderStreamState
 
@@ -147,14 +149,32 @@ class FormStore:
 
 def forms_directory() -> Path:
     """Where `FormStore` files live: beside the compiled code they go with, in Inductor's cache directory
-    (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), under breeze/; Inductor's own helper says which."""
+    (TORCHINDUCTOR_CACHE_DIR, else Inductor's default), under breeze/; Inductor's own helper says which. The
+    helper's module is loaded on its own (it has no torch dependencies, its docstring says): importing it as part
+    of torch._inductor imports Dynamo, seconds of a start-up that compiles nothing before serving."""
     try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        base = Path(cache_dir())
+        base = Path(_inductor_cache_dir_utils().cache_dir())
     except Exception:  # noqa: BLE001 - a private helper that may move: the temporary directory then
         base = Path(tempfile.gettempdir()) / "torchinductor"
     return base / "breeze"
+
+
+@functools.cache
+def _inductor_cache_dir_utils() -> types.ModuleType:
+    """torch/_inductor/runtime/cache_dir_utils.py, loaded without its package (the package once imported: it)."""
+    import importlib.util
+    import sys
+
+    loaded = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if loaded is not None:
+        return loaded
+    path = Path(torch.__file__).parent / "_inductor" / "runtime" / "cache_dir_utils.py"
+    spec = importlib.util.spec_from_file_location("breeze_worker._inductor_cache_dir_utils", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tune_convolutions(decoder, step, repeats: int = 5, margin: float = 0.95,
@@ -367,11 +387,12 @@ class SlotBatch:
                     self._compile()
                 # warm-up: cuDNN/cuBLAS choose and allocate outside the capture
                 run_on_side_stream(self.device, lambda: [self.advance() for _ in range(2)])
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: CUDA work of other threads (e.g. a reference being encoded) may go on meanwhile
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    audio = self.advance()
-                torch.cuda.synchronize(self.device)
+                # thread-local: CUDA work of other threads (the engine thread's steps, a reference being
+                # encoded) goes on meanwhile; no device sync or cache emptying first (fastpath/graph.py)
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                graph, audio = capture_graph(self.advance, stream)
+                stream.synchronize()
             self.graph, self.audio = graph, audio
         except Exception as exc:  # graphs are an optimization: the same step runs eagerly
             self.graph = self.audio = None
@@ -400,6 +421,7 @@ class SlotPool:
         self.compile_from = compile_from
         self._free: dict[int, list[SlotBatch]] = {}
         self._lock = threading.RLock()  # a CodecRows finalizer may release from inside a locked allocation
+        self.built: set[int] = set()  # row counts built at least once (held or free)
 
     def acquire(self, rows: int) -> SlotBatch:
         with self._lock:
@@ -407,7 +429,18 @@ class SlotPool:
             if free:
                 return free.pop()
         # outside the lock: capture runs gc, which may release
-        return SlotBatch(self.decoder, rows, compile=self.compiles(rows))
+        batch = SlotBatch(self.decoder, rows, compile=self.compiles(rows))
+        self.built.add(rows)
+        return batch
+
+    def ensure(self, rows: int) -> float:
+        """Build a batch of `rows` rows unless one was built already (held or free); seconds. The start-up
+        thread builds the buckets a growing number of streams needs this way while the engine holds one."""
+        if rows in self.built:
+            return 0.0
+        t0 = time.perf_counter()
+        self.release(self.acquire(rows))
+        return time.perf_counter() - t0
 
     def compiles(self, rows: int) -> bool:
         """Whether a batch of `rows` rows is built compiled."""

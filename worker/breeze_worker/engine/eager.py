@@ -4,13 +4,15 @@ engine/prompt.py (`prepare_prompt_embeddings`).
 
 Per frame (the official decoding loop):
 1. backbone logits of the last position (FP32); with CFG the two rows (cond, uncond) are combined
-   `u + s*(c - u)`; the repetition penalty divides / multiplies logits of codebook-0 codes this request has
-   already produced; reserved ids (codebook_size .. vocab-1) are masked; `sample_rows` draws codebook 0 with
-   the request's counter-based noise (frame index, codebook 0). The end-of-speech class ends the request.
+   `u + s*(c - u)`, with two guidance scales the three rows (instruction, clone, plain prompts)
+   `u + s_ref*(r - u) + s_ins*(i - u)` (the reference implementation's order of terms); the repetition
+   penalty divides / multiplies logits of codebook-0 codes this request has already produced; reserved ids
+   (codebook_size .. vocab-1) are masked; `sample_rows` draws codebook 0 with the request's counter-based
+   noise (frame index, codebook 0). The end-of-speech class ends the request.
 2. depth decoder: 2-position prefill (backbone hidden, codebook 0), then one position per codebook; each
    head's logits are CFG-combined the same way, reserved ids masked, and sampled as codebook 1..15 (no
-   repetition penalty). The sampled code is written to both CFG rows.
-3. the frame is yielded, then fed back to the backbone as its summed embedding (both rows).
+   repetition penalty). The sampled code is written to every row of the request.
+3. the frame is yielded, then fed back to the backbone as its summed embedding (every row).
 The frame limit is the request's `max_frames`, further capped so prompt + frames stays below the model's
 sequence budget (the official loop stops at max_sequence - 1).
 When a tracer is active (engine/tracing.py) the loop records spans: text_encode, prefill, and per frame
@@ -53,11 +55,16 @@ class EagerFrameGenerator:
 
     # ---- the loop ----
     def _combine(self, logits: torch.Tensor) -> torch.Tensor:
-        """[R, V] -> [1, V]: CFG rows (cond, uncond) combined u + s*(c - u)."""
-        if logits.shape[0] == 1:
-            return logits
-        cond, uncond = logits[:1], logits[1:2]
-        return uncond + self.request.cfg_scale * (cond - uncond)
+        return combine_rows(logits, *self._scales)
+
+    @property
+    def _scales(self) -> tuple[float, float]:
+        """(the cond or instruction row's scale, the clone row's scale: 0 without two guidance scales)."""
+        request = self.request
+        if request.dual_cfg:
+            assert request.cfg_scale_instruction is not None and request.cfg_scale_reference is not None
+            return float(request.cfg_scale_instruction), float(request.cfg_scale_reference)
+        return float(request.cfg_scale), 0.0
 
     @torch.no_grad()
     def _run(self):
@@ -138,24 +145,45 @@ class EagerFrameGenerator:
     def _depth_frame(self, backbone_hidden: torch.Tensor, code0: torch.Tensor, rows: RowSampling,
                      frame: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         """Codebooks 1..15 for one frame -> int64 [16] (codebook 0 first)."""
-        lm = self.model.lm
-        n_rows, device = backbone_hidden.shape[0], backbone_hidden.device
-        cache = lm.new_depth_cache()
-        with tracing.span("depth_step", codebook=1):  # the 2-position prefill: backbone state, codebook 0
-            inputs = lm.depth_prefill_inputs(backbone_hidden, code0.expand(n_rows))
-            causal = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None],
-                                   inputs.dtype)
-            hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), causal, cache)[:, -1]
-        codes = [code0]
-        num_codebooks = self.model.config.num_codebooks
-        for position in range(1, num_codebooks):
-            with tracing.span("sampling", codebook=position):
-                logits = self._combine(lm.depth_logits(hidden, position))
-                code = sample_rows(logits, rows, frame, position, blocked)
-            codes.append(code)
-            if position == num_codebooks - 1:
-                break
-            with tracing.span("depth_step", codebook=position + 1):
-                embed = lm.depth_decoder.code_embedding(code.expand(n_rows), position)[:, None]
-                hidden = lm.depth_decoder(embed, torch.tensor([position + 1], device=device), None, cache)[:, -1]
-        return torch.cat(codes)
+        return depth_frame(self.model.lm, backbone_hidden, code0, rows, frame, blocked, *self._scales)[0]
+
+
+def combine_rows(logits: torch.Tensor, cfg_scale: float, ref_scale: float = 0.0) -> torch.Tensor:
+    """[R, V] -> [1, V]: one row as it is; CFG rows (cond, uncond) combined u + s*(c - u); the three rows of two
+    guidance scales (instruction, clone, plain) combined u + s_ref*(r - u) + s*(i - u), `cfg_scale` being the
+    instruction's scale (the reference implementation's order of terms)."""
+    if logits.shape[0] == 1:
+        return logits
+    if logits.shape[0] == 3:
+        ins, ref, uncond = logits[:1], logits[1:2], logits[2:3]
+        return uncond + ref_scale * (ref - uncond) + cfg_scale * (ins - uncond)
+    cond, uncond = logits[:1], logits[1:2]
+    return uncond + cfg_scale * (cond - uncond)
+
+
+def depth_frame(lm, backbone_hidden: torch.Tensor, code0: torch.Tensor, rows: RowSampling, frame: torch.Tensor,
+                blocked: torch.Tensor, cfg_scale: float, ref_scale: float = 0.0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The depth decoder's codebooks 1..15 of one frame from the backbone's last state of each row [R, H] and
+    codebook 0's code [1]: (codes int64 [16], codebook 0 first; a bool whether every depth logit was finite)."""
+    n_rows, device = backbone_hidden.shape[0], backbone_hidden.device
+    cache = lm.new_depth_cache()
+    with tracing.span("depth_step", codebook=1):  # the 2-position prefill: backbone state, codebook 0
+        inputs = lm.depth_prefill_inputs(backbone_hidden, code0.expand(n_rows))
+        causal = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None], inputs.dtype)
+        hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), causal, cache)[:, -1]
+    codes = [code0]
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    num_codebooks = lm.config.num_codebooks
+    for position in range(1, num_codebooks):
+        with tracing.span("sampling", codebook=position):
+            logits = combine_rows(lm.depth_logits(hidden, position), cfg_scale, ref_scale)
+            finite = finite & torch.isfinite(logits).all()
+            code = sample_rows(logits, rows, frame, position, blocked)
+        codes.append(code)
+        if position == num_codebooks - 1:
+            break
+        with tracing.span("depth_step", codebook=position + 1):
+            embed = lm.depth_decoder.code_embedding(code.expand(n_rows), position)[:, None]
+            hidden = lm.depth_decoder(embed, torch.tensor([position + 1], device=device), None, cache)[:, -1]
+    return torch.cat(codes), finite

@@ -28,19 +28,26 @@ _LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 
 
 
 class EngineMetrics:
-    def __init__(self, artifact_status=None) -> None:
-        """`artifact_status`: a callable returning the artifact store's StoreStatus (read at each scrape)."""
+    def __init__(self, artifact_status=None, readiness=None) -> None:
+        """`artifact_status`: a callable returning the artifact store's StoreStatus (read at each scrape);
+        `readiness`: one returning the engine's readiness document (Engine.readiness)."""
         self.registry = CollectorRegistry()
         r = self.registry
         if artifact_status is not None:
             r.register(_ArtifactCollector(artifact_status))
+        if readiness is not None:
+            r.register(_ReadinessCollector(readiness))
         r.register(_LogCollector())
         self._jobs = Counter("breeze_jobs_total", "jobs finished, by end reason (end_of_speech, frame_limit, "
                              "cancelled, error)", ["end_reason"], registry=r)
         self._frames = Counter("breeze_frames_total", "audio frames (80 ms each) generated", registry=r)
         self._audio = Counter("breeze_audio_seconds_total", "seconds of audio streamed", registry=r)
-        self._nonfinite = Counter("breeze_nonfinite_events_total", "frames whose logits held NaN/Inf (never "
-                                  "emitted)", registry=r)
+        self._nonfinite = Counter("breeze_nonfinite_events_total", "frames whose values went non-finite, by "
+                                  "outcome: recovered (recomputed at a safe precision, emitted, the stream went on) "
+                                  "or failed (not finite at the safe precision either: never emitted, the request "
+                                  "ended)", ["outcome"], registry=r)
+        for outcome in ("recovered", "failed"):
+            self._nonfinite.labels(outcome=outcome)
         self._slow_steps = Counter("breeze_slow_steps_total", "engine steps that took longer than 1 s (every "
                                    "active stream waited)", registry=r)
         self._active = Gauge("breeze_active_streams", "streams decoding now", registry=r)
@@ -90,10 +97,16 @@ class EngineMetrics:
         if stats is not None:
             self._frames.inc(stats.frames)
             self._audio.inc(stats.audio_seconds)
-            self._nonfinite.inc(stats.nonfinite_events)
             if stats.audio_seconds > 0:
                 self._ttfa.observe(stats.ttfa_s)
                 self._rtf.observe(stats.rtf)
+
+    def nonfinite_frames(self, recovered: int, failed: int) -> None:
+        """A job's frames whose values went non-finite (counted when it ends or fails)."""
+        if recovered > 0:
+            self._nonfinite.labels(outcome="recovered").inc(recovered)
+        if failed > 0:
+            self._nonfinite.labels(outcome="failed").inc(failed)
 
     def step_done(self, seconds: float, slow: bool) -> None:
         self._step.observe(seconds)
@@ -115,6 +128,30 @@ class _LogCollector:
     def collect(self):
         yield CounterMetricFamily("breeze_log_records_dropped", "log records dropped because the log output "
                                   "(stderr) was not read fast enough", value=logs.dropped_records())
+
+
+class _ReadinessCollector:
+    """How much of the configured capacity is ready (engine/startup.py builds the rest while serving), read at
+    each scrape."""
+
+    def __init__(self, readiness):
+        self._readiness = readiness
+
+    def collect(self):
+        doc = self._readiness()
+        yield GaugeMetricFamily("breeze_streams_ready", "streams the worker admits now (fewer than configured while "
+                                "its start-up still builds the batch shapes the rest need)",
+                                value=doc["ready_streams"])
+        yield GaugeMetricFamily("breeze_streams_configured", "streams the worker is configured to decode at once",
+                                value=doc["configured_streams"])
+        yield GaugeMetricFamily("breeze_startup_complete", "1 once every batch shape is built as configured, else 0",
+                                value=int(bool(doc["complete"])))
+        slow = CounterMetricFamily("breeze_slower_form_steps", "engine steps that ran slower than configured, by "
+                                   "kind (uncompiled: its compiled build not ready yet; eager: no CUDA graph)",
+                                   labels=["kind"])
+        for kind, count in sorted(doc.get("fallback_steps", {}).items()):
+            slow.add_metric([kind], count)
+        yield slow
 
 
 class _ArtifactCollector:

@@ -14,8 +14,9 @@ everything else in FP32: the residual stream, the norms, attention softmax, the 
 (`lm_head` and `codebooks_head` stay FP32). Any linear layer whose input or output is shown to leave the
 FP16 range on an FP32 reference run (`find_overflowing_layers`, forward hooks) is kept in FP32. The codec is
 always FP32 (SnakeBeta's `exp` overflows even in BF16); it is not touched here. Its convolutions run in
-true FP32 unless the `codec_tf32` setting asks for TF32 on a device that has it (`codec_tf32_wanted`:
-FP32 storage and range, operands rounded to a 10-bit mantissa on the tensor cores; off by default).
+TF32 where the device has it (`codec_tf32_wanted`: FP32 storage and range, operands rounded to a 10-bit
+mantissa on the tensor cores), as the `codec_tf32` setting asks by default; strict FP32 with it off, and
+always on a T4 or the CPU.
 
 Everything here is a pure function of (requested name, capability) or of a module, so it is testable on
 the CPU with a fake capability.
@@ -23,12 +24,18 @@ the CPU with a fake capability.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from breeze_worker.model.lm.breeze import BreezeLM
+    from breeze_worker.model.lm.layers import Attention
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +151,61 @@ def codec_tf32_wanted(capability: tuple[int, int] | None, asked: bool) -> bool:
 
 class HalfLinear(nn.Linear):
     """A linear layer whose weight is FP16: its input is cast to FP16 for the GEMM and its output cast
-    back to the input's dtype, so the residual stream around it stays FP32."""
+    back to the input's dtype, so the residual stream around it stays FP32. Inside `widened` it computes in
+    FP32 instead (the same FP16 weights, upcast exactly): nothing is rounded to FP16, so nothing overflows."""
+
+    widened = False  # set per instance by `widened()` only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.widened:
+            bias = None if self.bias is None else self.bias.float()
+            return nn.functional.linear(x.float(), self.weight.float(), bias).to(x.dtype)
         out = nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
         return out.to(x.dtype)
+
+
+class Widening:
+    """What `widened` saw: the largest magnitude each half-precision layer read or wrote while it computed in
+    FP32, kept on the device (no host read per layer) and read once by `first_overflow`."""
+
+    def __init__(self, names: list[str], device: torch.device):
+        self.names = names
+        self.peaks = torch.zeros(len(names), dtype=torch.float32, device=device)
+
+    def first_overflow(self) -> str | None:
+        """The first layer (in model order) whose input or output left FP16's range (or was not finite): where
+        the half-precision computation overflowed. None when none did."""
+        peaks = self.peaks.tolist()
+        return next((name for name, peak in zip(self.names, peaks) if not peak <= FP16_MAX), None)
+
+
+@contextlib.contextmanager
+def widened(model: nn.Module):
+    """Inside the block every `HalfLinear` of `model` computes in FP32 from its FP16 weights, and forward hooks
+    record each one's largest input and output magnitude (`Widening`). The safe recomputation of a frame whose
+    half-precision values went non-finite (engine/fastpath/recovery.py). Single-threaded use: the engine thread
+    owns the model."""
+    halves = [(n, m) for n, m in model.named_modules() if isinstance(m, HalfLinear)]
+    device = next(model.parameters()).device
+    record = Widening([n for n, _ in halves], device)
+    handles = []
+    for index, (_, module) in enumerate(halves):
+        module.widened = True
+
+        def peak(_module, inputs, output, index=index):
+            seen = torch.maximum(inputs[0].detach().abs().amax().float(), output.detach().abs().amax().float())
+            # NaN compares false: store it as infinity so a NaN layer still counts as out of range
+            seen = torch.nan_to_num(seen, nan=float("inf"))
+            record.peaks[index] = torch.maximum(record.peaks[index], seen)
+
+        handles.append(module.register_forward_hook(peak))
+    try:
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
+        for _, module in halves:
+            del module.widened
 
 
 def _replace_linear(parent: nn.Module, child_name: str, linear: nn.Linear, dtype: torch.dtype) -> None:
@@ -213,6 +270,52 @@ def find_overflowing_layers(
         for h in handles:
             h.remove()
     return peaks
+
+
+def half_kv_refusal(lm: BreezeLM) -> str | None:
+    """Why the backbone's keys and values cannot be kept in FP16 beside this model's residual stream; None when
+    they can (`backbone_kv_dtype`). Decided from the weights alone:
+
+    - values come out of the v projection, a GEMM in FP16 under fp16-mixed: every value is an FP16 number
+      already, so storing it in FP16 is exact (not where the start-up probe kept that projection in FP32);
+    - keys pass Qwen3's per-head RMSNorm before RoPE: a head of D elements normalizes to a norm of sqrt(D), so
+      no key element exceeds sqrt(D) x the largest k-norm gain (RoPE rotates pairs, which keeps their norm);
+    - a query meets the keys in FP16 where attention runs as a GEMM, the query pre-scaled by D^-1/2, so a score
+      is at most sqrt(D) x the largest q-norm gain x the largest k-norm gain;
+    each bound must stay `OVERFLOW_MARGIN` below FP16's maximum."""
+    residual = lm.embed_audio_tokens.weight.dtype
+    if residual != torch.float32:
+        return f"the residual stream is {residual}: the caches already hold its dtype"
+    limit = FP16_MAX / OVERFLOW_MARGIN
+    for index, layer in enumerate(lm.backbone_model.layers):
+        attn = cast("Attention", layer.self_attn)
+        if attn.q_norm is None or attn.k_norm is None:
+            return f"backbone layer {index} has no q/k norm to bound its keys"
+        for name in ("q_proj", "k_proj", "v_proj"):
+            projection = getattr(attn, name)
+            if not isinstance(projection, HalfLinear) or projection.weight.dtype != torch.float16:
+                return f"backbone layer {index}'s {name} does not run in FP16 (kept FP32: its values may not fit)"
+        root = attn.head_dim ** 0.5
+        key_bound = root * float(attn.k_norm.weight.detach().abs().max())
+        score_bound = key_bound * float(attn.q_norm.weight.detach().abs().max())
+        if max(key_bound, score_bound) > limit:
+            return (f"backbone layer {index}'s q/k norm gains allow keys up to {key_bound:.3g} and scores up to "
+                    f"{score_bound:.3g}, within {OVERFLOW_MARGIN:g}x of FP16's limit")
+    return None
+
+
+def backbone_kv_dtype(lm: BreezeLM, half_kv: bool) -> torch.dtype:
+    """The backbone KV cache's dtype: the residual stream's, or FP16 beside an FP32 one (fp16-mixed) when
+    `half_kv` (the fast path's setting) asks for it and `half_kv_refusal` finds it safe: half the memory per
+    stream slot."""
+    residual = lm.embed_audio_tokens.weight.dtype
+    if not half_kv or residual != torch.float32:
+        return residual
+    refusal = half_kv_refusal(lm)
+    if refusal is not None:
+        log.info("backbone KV cache in FP32 beside the FP32 residual stream: %s", refusal)
+        return residual
+    return torch.float16
 
 
 def weight_bytes(module: nn.Module) -> int:

@@ -1,9 +1,10 @@
 """Prompt preparation, shared by the eager reference path and the fast path.
 
 A request's prompt is laid out once: `lay_out` tokenizes its text segments into token layouts ([positive],
-or [positive, negative] when CFG is on; model/prompts.py) when `resolve_request` validates it, and the
-`ResolvedRequest` carries them (`prompt`) to the join. There the text segments are encoded, by the text
-encoder alone or batched with other joiners' (`prompt_text_segments`), and `prepare_prompt_embeddings`
+[positive, negative] when CFG is on, [instruction, clone, plain] with two guidance scales; model/prompts.py)
+when `resolve_request` validates it, and the `ResolvedRequest` carries them (`prompt`) to the join. There
+the text segments are encoded, by the text encoder alone or batched with other joiners'
+(`prompt_text_segments`), and `prepare_prompt_embeddings`
 builds the backbone prefill inputs: text encodings, reference-audio frame embeddings and the end-of-audio
 embedding in layout order, the rows left-padded to one length.
 
@@ -31,9 +32,9 @@ from breeze_worker.model.loaded import LoadedModel
 @dataclass
 class GatheredPrompt:
     """A request's prefill rows as indices into `table` (`gather_prompts`; shared by the requests gathered
-    together): row 0 the prompt, row 1 the negative prompt when CFG is on. `length` is PromptBatch's: the
-    longest row (the rows are left-padded to it, padding at positions 1, as `prepare_prompt_embeddings` lays
-    them out)."""
+    together): one per branch, in `lay_out`'s order (row 0 the prompt, the last the negative prompt).
+    `length` is PromptBatch's: the longest row (the rows are left-padded to it, padding at positions 1, as
+    `prepare_prompt_embeddings` lays them out)."""
 
     table: torch.Tensor  # [N, H]; its last row is zeros (padding)
     rows: list[np.ndarray]  # int64 table indices of each row's tokens, in prompt order
@@ -42,7 +43,8 @@ class GatheredPrompt:
 
 @dataclass
 class PromptBatch:
-    """Backbone prefill inputs: row 0 the prompt, row 1 the negative prompt when CFG is on; left padded."""
+    """Backbone prefill inputs: one row per branch in `lay_out`'s order (row 0 the prompt, the last the
+    negative prompt); left padded."""
 
     inputs_embeds: torch.Tensor  # [R, L, H], model dtype
     attention_mask: torch.Tensor  # bool [R, L], True on real tokens
@@ -55,40 +57,45 @@ class PromptBatch:
 
 
 def _source(tokenizer, template: Template, text: str, instruction: str | None,
-            reference: ResolvedReference | None, uses_cfg: bool) -> tuple:
+            reference: ResolvedReference | None, uses_cfg: bool, dual: bool = False) -> tuple:
     """What a prompt's layouts are made from (the tokenizer by identity: one per loaded model)."""
     frames = 0 if reference is None else int(reference.codes.shape[0])
     transcript = None if reference is None else reference.transcript
-    return id(tokenizer), template.value, text, instruction, transcript, frames, uses_cfg
+    branches = 3 if dual else 2 if uses_cfg else 1
+    return id(tokenizer), template.value, text, instruction, transcript, frames, branches
 
 
 def lay_out(tokenizer, template: Template, text: str, instruction: str | None,
-            reference: ResolvedReference | None, uses_cfg: bool) -> LaidOutPrompt:
-    """The prompt's token layouts: [positive], or [positive, negative] with CFG. ValueError when the prompt
-    cannot be laid out (resolve_request turns it into InvalidRequest)."""
-    source = _source(tokenizer, template, text, instruction, reference, uses_cfg)
+            reference: ResolvedReference | None, uses_cfg: bool, dual: bool = False) -> LaidOutPrompt:
+    """The prompt's token layouts: [positive], [positive, negative] with CFG, or with `dual` (two guidance
+    scales) the three branches [instruction, clone, plain] (model/prompts.py `dual_segments`). ValueError when
+    the prompt cannot be laid out (resolve_request turns it into InvalidRequest)."""
+    source = _source(tokenizer, template, text, instruction, reference, uses_cfg, dual)
     _, template_name, _, _, transcript, frames, _ = source
     args = (template_name, text, instruction, transcript, frames)
-    branches = [prompts.positive_segments(*args)]
-    if uses_cfg:
-        negative = prompts.negative_segments(*args)
-        if negative is None:
-            raise ValueError(f"guidance on the {template_name} template, which has no negative prompt")
-        branches.append(negative)
+    if dual:
+        branches = prompts.dual_segments(*args)
+    else:
+        branches = [prompts.positive_segments(*args)]
+        if uses_cfg:
+            negative = prompts.negative_segments(*args)
+            if negative is None:
+                raise ValueError(f"guidance on the {template_name} template, which has no negative prompt")
+            branches.append(negative)
     return LaidOutPrompt(layouts=tuple(prompts.build_prompts(tokenizer, branches)),
                          source=source)
 
 
 def prompt_layouts(model: LoadedModel, request: ResolvedRequest) -> list[prompts.PromptLayout]:
-    """[positive] or [positive, negative] token layouts of a request: those it carries from its resolution when
-    they were made from its prompt inputs with this model's tokenizer, else laid out now."""
+    """The token layouts of a request's branches (`lay_out`): those it carries from its resolution when they
+    were made from its prompt inputs with this model's tokenizer, else laid out now."""
     source = _source(model.tokenizer, request.template, request.text, request.instruction, request.reference,
-                     request.uses_cfg)
+                     request.uses_cfg, request.dual_cfg)
     carried = request.prompt
     if carried is not None and carried.source == source:
         return list(carried.layouts)
     return list(lay_out(model.tokenizer, request.template, request.text, request.instruction, request.reference,
-                        request.uses_cfg).layouts)
+                        request.uses_cfg, request.dual_cfg).layouts)
 
 
 def prompt_text_segments(model: LoadedModel, request: ResolvedRequest,

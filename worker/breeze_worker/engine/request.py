@@ -8,7 +8,12 @@ be served as given is an `InvalidRequest` whose message says what to change.
 - cfg_scale: unset means 1.0 for plain / clone and the checkpoint default for instruction / direction (the
   official default is 1.0 too: guidance is opt-in). A value other than 1 on a template without a negative
   prompt is an error, never a silent change; non-finite, <= 0 or above 100 is an error.
-- Text, instruction and transcript: non-blank, within the character limit, and free of control tokens
+- Voice direction's two guidance scales (cfg_scale_reference, cfg_scale_instruction): both or neither, on
+  the direction template only (reference + transcript + instruction), never beside cfg_scale (two forms of
+  guidance); each finite in [0, 100] (0 drops that branch's pull). With them cfg_scale is 1 and the request
+  takes three branches (model/prompts.py `dual_segments`).
+- Text, instruction and transcript: with a visible character (a letter, digit, punctuation mark or symbol: not
+  only whitespace, zero-width or formatting characters), within the character limit, and free of control tokens
   (`prompts.control_tokens`: <bos>, <ins_bos>, [S0]..[S9], the audio markers, the tokenizer's special
   tokens), which the tokenizer would read as prompt structure rather than words.
 - Sampling overrides: bounded so every value stays finite in float32 (temperature 0 or in [1e-3, 100],
@@ -88,6 +93,14 @@ def _frame_limit(speech_s: float, frame_rate: float) -> int:
     return math.ceil((LIMIT_MULTIPLE * speech_s + LIMIT_SLACK_S) * frame_rate)
 
 
+def _has_visible(value: str) -> bool:
+    """Whether `value` holds a letter, digit, punctuation mark or symbol (Unicode categories L, N, P, S): not
+    only whitespace, zero-width and formatting characters (Cf, such as U+200B) or combining marks."""
+    if value.isascii():
+        return any("!" <= ch <= "~" for ch in value)
+    return any(unicodedata.category(ch)[0] in "LNPS" for ch in value)
+
+
 def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if not isinstance(value, str):
         raise InvalidRequest(f"{name} must be a string")
@@ -101,6 +114,9 @@ def _check_text(name: str, value: str, max_chars: int, tokenizer=None) -> None:
     if control is not None:
         raise InvalidRequest(f"{name} contains the control character U+{ord(control.group()):04X} at position "
                              f"{control.start()}: remove it (only tab, line feed and carriage return are allowed)")
+    if not _has_visible(value):  # after the length check: it looks at every character
+        raise InvalidRequest(f"{name} has no visible character (only spaces, zero-width or other formatting "
+                             "characters, or combining marks with nothing to mark): give the words to speak")
     markers = prompts.reserved_markers_in(value, tokenizer)
     if markers:
         raise InvalidRequest(f"{name} contains the reserved marker(s) {', '.join(markers)}, which the tokenizer "
@@ -167,6 +183,36 @@ def _resolve_cfg(req: SynthesisRequest, template: Template, defaults: Generation
     return scale
 
 
+def _resolve_dual_cfg(req: SynthesisRequest, template: Template) -> tuple[float, float] | None:
+    """Voice direction's (reference, instruction) guidance scales, or None when the request has neither."""
+    ref, ins = req.cfg_scale_reference, req.cfg_scale_instruction
+    if ref is None and ins is None:
+        return None
+    if ref is None or ins is None:
+        given, missing = (("cfg_scale_reference", "cfg_scale_instruction") if ins is None
+                          else ("cfg_scale_instruction", "cfg_scale_reference"))
+        raise InvalidRequest(f"{given} was set without {missing}: voice direction's two guidance scales go "
+                             "together, set both or neither")
+    if req.cfg_scale is not None:
+        raise InvalidRequest("cfg_scale was set beside cfg_scale_reference and cfg_scale_instruction: they are two "
+                             "forms of guidance, set cfg_scale alone or the two scales without it")
+    if template is not Template.DIRECTION:
+        lacks = {Template.PLAIN: "reference audio with its transcript and an instruction",
+                 Template.INSTRUCTION: "reference audio with its transcript",
+                 Template.CLONE: "an instruction"}[template]
+        raise InvalidRequest(f"cfg_scale_reference and cfg_scale_instruction guide the direction template "
+                             f"(reference audio, its transcript and an instruction); this request is "
+                             f"{template.value}: add {lacks}, or drop the two scales")
+    scales = []
+    for name, value in (("cfg_scale_reference", ref), ("cfg_scale_instruction", ins)):
+        scale = _finite(value, name)
+        if not 0 <= scale <= MAX_CFG_SCALE:
+            raise InvalidRequest(f"{name} must be in [0, {MAX_CFG_SCALE:g}] (0 drops that branch's pull), "
+                                 f"not {scale}")
+        scales.append(scale)
+    return scales[0], scales[1]
+
+
 def _resolve_seed(seed) -> int:
     if seed is None:
         return int.from_bytes(os.urandom(8), "little") % MAX_SEED
@@ -223,7 +269,8 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
         _check_text("instruction", req.instruction, max_text_chars, tokenizer)
     _check_reference(req, reference, max_text_chars, tokenizer)
     template = Template(prompts.template_for(req.reference is not None, req.instruction is not None))
-    cfg_scale = _resolve_cfg(req, template, defaults)
+    dual = _resolve_dual_cfg(req, template)
+    cfg_scale = 1.0 if dual is not None else _resolve_cfg(req, template, defaults)
     sampling = _resolve_sampling(req.sampling, defaults)
     seed = _resolve_seed(req.seed)
     fpc = req.frames_per_chunk
@@ -236,10 +283,11 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
     laid_out = None
     if tokenizer is not None:  # laid out once here; the join encodes these layouts (engine/prompt.py)
         try:
-            laid_out = lay_out(tokenizer, template, req.text, req.instruction, reference, cfg_scale != 1.0)
+            laid_out = lay_out(tokenizer, template, req.text, req.instruction, reference, cfg_scale != 1.0,
+                               dual=dual is not None)
         except ValueError as exc:
             raise InvalidRequest(f"the prompt cannot be laid out: {exc}") from exc
-        length = max(len(layout) for layout in laid_out.layouts)  # the longer branch when guidance doubles it
+        length = max(len(layout) for layout in laid_out.layouts)  # the longest branch (guidance adds rows)
         room = int(defaults.max_sequence) - 1 - length  # the official loop stops at prompt + frames = max - 1
         if room < 1:
             raise InvalidRequest(f"the prompt takes {length} of the model's {defaults.max_sequence} positions, "
@@ -260,5 +308,6 @@ def resolve_request(req: SynthesisRequest, defaults: GenerationDefaults, referen
     return ResolvedRequest(
         text=req.text, instruction=req.instruction, cfg_scale=cfg_scale, seed=seed, template=template,
         sampling=sampling, max_frames=max_frames, encoding=req.encoding, frames_per_chunk=fpc, reference=reference,
-        prompt=laid_out,
+        prompt=laid_out, cfg_scale_reference=None if dual is None else dual[0],
+        cfg_scale_instruction=None if dual is None else dual[1],
     )

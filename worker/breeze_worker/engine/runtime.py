@@ -4,6 +4,10 @@
 picks the device and the decode path (fast on CUDA, eager on the CPU), builds the stepper the engine
 thread drives (fast: `BatchedStepper`, every active stream in one batched frame step, its CUDA graphs
 captured here; eager: `PerStreamStepper`, each stream's own eager generator, the reference) and warms up.
+
+With the `startup` setting's `progressive` (the default), `load` builds only what one stream needs and
+`start_background` builds the rest while the worker serves (engine/startup.py); `readiness()` says how far it
+is. With `whole`, `load` builds everything, as a worker that serves only once it is complete.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from breeze_worker.config import EngineSettings, FastPathSettings
 from breeze_worker.engine.types import PcmEncoding, ResolvedRequest, SamplingParams, Template
 
 if TYPE_CHECKING:
+    from breeze_worker.engine.bundle import Bundle
+    from breeze_worker.engine.startup import StartupBuild
     from breeze_worker.engine.stepper import FrameSource, Stepper
 
 log = logging.getLogger(__name__)
@@ -80,6 +86,11 @@ class Runtime:
         self.stepper: Stepper | None = None  # built by `load` (or on first `stepper_for`)
         self.codec_compile_slots = codec_compile_slots  # the `codec_compile_slots` setting (0: never)
         self.fastpath = fastpath or FastPathSettings()  # the fast path's settings (EngineSettings.fastpath)
+        self.precision = "fp32"  # the language model's precision policy (set by `load`; the codec is always FP32)
+        self.progressive = False  # build what one stream needs first, the rest while serving
+        self.startup: StartupBuild | None = None  # the rest's build (`start_background`)
+        self.max_streams = 1
+        self.bundle: Bundle | None = None  # the compile bundle, its parts not installed yet (engine/bundle.py)
 
     @property
     def is_tiny_default(self) -> bool:
@@ -113,16 +124,74 @@ class Runtime:
                            if model.synthetic else f"Breeze TTS 2 checkpoint {settings.model_dir}")
         kept = _apply_precision(model, policy, device)
         description += f"; precision {policy.name}" + (f" ({len(kept)} layers kept in FP32)" if kept else "")
+        if model.codec is not None and settings.codec_precision != "fp32":  # the codec_precision setting
+            model.codec.set_precision(settings.codec_precision)
+            description += f"; codec {settings.codec_precision}"
+        bundle = None
+        if settings.compile_bundle is not None:
+            from breeze_worker.engine.bundle import bundle_key, open_bundle
+
+            bundle = open_bundle(settings.compile_bundle, bundle_key(settings, model, device, policy.name))
         decode_path = settings.fast_path
         if decode_path == "auto":
             decode_path = "fast" if device.type == "cuda" else "eager"
         runtime = cls(model, device, decode_path, description,
                       codec_compile_slots=codec_compile_slots(settings, device), fastpath=settings.fastpath)
+        runtime.precision = policy.name
         log.info("model loaded in %.2f s on %s: %s; decode path %s; precision: %s", time.perf_counter() - t0,
                  device, description, decode_path, policy.reason)
+        runtime.progressive = settings.startup == "progressive" and decode_path == "fast"
+        runtime.max_streams = settings.max_active_streams
+        runtime.bundle = bundle
+        if bundle is not None:  # the torch cache before the first compile: now, or first thing while serving
+            compiles_now = not runtime.progressive or 0 < runtime.codec_compile_slots <= 1
+            bundle.install(bundle.pending if compiles_now else tuple(p for p in bundle.pending if p != "torch-cache"))
         runtime.stepper_for(settings.max_active_streams)
-        runtime.warm_up(max_streams=settings.max_active_streams)
+        runtime.warm_up(max_streams=1 if runtime.progressive else settings.max_active_streams)
         return runtime
+
+    # ---- the rest of the start-up, while serving ----
+    def start_background(self, on_progress=None) -> None:
+        """Build what `load` left (progressive start) on a thread of its own; `on_progress()` after each piece."""
+        from breeze_worker.engine.startup import StartupBuild
+
+        if self.startup is None:
+            self.startup = StartupBuild(self, self.max_streams)
+            self.startup.start(on_progress)
+
+    def stop_background(self, timeout: float = 30.0) -> None:
+        if self.startup is not None:
+            self.startup.stop(timeout)
+
+    @property
+    def ready_streams(self) -> int:
+        """Streams the engine may decode at once now (fewer than configured while the start-up builds)."""
+        return min(self.max_streams, int(getattr(self.stepper, "ready_streams", self.max_streams)))
+
+    def readiness(self) -> dict:
+        """How much of the configured capacity is ready: streams, batch shapes, codec batches, what is being
+        built, and the steps that ran on a slower form than configured (by kind)."""
+        stepper, build = self.stepper, self.startup
+        graphs = getattr(stepper, "graphs", None)
+        pending = graphs.pending() if graphs is not None else []
+        building = build.building if build is not None else None
+        doc = {"configured_streams": self.max_streams, "ready_streams": self.ready_streams,
+               "complete": not pending and (build is None or build.done.is_set()),
+               "building": building or "", "failed": build.failed if build is not None else None,
+               "fallback_steps": dict(getattr(stepper, "fallback_steps", {}))}
+        if graphs is not None:
+            doc["batch_shapes"] = {"ready": len(graphs.ready_shapes), "configured": len(graphs.shapes),
+                                   "compiled": sum(b.view.compiled for b in list(graphs.built.values())),
+                                   "pending": len(pending)}
+        if self.decode_path == "fast":
+            from breeze_worker.engine.codec_graphs import pool_for
+
+            doc["codec_batches"] = sorted(pool_for(self.codec).built)
+        if build is not None and build.finished_at is not None and build.started_at is not None:
+            doc["background_s"] = build.finished_at - build.started_at
+        if self.bundle is not None:
+            doc["compile_bundle"] = {"path": str(self.bundle.path), "installed": dict(self.bundle.installed)}
+        return doc
 
     # ---- the engine thread's stepper ----
     def stepper_for(self, max_streams: int):
@@ -131,7 +200,8 @@ class Runtime:
             if self.decode_path == "fast":
                 from breeze_worker.engine.batching import BatchedStepper
 
-                self.stepper = BatchedStepper(self.model, max_streams, self.device, settings=self.fastpath)
+                self.stepper = BatchedStepper(self.model, max_streams, self.device, settings=self.fastpath,
+                                              progressive=self.progressive)
             else:
                 from breeze_worker.engine.stepper import PerStreamStepper
 

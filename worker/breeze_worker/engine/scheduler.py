@@ -19,15 +19,17 @@ arriving, and until `gather_quiet_s` has passed since the last arrival, so that 
 joins at one boundary; otherwise its first request joins alone and the rest wait behind that join and its
 first step. Why the quiet gap and not the arriving count alone: the event loop runs a plain request's
 handler from its arrival to its submission without a pause, so the next request of a burst is not even
-handed over while the engine decides; on an H200 a 64-client burst sent within 12-26 ms reached the
-engine over 63-88 ms, about 1 ms apart (M7, M12 in docs/performance.md). The gather ends at once when the
-jobs waiting fill every free slot (no one else could join), and jobs that need preparing (reference audio
+handed over while the engine decides; on an H200 a 64-client burst sent within 22-26 ms reached the
+engine over 80-87 ms, about 1 ms apart (docs/perf-data/serve-0a67187-20261204.json). The gather ends at
+once when the jobs waiting fill every free slot (no one else could join), and jobs that need preparing (reference audio
 to decode and encode) get their slots during the gather, which waits for their preparation too, so they
 join with the rest instead of one step later. A lone request waits `gather_quiet_s`, no more; once two
 jobs wait, the burst has ended only after `gather_burst_quiet_s` without an arrival (the event loop can
 pause longer than the lone request's gap inside a burst). A busy engine never waits (arrivals join at the
 next step's boundary anyway). On by default (`join_gather_ms` 120, quiet gaps 2 and 10 ms): a burst split
-in two loses a join and a step for the streams left out (docs/performance.md, M12-M15).
+in two loses a join and a step for the streams left out (on an H200, 64 clients: 47-49 joined at a 60 ms cap,
+the rest ~140 ms later; with these settings every round joined at once, 236.2 -> 240.5x, TTFA p95 286 -> 257
+ms: docs/performance.md, serve-0a67187-20261204.json and serve-d8bcb0a-20261204.json).
 
 Drain (SIGTERM): `begin_drain` refuses new jobs and ends the queued ones at once (UNAVAILABLE, so their
 callers retry elsewhere); jobs holding slots run on, and `open_jobs` says how many have not ended yet.
@@ -79,6 +81,32 @@ class _InFlight:
     jobs: list
     ending: dict = field(default_factory=dict)  # Job -> EndReason
     launch_s: float = 0.0
+
+
+class _RowBudget:
+    """The model rows one admission pass may still hand out (steppers that count rows: engine/batching.py;
+    others have no row limit). In queue order: once a request's rows are not free, the requests behind it wait
+    too, so a request with two guidance scales (three rows) is not passed over for ever by smaller ones."""
+
+    def __init__(self, stepper):
+        self._rows_for = getattr(stepper, "rows_for", None)
+        # rows of the built shapes only, while a progressive start-up is still building the others
+        self._left = getattr(stepper, "ready_rows_free", stepper.rows_free) if self._rows_for is not None else 0
+        self._blocked = False
+
+    def need(self, job) -> int:
+        return 0 if self._rows_for is None or job.params is None else self._rows_for(job.params)
+
+    def fits(self, job) -> bool:
+        return self._rows_for is None or job.params is None or (not self._blocked and self.need(job) <= self._left)
+
+    def take(self, job) -> bool:
+        """Whether the job's rows fit, taking them if so."""
+        if not self.fits(job):
+            self._blocked = True
+            return False
+        self._left -= self.need(job)
+        return True
 
 
 class Scheduler:
@@ -205,6 +233,12 @@ class Scheduler:
     def _slots_held(self) -> int:
         return len(self._active) + self._starting + len(self._reserved)
 
+    def _capacity(self) -> int:
+        """Streams that may hold slots now: `max_active`, or fewer while the start-up still builds the batch
+        shapes the rest need (engine/startup.py; the runtime's `ready_streams`). Queued requests wait for it to
+        grow as they would for a slot; the queue's bound stays `max_active`'s."""
+        return min(self.max_active, int(getattr(self.runtime, "ready_streams", self.max_active)))
+
     def wake(self) -> None:
         """Called after a cancellation so the loop notices it even while idle."""
         with self._lock:
@@ -279,7 +313,7 @@ class Scheduler:
             if now >= deadline:
                 return
             waiting = len(self._pending) + len(self._reserved)
-            full = waiting >= self.max_active  # no one else could join
+            full = waiting >= self._capacity()  # no one else could join
             if len(self._reserved) > len(self._prepared) or (self._arriving and not full):
                 self._lock.wait(deadline - now)
                 continue
@@ -297,7 +331,7 @@ class Scheduler:
         if not any(job.params is None for job in self._pending):
             return
         kept: collections.deque[Job] = collections.deque()
-        free = self.max_active - self._slots_held()
+        free = self._capacity() - self._slots_held()
         for job in self._pending:
             if free > 0 and job.params is None and not job.cancelled:
                 self._grant_slot(job)
@@ -333,14 +367,28 @@ class Scheduler:
         still to be prepared; fail those that waited too long or went away (lock held)."""
         now = time.monotonic()
         taken = []
+        for job in [j for j in self._reserved if j.cancelled]:  # its caller hung up while preparing or waiting
+            self._reserved.remove(job)
+            if job in self._prepared:
+                self._prepared.remove(job)
+            self._open.discard(job)
+        rows = _RowBudget(self._stepper)
         while self._prepared:
-            job = self._prepared.popleft()
+            job = self._prepared[0]
+            if not rows.take(job):  # its model rows are busy: it waits, holding its slot, within the queue's limits
+                if job.expired(now):
+                    self._unreserve_prepared(job, DeadlineExceeded(
+                        "the deadline passed while the request waited for free model rows"))
+                    continue
+                if now - job.submitted_at > self.max_queue_wait_s:
+                    self._unreserve_prepared(job, self._waited_for_rows(job, now, rows))
+                    continue
+                break
+            self._prepared.popleft()
             self._reserved.remove(job)
             taken.append(job)
-        for job in [j for j in self._reserved if j.cancelled]:  # its caller hung up while preparing
-            self._reserved.remove(job)
-            self._open.discard(job)
         kept: collections.deque[Job] = collections.deque()
+        capacity = self._capacity()
         while self._pending:
             job = self._pending.popleft()
             if job.cancelled:
@@ -349,18 +397,36 @@ class Scheduler:
             elif job.expired(now):
                 self._fail(job, DeadlineExceeded("the deadline passed while the request waited for a slot"))
             elif now - job.submitted_at > self.max_queue_wait_s:
-                self._fail(job, ResourceExhausted(
-                    f"waited {now - job.submitted_at:.1f} s for a free stream slot (max_queue_wait_s="
-                    f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
-            elif len(self._active) + len(taken) + len(self._reserved) < self.max_active:
+                slot_free = len(self._active) + len(taken) + len(self._reserved) < capacity
+                if slot_free and not rows.fits(job):
+                    self._fail(job, self._waited_for_rows(job, now, rows))
+                else:
+                    self._fail(job, ResourceExhausted(
+                        f"waited {now - job.submitted_at:.1f} s for a free stream slot (max_queue_wait_s="
+                        f"{self.max_queue_wait_s:g}, max_active_streams={self.max_active}); retry later"))
+            elif len(self._active) + len(taken) + len(self._reserved) < capacity:
                 if job.params is None:  # its caller prepares it now, holding the slot
                     self._grant_slot(job)
-                else:
+                elif rows.take(job):
                     taken.append(job)
+                else:  # its model rows are busy: it keeps its place in the queue
+                    kept.append(job)
             else:
                 kept.append(job)
         self._pending = kept
         return taken
+
+    def _waited_for_rows(self, job: Job, now: float, rows: _RowBudget) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"waited {now - job.submitted_at:.1f} s for {rows.need(job)} free model rows (max_queue_wait_s="
+            f"{self.max_queue_wait_s:g}; a request takes a row per prompt branch: guidance 2, two guidance "
+            "scales 3); retry later")
+
+    def _unreserve_prepared(self, job: Job, exc: BaseException) -> None:
+        """A prepared job that waited for model rows in vain gives its slot back and fails (lock held)."""
+        self._prepared.remove(job)
+        self._reserved.remove(job)
+        self._fail(job, exc)
 
     def _admit(self, jobs: list[Job]) -> None:
         """Start jobs at this frame boundary: artifacts, then one `join` for all (prompt encode + prefill)."""
@@ -514,6 +580,9 @@ class Scheduler:
         job.timers.prefill_s = float(info.get("prefill_s", 0.0))
         job.timers.generate_s = float(info.get("generate_s", 0.0)) + job.timers.lm_wait_s
         job.nonfinite_events = int(info.get("nonfinite_events", 0))
+        job.nonfinite_layer = str(info.get("nonfinite_layer", ""))
+        recovered = int(info.get("nonfinite_recovered", 0))
+        self.metrics.nonfinite_frames(recovered=recovered, failed=job.nonfinite_events - recovered)
         self._forget(job)
 
     def _forget(self, job: Job) -> None:

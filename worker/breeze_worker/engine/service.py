@@ -55,7 +55,7 @@ class Engine:
         self.ready = False
         self.draining = False
         self.load_s = 0.0
-        self.metrics = EngineMetrics(artifact_status=getattr(artifact_store, "status", None))
+        self.metrics = EngineMetrics(artifact_status=getattr(artifact_store, "status", None), readiness=self.readiness)
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -63,12 +63,16 @@ class Engine:
         t0 = time.perf_counter()
         await asyncio.to_thread(self._load)
         self.load_s = time.perf_counter() - t0
-        assert self.scheduler is not None  # `_load` made it
+        assert self.scheduler is not None and self.runtime is not None  # `_load` made them
         self.scheduler.start()
         self.ready = True
+        self.runtime.start_background(on_progress=self._startup_progress)
         if self.not_speech_warning:
             log.warning("%s", self.not_speech_warning)
-        log.info("engine ready in %.2f s (%s)", self.load_s, self.model_description)
+        ready = self.runtime.ready_streams
+        log.info("engine ready in %.2f s (%s); %d of %d streams ready%s", self.load_s, self.model_description, ready,
+                 self.settings.max_active_streams, "" if ready >= self.settings.max_active_streams
+                 else " (the rest are built while serving)")
 
     def _load(self) -> None:
         from breeze_worker.engine.reference import ReferenceStore
@@ -110,8 +114,22 @@ class Engine:
 
     async def stop(self) -> None:
         self.ready = False
+        if self.runtime is not None:
+            await asyncio.to_thread(self.runtime.stop_background)
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
+
+    def _startup_progress(self) -> None:
+        """The start-up build finished a piece (engine/startup.py): the engine thread re-reads its capacity."""
+        if self.scheduler is not None:
+            self.scheduler.wake()
+
+    def readiness(self) -> dict:
+        """How much of the configured capacity is ready (Runtime.readiness); before the model is loaded, none."""
+        if self.runtime is None:
+            return {"configured_streams": self.settings.max_active_streams, "ready_streams": 0, "complete": False,
+                    "building": "the model", "failed": None, "fallback_steps": {}}
+        return self.runtime.readiness()
 
     # ---- facts for health / info ----
     @property
@@ -160,8 +178,10 @@ class Engine:
         if params is None:
             log.info("job %s queued (reference audio to decode once it holds a slot)", job.job_id)
         else:
-            log.info("job %s queued (template %s, cfg %.3g, seed %d)", job.job_id, params.template.value,
-                     params.cfg_scale, params.seed)
+            guidance = (f"guidance reference {params.cfg_scale_reference:.3g} instruction "
+                        f"{params.cfg_scale_instruction:.3g}" if params.dual_cfg else f"cfg {params.cfg_scale:.3g}")
+            log.info("job %s queued (template %s, %s, seed %d)", job.job_id, params.template.value, guidance,
+                     params.seed)
         finished = False
         try:
             if params is None:

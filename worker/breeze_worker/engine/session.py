@@ -120,6 +120,7 @@ class Job:
     samples_emitted: int = 0
     chunks_emitted: int = 0
     nonfinite_events: int = 0
+    nonfinite_layer: str = ""
     timers: JobTimers = field(default_factory=JobTimers)
     pending_pcm: list = field(default_factory=list)  # encoded PCM pieces not yet emitted as a chunk
     pending_samples: int = 0
@@ -197,6 +198,7 @@ class Job:
             stages=StageTimes(t.text_encode_s, t.prefill_s, t.generate_s, t.codec_s),
             end_reason=end_reason,
             nonfinite_events=self.nonfinite_events,
+            nonfinite_layer=self.nonfinite_layer,
         )
 
     def finished_event(self, stats: JobStats, done_at_ns: int, artifact_info,

@@ -19,7 +19,8 @@ class Template(str, enum.Enum):
     PLAIN = "plain"  # text only; no negative branch, cfg_scale must be 1
     INSTRUCTION = "instruction"  # instruction, no reference (voice design); negative = plain prompt
     CLONE = "clone"  # reference audio + exact transcript; no negative branch, cfg_scale must be 1
-    DIRECTION = "direction"  # reference + transcript + instruction; negative = the clone prompt
+    DIRECTION = "direction"  # reference + transcript + instruction; negative = the clone prompt, or with two
+    # guidance scales the three branches instruction / clone / plain (ResolvedRequest.dual_cfg)
 
 
 class EndReason(str, enum.Enum):
@@ -78,6 +79,9 @@ class SynthesisRequest:
     cfg_scale: float | None = None  # None: 1.0 for plain/clone, the checkpoint default otherwise
     seed: int | None = None  # None: the worker draws one and reports it
     reference: ReferenceInput | None = None
+    # voice direction's two guidance scales (both or neither; direction template only, without cfg_scale)
+    cfg_scale_reference: float | None = None
+    cfg_scale_instruction: float | None = None
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
     max_frames: int | None = None  # None: follows the text's length (see engine/request.py)
     encoding: PcmEncoding = PcmEncoding.S16LE
@@ -98,11 +102,12 @@ class ResolvedReference:
 @dataclass(frozen=True)
 class LaidOutPrompt:
     """A request's prompt token layouts, made once when it is resolved (engine/prompt.py `lay_out`):
-    [positive], or [positive, negative] with CFG (model/prompts.py PromptLayout), and what they were made
-    from, so a changed request is laid out again rather than served stale layouts."""
+    [positive], [positive, negative] with CFG, or [instruction, clone, plain] with two guidance scales
+    (model/prompts.py PromptLayout), and what they were made from, so a changed request is laid out again
+    rather than served stale layouts."""
 
     layouts: tuple  # tuple[prompts.PromptLayout, ...]
-    source: tuple  # (tokenizer identity, template, text, instruction, transcript, reference frames, uses CFG)
+    source: tuple  # (tokenizer identity, template, text, instruction, transcript, reference frames, branches)
 
 
 @dataclass(frozen=True)
@@ -121,10 +126,25 @@ class ResolvedRequest:
     reference: ResolvedReference | None = None
     # the prompt's token layouts from validation, carried to the join (None: laid out there)
     prompt: LaidOutPrompt | None = field(default=None, compare=False, repr=False)
+    # voice direction's two guidance scales (both set or both None; with them cfg_scale is 1, unused): logits
+    # u + cfg_scale_reference * (r - u) + cfg_scale_instruction * (i - u) over the plain, clone and
+    # instruction prompts
+    cfg_scale_reference: float | None = None
+    cfg_scale_instruction: float | None = None
+
+    @property
+    def dual_cfg(self) -> bool:
+        return self.cfg_scale_reference is not None and self.cfg_scale_instruction is not None
 
     @property
     def uses_cfg(self) -> bool:
-        return self.cfg_scale != 1.0
+        """Whether the prompt has more than one branch (one guidance scale, or two)."""
+        return self.cfg_scale != 1.0 or self.dual_cfg
+
+    @property
+    def branches(self) -> int:
+        """Model rows the request takes: 1 without guidance, 2 with one scale, 3 with two."""
+        return 3 if self.dual_cfg else 2 if self.cfg_scale != 1.0 else 1
 
 
 # ---- events the engine yields for one job, in order: JobStarted, AudioChunk*, JobFinished ----
@@ -169,7 +189,8 @@ class JobStats:
     ttfa_s: float  # job start -> first audio chunk emitted
     stages: StageTimes
     end_reason: EndReason
-    nonfinite_events: int = 0
+    nonfinite_events: int = 0  # frames recomputed at a safe precision after a non-finite value (recovered)
+    nonfinite_layer: str = ""  # the first layer that overflowed in the first of them ("" when none or unknown)
 
 
 @dataclass(frozen=True)

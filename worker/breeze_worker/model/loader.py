@@ -30,6 +30,7 @@ from breeze_worker.model.codec import load_codec, write_codec_checkpoint
 from breeze_worker.model.lm.breeze import BreezeLM
 from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.loaded import SYNTHETIC_NOTICE, GenerationDefaults, LoadedModel
+from breeze_worker.model.meta import materialize, no_init
 from breeze_worker.model.tokenizer import BreezeTokenizer
 from breeze_worker.model.weights_file import save_weights
 
@@ -80,6 +81,7 @@ def _open_shard(path: Path):
 
 
 FLOATING = ("F64", "F32", "F16", "BF16")  # safetensors dtypes a weight may be stored in
+
 
 
 @dataclass
@@ -217,7 +219,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         raise CheckpointError(f"{codec_dir} is missing: a Breeze TTS 2 checkpoint needs its audio_tokenizer/ "
                               "folder (the 12 Hz codec) next to config.json; copy it from the full checkpoint")
 
-    with torch.device("meta"):
+    with torch.device("meta"), no_init():
         lm = BreezeLM(config).to(dtype)
     expected = {name: tuple(p.shape) for name, p in lm.state_dict().items()}
     weight_map = _weight_map(directory)
@@ -225,7 +227,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     found = inventory.shapes
     _check_tensors(expected, found, weight_map, inventory.dtypes, inventory.unlisted)
 
-    lm = lm.to_empty(device=device)
+    materialize(lm, device)
     lm.reset_buffers()
     params = lm.state_dict()
     by_shard: dict[str, list[str]] = {}

@@ -8,6 +8,11 @@
 | direction   | [S0]{transcript}, <|AUDIO|> x T, <|audio_eos|>,              | the clone prompt|
 |             | [S0]<ins_bos>{instruction}<ins_eos>{text}                    |                 |
 
+Voice direction also has a guidance with two scales (`dual_segments`): three branches, the instruction
+prompt (the instruction template's, no reference), the clone prompt and the plain prompt, whose logits
+combine u + s_ref * (clone - u) + s_ins * (instruction - u) with u the plain prompt's; the direction
+prompt itself is not one of them.
+
 Tokenization follows the official recipe: each text segment is tokenized *with* special tokens (so it
 gains a leading <bos>) and decoded back to a string; an audio segment renders as T `<|AUDIO|>` markers and
 one `<|audio_eos|>`; the strings are concatenated and the whole is tokenized once without special tokens.
@@ -125,6 +130,19 @@ def negative_segments(template: str, text: str, instruction: str | None = None, 
     if template in (PLAIN, CLONE):
         return None
     raise ValueError(f"unknown template {template!r}; expected one of {TEMPLATES}")
+
+
+def dual_segments(template: str, text: str, instruction: str | None = None, transcript: str | None = None,
+                  reference_frames: int = 0) -> list[list[Segment]]:
+    """The three branches of the two-scale guidance, in row order: [instruction, clone, plain] prompts.
+    Only the direction template has them (it is the one with both a reference and an instruction)."""
+    template = str(getattr(template, "value", template))
+    if template != DIRECTION:
+        raise ValueError(f"two guidance scales need the {DIRECTION} template (reference and instruction), "
+                         f"not {template!r}")
+    return [positive_segments(INSTRUCTION, text, instruction),
+            positive_segments(CLONE, text, transcript=transcript, reference_frames=reference_frames),
+            positive_segments(PLAIN, text)]
 
 
 def _required(value: str | None, name: str) -> str:

@@ -1,9 +1,19 @@
 """The Gemma-3 tokenizer with Breeze's added tokens, over `tokenizers.Tokenizer`.
 
-Loaded from the checkpoint's tokenizer.json plus its tokenizer_config.json the way transformers'
-AutoTokenizer reads them (`apply_tokenizer_config`): tokens declared in the config's
-`added_tokens_decoder`, and the named special tokens, become added tokens, so a marker declared only there
-is still read as one token, not as its bytes. Or built in code for the tiny default: a byte-fallback
+Loaded from the checkpoint's tokenizer.json plus its tokenizer_config.json the way the official code's stack
+(transformers 4, whose GemmaTokenizerFast it loads; transformers 5 cannot load the official model) reads them
+(`apply_tokenizer_config`): tokens declared in the config's `added_tokens_decoder`, and the named special
+tokens, become added tokens, so a marker declared only there is still read as one token, not as its bytes,
+and a declared token's own `lstrip` / `rstrip` / `single_word` / `normalized` flags win over tokenizer.json's.
+Where transformers 5 reads the same files differently, the official stack's reading is followed
+(`TokenizerFlags`, checked against transformers 4.57.3's output in tests/fixtures/tokenizer_golden):
+- with a Gemma tokenizer class, what encoding "with special tokens" adds is built from `add_bos_token`
+  (default on) and `add_eos_token` (default off), whatever tokenizer.json's post-processor says
+  (transformers 5 keeps tokenizer.json's and ignores both flags);
+- `clean_up_tokenization_spaces: true` removes the space before . , ? ! and before the English contractions
+  when decoding (transformers 5 refuses to for BPE tokenizers such as Gemma's). The prompt recipe decodes each
+  segment back to text (model/prompts.py), so this reaches the prompt.
+Or built in code for the tiny default: a byte-fallback
 BPE with single-character pieces (any text, CJK included, round-trips through bytes), the Gemma
 normalizer (spaces -> "▁"), a "<bos> $A" post-processor, and the same special tokens as the real one:
 <pad>, <eos>, <bos>, <|AUDIO|>, <|audio_eos|>, [S0]..[S9], <ins_bos>, <ins_eos>. Every special id is
@@ -16,6 +26,7 @@ from __future__ import annotations
 import json
 import string
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +40,46 @@ AUDIO_EOS_TOKEN = "<|audio_eos|>"
 BOS, EOS, PAD = "<bos>", "<eos>", "<pad>"
 
 
+# tokenizer classes whose transformers 4 fast tokenizer builds its own post-processor from the bos/eos flags
+_FLAG_POST_PROCESSOR_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast")
+# transformers' clean-up of tokenization spaces, as (what, by what), applied in this order
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+             (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+@dataclass(frozen=True)
+class TokenizerFlags:
+    """tokenizer_config.json's flags as the official code's stack applies them (module docstring)."""
+
+    add_bos_token: bool | None = None  # None: tokenizer.json's post-processor decides
+    add_eos_token: bool | None = None
+    clean_up_tokenization_spaces: bool = False
+
+    @classmethod
+    def from_config(cls, settings: dict, where: Path) -> TokenizerFlags:
+        def flag(key: str, default):
+            value = settings.get(key, default)
+            if value is not None and not isinstance(value, bool):
+                raise CheckpointError(f"{where}: {key} must be true or false, not {value!r}")
+            return value
+
+        rebuilds = settings.get("tokenizer_class") in _FLAG_POST_PROCESSOR_CLASSES
+        return cls(add_bos_token=flag("add_bos_token", True if rebuilds else None),
+                   add_eos_token=flag("add_eos_token", False if rebuilds else None),
+                   clean_up_tokenization_spaces=bool(flag("clean_up_tokenization_spaces", False)))
+
+
+def clean_up_spaces(text: str) -> str:
+    """The space before punctuation and English contractions removed (`clean_up_tokenization_spaces`)."""
+    for what, by in _CLEAN_UP:
+        text = text.replace(what, by)
+    return text
+
+
 class BreezeTokenizer:
-    def __init__(self, tokenizer: Tokenizer, config: BreezeConfig):
+    def __init__(self, tokenizer: Tokenizer, config: BreezeConfig, flags: TokenizerFlags | None = None):
         self.tokenizer = tokenizer
+        self.flags = flags or TokenizerFlags()
         self.bos_id, self.eos_id, self.pad_id = config.bos_token_id, config.eos_token_id, config.pad_token_id
         self.audio_token_id, self.audio_eos_token_id = config.audio_token_id, config.audio_eos_token_id
         self._check(config)
@@ -77,7 +125,8 @@ class BreezeTokenizer:
                 raise CheckpointError(f"cannot read {config_path}: {exc}") from exc
             if not isinstance(settings, dict):
                 raise CheckpointError(f"{config_path} must hold a JSON object")
-            apply_tokenizer_config(tokenizer, settings, config_path)
+            flags = apply_tokenizer_config(tokenizer, settings, config_path)
+            return cls(tokenizer, config, flags)
         return cls(tokenizer, config)
 
     @classmethod
@@ -99,7 +148,8 @@ class BreezeTokenizer:
         return encoding.ids, encoding.offsets
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return clean_up_spaces(text) if self.flags.clean_up_tokenization_spaces else text
 
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
@@ -126,14 +176,15 @@ def _added_token(spec: Any, where: Path, special: bool | None = None) -> AddedTo
     return AddedToken(spec["content"], **flags)
 
 
-def apply_tokenizer_config(tokenizer: Tokenizer, settings: dict, where: Path) -> None:
-    """Complete `tokenizer` (from tokenizer.json) with tokenizer_config.json's tokens, as AutoTokenizer does:
+def apply_tokenizer_config(tokenizer: Tokenizer, settings: dict, where: Path) -> TokenizerFlags:
+    """Complete `tokenizer` (from tokenizer.json) with tokenizer_config.json, as the official code's stack does
+    (module docstring); returns the flags decoding needs:
 
     - each `added_tokens_decoder` entry (id -> token with its flags), in id order, and then every named
       special token (`bos_token`, ...) and extra special token, that is not yet an added token becomes one;
-      an entry's declared id must be the id the tokenizer then gives it;
-    - what encoding "with special tokens" adds stays tokenizer.json's post-processor: transformers keeps it
-      whatever `add_bos_token` / `add_eos_token` say (checked against AutoTokenizer in the tests).
+      an entry already added by tokenizer.json takes the entry's flags; an entry's declared id must be the id
+      the tokenizer then gives it;
+    - with a Gemma tokenizer class the post-processor is rebuilt from `add_bos_token` / `add_eos_token`.
     """
     declared = settings.get("added_tokens_decoder") or {}
     if not isinstance(declared, dict):
@@ -158,11 +209,39 @@ def apply_tokenizer_config(tokenizer: Tokenizer, settings: dict, where: Path) ->
             seen.add(token.content)
     if new:
         tokenizer.add_tokens(new)
+    restated = [token for _, token in by_id if token.content in present]
+    if restated:  # the config's flags win; tokenizers updates an added token in place (same id)
+        tokenizer.add_tokens(restated)
     for token_id, token in by_id:
         got = tokenizer.token_to_id(token.content)
         if got != token_id:
             raise CheckpointError(f"{where} declares {token.content!r} as id {token_id}, but the tokenizer gives it "
                                   f"{got}: tokenizer.json and tokenizer_config.json do not belong together")
+    flags = TokenizerFlags.from_config(settings, where)
+    if flags.add_bos_token is not None or flags.add_eos_token is not None:
+        tokenizer.post_processor = _special_tokens_processor(tokenizer, settings, flags, where)
+    return flags
+
+
+def _special_tokens_processor(tokenizer: Tokenizer, settings: dict, flags: TokenizerFlags, where: Path):
+    """`<bos>` before and `<eos>` after each sequence as the flags say (the tokens the config names)."""
+    names = {}
+    for key, default, wanted in (("bos_token", BOS, flags.add_bos_token), ("eos_token", EOS, flags.add_eos_token)):
+        spec = settings.get(key) or default
+        name = spec["content"] if isinstance(spec, dict) else str(spec)
+        if wanted and tokenizer.token_to_id(name) is None:
+            raise CheckpointError(f"{where}: {key} {name!r} is not in the tokenizer")
+        names[key] = name if wanted else None
+    bos, eos = names["bos_token"], names["eos_token"]
+
+    def template(sequence: str, type_id: int) -> str:
+        parts = [f"{bos}:{type_id}"] if bos else []
+        parts.append(f"${sequence}:{type_id}")
+        return " ".join(parts + ([f"{eos}:{type_id}"] if eos else []))
+
+    specials = [(name, tokenizer.token_to_id(name)) for name in (bos, eos) if name]
+    return processors.TemplateProcessing(single=template("A", 0), pair=f"{template('A', 0)} {template('B', 1)}",
+                                         special_tokens=specials)
 
 
 def build_tiny_tokenizer(config: BreezeConfig, words: Iterable[str] = ()) -> Tokenizer:

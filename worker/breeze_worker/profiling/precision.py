@@ -15,9 +15,13 @@ host, freeing the device, and each policy's model is built from that host copy (
 then moved to the device), checked, and freed before the next one. The device never holds two models.
 
 Policies: `fp32` (the reference against a copy of itself: all zeros), `bf16`, `fp16-mixed` (the serving
-policies) and `fp16` (everything FP16, residual stream and norms included: not a serving policy, shown for
-contrast). A policy this device would refuse is computed anyway, with the refusal in its `note`; one whose
-operators fail here is emulated (weights rounded to FP16/BF16, arithmetic in FP32) and says so.
+policies), `fp16-mixed-kv16` (fp16-mixed with the backbone's keys and values stored in FP16, as the fast path
+keeps them where engine/precision.py `half_kv_refusal` allows: rounded on the way into the cache, attention in
+FP32 around it) and `fp16` (everything FP16, residual stream and norms included: not a serving policy, shown for
+contrast). With `fp16-mixed-kv16` the FP32 reference's largest key and value per backbone layer are reported
+(`kv_ranges`) beside the bound the q/k norms put on the keys. A policy this device would refuse is computed
+anyway, with the refusal in its `note`; one whose operators fail here is emulated (weights rounded to FP16/BF16,
+arithmetic in FP32) and says so.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import copy
 import gc
 import logging
+from typing import cast
 
 import torch
 
@@ -36,18 +41,21 @@ from breeze_worker.engine.precision import (
     apply_policy,
     choose_policy,
     find_overflowing_layers,
+    half_kv_refusal,
     make_policy,
 )
 from breeze_worker.engine.prompt import prepare_prompt_embeddings
-from breeze_worker.model.lm.layers import DecoderLayer, additive_mask
+from breeze_worker.model.lm.layers import Attention, DecoderLayer, KVCache, RoundingKVCache, additive_mask
 from breeze_worker.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "breeze-precision-check/1"
-POLICIES = ("fp32", "bf16", "fp16-mixed", "fp16")
-_HALF = {"bf16": torch.bfloat16, "fp16-mixed": torch.float16, "fp16": torch.float16}
-_INSTANCE_STATE = ("_fastpath_packed", "backbone_logits", "_bench_eos_masked")  # per-instance, not weights
+POLICIES = ("fp32", "bf16", "fp16-mixed", "fp16-mixed-kv16", "fp16")
+KV16 = "fp16-mixed-kv16"
+_HALF = {"bf16": torch.bfloat16, "fp16-mixed": torch.float16, KV16: torch.float16, "fp16": torch.float16}
+# per-instance, not weights
+_INSTANCE_STATE = ("_fastpath_packed", "backbone_logits", "_bench_eos_masked", "new_backbone_cache")
 
 
 @contextlib.contextmanager
@@ -159,6 +167,41 @@ def activation_peaks(model: LoadedModel, request, codes: torch.Tensor) -> dict[s
     return find_overflowing_layers(model.lm, lambda: teacher_forced_logits(model, request, codes))
 
 
+class _RangeCache(KVCache):
+    """A growing cache that records the largest key and value magnitude each layer stores."""
+
+    def __init__(self, num_layers: int):
+        super().__init__(num_layers)
+        self.peaks: list[torch.Tensor | None] = [None] * num_layers
+
+    def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        peak = torch.stack((key.detach().abs().amax(), value.detach().abs().amax())).float()
+        before = self.peaks[layer_idx]
+        self.peaks[layer_idx] = peak if before is None else torch.maximum(before, peak)
+        return super().update(layer_idx, key, value)
+
+
+@torch.no_grad()
+def kv_ranges(model: LoadedModel, request, codes: torch.Tensor) -> dict:
+    """The largest key and value the FP32 model's backbone stores per layer under teacher forcing, beside the
+    bound its q/k norms put on any key (sqrt(head_dim) x the largest k-norm gain) and FP16's maximum."""
+    lm = model.lm
+    cache = _RangeCache(lm.config.backbone.num_hidden_layers)
+    lm.new_backbone_cache = lambda: cache  # type: ignore[method-assign]  # this pass only
+    try:
+        teacher_forced_logits(model, request, codes)
+    finally:
+        delattr(lm, "new_backbone_cache")
+    peaks = [[float(v) for v in p] if p is not None else [0.0, 0.0] for p in cache.peaks]
+    root = lm.config.backbone.head_dim ** 0.5
+    norms = [cast(Attention, layer.self_attn).k_norm for layer in lm.backbone_model.layers]
+    bounds = [None if norm is None else root * float(norm.weight.abs().max()) for norm in norms]
+    return {"per_layer": [{"layer": i, "key_max": k, "value_max": v, "key_bound": b}
+                          for i, ((k, v), b) in enumerate(zip(peaks, bounds))],
+            "key_max": max(k for k, _ in peaks), "value_max": max(v for _, v in peaks),
+            "fp16_limit": FP16_MAX, "source": "the FP32 reference's backbone, teacher-forced"}
+
+
 def _copy(fp32: LoadedModel) -> LoadedModel:
     """A LoadedModel sharing everything with `fp32` but a deep copy of its language model (on its device)."""
     model = copy.copy(fp32)
@@ -177,10 +220,20 @@ def policy_model(fp32: LoadedModel, name: str, keep_fp32: dict[str, float],
         model.lm.to(torch.float16)
         recipe = "every weight and activation FP16 (residual stream and norms too); logits upcast to FP32"
     else:
-        converted = apply_policy(model.lm, make_policy(name, "precision-check"),
-                                 keep_fp32 if name == "fp16-mixed" else ())
+        mixed = name in ("fp16-mixed", KV16)
+        converted = apply_policy(model.lm, make_policy("fp16-mixed" if mixed else name, "precision-check"),
+                                 keep_fp32 if mixed else ())
         recipe = (f"{len(converted)} linear layers FP16, {len(keep_fp32)} kept FP32 for overflow, rest FP32"
-                  if name == "fp16-mixed" else f"apply_policy({name})")
+                  if mixed else f"apply_policy({name})")
+        if name == KV16:
+            refusal = half_kv_refusal(model.lm)
+            if refusal is None:
+                layers = model.lm.config.backbone.num_hidden_layers
+                model.lm.new_backbone_cache = (  # type: ignore[method-assign]
+                    lambda: RoundingKVCache(layers, torch.float16))
+                recipe += "; backbone keys and values stored in FP16"
+            else:
+                recipe += f"; backbone keys and values stay FP32 (the fast path would refuse FP16: {refusal})"
     if device is not None:
         model.lm.to(device)
     return model, recipe
@@ -219,7 +272,7 @@ def _device_note(name: str, device: torch.device) -> str | None:
     if name == "fp16":
         return "not a serving policy (shown for contrast)"
     try:
-        choose_policy(name, device, force=False)
+        choose_policy("fp16-mixed" if name == KV16 else name, device, force=False)
     except UnsupportedPrecision:
         return "not native on this device: the worker refuses it without --force-precision; computed anyway"
     return None
@@ -231,7 +284,7 @@ def check_policy(fp32: LoadedModel, request, codes, reference, name: str, keep: 
     it and run on `device` (default: where `fp32` is), then dropped before this returns."""
     device = fp32.device if device is None else device
     out = {"policy": name, "applied": True, "emulated": False, "note": _device_note(name, device),
-           "kept_fp32": sorted(keep) if name == "fp16-mixed" else [], "recipe": None, "error": None}
+           "kept_fp32": sorted(keep) if name in ("fp16-mixed", KV16) else [], "recipe": None, "error": None}
     model = None
     try:
         model, out["recipe"] = policy_model(fp32, name, keep, device)
@@ -251,16 +304,34 @@ def check_policy(fp32: LoadedModel, request, codes, reference, name: str, keep: 
     finally:
         del model  # the policy's model is not needed past its logits
     release_device_memory(device)
+    out.update(agreement(reference, logits, blocked0, blocked, top_k))
+    return out
+
+
+def blocked_classes(config, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classes the sampler never draws (the reserved ids), as masks of codebook 0's classes (with end of
+    speech) and of the depth codebooks' classes."""
+    blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
+    blocked[list(config.reserved_code_ids)] = True
+    return blocked, blocked[:config.vocab_size]
+
+
+def agreement(reference: tuple[torch.Tensor, torch.Tensor], logits: tuple[torch.Tensor, torch.Tensor],
+              blocked0: torch.Tensor, blocked: torch.Tensor, top_k: int) -> dict:
+    """Teacher-forced logits (`teacher_forced_logits`) of a model against the reference's, over the same frames:
+    `per_step` (each frame, its 16 codebooks), `per_codebook` (over the frames) and `summary`, each with the KL
+    mean and max, top-1 agreement, top-k overlap and non-finite counts."""
     ref0, ref_depth = reference
     got0, got_depth = logits
-    first = compare(ref0, got0, blocked0, top_k)  # [N]
-    rest = compare(ref_depth, got_depth, blocked, top_k)  # [N, 15]
+    first = compare(ref0, got0.to(ref0.device), blocked0.to(ref0.device), top_k)  # [N]
+    rest = compare(ref_depth, got_depth.to(ref0.device), blocked.to(ref0.device), top_k)  # [N, 15]
     metric = {key: torch.cat((first[key][:, None].float(), rest[key].float()), dim=1) for key in first}  # [N, 16]
-    out["per_step"] = [_summary(metric, slice(t, t + 1), t) for t in range(codes.shape[0])]
-    out["per_codebook"] = [{"codebook": c, **_summary({k: v[:, c:c + 1] for k, v in metric.items()}, slice(None))}
-                           for c in range(metric["kl"].shape[1])]
-    out["summary"] = _summary(metric, slice(None))
-    return out
+    return {
+        "per_step": [_summary(metric, slice(t, t + 1), t) for t in range(metric["kl"].shape[0])],
+        "per_codebook": [{"codebook": c, **_summary({k: v[:, c:c + 1] for k, v in metric.items()}, slice(None))}
+                         for c in range(metric["kl"].shape[1])],
+        "summary": _summary(metric, slice(None)),
+    }
 
 
 def _summary(metric: dict[str, torch.Tensor], rows: slice, frame: int | None = None) -> dict:
@@ -278,21 +349,26 @@ def _summary(metric: dict[str, torch.Tensor], rows: slice, frame: int | None = N
     return out
 
 
-def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int = 50) -> dict:
+def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int = 50,
+                    codes_out: list | None = None) -> dict:
     """Teacher codes from `fp32`, then every policy against it; the JSON-able result (`policies` list).
+    `codes_out`, if given, receives the teacher codes (int64 [N, 16]: the codec check decodes them).
 
     Everything that needs the FP32 model runs first; on a GPU the FP32 model is then moved to the host (it
     stays there: `fp32.device` is the CPU afterwards) and each policy's model is built from it in turn."""
     codes = teacher_codes(fp32, request)
+    if codes_out is not None:
+        codes_out.append(codes)
     reference = teacher_forced_logits(fp32, request, codes)
     config = fp32.config
     keep = {}
-    if "fp16-mixed" in policies:
+    if "fp16-mixed" in policies or KV16 in policies:
         keep = activation_peaks(fp32, request, codes)
+    ranges = kv_ranges(fp32, request, codes) if KV16 in policies else None
     device = move_to_host(fp32)  # from here on the device holds one policy's model at a time
-    blocked = torch.zeros(config.vocab_size + 1, dtype=torch.bool, device=device)
-    blocked[list(config.reserved_code_ids)] = True
-    results = [check_policy(fp32, request, codes, reference, name, keep, blocked, blocked[:config.vocab_size],
-                            top_k, device) for name in policies]
+    blocked0, blocked = blocked_classes(config, device)
+    results = [check_policy(fp32, request, codes, reference, name, keep, blocked0, blocked, top_k, device)
+               for name in policies]
     return {"frames": int(codes.shape[0]), "top_k": top_k, "fp16_limit": FP16_MAX,
-            "activation_peaks": {name: peak for name, peak in sorted(keep.items())}, "policies": results}
+            "activation_peaks": {name: peak for name, peak in sorted(keep.items())}, "kv_ranges": ranges,
+            "policies": results}

@@ -68,6 +68,8 @@ def synthesis_request_from_pb(msg: synthesis_pb2.SynthesizeRequest) -> et.Synthe
         encoding=encoding_from_pb(msg.encoding),
         frames_per_chunk=msg.frames_per_chunk or 1,
         request_id=msg.request_id or None,
+        cfg_scale_reference=_opt(msg, "cfg_scale_reference"),
+        cfg_scale_instruction=_opt(msg, "cfg_scale_instruction"),
     )
 
 
@@ -96,6 +98,7 @@ def _params_to_pb(p: et.ResolvedRequest) -> synthesis_pb2.ResolvedParams:
         encoding=_ENCODING_TO_PB[et.PcmEncoding(p.encoding)],
         frames_per_chunk=p.frames_per_chunk,
         reference_seconds=p.reference.seconds if p.reference is not None else 0.0,
+        cfg_scale_reference=p.cfg_scale_reference, cfg_scale_instruction=p.cfg_scale_instruction,
     )
 
 
@@ -124,7 +127,7 @@ def event_to_pb(event, artifact_endpoint: str) -> synthesis_pb2.SynthesizeRespon
                 stages=synthesis_pb2.StageTimes(text_encode_s=s.stages.text_encode_s, prefill_s=s.stages.prefill_s,
                                                 generate_s=s.stages.generate_s, codec_s=s.stages.codec_s),
                 end_reason=_END_REASON_TO_PB[et.EndReason(s.end_reason)],
-                nonfinite_events=s.nonfinite_events))
+                nonfinite_events=s.nonfinite_events, nonfinite_layer=s.nonfinite_layer))
         if event.artifact is not None:
             finished.artifact.CopyFrom(artifact_to_pb(event.artifact, artifact_endpoint))
         else:

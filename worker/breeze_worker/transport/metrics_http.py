@@ -1,11 +1,16 @@
-"""A small HTTP endpoint for Prometheus: `GET /metrics` (text format) and `GET /healthz` (200 when ready).
+"""A small HTTP endpoint for Prometheus and for probes that cannot speak TLS or gRPC: `GET /metrics` (text
+format), `GET /healthz` (200 while the worker takes jobs: loaded, warm and not draining; 503 otherwise) and
+`GET /livez` (200 for as long as the listener answers: through a drain, until the artifact grace ends).
 
 Plain asyncio streams on the gRPC servers' event loop, two fixed routes. prometheus-client keeps and
 renders the numbers (`engine.metrics`); its own HTTP server is not used because it holds a thread per
 connection with no time limit. This listener is reachable by anyone who can reach its port, so it
 bounds what a client can make it hold: a request head of at most MAX_HEAD_BYTES (lines over
-MAX_LINE_BYTES get 431, a request line that is not HTTP gets 400), READ_TIMEOUT_S to send it (a
-half-open or trickling connection is closed then), and MAX_CONNECTIONS at once (more are closed at once).
+MAX_LINE_BYTES get 431, a request line that is not HTTP gets 400), `read_timeout_s` to send it (a
+half-open or trickling connection is closed then), `max_connections` at once and `max_per_peer` from one
+address. At either bound a new connection is not refused: the oldest one still waiting for its request (of
+that address, or of all) is closed to make room. A scraper sends its request as soon as it connects, so
+however many silent connections a peer opens, the scrape is answered.
 """
 
 from __future__ import annotations
@@ -18,8 +23,6 @@ log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 8 * 1024  # a scrape's request line and headers are ~100 bytes each
 MAX_HEAD_BYTES = 32 * 1024
-READ_TIMEOUT_S = 5.0
-MAX_CONNECTIONS = 256
 TEXT = "text/plain; charset=utf-8"
 
 
@@ -56,12 +59,16 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str]:
 
 class MetricsServer:
     def __init__(self, render: Callable[[], str], ready: Callable[[], bool],
-                 content_type: str = "text/plain; version=0.0.4; charset=utf-8"):
+                 content_type: str = "text/plain; version=0.0.4; charset=utf-8", *, max_connections: int = 256,
+                 max_per_peer: int = 16, read_timeout_s: float = 5.0):
         self._render = render
         self._ready = ready
         self._content_type = content_type
         self._server: asyncio.base_events.Server | None = None
-        self._open = 0
+        self.max_connections, self.max_per_peer, self.read_timeout_s = max_connections, max_per_peer, read_timeout_s
+        # the open connections, oldest first: their peer address, and whether their request head is still awaited
+        self._open: dict[asyncio.StreamWriter, tuple[str, bool]] = {}
+        self.evicted = 0  # connections closed to make room for a newer one
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -80,28 +87,52 @@ class MetricsServer:
         if path == "/metrics":
             return "200 OK", self._content_type, self._render()
         if path == "/healthz":
-            return ("200 OK", TEXT, "ready\n") if self._ready() else ("503 Service Unavailable", TEXT, "loading\n")
-        return "404 Not Found", TEXT, "try /metrics or /healthz\n"
+            return ("200 OK", TEXT, "ready\n") if self._ready() else ("503 Service Unavailable", TEXT,
+                                                                     "not taking jobs (loading or draining)\n")
+        if path == "/livez":
+            return "200 OK", TEXT, "alive\n"
+        return "404 Not Found", TEXT, "try /metrics, /healthz or /livez\n"
+
+    def _make_room(self, peer: str) -> bool:
+        """Close the oldest connection still waiting for its request, of `peer` when it holds its share, else of
+        any peer when the listener is full; False when the listener is full of connections being answered."""
+        waiting = [(w, p) for w, (p, head_awaited) in self._open.items() if head_awaited]
+        if sum(p == peer for p, _ in self._open.values()) >= self.max_per_peer:
+            waiting = [(w, p) for w, p in waiting if p == peer]
+        elif len(self._open) < self.max_connections:
+            return True
+        if not waiting:
+            return False
+        oldest = waiting[0][0]
+        del self._open[oldest]
+        oldest.close()  # its handler's read ends; it then finds itself gone from `_open`
+        self.evicted += 1
+        return True
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._open >= MAX_CONNECTIONS:
+        peername = writer.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) else str(peername)
+        if not self._make_room(peer):
             writer.close()
             return
-        self._open += 1
+        self._open[writer] = (peer, True)
         try:
             try:
-                method, path = await asyncio.wait_for(_read_head(reader), timeout=READ_TIMEOUT_S)
+                method, path = await asyncio.wait_for(_read_head(reader), timeout=self.read_timeout_s)
+                if writer not in self._open:  # closed to make room while the request arrived
+                    return
+                self._open[writer] = (peer, False)
                 status, content_type, body = self._respond_to(method, path)
             except _BadRequest as bad:
                 status, content_type, body = bad.status, TEXT, bad.body
             data = body.encode()
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(data)}\r\n"
                          f"Connection: close\r\n\r\n".encode() + data)
-            await asyncio.wait_for(writer.drain(), timeout=READ_TIMEOUT_S)
+            await asyncio.wait_for(writer.drain(), timeout=self.read_timeout_s)
         except (TimeoutError, ConnectionError) as exc:
             log.debug("metrics connection dropped: %s", exc or type(exc).__name__)
         except Exception:  # noqa: BLE001 - a bug in rendering must not end the listener
             log.exception("metrics request failed")
         finally:
-            self._open -= 1
+            self._open.pop(writer, None)
             writer.close()

@@ -32,12 +32,14 @@ from breeze_tts_proto.v1 import (
     synthesis_pb2_grpc,
 )
 from breeze_worker.artifacts.store import ArtifactStore
-from breeze_worker.config import WorkerSettings
+from breeze_worker.config import ServerSettings, WorkerSettings
 from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, ArtifactServicer
-from breeze_worker.transport.auth import BearerTokenInterceptor
+from breeze_worker.transport.auth import AuthThrottle, BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
+from breeze_worker.transport.health import BoundedHealthServicer
 from breeze_worker.transport.preflight import check_tls_files, in_use_error, port_in_use
+from breeze_worker.transport.stream_relay import SlowReaderBounds
 from breeze_worker.transport.synthesis_servicer import SynthesisServicer
 
 log = logging.getLogger(__name__)
@@ -62,15 +64,24 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def _options(max_receive: int, max_send: int) -> list[tuple[str, int]]:
-    return [
+def _options(s: ServerSettings, max_receive: int, max_send: int) -> list[tuple[str, int]]:
+    """One port's channel arguments: message limits, and what a connection may hold (docs/operations.md)."""
+    options = [
         ("grpc.max_receive_message_length", max_receive),
         ("grpc.max_send_message_length", max_send),
         ("grpc.so_reuseport", 0),  # a second worker on the same port must fail, not share it
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.max_concurrent_streams", s.max_streams_per_connection),
+        ("grpc.keepalive_time_ms", int(s.keepalive_time_s * 1000)),
+        # also the sockets' TCP user timeout: data a peer leaves unacknowledged this long closes its connection
+        ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout_s * 1000)),
+        ("grpc.server_handshake_timeout_ms", int(s.handshake_timeout_s * 1000)),
     ]
+    if s.max_connection_idle_s > 0:
+        options.append(("grpc.max_connection_idle_ms", int(s.max_connection_idle_s * 1000)))
+    return options
 
 
 def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
@@ -85,10 +96,14 @@ def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
-def _interceptors(settings: WorkerSettings) -> list[grpc.aio.ServerInterceptor]:
-    """The call wrapper outermost (log fields, undecodable bodies), then the token check when there is one."""
-    token = settings.server.auth_token
-    return [CallInterceptor()] + ([BearerTokenInterceptor(token)] if token else [])
+def _interceptors(settings: WorkerSettings, throttle: AuthThrottle) -> list[grpc.aio.ServerInterceptor]:
+    """The call wrapper outermost (log fields, the throttle on failed authentications, the request message's
+    arrival, undecodable bodies), then the token check when there is one."""
+    s = settings.server
+    if not s.auth_token:
+        return [CallInterceptor(s.first_message_timeout_s, s.max_waiting_calls_per_peer)]
+    return [CallInterceptor(s.first_message_timeout_s, s.max_waiting_calls_per_peer, throttle.gate),
+            BearerTokenInterceptor(s.auth_token, throttle)]
 
 
 def warn_about_exposure(settings: WorkerSettings) -> None:
@@ -140,8 +155,10 @@ class RunningServers:
     synthesis_port: int
     artifact_port: int
     artifact_endpoint: str
-    health: health.aio.HealthServicer
+    health: BoundedHealthServicer
     store: ArtifactStore
+    slow_readers: SlowReaderBounds  # what slow readers may hold, shared with the HTTP face's streams
+    auth_throttle: AuthThrottle  # failed authentications per address, shared with the HTTP face
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     async def set_serving(self, serving: bool) -> None:
@@ -178,6 +195,7 @@ class RunningServers:
 def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: ArtifactStore) -> synthesis_pb2.WorkerInfo:
     tiny = bool(getattr(engine, "is_tiny_default", False))
     disk = store.status()
+    readiness = engine.readiness() if hasattr(engine, "readiness") else {}
     return synthesis_pb2.WorkerInfo(
         model_description=str(getattr(engine, "model_description", "")),
         is_tiny_default=tiny,
@@ -190,6 +208,9 @@ def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: Artifac
         version=breeze_worker.__version__,
         artifact_store_degraded=disk.reason,
         artifact_disk_free_bytes=disk.free_bytes,
+        max_active_streams=settings.engine.max_active_streams,
+        ready_streams=int(readiness.get("ready_streams", 0)),
+        startup_building=str(readiness.get("building", "")),
     )
 
 
@@ -223,25 +244,28 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     settings.validate()
     s = settings.server
     store = store or getattr(engine, "artifact_store", None) or ArtifactStore(settings.artifacts)
-    interceptors = _interceptors(settings)
+    throttle = AuthThrottle(s.auth_max_failures, s.auth_failure_refill_s)
+    interceptors = _interceptors(settings, throttle)
     credentials = _credentials(settings)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = BoundedHealthServicer(s.health_max_watchers)
     clock = ClockServicer()
 
-    synthesis_options = _options(receive_cap(s.max_request_bytes), 64 * 1024 * 1024)
+    synthesis_options = _options(s, receive_cap(s.max_request_bytes), 64 * 1024 * 1024)
     if s.max_connection_age_s > 0:  # GOAWAY after this age; with no age grace set, running streams finish
         synthesis_options.append(("grpc.max_connection_age_ms", int(s.max_connection_age_s * 1000)))
-    synthesis_server = grpc.aio.server(interceptors=interceptors, options=synthesis_options)
+    synthesis_server = grpc.aio.server(interceptors=interceptors, options=synthesis_options,
+                                       maximum_concurrent_rpcs=s.max_calls)
     artifact_server = grpc.aio.server(interceptors=interceptors,
-                                      options=_options(_ARTIFACT_REQUEST_BYTES, MAX_MESSAGE_BYTES))
+                                      options=_options(s, _ARTIFACT_REQUEST_BYTES, MAX_MESSAGE_BYTES),
+                                      maximum_concurrent_rpcs=s.max_calls)
     synthesis_port = _bind(synthesis_server, s.host, s.port, credentials, "--port")
     artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials, "--artifact-port")
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
 
+    slow_readers = SlowReaderBounds(s.max_stream_buffer_bytes, s.max_buffered_audio_bytes, s.reader_stall_s)
     synthesis_pb2_grpc.add_SynthesisServicer_to_server(
         SynthesisServicer(engine, endpoint, lambda: _worker_info(settings, engine, endpoint, store),
-                          max_request_bytes=s.max_request_bytes,
-                          max_stream_buffer_bytes=s.max_stream_buffer_bytes), synthesis_server)
+                          max_request_bytes=s.max_request_bytes, slow_readers=slow_readers), synthesis_server)
     artifacts_pb2_grpc.add_ArtifactsServicer_to_server(ArtifactServicer(store, endpoint), artifact_server)
     for server, services in ((synthesis_server, (SYNTHESIS_SERVICE, CLOCK_SERVICE)),
                              (artifact_server, (ARTIFACTS_SERVICE, CLOCK_SERVICE))):
@@ -251,7 +275,7 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
             (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
     running = RunningServers(synthesis_server, artifact_server, synthesis_port, artifact_port, endpoint,
-                             health_servicer, store)
+                             health_servicer, store, slow_readers, throttle)
     await running.set_serving(bool(getattr(engine, "ready", False)))
     for service in (ARTIFACTS_SERVICE, CLOCK_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -2,11 +2,14 @@
 
 Servicers wrap their work in `mapped_errors(context)`; a `BreezeError` becomes its status with the
 error's message (written to say what to change), anything else becomes INTERNAL with a logged
-traceback and a message that names the job or call but reveals no internals.
+traceback and a message that names the job or call but reveals no internals. A caller that went away is
+a cancellation, not an error: the send that found its call over (gRPC's own error) is logged at INFO,
+without a traceback, and ends the handler as a hang-up does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -55,6 +58,9 @@ async def mapped_errors(context: grpc.aio.ServicerContext, what: str):
         await context.abort(code, message)
     except (grpc.aio.AbortError, GeneratorExit):
         raise
+    except grpc.aio.BaseError as exc:  # gRPC's own: a send on a call that is over, its peer gone
+        log.info("%s ended: the caller went away (%s)", what, type(exc).__name__)
+        raise asyncio.CancelledError from exc  # what a hang-up is; gRPC ends the call quietly
     except Exception as exc:  # noqa: BLE001 - the one place that turns surprises into INTERNAL
         code, message = status_of(exc)
         log.exception("%s failed with an unexpected error", what)

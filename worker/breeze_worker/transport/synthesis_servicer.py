@@ -3,7 +3,8 @@
 The handler writes with `context.write`, so every await of a call runs in the handler's own task:
 when the caller hangs up, the CancelledError lands here and closing the engine's stream cancels the
 job (its slot is freed at the next frame boundary). The events go through `stream_relay.relay`, which
-bounds the audio waiting for a caller who reads more slowly than the job generates.
+bounds the audio waiting for a caller who reads more slowly than the job generates (one `SlowReaderBounds`
+for every call of the server).
 
 A request larger than `max_request_bytes` is refused here, before any conversion, with a message that
 names the limit and what to change (gRPC's own receive limit sits well above it; see server.receive_cap).
@@ -22,7 +23,7 @@ from breeze_worker import logs
 from breeze_worker.errors import ResourceExhausted
 from breeze_worker.transport import convert
 from breeze_worker.transport.status import mapped_errors
-from breeze_worker.transport.stream_relay import relay
+from breeze_worker.transport.stream_relay import SlowReaderBounds, relay
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,13 @@ def request_too_large(size: int, limit: int) -> ResourceExhausted:
 
 class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
     def __init__(self, engine, artifact_endpoint: str, info: Callable[[], synthesis_pb2.WorkerInfo], *,
-                 max_request_bytes: int | None = None, max_stream_buffer_bytes: int = 16 * 1024 * 1024) -> None:
+                 slow_readers: SlowReaderBounds, max_request_bytes: int | None = None) -> None:
         self._engine = engine
         self._metrics = getattr(engine, "metrics", None)  # counts the messages written (an engine double may have none)
         self._artifact_endpoint = artifact_endpoint
         self._info = info
         self._max_request_bytes = max_request_bytes
-        self._max_stream_buffer_bytes = max_stream_buffer_bytes
+        self._slow_readers = slow_readers
 
     async def Synthesize(self, request: synthesis_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
         received_ns = time.time_ns()  # JobStarted.received_unix_ns: the client's way here vs. our admission
@@ -60,7 +61,7 @@ class SynthesisServicer(synthesis_pb2_grpc.SynthesisServicer):
                 if self._metrics is not None:
                     self._metrics.message_sent()
 
-            await relay(events, write, self._max_stream_buffer_bytes)
+            await relay(events, write, self._slow_readers)
 
     async def GetWorkerInfo(self, request, context: grpc.aio.ServicerContext) -> synthesis_pb2.WorkerInfo:
         return self._info()

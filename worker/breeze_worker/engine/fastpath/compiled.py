@@ -78,9 +78,9 @@ def compile_unit(fn: Callable, settings: FastPathSettings) -> Callable:
     entry per new shape, dtype or step object)."""
     name, tune, dynamic = settings.compile_backend, settings.tune, settings.dynamic_shapes
     key = (fn, name, tune, dynamic)
+    _raise_limits()  # Dynamo keeps its limits per thread: the thread binding the units compiles them
     if key in _compiled:
         return _compiled[key]
-    _raise_limits()
     mode: str | None = None
     options: dict[str, str | int | bool | Callable] | None = None
     if name == "inductor":  # Inductor's own CUDA graphs stay off: ours capture the compiled code

@@ -16,7 +16,8 @@ well below bandwidth; the frame has 180 depth-decoder layer steps (12 layers x 1
   the backbone's q/k/v projection).
 - `qk_norm_rope`: from a q/k/v projection, the q/k RMSNorm, RoPE and each row's cache write at its own slot
   (the backbone's layers, a join's prefill, and the depth layers of the `gemm+attention` form).
-- `depth_head`: a depth position's final RMSNorm, the codebook's head in FP32 and the CFG combination.
+- `depth_head`: a depth position's final RMSNorm, the codebook's head in FP32 and the CFG combination (two
+  rows, or three with two guidance scales).
 
 `depth_layer` (the whole depth layer as five of them) and `backbone_layer` (the backbone's, around a
 compiled attention) serve the `fused+chain+all` form (fastpath/forms.py). On compute capability >= 9.0 each
@@ -268,26 +269,36 @@ def depth_head_wanted(device: torch.device, hidden: int, kernels: KernelSettings
 
 def depth_head(x: torch.Tensor, w_norm: torch.Tensor, eps: float, head: torch.Tensor, cond_row: torch.Tensor,
                uncond_row: torch.Tensor, cfg_scale: torch.Tensor,
-               kernels: KernelSettings = DEFAULT_KERNELS) -> torch.Tensor:
+               kernels: KernelSettings = DEFAULT_KERNELS, ref_row: torch.Tensor | None = None,
+               ref_scale: torch.Tensor | None = None) -> torch.Tensor:
     """A depth position's stream logits [S, V] (FP32) from the last layer's output at that position x [R, H]
     (rows may be strided): the final RMSNorm, the codebook's head `head` [H, V] in FP32, CFG u + s * (c - u)
-    over the streams' rows `cond_row`/`uncond_row` [S] with `cfg_scale` [S] (FrameStep._depth_logits)."""
+    over the streams' rows `cond_row`/`uncond_row` [S] with `cfg_scale` [S] (FrameStep._depth_logits); with
+    `ref_row` and `ref_scale` [S] (two guidance scales; a stream without a third row has ref_row == uncond_row)
+    u + ref_scale * (r - u) + s * (c - u)."""
     rows, hidden = x.shape
     vocab = head.shape[1]
     streams = cond_row.shape[0]
+    if (ref_row is None) != (ref_scale is None):
+        raise ValueError("depth_head takes ref_row and ref_scale together")
     if not available(x.device, kernels):
         normed = _rms(x, w_norm, eps, head.dtype).float()
         logits = normed @ head.float()
         cond, uncond = logits[cond_row], logits[uncond_row]
-        return uncond + cfg_scale[:, None] * (cond - uncond)
+        if ref_row is None or ref_scale is None:
+            return uncond + cfg_scale[:, None] * (cond - uncond)
+        return uncond + ref_scale[:, None] * (logits[ref_row] - uncond) + cfg_scale[:, None] * (cond - uncond)
     if x.stride(1) != 1 or not head.is_contiguous():
         raise ValueError("depth_head needs unit-stride rows and a contiguous head [H, V]")
+    if ref_row is None or ref_scale is None:  # no third rows: each stream's ref row is its uncond row
+        ref_row, ref_scale = uncond_row, cfg_scale
     cfg = plan("depth_head", hidden, kernels)
     out = torch.empty(streams, vocab, dtype=torch.float32, device=x.device)
     _depth_head_kernel[(-(-vocab // cfg["block_v"]),)](x, x.stride(0), w_norm, head, cond_row, uncond_row,
-                                                       cfg_scale, out, hidden, vocab, eps, STREAMS=streams,
-                                                       BLOCK_V=cfg["block_v"], HP=_next_power_of_two(hidden),
-                                                       num_warps=cfg["num_warps"], **_launch(x.device, kernels))
+                                                       cfg_scale, ref_row, ref_scale, out, hidden, vocab, eps,
+                                                       STREAMS=streams, BLOCK_V=cfg["block_v"],
+                                                       HP=_next_power_of_two(hidden), num_warps=cfg["num_warps"],
+                                                       **_launch(x.device, kernels))
     return out
 
 
@@ -353,6 +364,13 @@ class DownWorkspace:
             self._buffers[key] = (torch.empty(splits, rows, n, dtype=torch.float32, device=device),
                                   torch.zeros(blocks, dtype=torch.int32, device=device))
         return self._buffers[key]
+
+    def reserve_like(self, other: DownWorkspace) -> None:
+        """Allocate every buffer `other` holds: a step whose warm-up ran on another step (a scratch of its
+        shape, engine/batch_graphs.py) is captured without one, and a buffer first allocated inside the
+        capture would be the graph's own."""
+        for device, splits, rows, n, blocks in list(other._buffers):
+            self.get(torch.device(device), splits, rows, n, blocks)
 
 
 def down_residual(hidden: torch.Tensor, down: torch.Tensor, x: torch.Tensor, workspace: DownWorkspace,

@@ -323,12 +323,14 @@ if importlib.util.find_spec("triton") is not None:
                 _down_finish(ws_ptr, count_ptr + pid, x_ptr, y_ptr, cols, N, M, SPLITS)
 
         @triton.jit
-        def _depth_head_kernel(x_ptr, stride_x, w_norm_ptr, w_ptr, cond_ptr, uncond_ptr, scale_ptr, out_ptr, H, V,
-                               eps, STREAMS: tl.constexpr, BLOCK_V: tl.constexpr, HP: tl.constexpr,
-                               USE_PDL: tl.constexpr):
+        def _depth_head_kernel(x_ptr, stride_x, w_norm_ptr, w_ptr, cond_ptr, uncond_ptr, scale_ptr, ref_ptr,
+                               ref_scale_ptr, out_ptr, H, V, eps, STREAMS: tl.constexpr, BLOCK_V: tl.constexpr,
+                               HP: tl.constexpr, USE_PDL: tl.constexpr):
             """A depth position's stream logits [S, V] in FP32: the final RMSNorm of each of the stream's rows
             (x [R, H], row stride stride_x), times the codebook's head W [H, V] in FP32, CFG-combined
-            u + scale * (c - u). A program owns BLOCK_V classes and loads their H x BLOCK_V weights once."""
+            u + scale * (c - u), or with a third row (ref != uncond: two guidance scales)
+            u + ref_scale * (r - u) + scale * (c - u). A program owns BLOCK_V classes and loads their H x BLOCK_V
+            weights once."""
             if USE_PDL:
                 gdc_launch_dependents()
             pid = tl.program_id(0)
@@ -345,11 +347,17 @@ if importlib.util.find_spec("triton") is not None:
                 cond = tl.load(cond_ptr + s)
                 uncond = tl.load(uncond_ptr + s)
                 scale = tl.load(scale_ptr + s)
+                ref = tl.load(ref_ptr + s)
                 xc = _normed_row(x_ptr + cond * stride_x, w_norm_ptr, 0, H, eps, w_ty, HP)
                 xu = _normed_row(x_ptr + uncond * stride_x, w_norm_ptr, 0, H, eps, w_ty, HP)
                 lc = tl.sum(w * xc[:, None], axis=0)
                 lu = tl.sum(w * xu[:, None], axis=0)
-                tl.store(out_ptr + s * V + cols, lu + scale * (lc - lu), mask=col_ok)
+                combined = lu
+                if ref != uncond:  # only a stream with a third row reads one
+                    xr = _normed_row(x_ptr + ref * stride_x, w_norm_ptr, 0, H, eps, w_ty, HP)
+                    lr = tl.sum(w * xr[:, None], axis=0)
+                    combined = combined + tl.load(ref_scale_ptr + s) * (lr - lu)
+                tl.store(out_ptr + s * V + cols, combined + scale * (lc - lu), mask=col_ok)
 
         _triton = triton
     except Exception:  # an unusable Triton: the torch formulas serve

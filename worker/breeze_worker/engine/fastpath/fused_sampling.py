@@ -122,12 +122,13 @@ if fused._triton is not None:
     @triton.jit
     def _sample_kernel(logits_ptr, stride_l, blocked_ptr, temp_ptr, top_k_ptr, top_p_ptr, log_noise_ptr, stride_n,
                        code_ptr, stride_code, nonfinite_ptr, keep_ptr, table_ptr, stride_t, next_ptr, stride_next,
-                       cond_ptr, uncond_ptr, H, V, VP: tl.constexpr, VT: tl.constexpr, WRITE_KEEP: tl.constexpr,
-                       WRITE_NEXT: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
+                       cond_ptr, uncond_ptr, ref_ptr, H, V, VP: tl.constexpr, VT: tl.constexpr,
+                       WRITE_KEEP: tl.constexpr, WRITE_NEXT: tl.constexpr, HP: tl.constexpr, USE_PDL: tl.constexpr):
         """One stream row: ids [0, VP) as the head block and, when VT > 0, [VP, VP + VT) as the tail block
         (`blocks`: 2051 classes as 2048 + 4 lanes). The code goes to code_ptr + s * stride_code; with
         WRITE_NEXT, row `code` of `table` [V, H] (the next depth position's projected input) goes to the
-        stream's rows cond_ptr[s] and uncond_ptr[s] of `next` [R, H]. USE_PDL: chained (fused.pdl); the
+        stream's rows cond_ptr[s], uncond_ptr[s] and ref_ptr[s] (the third row of two guidance scales; the
+        uncond row again without one) of `next` [R, H]. USE_PDL: chained (fused.pdl); the
         settings are read before the wait, everything earlier kernels wrote after it."""
         TAIL: tl.constexpr = VT > 0
         s = tl.program_id(0)
@@ -189,6 +190,7 @@ if fused._triton is not None:
             values = tl.load(table_ptr + picked * stride_t + hs, mask=hm)
             tl.store(next_ptr + tl.load(cond_ptr + s) * stride_next + hs, values, mask=hm)
             tl.store(next_ptr + tl.load(uncond_ptr + s) * stride_next + hs, values, mask=hm)
+            tl.store(next_ptr + tl.load(ref_ptr + s) * stride_next + hs, values, mask=hm)
         if WRITE_KEEP:
             tl.store(keep_ptr + s * V + ids, keep.to(tl.int8), mask=ok)
             if TAIL:
@@ -214,13 +216,14 @@ def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_n
            nonfinite: torch.Tensor, keep_out: torch.Tensor | None = None, out: torch.Tensor | None = None,
            next_table: torch.Tensor | None = None, next_out: torch.Tensor | None = None,
            cond_row: torch.Tensor | None = None, uncond_row: torch.Tensor | None = None,
-           kernels: fused.KernelSettings = fused.DEFAULT_KERNELS) -> torch.Tensor:
+           kernels: fused.KernelSettings = fused.DEFAULT_KERNELS, ref_row: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of float32 `logits` [S, V] (int64 [S]; into `out`, which may be strided, e.g. a
     column of the frame's codes); marks `nonfinite` (bool [S]) for rows with a NaN or infinity. `log_noise`
     [S, V] = log of `sampling.exponential_noise` for this position; `blocked` bool [V]. `keep_out` (int8
     [S, V], for tests) receives the filtered set. With `next_table` [V, H]: row `code` of it is also written
-    to rows `cond_row[s]` and `uncond_row[s]` of `next_out` [R, H] (FrameStep: the next depth position's
-    input, with no kernel of its own). `kernels`: the launch settings (fused.KernelSettings)."""
+    to rows `cond_row[s]`, `uncond_row[s]` and `ref_row[s]` (a stream's third row with two guidance scales;
+    None: none has one) of `next_out` [R, H] (FrameStep: the next depth position's input, with no kernel of its
+    own). `kernels`: the launch settings (fused.KernelSettings)."""
     streams, vocab = logits.shape
     if log_noise.stride(-1) != 1 or logits.stride(-1) != 1:
         raise ValueError("the sampling kernel needs unit stride along the vocabulary")
@@ -238,13 +241,14 @@ def sample(logits: torch.Tensor, rows: RowSampling, blocked: torch.Tensor, log_n
             raise ValueError(f"next-input rows of {next_table.shape[1]} exceed {fused._MAX_WIDTH}")
         table, nxt, width = next_table, next_out.reshape(-1, next_out.shape[-1]), next_table.shape[1]
         cond, uncond = cond_row, uncond_row
+        ref = uncond_row if ref_row is None else ref_row
     else:  # unused pointers (never dereferenced)
-        table, nxt, width, cond, uncond = logits, logits, 1, code, code
+        table, nxt, width, cond, uncond, ref = logits, logits, 1, code, code, code
     launch = fused._launch(logits.device, kernels)
     _sample_kernel[(streams,)](logits, logits.stride(0), blocked.view(torch.uint8), rows.temperature, rows.top_k,
                                rows.top_p, log_noise, log_noise.stride(0), code, code.stride(0),
                                nonfinite.view(torch.uint8), keep, table, table.stride(0), nxt, nxt.stride(0),
-                               cond, uncond, width, vocab, VP=head, VT=tail, WRITE_KEEP=keep_out is not None,
+                               cond, uncond, ref, width, vocab, VP=head, VT=tail, WRITE_KEEP=keep_out is not None,
                                WRITE_NEXT=write_next, HP=fused._next_power_of_two(width),
                                num_warps=cfg["num_warps"], **launch)
     return code

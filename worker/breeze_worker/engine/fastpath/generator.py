@@ -17,8 +17,9 @@ contains what the consumer does with the frame (codec decode, emit) and ends whe
 
 Fail-safe: a frame whose logits held NaN/Inf anywhere (codebook 0 or any depth step) is never emitted.
 The event is counted (`nonfinite_events()` for the process, `.nonfinite_events` per generator) and the
-request ends with `NumericalError`: recomputing in the same precision would reproduce the same values, and
-the fp16-mixed policy (engine/precision.py) is the documented safe computation that prevents them.
+request ends with `NumericalError`: recomputing in the same precision would reproduce the same values. This
+per-stream generator serves the benches and tools; the worker's batched engine recomputes such a frame at a
+safe precision and goes on (engine/fastpath/recovery.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.fastpath.graph import acquire_runner, release_runner
 from breeze_worker.engine.fastpath.prompt import text_encoder_graphs
-from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE
+from breeze_worker.engine.fastpath.step import READOUT_EOS, READOUT_NONFINITE, stream_setup
 from breeze_worker.engine.prompt import prepare_prompt_embeddings, prompt_layouts, prompt_text_segments
 from breeze_worker.engine.sampling import RowSampling
 from breeze_worker.engine.types import EndReason, ResolvedRequest
@@ -96,8 +97,9 @@ class FastFrameGenerator:
             self.end_reason = EndReason.ERROR
             log.error("frame %d of a request produced non-finite logits; it was not emitted", frame_index)
             raise NumericalError(
-                f"non-finite values in the model's logits at frame {frame_index} (precision policy "
-                "of this worker); the frame was discarded. Retry, or run the worker with --precision fp32")
+                f"non-finite values in the model's logits at frame {frame_index} (this precision policy); the "
+                "frame was discarded. The same request and seed reproduce it, so retrying it will not help: run "
+                "with --precision fp32, or through the batched engine, which recomputes such a frame")
         if bool(readout[READOUT_EOS]):
             self.end_reason = EndReason.END_OF_SPEECH
             return True
@@ -156,8 +158,7 @@ class FastFrameGenerator:
         try:
             step = runner.step
             sampling = RowSampling.from_params([request.sampling], [request.seed], "cpu")  # set_stream fills them
-            step.set_stream(0, cond_row=0, uncond_row=rows - 1, cfg_scale=float(request.cfg_scale),
-                            sampling=sampling, eos_masked=self.eos_masked)
+            step.set_streams([stream_setup(0, list(range(rows)), request, sampling, self.eos_masked)])
             slots = runner.prompt_slots(length, limit)  # the prompt's cache slots (padded to a bucket)
             with tracing.span("prefill"):
                 runner.prefill(prompt.inputs_embeds, prompt.positions, prompt.attention_mask, slots)

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024)
 
@@ -47,6 +48,29 @@ def run_on_side_stream(device: torch.device, work) -> None:
         work()
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
+
+
+def capture_graph(work: Callable[[], T], stream: torch.cuda.Stream,
+                  pool: _POOL_HANDLE | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Capture `work()` into a new CUDA graph on `stream` and return it with `work`'s result. The capture
+    records without running anything, in thread-local mode: other threads (the engine thread serving
+    streams) go on with their own CUDA work meanwhile. Unlike `torch.cuda.graph`, it neither synchronizes the
+    device nor empties the allocator's cache first, either of which would stall a serving engine thread.
+    Whatever `work` needs allocated beforehand (library handles and workspaces, Triton kernels loaded) must
+    have been by a warm-up on this thread and `stream`."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            out = work()
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:  # noqa: BLE001 - the capture is invalid anyway; `work`'s error says why
+                pass
+            raise
+        graph.capture_end()
+    return graph, out
 
 
 class FrameRunner:

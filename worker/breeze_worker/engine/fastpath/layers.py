@@ -66,19 +66,25 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
            reduce: bool = False) -> torch.Tensor:
     """Grouped-query attention without repeating the cache: q [R, h, T, D] over keys/values [R, kv, L, D]
     (query head i reads kv head i // (h / kv)), additive `mask` broadcastable to [R, 1, T, L] or None;
-    FP32 softmax. -> [R, h, T, D] in the values' dtype. `reduce`: as reductions (`reduce_attention`),
-    else two batched matmuls."""
+    FP32 softmax. -> [R, h, T, D] in the queries' dtype. `reduce`: as reductions (`reduce_attention`, FP32
+    from whatever the cache stores), else two batched matmuls; those run in the cache's dtype, so over FP16
+    keys beside FP32 queries (fp16-mixed's half-precision backbone cache) the query is scaled first and
+    rounded to FP16, the scores bounded by its q/k norms (precision.half_kv_refusal)."""
     rows, h, t, d = q.shape
     kv, length = keys.shape[1], keys.shape[2]
     if reduce:
         out = reduce_attention(q.reshape(rows, kv, h // kv, t, d), keys, values,
                                0.0 if mask is None else mask[:, :, None], scale)
-        return out.to(values.dtype).reshape(rows, h, t, d)
-    scores = torch.matmul(q.reshape(rows, kv, (h // kv) * t, d), keys.transpose(2, 3)).float() * scale
+        return out.to(values.dtype).to(q.dtype).reshape(rows, h, t, d)
+    grouped = q.reshape(rows, kv, (h // kv) * t, d)
+    if keys.dtype == q.dtype:
+        scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * scale
+    else:
+        scores = torch.matmul((grouped * scale).to(keys.dtype), keys.transpose(2, 3)).float()
     if mask is not None:
         scores = (scores.view(rows, kv, h // kv, t, length) + mask[:, :, None]).view(rows, kv, -1, length)
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).view(rows, h, t, d)
+    return torch.matmul(probs, values).view(rows, h, t, d).to(q.dtype)
 
 
 def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,

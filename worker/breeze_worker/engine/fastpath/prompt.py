@@ -9,7 +9,11 @@ count to a power of two (rows of one masked pad token fill the batch; rows never
 padded keys are masked in every layer, so a real token's state is the unpadded computation's up to GEMM
 rounding on the GPU). A bucket's batch larger than `MAX_TOKENS` (rows x length) runs as several replays.
 `prepare` captures every (rows, length) key a worker of `max_streams` streams can reach, so serving never
-captures; a key not captured (a caller that skipped `prepare`) is captured on its first use. Segments
+captures; a key not captured (a caller that skipped `prepare`) is captured on its first use, and says so. A
+worker that starts serving before everything is built prepares the keys of one stream's join first and the
+rest from its start-up thread (`prepare(..., background=True)`) while joins replay the keys already there:
+each capture records on a stream of its own in thread-local mode (fastpath/graph.py `capture_graph`), on
+inputs and outputs of its own, so it touches nothing a replay uses. Segments
 longer than the last bucket, the CPU, and any capture failure use the model's own `encode_segments` (or,
 for the CPU tests of the bucketing, `use_graphs=False`: the same padded batches run eagerly). One instance
 per model (`text_encoder_graphs`); replays are serialized by a lock and their outputs copied out.
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from breeze_worker.engine.fastpath.fused import _next_power_of_two
+from breeze_worker.engine.fastpath.graph import capture_graph
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
@@ -35,7 +40,9 @@ log = logging.getLogger(__name__)
 
 TEXT_BUCKETS = (32, 64, 128, 256, 512)
 MAX_TOKENS = 4096  # rows x padded length of one graph (its activations); larger batches replay several
-MAX_TEXT_SEGMENTS = 4  # text segments of one request: reference transcript + text, twice with CFG (model/prompts.py)
+# text segments of one request: reference transcript + text, twice with CFG; with two guidance scales the
+# instruction prompt, the clone prompt's two and the plain prompt (model/prompts.py)
+MAX_TEXT_SEGMENTS = 4
 
 
 def plan(lengths: list[int], max_tokens: int = MAX_TOKENS) -> list[tuple[int, list[int], int]] | None:
@@ -80,9 +87,12 @@ class TextEncoderGraphs:
         self.pad_id = int(lm.config.text_encoder.pad_token_id)
         self.graphs: dict[tuple[int, int], _Captured] = {}
         self.failed: set[tuple[int, int]] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # replays (their static inputs and outputs), and the tables above
+        self._capturing = threading.Lock()  # one capture at a time (its stream, the pool)
         self.pool: _POOL_HANDLE | None = None
+        self._stream: torch.cuda.Stream | None = None
         self.prepare_s = 0.0
+        self.first_use_captures = 0  # keys a join had to capture (prepare had not reached them)
 
     def encode_segments(self, segments: list[torch.Tensor]) -> list[torch.Tensor]:
         """Same contract as `BreezeLM.encode_segments`: [len_i, hidden] per 1-D token segment."""
@@ -129,57 +139,76 @@ class TextEncoderGraphs:
         key = (rows, length)
         if not self.use_graphs or key in self.failed:
             return self.lm.encode_text(ids.to(self.device), mask.to(self.device))[: len(segments)]
+        entry = self.graphs.get(key)
+        if entry is None:
+            self.first_use_captures += 1
+            log.info("the text encoder's batch shape %d x %d was not captured yet: captured now, while its join "
+                     "waits", *key)
+            entry = self._capture(key)
+        if entry is None:
+            return self.lm.encode_text(ids.to(self.device), mask.to(self.device))[: len(segments)]
         with self.lock:
-            entry = self.graphs.get(key) or self._capture(key)
-            if entry is None:
-                return self.lm.encode_text(ids.to(self.device), mask.to(self.device))[: len(segments)]
             graph, s_ids, s_mask, s_out = entry
             s_ids.copy_(ids, non_blocking=True)  # pinned: queued, no wait for the device's queue to drain
             s_mask.copy_(mask, non_blocking=True)
             graph.replay()
             return s_out[: len(segments)].clone()  # the next replay rewrites s_out
 
-    def prepare(self, max_segments: int) -> float:
-        """Capture every key a join of up to `max_segments` segments can reach (CUDA graphs only); seconds."""
+    def prepare(self, max_segments: int, background: bool = False) -> float:
+        """Capture every key a join of up to `max_segments` segments can reach (CUDA graphs only); seconds.
+        `background`: joins are replaying meanwhile (the log line says so; the capture is the same)."""
         if not self.use_graphs:
             return 0.0
         t0 = time.perf_counter()
-        with self.lock:
-            todo = [k for k in keys_for(max_segments, self.max_tokens) if k not in self.graphs and k not in self.failed]
-            for key in todo:
-                self._capture(key)
+        todo = [k for k in keys_for(max_segments, self.max_tokens) if k not in self.graphs and k not in self.failed]
+        for key in todo:
+            self._capture(key)
         took = time.perf_counter() - t0
         self.prepare_s += took
         if todo:
-            log.info("captured the text encoder for %d batch shapes (up to %d segments) in %.2f s", len(todo),
-                     max_segments, took)
+            log.info("captured the text encoder for %d batch shapes (up to %d segments) in %.2f s%s", len(todo),
+                     max_segments, took, " while serving" if background else "")
         return took
 
+    @property
+    def ready_segments(self) -> int:
+        """Segments of the largest join every key of which is captured (0: none)."""
+        n = 0
+        while all(k in self.graphs for k in keys_for(n + 1, self.max_tokens)) and n < 4096:
+            n += 1
+        return n
+
     def _capture(self, key: tuple[int, int]) -> _Captured | None:
-        """Capture one key (lock held): a warm-up run on a side stream, then the capture."""
-        try:
-            rows, length = key
-            ids, mask = self._batch([], rows, length)
-            s_ids, s_mask = ids.to(self.device), mask.to(self.device)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # warm-up outside the capture
-                self.lm.encode_text(s_ids, s_mask)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            torch.cuda.synchronize(self.device)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                s_out = self.lm.encode_text(s_ids, s_mask)
-            self.graphs[key] = (graph, s_ids, s_mask, s_out)
-            log.debug("captured the text encoder for %d segments x %d tokens", *key)
-            return self.graphs[key]
-        except Exception as exc:  # the model's own encoder serves this shape from now on
-            self.failed.add(key)
-            log.warning("text encoder graph capture for %s failed (%s: %s); encoding eagerly", key,
-                        type(exc).__name__, exc)
-            return None
+        """Capture one key: a warm-up run on the capture's own stream, then the capture (`capture_graph`)."""
+        with self._capturing:
+            if key in self.graphs:  # captured by another thread meanwhile
+                return self.graphs[key]
+            try:
+                rows, length = key
+                ids, mask = self._batch([], rows, length)
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream(self.device)
+                stream = self._stream
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):  # the inputs and a warm-up outside the capture
+                    s_ids = ids.to(self.device, non_blocking=True)
+                    s_mask = mask.to(self.device, non_blocking=True)
+                    self.lm.encode_text(s_ids, s_mask)
+                stream.synchronize()
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                graph, s_out = capture_graph(lambda: self.lm.encode_text(s_ids, s_mask), stream, self.pool)
+                stream.synchronize()
+                entry = (graph, s_ids, s_mask, s_out)
+                with self.lock:
+                    self.graphs[key] = entry
+                log.debug("captured the text encoder for %d segments x %d tokens", *key)
+                return entry
+            except Exception as exc:  # the model's own encoder serves this shape from now on
+                self.failed.add(key)
+                log.warning("text encoder graph capture for %s failed (%s: %s); encoding eagerly", key,
+                            type(exc).__name__, exc)
+                return None
 
 
 _INSTANCES: dict[tuple[int, str], TextEncoderGraphs] = {}

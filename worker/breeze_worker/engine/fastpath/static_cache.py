@@ -36,6 +36,18 @@ def buckets_up_to(capacity: int) -> list[int]:
     return out + [capacity]
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, shared_layers: bool) -> torch.Tensor:
+    """Zeros of `shape` [layers, ...]; with `shared_layers`, one layer's memory seen by every layer (the first
+    dimension's stride is 0), so that `t[layer]` is shaped and strided as one layer of the full tensor. A step
+    built so (FrameStep's `shared_layers`) runs the same compiled code as a step with caches of its own (its
+    units see one layer's keys and values at a time, of the same shapes and strides) at 1/layers of the cache
+    memory; what it computes is junk, the layers writing over one another (engine/batch_graphs.py compiles on
+    such a step while streams use the real one)."""
+    if not shared_layers:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.zeros((1, *shape[1:]), dtype=dtype, device=device).expand(shape)
+
+
 @dataclass
 class BackboneCache:
     key: torch.Tensor  # [layers, rows, kv_heads, capacity, head_dim]
@@ -46,11 +58,12 @@ class BackboneCache:
 
     @classmethod
     def allocate(cls, layers: int, rows: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device) -> BackboneCache:
+                 dtype: torch.dtype, device: torch.device, shared_layers: bool = False) -> BackboneCache:
+        """`shared_layers`: every layer's keys (and values) are the same memory (`_zeros`)."""
         shape = (layers, rows, kv_heads, capacity, head_dim)
         return cls(
-            key=torch.zeros(shape, dtype=dtype, device=device),
-            value=torch.zeros(shape, dtype=dtype, device=device),
+            key=_zeros(shape, dtype, device, shared_layers),
+            value=_zeros(shape, dtype, device, shared_layers),
             valid=torch.zeros(rows, capacity, dtype=torch.bool, device=device),
             write_pos=torch.zeros(rows, dtype=torch.int64, device=device),
             rope_pos=torch.zeros(rows, dtype=torch.int64, device=device),
@@ -107,10 +120,10 @@ class DepthCache:
 
     @classmethod
     def allocate(cls, layers: int, rows: int, kv_heads: int, head_dim: int, positions: int,
-                 dtype: torch.dtype, device: torch.device) -> DepthCache:
+                 dtype: torch.dtype, device: torch.device, shared_layers: bool = False) -> DepthCache:
         shape = (layers, rows, kv_heads, positions, head_dim)
-        return cls(key=torch.zeros(shape, dtype=dtype, device=device),
-                   value=torch.zeros(shape, dtype=dtype, device=device))
+        return cls(key=_zeros(shape, dtype, device, shared_layers),
+                   value=_zeros(shape, dtype, device, shared_layers))
 
     def write(self, layer: int, start: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """Write `[rows, kv_heads, n, head_dim]` at positions start..start+n-1 (Python constants)."""

@@ -1,8 +1,9 @@
 """The frame step of the fast path, built around rows.
 
-A *row* is one model row (one per stream, two for a CFG stream: cond and uncond); a *stream* is one
-request. `FrameStep` owns every buffer a frame reads or writes (static caches, logits, codes, flags), so
-its two halves can be captured as CUDA graphs and replayed with no host work in between:
+A *row* is one model row (one per stream, two for a CFG stream: cond and uncond, three with two guidance
+scales); a *stream* is one request. `FrameStep` owns every buffer a frame reads or writes (static caches,
+logits, codes, flags), so its two halves can be captured as CUDA graphs and replayed with no host work in
+between:
 
 - `sample_frame()`: codebook 0 from the pending backbone logits (CFG combination, repetition penalty on the
   codebook-0 history, reserved ids masked, temperature / top-k / top-p, exponential race), then the depth
@@ -11,8 +12,12 @@ its two halves can be captured as CUDA graphs and replayed with no host work in 
 - `backbone_step(bucket)`: feeds the frame's summed embedding to the backbone (one position per row, written
   at each row's `write_pos`, attending over the first `bucket` slots) and leaves the next frame's logits.
 
-Several streams can share one step (a later batching issue): rows `cond_row[s]`, `uncond_row[s]` of stream
-`s` are combined `u + scale * (c - u)`; a stream without CFG has cond_row == uncond_row (exactly c).
+Several streams share one step (engine/batching.py): rows `cond_row[s]`, `uncond_row[s]` of stream `s` are
+combined `u + scale * (c - u)`; a stream without CFG has cond_row == uncond_row (exactly c). A stream with
+two guidance scales has a third row `ref_row[s]` (the clone prompt's; cond is the instruction prompt's, uncond
+the plain prompt's), combined `u + ref_scale * (r - u) + scale * (c - u)`; every other stream has
+ref_row == uncond_row and ref_scale 0, which adds exactly 0, so one combination serves one-, two- and
+three-row streams in the same step.
 Sampling noise is keyed by (seed, frame, codebook) per stream, so the result does not depend on the row
 layout. The computation per row is the eager reference's (engine/eager.py), re-expressed with packed GEMMs.
 
@@ -50,6 +55,7 @@ from breeze_worker.engine.fastpath.layers import (
     small_rows_linear,
 )
 from breeze_worker.engine.fastpath.static_cache import BackboneCache, DepthCache
+from breeze_worker.engine.precision import backbone_kv_dtype
 from breeze_worker.engine.sampling import RowSampling, apply_repetition_penalty, frame_noise, sample_rows
 
 READOUT_EOS, READOUT_NONFINITE = 16, 17  # columns of `readout` after the 16 codes
@@ -110,9 +116,11 @@ def packed_layers(lm) -> tuple[list[PackedLayer], list[PackedLayer]]:
 
 class FrameStep:
     def __init__(self, lm, rows: int, streams: int, capacity: int, device: torch.device,
-                 settings: FastPathSettings | None = None, sample_kernel: bool | None = None):
+                 settings: FastPathSettings | None = None, sample_kernel: bool | None = None,
+                 shared_layers: bool = False):
         """`settings`: the fast path's (None: the defaults); its `kernels` launch every fused kernel of the step.
-        `sample_kernel`: whether the sampling kernel draws (None: as `settings.sampler` says for `device`)."""
+        `sample_kernel`: whether the sampling kernel draws (None: as `settings.sampler` says for `device`).
+        `shared_layers`: caches whose layers share one layer's memory (`scratch`)."""
         cfg = lm.config
         self.settings = settings or FastPathSettings()
         self.kernels = self.settings.kernels
@@ -122,13 +130,15 @@ class FrameStep:
         dtype = lm.embed_audio_tokens.weight.dtype  # the residual stream's dtype
         self.dtype = dtype
         bb, dd = cfg.backbone, cfg.depth
-        kv_dtype = _kv_dtype(lm)
+        # the backbone's keys/values: the residual stream's dtype, or FP16 beside an FP32 one where the weights
+        # bound them (precision.backbone_kv_dtype); the depth decoder's 16 positions a row stay in the residual's
         self.cache = BackboneCache.allocate(bb.num_hidden_layers, rows, bb.num_key_value_heads, bb.head_dim,
-                                            capacity, kv_dtype, device)
+                                            capacity, backbone_kv_dtype(lm, self.settings.half_kv), device,
+                                            shared_layers=shared_layers)
         self.depth_cache = DepthCache.allocate(dd.num_hidden_layers, rows, dd.num_key_value_heads, dd.head_dim,
-                                               self.codebooks, kv_dtype, device)
+                                               self.codebooks, dtype, device, shared_layers=shared_layers)
         # depth RoPE: positions 0..15 are the same every frame
-        cos, sin = lm.depth_decoder.model.rotary(torch.arange(self.codebooks, device=device), kv_dtype)
+        cos, sin = lm.depth_decoder.model.rotary(torch.arange(self.codebooks, device=device), dtype)
         self.depth_cos, self.depth_sin = cos[None, None], sin[None, None]  # [1, 1, 16, D]
         # per depth start position (0: the 2-position prefill; p + 1: codebook p's step): RoPE tables, cache
         # slots and the additive mask over all 16 slots, each its own tensor (constant shapes and alignment)
@@ -158,6 +168,8 @@ class FrameStep:
         self.cond_row = torch.zeros(streams, dtype=torch.int64, device=device)
         self.uncond_row = torch.zeros(streams, dtype=torch.int64, device=device)
         self.cfg_scale = torch.ones(streams, dtype=torch.float32, device=device)
+        self.ref_row = torch.zeros(streams, dtype=torch.int64, device=device)  # the third row (two scales)
+        self.ref_scale = torch.zeros(streams, dtype=torch.float32, device=device)
         self.frame = torch.zeros(streams, dtype=torch.int64, device=device)
         self.seen = torch.zeros(streams, self.vocab + 1, dtype=torch.bool, device=device)  # codebook-0 history
         self.sampling = RowSampling(
@@ -178,8 +190,9 @@ class FrameStep:
 
     # ---- stream setup (host side, outside graphs) ----
     def set_stream(self, stream: int, cond_row: int, uncond_row: int, cfg_scale: float, sampling: RowSampling,
-                   eos_masked: bool = False) -> None:
-        self.set_streams([StreamSetup(stream, cond_row, uncond_row, cfg_scale, sampling, eos_masked)])
+                   eos_masked: bool = False, ref_row: int | None = None, ref_scale: float = 0.0) -> None:
+        self.set_streams([StreamSetup(stream, cond_row, uncond_row, cfg_scale, sampling, eos_masked, ref_row,
+                                      ref_scale)])
 
     def set_streams(self, setups: list[StreamSetup]) -> None:
         """Every joiner's slot settings in one write per buffer, with no host sync (`put_rows`): a scalar
@@ -188,10 +201,14 @@ class FrameStep:
         if not setups:
             return
         slots = [u.stream for u in setups]
+        refs = [u.uncond_row if u.ref_row is None else u.ref_row for u in setups]
         put_rows(self.cond_row, slots, [u.cond_row for u in setups])
         put_rows(self.uncond_row, slots, [u.uncond_row for u in setups])
-        put_rows(self.row_stream, [u.cond_row for u in setups] + [u.uncond_row for u in setups], slots + slots)
+        put_rows(self.ref_row, slots, refs)
+        put_rows(self.row_stream, [u.cond_row for u in setups] + [u.uncond_row for u in setups] + refs,
+                 slots * 3)
         put_rows(self.cfg_scale, slots, [float(u.cfg_scale) for u in setups])
+        put_rows(self.ref_scale, slots, [0.0 if u.ref_row is None else float(u.ref_scale) for u in setups])
         for name in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
             put_rows(getattr(self.sampling, name), slots, [getattr(u.sampling, name)[0].item() for u in setups])
         put_rows(self.frame, slots, [0] * len(setups))
@@ -208,7 +225,7 @@ class FrameStep:
         cache.valid[rows, :t] = allowed
         causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
         mask = torch.where(causal[None] & allowed[:, None, :], 0.0, torch.finfo(torch.float32).min)[:, None]
-        cos, sin = self.lm.backbone_model.rotary(positions, self.cache.key.dtype)
+        cos, sin = self.lm.backbone_model.rotary(positions, self.dtype)
         cos, sin = cos[:, None], sin[:, None]
         x = embeds.to(self.dtype)
         slots = torch.arange(t, device=self.device)[None]  # every row writes slots 0..T-1
@@ -234,9 +251,10 @@ class FrameStep:
 
     # ---- the two graph-captured halves ----
     def _combine(self, logits: torch.Tensor) -> torch.Tensor:
-        """Row logits [R, V] -> stream logits [S, V]: u + scale * (c - u)."""
-        cond, uncond = logits[self.cond_row], logits[self.uncond_row]
-        return uncond + self.cfg_scale[:, None] * (cond - uncond)
+        """Row logits [R, V] -> stream logits [S, V]: u + ref_scale * (r - u) + scale * (c - u) (the reference
+        implementation's order of terms; the middle one is exactly 0 for a stream without a third row)."""
+        cond, uncond, ref = logits[self.cond_row], logits[self.uncond_row], logits[self.ref_row]
+        return uncond + self.ref_scale[:, None] * (ref - uncond) + self.cfg_scale[:, None] * (cond - uncond)
 
     def _pick(self, logits: torch.Tensor, noise: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         self.nonfinite |= ~torch.isfinite(logits).all(dim=-1)
@@ -355,7 +373,8 @@ class FrameStep:
                     if self.head_kernel:  # norm, head, CFG as one kernel
                         dm = lm.depth_decoder.model
                         logits = fused.depth_head(x[:, -1], dm.norm.weight, dm.norm.eps, self.depth_heads[p - 1],
-                                                  self.cond_row, self.uncond_row, self.cfg_scale, self.kernels)
+                                                  self.cond_row, self.uncond_row, self.cfg_scale, self.kernels,
+                                                  ref_row=self.ref_row, ref_scale=self.ref_scale)
                     elif self.logits_mm and self.depth_heads[p - 1].dtype == self.dtype:
                         hidden = units.depth_hidden(self, x)
                         logits = units.combine(self, half_logits(hidden, self.depth_heads[p - 1]))
@@ -370,7 +389,8 @@ class FrameStep:
                             logits, self.sampling, self.blocked_depth, log_noise[:, p, : self.vocab],
                             self.nonfinite, out=self.codes[:, p],
                             next_table=None if last else self.depth_projected[p], next_out=self.next_x,
-                            cond_row=self.cond_row, uncond_row=self.uncond_row, kernels=self.kernels)
+                            cond_row=self.cond_row, uncond_row=self.uncond_row, kernels=self.kernels,
+                            ref_row=self.ref_row)
                     else:
                         code = self._sample(logits, noise[:, p, : self.vocab],
                                             None if log_noise is None else log_noise[:, p, : self.vocab],
@@ -408,7 +428,7 @@ class FrameStep:
         x = lm.embed_frames(codes)[:, None].to(self.dtype)  # [R, 1, H]
         cache.mark_written()
         mask = torch.where(cache.step_mask(bucket), 0.0, torch.finfo(torch.float32).min)
-        cos, sin = lm.backbone_model.rotary(cache.rope_pos[:, None], cache.key.dtype)
+        cos, sin = lm.backbone_model.rotary(cache.rope_pos[:, None], self.dtype)
         cos, sin = cos[:, None], sin[:, None]
         slots = cache.write_pos[:, None]
         for i, layer in enumerate(self.backbone_layers):
@@ -440,8 +460,8 @@ class FrameStep:
         view.depth_cache = DepthCache(key=d.key[:, :rows], value=d.value[:, :rows])
         for name in ("hidden", "next_x", "logits", "row_stream"):
             setattr(view, name, getattr(self, name)[:rows])
-        for name in ("cond_row", "uncond_row", "cfg_scale", "frame", "seen", "eos_masked", "codes", "nonfinite",
-                     "readout"):
+        for name in ("cond_row", "uncond_row", "cfg_scale", "ref_row", "ref_scale", "frame", "seen", "eos_masked",
+                     "codes", "nonfinite", "readout"):
             setattr(view, name, getattr(self, name)[:streams])
         s = self.sampling
         view.sampling = RowSampling(temperature=s.temperature[:streams], top_k=s.top_k[:streams],
@@ -449,12 +469,23 @@ class FrameStep:
                                     seed=s.seed[:streams])
         return view
 
-    def scrub(self, rows: list[int] | None = None) -> None:
-        """Zero the keys/values of `rows` (all when None) in both caches. After a step computed non-finite
-        values for a row, its slots hold them; a later occupant's attention reads every slot of its bucket,
-        and a masked NaN is still NaN (NaN + mask), so the next request on these rows would fail too."""
+    def scratch(self, rows: int, streams: int) -> FrameStep:
+        """A step of `rows` rows and `streams` streams with buffers of its own, on which the compiled code of
+        `narrow(rows, streams)` can be compiled and warmed while streams use this step's buffers: every tensor
+        a unit sees there has the shape and strides of the view's (a prefix of a per-row or per-stream buffer
+        has the strides of a buffer of the prefix's size; a layer of a cache, those of a cache of its rows),
+        and its caches give every layer one layer's memory (`BackboneCache.allocate`'s `shared_layers`). Its
+        units must be bound as the view's are (`use_compiled` with the same form, or `use_uncompiled`)."""
+        return FrameStep(self.lm, rows=rows, streams=streams, capacity=self.cache.capacity, device=self.device,
+                         settings=self.settings, shared_layers=True)
+
+    def scrub(self, rows: list[int] | None = None, backbone: bool = True) -> None:
+        """Zero the keys/values of `rows` (all when None) in both caches (`backbone` False: the depth decoder's
+        only, which restarts every frame). After a step computed non-finite values for a row, its slots hold
+        them; a later occupant's attention reads every slot of its bucket, and a masked NaN is still NaN
+        (NaN + mask), so the next request on these rows would fail too."""
         index = slice(None) if rows is None else torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        for cache in (self.cache, self.depth_cache):
+        for cache in (self.cache, self.depth_cache) if backbone else (self.depth_cache,):
             cache.key[:, index] = 0
             cache.value[:, index] = 0
 
@@ -466,6 +497,8 @@ class FrameStep:
             put_rows(self.cond_row, [stream], [0])
             put_rows(self.uncond_row, [stream], [0])
             put_rows(self.cfg_scale, [stream], [1.0])
+            put_rows(self.ref_row, [stream], [0])
+            put_rows(self.ref_scale, [stream], [0.0])
         rows = list(rows)
         if rows:
             put_rows(self.row_stream, rows, [0] * len(rows))
@@ -484,6 +517,22 @@ class StreamSetup:
     cfg_scale: float
     sampling: RowSampling  # one row
     eos_masked: bool = False
+    ref_row: int | None = None  # the third row of two guidance scales (the clone prompt's); None: none
+    ref_scale: float = 0.0  # its scale (cfg_scale is then the instruction prompt's)
+
+
+def stream_setup(stream: int, rows: list[int], request, sampling: RowSampling, eos_masked: bool = False) -> StreamSetup:
+    """The slot settings of a request (engine/types.py ResolvedRequest) whose branches sit in `rows`, in the
+    order of its prompt layouts (engine/prompt.py `lay_out`): [prompt], [prompt, negative], or with two
+    guidance scales [instruction, clone, plain]."""
+    if len(rows) != request.branches:
+        raise ValueError(f"a request with {request.branches} branch(es) was given {len(rows)} row(s)")
+    if request.dual_cfg:
+        return StreamSetup(stream, cond_row=rows[0], uncond_row=rows[2], cfg_scale=float(request.cfg_scale_instruction),
+                           sampling=sampling, eos_masked=eos_masked, ref_row=rows[1],
+                           ref_scale=float(request.cfg_scale_reference))
+    return StreamSetup(stream, cond_row=rows[0], uncond_row=rows[-1], cfg_scale=float(request.cfg_scale),
+                       sampling=sampling, eos_masked=eos_masked)
 
 
 def put_rows(buffer: torch.Tensor, index: list[int], values: list) -> None:
@@ -513,10 +562,3 @@ def _prefill_layer(layer: PackedLayer, x: torch.Tensor, cos: torch.Tensor, sin: 
     q = fused.qk_norm_rope(proj, layer.qk_norm, layer.qk_eps, cos, sin, k_cache, v_cache, slots, heads=layer.heads,
                            kv_heads=layer.kv_heads, head_dim=layer.head_dim, kernels=kernels)
     return layer.attend_then_mlp(x, q, k_cache[:, :, :t], v_cache[:, :, :t], mask)
-
-
-def _kv_dtype(lm) -> torch.dtype:
-    """Keys/values come out of the k/v projections in the residual stream's dtype."""
-    return lm.embed_audio_tokens.weight.dtype
-
-

@@ -29,8 +29,10 @@ from torch import nn
 from transformers import MimiConfig, MimiModel
 
 from breeze_worker.errors import CheckpointError
+from breeze_worker.logs import route_transformers
 
 log = logging.getLogger(__name__)
+route_transformers()  # transformers is imported only here: its records go through the worker's handler
 
 # checkpoint prefix (after "encoder.") -> MimiModel prefix in the nested layout (transformers > 5.17)
 _NESTED = (

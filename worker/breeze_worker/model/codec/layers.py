@@ -61,9 +61,13 @@ class TwoFormConvolution(nn.Module):
 
     def convolve(self, x: torch.Tensor, gemm: bool | None = None) -> torch.Tensor:
         """The convolution of an input that already holds its left context; `gemm`: force a form (None:
-        `gemm_shapes` decides)."""
+        `gemm_shapes` decides). Weights of another dtype than `x` (FP16 weights in the codec's fp16-mixed
+        precision, model/codec/codec.py) take the input in their dtype and give the output back in x's."""
         if gemm is None:
             gemm = tuple(x.shape) in self.gemm_shapes
+        dtype = self.conv.weight.dtype
+        if dtype != x.dtype:
+            return self.convolve(x.to(dtype), gemm).to(x.dtype)
         return self._as_gemm(x) if gemm else self.conv(x)
 
 
@@ -170,7 +174,7 @@ class CausalTransposedConv1d(TwoFormConvolution):
 class SnakeBeta(nn.Module):
     """x + sin(a x)^2 / b per channel, with a = exp(alpha), b = exp(beta) (log-scale parameters).
 
-    The `exp` overflows in half precision: the codec always runs in FP32.
+    The `exp` overflows in half precision: it runs in FP32 in every codec precision.
     """
 
     def __init__(self, channels: int):

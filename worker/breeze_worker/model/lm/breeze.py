@@ -37,7 +37,8 @@ class BreezeLM(nn.Module):
         self.register_buffer("codebook_offsets", self._offsets(), persistent=False)
 
     def _offsets(self) -> torch.Tensor:
-        return torch.arange(self.config.num_codebooks, dtype=torch.int64) * self.config.vocab_size
+        # on the CPU under any default device (rope.py `default_inv_freq` says why); moved with the module
+        return torch.arange(self.config.num_codebooks, dtype=torch.int64, device="cpu") * self.config.vocab_size
 
     @property
     def embed_audio_tokens(self) -> nn.Embedding:

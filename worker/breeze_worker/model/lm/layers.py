@@ -46,6 +46,20 @@ class KVCache:
         return 0 if self.keys[0] is None else int(self.keys[0].shape[2])
 
 
+class RoundingKVCache(KVCache):
+    """A growing cache that stores keys and values in `dtype` and returns them in the dtype they came in: what a
+    16-bit cache beside an FP32 residual stream holds (the fast path's FP16 backbone cache under fp16-mixed),
+    with the attention arithmetic in FP32 around it."""
+
+    def __init__(self, num_layers: int, dtype: torch.dtype):
+        super().__init__(num_layers)
+        self.dtype = dtype
+
+    def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(layer_idx, key.to(self.dtype), value.to(self.dtype))
+        return keys.to(key.dtype), values.to(value.dtype)
+
+
 class NoCache:
     """For bidirectional encoders: nothing is stored, the call's own keys are returned."""
 

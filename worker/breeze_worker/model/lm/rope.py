@@ -15,8 +15,10 @@ from torch import nn
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    """1 / theta^(2i/d) for i in [0, d/2), float32."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    """1 / theta^(2i/d) for i in [0, d/2), float32, on the CPU whatever the default device: under the loader's
+    meta device an arange goes through torch's reference implementations, whose first use imports sympy and
+    torch's symbolic shapes (~1 s of a start-up); the buffer is recomputed on the model's device anyway."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
     return 1.0 / (theta**exponents)
 
 
