@@ -9,10 +9,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # system tools the tests use: espeak-ng + sox (real speech), iproute2 (network namespaces, tc),
 # chromium (renders the diagnosis report), openssl (TLS test certificates), node + npm (a stock grpc-js
 # client: the tests run `npm ci` in tests/interop/node), mount + e2fsprogs (a loop-mounted ext4 volume that a
-# cgroup I/O limit throttles, in the retrieval-fault tests), unshare (a private /etc/hosts naming a fleet)
+# cgroup I/O limit throttles, in the retrieval-fault tests), unshare (a private /etc/hosts naming a fleet),
+# curl (the README's HTTP example)
 missing=()
 for pair in espeak-ng:espeak-ng sox:sox ip:iproute2 tc:iproute2 chromium:chromium openssl:openssl node:nodejs \
-            npm:npm losetup:mount mkfs.ext4:e2fsprogs unshare:util-linux mount:mount; do
+            npm:npm losetup:mount mkfs.ext4:e2fsprogs unshare:util-linux mount:mount curl:curl; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
 done
 if ((${#missing[@]})); then

@@ -24,7 +24,7 @@ SKIP_PREFIX = "needs "  # every skip reason given here starts so (conftest.py li
 PACKAGES = {
     "espeak-ng": "espeak-ng", "sox": "sox", "ip": "iproute2", "tc": "iproute2", "chromium": "chromium",
     "openssl": "openssl", "node": "nodejs", "npm": "npm", "losetup": "mount", "mount": "mount", "umount": "mount",
-    "mkfs.ext4": "e2fsprogs", "unshare": "util-linux",
+    "mkfs.ext4": "e2fsprogs", "unshare": "util-linux", "curl": "curl",
 }
 
 

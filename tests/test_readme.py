@@ -38,11 +38,14 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / d) for d in ("worke
            PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 READY = re.compile(r"breeze-worker ready: synthesis=(\S+) artifacts=(\S+) model=(.+)")
 SERVE = "breeze-worker serve --model /models/Breeze-TTS-2 --device cuda:0 --artifact-dir /var/lib/breeze/artifacts"
+SERVE_HTTP = "breeze-worker serve --model /models/Breeze-TTS-2 --http-port 7860"
+HTTP_LINE = re.compile(r"HTTP face on http://\S+:(\d+)/")
 
 # what this machine lacks -> what stands in for it (`{name}`: a path or id the fixtures made)
 SWAPS = {"/models/Breeze-TTS-2": "{checkpoint}", "--device cuda:0": "--device cpu", "--device cuda": "--device cpu",
          "--size full": "--size tiny", "/var/lib/breeze/artifacts": "{artifacts}", "art-0123...": "{artifact}",
-         "--ref-audio me.wav": "--ref-audio {voice}"}
+         "--ref-audio me.wav": "--ref-audio {voice}", "--http-port 7860": "--http-port 0",
+         "http://127.0.0.1:7860": "{http_base}"}
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,12 @@ class Served:
     """The worker the other commands reach (the `served` fixture starts it)."""
 
 
-HOW: dict[str, Run | Flags | Elsewhere | Served] = {
+@dataclass(frozen=True)
+class ServedHttp:
+    """The worker with its HTTP face that the `curl` line reaches (the `served_http` fixture starts it)."""
+
+
+HOW: dict[str, Run | Flags | Elsewhere | Served | ServedHttp] = {
     "scripts/quickstart.sh": Run(at_root=True, says=("the streamed audio and the fetched artifact are identical",)),
     "scripts/test.sh": Elsewhere("it runs this suite: CI runs it (.ci/run)"),
     SERVE: Served(),
@@ -81,6 +89,12 @@ HOW: dict[str, Run | Flags | Elsewhere | Served] = {
         Run(writes=("soft.wav",), says=("seed 7", "template instruction")),
     'breeze-client synth "Same voice." --ref-audio me.wav --ref-text "exact words in me.wav" -o me2.wav':
         Run(writes=("me2.wav",), says=("reference",)),
+    'breeze-client synth "Slower now." --ref-audio me.wav --ref-text "exact words in me.wav" --instruction '
+    '"Slow and calm." --cfg-scale-reference 1.5 --cfg-scale-instruction 2 -o directed.wav':
+        Run(writes=("directed.wav",), says=("guidance: reference 1.5, instruction 2",)),
+    SERVE_HTTP: ServedHttp(),
+    'curl -X POST http://127.0.0.1:7860/v1/audio/speech -F "text=Hello." -F "seed=42" --output hello.pcm':
+        Run(writes=("hello.pcm",)),
     "breeze-client fetch art-0123... -o job.wav --compression zstd": Run(writes=("job.wav",),
                                                                         says=("sha256 verified",)),
     "breeze-client health": Run(says=("SERVING", "NOT speech")),
@@ -100,6 +114,8 @@ HOW: dict[str, Run | Flags | Elsewhere | Served] = {
     "python benchmarks/serve_bench.py --make-checkpoint full --device cuda": Flags(),
     "python benchmarks/host_overhead.py --streams 32,64": Flags(),
     "python benchmarks/request_intake.py --tree ../older": Flags(),
+    "python benchmarks/guidance_cost.py --tree ../baseline --json guidance.json": Flags(),
+    "python benchmarks/startup_bench.py --make-checkpoint full --streams 8 --baseline-tree ../older": Flags(),
     "python benchmarks/group_commit.py --dir /artifact/volume/bench": Flags(),
     "python benchmarks/device_run.py --steps gpu-tests,engine-bench,sweep --out DIR --commit SHA": Flags(),
 }
@@ -130,9 +146,9 @@ def readme_commands() -> list[str]:
         for raw in block.splitlines():
             line = _without_comment(raw)
             if line.endswith("\\"):
-                pending += line[:-1]
+                pending += line[:-1].strip() + " "
                 continue
-            line, pending = (pending + line).strip(), ""
+            line, pending = (pending + line.strip()).strip(), ""
             if line and line != ". .venv/bin/activate":
                 commands.append(line)
     return commands
@@ -188,17 +204,40 @@ def served(made):
         proc.wait(60)
 
 
+@pytest.fixture(scope="module")
+def served_http(made, tmp_path_factory):
+    """The README's HTTP line (SWAPS applied: its HTTP face on any free port) run in a scratch directory, which
+    holds its default `artifacts` directory; the base URL is read from its log line `HTTP face on URL/`."""
+    here = tmp_path_factory.mktemp("http")
+    argv = _swapped(SERVE_HTTP, made) + ["--port", "0", "--artifact-port", "0", "--artifact-grace-s", "0"]
+    with open(here / "worker.log", "w") as log:
+        proc = subprocess.Popen(argv, cwd=here, stdout=subprocess.PIPE, stderr=log, text=True, env=ENV)
+    try:
+        ready = READY.match(proc.stdout.readline().strip())  # blocks until ready (or the worker exits)
+        logged = (here / "worker.log").read_text()
+        assert ready, logged[-3000:]
+        found = HTTP_LINE.search(logged)  # logged before the ready line is printed
+        assert found, logged[-3000:]
+        yield f"http://127.0.0.1:{found.group(1)}"  # the README's address, on the port the worker took
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def _flags(argv: list[str]) -> list[str]:
     return [a for a in argv if a.startswith("--")]
 
 
 @pytest.mark.parametrize("command", [c for c in HOW if isinstance(HOW[c], Run)])
-def test_the_readme_command_runs(command, served, tmp_path):
+def test_the_readme_command_runs(command, served, tmp_path, request):
     how = HOW[command]
     assert isinstance(how, Run)
-    argv = _swapped(command, served)
+    http_base = request.getfixturevalue("served_http") if "http://127.0.0.1:7860" in command else ""
+    argv = _swapped(command, {**served, "http_base": http_base})
     if argv[0] == "python":
         argv[0] = sys.executable
+    elif argv[0] == "curl":
+        argv[0] = need_tool("curl")
     env = {**ENV, "BREEZE_TARGET": served["target"], "QUICKSTART_DIR": str(tmp_path / "quickstart")}
     done = subprocess.run([*argv, *how.smaller], cwd=ROOT if how.at_root else tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -215,6 +254,8 @@ def test_the_readme_command_runs(command, served, tmp_path):
             assert rate == 24000 and len(audio) > 0
         elif name.endswith(".json") and name != "trace.json":
             json.loads(path.read_text())  # one JSON document (--json FILE)
+        elif name.endswith(".pcm"):  # 16-bit samples, not an error's JSON body (curl exits 0 on any status)
+            assert path.stat().st_size % 2 == 0 and not path.read_bytes().startswith(b"{")
     if argv[:2] == ["breeze-client", "diagnose"]:  # a run at a time, though stderr is no terminal
         assert [line for line in done.stderr.splitlines() if line.startswith("diagnose: run ")] == [
             line for line in done.stderr.splitlines() if re.match(r"diagnose: run [123] of 3: ", line)]
