@@ -21,17 +21,22 @@ from __future__ import annotations
 import pytest
 
 # the files that take tens of seconds on 2 cores (worker processes, injected faults, mypy), longest first
+# (their tests' total, from `--durations=0` of a parallel run)
 LONG_FIRST = (
-    "tests/reliability/test_fleet.py", "tests/reliability/test_fleet_dns.py", "tests/reliability/test_soak.py",
-    "tests/test_retrieval_faults.py", "tests/test_retrieval_diagnosis.py", "tests/test_serve_bench.py",
-    "tests/reliability/test_full_disk.py", "tests/benchmarks/test_benchmark_tools.py",
-    "tests/test_code_quality.py", "tests/integration/test_integration_cli.py",
-    "tests/reliability/test_slow_reader.py", "tests/reliability/test_drain.py",
-    "tests/integration/test_integration_security.py", "tests/fastpath/test_fused_sampling.py",
-    "tests/codec/test_resample_reference.py", "tests/engine/test_sampling_fidelity.py",
-    "tests/model/test_synthetic_checkpoint.py", "tests/reliability/test_log_backpressure.py",
-    "tests/test_readme.py", "tests/fastpath/test_fused.py", "tests/engine/test_batching.py",
-    "tests/integration/test_integration_bench.py", "tests/integration/test_integration_artifacts.py",
+    "tests/test_serve_bench.py", "tests/benchmarks/test_benchmark_tools.py", "tests/reliability/test_fleet.py",
+    "tests/reliability/test_fleet_dns.py", "tests/reliability/test_soak.py", "tests/test_code_quality.py",
+    "tests/reliability/test_slow_reader.py", "tests/http/test_openai_sdk.py", "tests/test_retrieval_faults.py",
+    "tests/test_retrieval_diagnosis.py", "tests/fastpath/test_fused_sampling.py", "tests/http/test_bad_input.py",
+    "tests/reliability/test_drain.py", "tests/reliability/test_full_disk.py", "tests/engine/test_sampling_fidelity.py",
+    "tests/engine/test_compile_bundle.py", "tests/engine/test_progressive_startup.py",
+    "tests/reliability/test_one_worker_per_directory.py", "tests/integration/test_integration_cli.py",
+    "tests/integration/test_integration_security.py", "tests/http/test_official_api.py", "tests/test_readme.py",
+    "tests/reliability/test_peer_gone.py", "tests/http/test_listening_page.py", "tests/fastpath/test_fused.py",
+    "tests/model/test_synthetic_checkpoint.py", "tests/engine/test_batching.py",
+    "tests/reliability/test_peer_bounds.py", "tests/codec/test_resample_reference.py",
+    "tests/reliability/test_log_backpressure.py", "tests/engine/test_startup_imports.py",
+    "tests/http/test_http_tls.py", "tests/integration/test_integration_bench.py",
+    "tests/integration/test_integration_artifacts.py",
 )
 
 LONG_TIMEOUT_S = 1200

@@ -118,12 +118,16 @@ def test_a_volume_writing_tens_of_kb_per_s_is_named_in_one_run(slow_storage_work
     # fault, the whole file
     synced = t.evidence["commit_bytes"]
     assert 64 * 1024 <= synced <= t.file_bytes + 4096, synced
+    # The limit makes the commit last at least about this long, but not exactly: with cgroup v1 the kernel's
+    # flusher writes back unthrottled whatever pages it takes on its own (other writers on the host push it
+    # past its dirty threshold at any moment), so the syncs can find less to write than was counted as they
+    # began. The commit can come out shorter and the rate higher than the limit, by that share; never slower.
     expected = synced / WRITE_BPS
     commit = phases(t)["commit"].seconds
-    assert 0.8 * expected <= commit <= 1.3 * expected + 0.5, (commit, expected)
+    assert 0.5 * expected <= commit <= 1.3 * expected + 0.5, (commit, expected)
     rate = synced / (t.evidence["commit_fsync_ns"] / 1e9)  # what the evidence reports
     print(f"commit: {synced:,} of {t.file_bytes:,} bytes still to write, in {commit:.2f} s; {rate:,.0f} B/s")
-    assert 0.75 * WRITE_BPS <= rate <= 1.3 * WRITE_BPS, rate
+    assert 0.75 * WRITE_BPS <= rate <= 2 * WRITE_BPS, rate  # unthrottled, the loop volume takes ~100 MB/s
     durable = [e for e in verdict.evidence if "kB/s" in e and "made durable" in e]
     assert durable, verdict.evidence
     # the evidence says when part of the file had reached the volume before the commit
