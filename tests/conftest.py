@@ -39,7 +39,8 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     if not _lacking:
         return
-    terminalreporter.section(f"{len(_lacking)} test(s) skipped for what this host lacks (CI requires all)")
+    terminalreporter.section(f"{len(_lacking)} test(s) skipped for what this host lacks (CI requires every tool "
+                             "and root; the GPU tests run on a GPU host: benchmarks/device_run.py)")
     for nodeid, what in sorted(_lacking):
         terminalreporter.line(f"{nodeid}: needs {what}")
 

@@ -2,7 +2,7 @@
 
 Every subcommand gets the same connection flags (--target, --artifact-target, --tls-ca, --tls,
 --tls-server-name, --tls-cert, --tls-key, --token, --timeout) and --json FILE (`-` for stdout: the convention of
-`commands/_output.py`, which `breeze-worker` keeps too). A subcommand module defines `add_arguments(parser)` and
+`jsonout.py`, which `breeze-worker` keeps too). A subcommand module defines `add_arguments(parser)` and
 `run(args, options) -> int`; to add one, write the module and add a line to COMMANDS.
 
 A failed call, and a local file that cannot be read or written (checked before the job starts), print
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from breeze_client.channel import DEFAULT_TARGET, ConnectionOptions
 from breeze_client.commands._local import readable_file
-from breeze_client.commands._output import JSON_HELP, stdout_for
+from breeze_client.commands._output import JSON_HELP
+from breeze_client.jsonout import stdout_for
 
 # subcommand -> (module under breeze_client.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -140,9 +140,9 @@ def test_json_to_a_file_keeps_the_text_and_json_to_stdout_is_only_the_document(m
 
         @staticmethod
         def run(args, options):
-            from breeze_client.commands._output import write_json
+            from breeze_client.jsonout import write
 
-            write_json({"ok": True}, args.json)
+            write({"ok": True}, args.json)
             print("a table for people")
             return 0
 

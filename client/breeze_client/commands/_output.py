@@ -1,51 +1,15 @@
-"""Output helpers shared by the subcommands: the `--json` convention, aligned key/value lines, progress.
+"""Output helpers shared by the subcommands: the `--json` flag's help, aligned key/value lines, progress.
 
-The `--json` convention is the one every `breeze-worker` command keeps too: `--json FILE` writes the command's
-result as one JSON document to FILE and the command prints its usual text; `--json -` writes the document on
-stdout and everything else the command prints goes to stderr (`cli.main` sets that up with `stdout_for`), so
-stdout parses as one JSON document.
+The `--json` convention itself (`--json FILE`, `--json -`) is `breeze_client/jsonout.py`, which `breeze-worker`
+keeps too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sys
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-STDOUT = "-"
 JSON_HELP = "write the result as one JSON document to FILE (- for stdout; the text then goes to stderr)"
-
-_stdout: list[TextIO] = []  # the real stdout while a `--json -` command runs with its prints sent to stderr
-
-
-@contextlib.contextmanager
-def stdout_for(destination: str | None) -> Iterator[None]:
-    """With `--json -`, the command's prints go to stderr and stdout is kept for the document."""
-    if destination != STDOUT:
-        yield
-        return
-    _stdout.append(sys.stdout)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        _stdout.pop()
-
-
-def write_json(obj: Any, destination: str | Path | None) -> None:
-    """Write `obj` where `--json` says (nothing when it was not given)."""
-    if not destination:
-        return
-    text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
-    if str(destination) == STDOUT:
-        out = _stdout[-1] if _stdout else sys.stdout
-        out.write(text)
-        out.flush()
-        return
-    Path(destination).write_text(text)
 
 
 def print_rows(rows: list[tuple[str, str]]) -> None:

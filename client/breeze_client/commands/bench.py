@@ -14,10 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.bench import LABELS, RequestMix, run_bench
 from breeze_client.channel import ConnectionOptions
 from breeze_client.commands._local import readable_file
-from breeze_client.commands._output import Progress, write_json
+from breeze_client.commands._output import Progress
 from breeze_client.errors import InvalidArgument
 from breeze_client.sdk import BreezeClient
 
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     if doc["meta"]["worker_is_tiny_default"]:
         print("warning: the worker serves the tiny default (random weights): timings are not Breeze TTS 2's",
               file=sys.stderr)
-    write_json(doc, args.json)
+    jsonout.write(doc, args.json)
     print(table(doc))
     if not any(s["requests"] for s in doc["labels"]):
         print("error: no request completed", file=sys.stderr)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.channel import ConnectionOptions
 from breeze_client.commands._local import writable_dir, writable_file
-from breeze_client.commands._output import Progress, write_json
+from breeze_client.commands._output import Progress
 from breeze_client.diagnose import DEFAULT_TEXT, DiagnoseSettings, format_text, run_diagnosis, sweep_configs
 from breeze_client.report import write_report
 from breeze_client.sdk import BreezeClient
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                      meta={k: v for k, v in result.meta.items() if k != "date_unix_s"})
     out = result.to_dict()
     out["report"] = None if args.report is None else str(args.report)
-    write_json(out, args.json)
+    jsonout.write(out, args.json)
     print(format_text(result))
     if args.report is not None:
         print(f"\nreport: {args.report}")

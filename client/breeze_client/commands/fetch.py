@@ -10,9 +10,10 @@ import argparse
 import os
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.channel import ConnectionOptions
 from breeze_client.commands._local import writable_file
-from breeze_client.commands._output import print_rows, write_json
+from breeze_client.commands._output import print_rows
 from breeze_client.errors import BreezeClientError
 from breeze_client.sdk import BreezeClient
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                 exc.add_note(f"{args.output}: the first {kept} bytes of the artifact are kept; continue with "
                              f"breeze-client fetch {args.artifact_id} -o {args.output} --resume")
             raise
-    write_json(result.to_dict(), args.json)
+    jsonout.write(result.to_dict(), args.json)
     t = result.timing
     t0 = t.request_sent_ns
     pm = f"(w, +-{t.clock_uncertainty_ns / 1e6:.3f} ms)"

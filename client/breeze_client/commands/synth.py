@@ -12,9 +12,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.channel import ConnectionOptions
 from breeze_client.commands._local import readable_file, writable_file
-from breeze_client.commands._output import Progress, print_rows, write_json
+from breeze_client.commands._output import Progress, print_rows
 from breeze_client.errors import BreezeClientError
 from breeze_client.sdk import BreezeClient
 from breeze_client.types import SynthesisRequest
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     out = result.to_dict()
     out["output"] = str(args.output) if args.output else None
     out["worker_warning"] = info.warning
-    write_json(out, args.json)
+    jsonout.write(out, args.json)
     s, job, a = result.stats, result.job, result.artifact
     ttfa = f"{timing.ttfa_ms:.1f} ms" if timing.ttfa_ms is not None else "- (no audio)"
     rows = [
