@@ -260,7 +260,7 @@ def _level(args: argparse.Namespace, streams: int, work: Path) -> dict:
         target = line.split()[1]
         bench = subprocess.run([sys.executable, "-m", "breeze_client.cli", "bench", "--target", target, "--labels",
                                 "chunk-7.36s", "--frames", str(args.frames), "--warmup", "1", "--iterations",
-                                str(args.iterations), "--concurrency", str(streams), "--cfg-every", "2", "--json"],
+                                str(args.iterations), "--concurrency", str(streams), "--cfg-every", "2", "--json", "-"],
                                capture_output=True, text=True, timeout=1800)
         if bench.returncode != 0:
             raise RuntimeError(f"breeze-client bench failed: {bench.stderr[-2000:]}")

@@ -235,7 +235,7 @@ def _single_requests(target: str, count: int, frames: int) -> list[tuple[float, 
 def _client_bench(target: str, concurrency: int, args: argparse.Namespace, reference: dict | None) -> dict:
     cmd = [sys.executable, "-m", "breeze_client.cli", "bench", "--target", target, "--labels", args.label,
            "--warmup", "1", "--iterations", str(args.iterations), "--concurrency", str(concurrency),
-           "--timeout", "600", "--json", "--cfg-every", "2"]
+           "--timeout", "600", "--json", "-", "--cfg-every", "2"]
     if args.frames:
         cmd += ["--frames", str(args.frames)]
     if reference is not None:

@@ -82,7 +82,7 @@ class Worker:
 
 def client(args: list[str], target: str, timeout_s: float) -> dict:
     """One `breeze-client` command with --json: exit status, seconds, its JSON (or its output's tail)."""
-    argv = [sys.executable, "-m", "breeze_client.cli", *args, "--target", target, "--json"]
+    argv = [sys.executable, "-m", "breeze_client.cli", *args, "--target", target, "--json", "-"]
     t0 = time.perf_counter()
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)

@@ -67,9 +67,19 @@ then
   fi
 fi
 
-# the project (editable); re-run only when pyproject.toml or the constraints changed since the last install
+# the project (editable); re-run only when pyproject.toml or the constraints changed since the last install of
+# these extras or of more (a .venv installed --dev, as scripts/test.sh does, holds the worker and the client)
+fresh() { [[ -f ".venv/.breeze-installed$1" && ! pyproject.toml -nt ".venv/.breeze-installed$1" \
+             && ! "$constraints" -nt ".venv/.breeze-installed$1" ]]; }
 stamp=".venv/.breeze-installed${extra:-[client]}"
-if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" || "$constraints" -nt "$stamp" ]]; then
+case "${extra:-[client]}" in
+  "[client]") covered=("[client]" "[worker]" "[worker,dev]") ;;
+  "[worker]") covered=("[worker]" "[worker,dev]") ;;
+  *) covered=("$extra") ;;
+esac
+installed=""
+for have in "${covered[@]}"; do fresh "$have" && installed="$have" && break; done
+if [[ -z "$installed" ]]; then
   echo "install: breeze-tts-serving${extra}"
   "${pip[@]}" -c "$constraints" -e ".${extra}"
   touch "$stamp"

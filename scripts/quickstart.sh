@@ -10,8 +10,10 @@ out="${QUICKSTART_DIR:-$(mktemp -d)}"
 mkdir -p "$out"
 
 echo "== starting the worker (logs: $out/worker.log)"
+# --artifact-grace-s: a worker that stops keeps serving artifacts that long for clients still fetching (10 s
+# by default, for production); the quick start has fetched its artifact by then, so it stops at once
 breeze-worker serve --device cpu --port 0 --artifact-port 0 --artifact-dir "$out/artifacts" \
-  >"$out/worker.out" 2>"$out/worker.log" &
+  --artifact-grace-s 0 >"$out/worker.out" 2>"$out/worker.log" &
 worker=$!
 trap 'kill -TERM $worker 2>/dev/null || true; wait $worker 2>/dev/null || true' EXIT
 for _ in $(seq 1200); do

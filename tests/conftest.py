@@ -1,10 +1,48 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures and hooks shared by every test directory: the order and grouping of a parallel run (run_layout.py),
+tests marked `root` need root (host_tools.py), and the tests skipped for what the host lacks are listed at the
+end of a run with what each needs."""
 
 from __future__ import annotations
 
 import contextlib
 
 import pytest
+import run_layout
+from host_tools import SKIP_PREFIX, need_root
+
+_lacking: list[tuple[str, str]] = []  # (test id, what it needs) for the tests skipped for the host
+
+
+def pytest_collection_modifyitems(items):
+    run_layout.arrange(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (scripts/test.sh runs the suite in parallel)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadfile":
+        return run_layout.make_scheduler(config, log)
+    return None
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("root") is not None:
+        need_root("network namespaces, mounts or cgroups; CI runs as root")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if reason.startswith(SKIP_PREFIX):
+            _lacking.append((report.nodeid, reason.removeprefix(SKIP_PREFIX)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _lacking:
+        return
+    terminalreporter.section(f"{len(_lacking)} test(s) skipped for what this host lacks (CI requires every tool "
+                             "and root; the GPU tests run on a GPU host: benchmarks/device_run.py)")
+    for nodeid, what in sorted(_lacking):
+        terminalreporter.line(f"{nodeid}: needs {what}")
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -69,7 +70,12 @@ def test_veth_pair_with_tbf_limits_the_rate_and_is_torn_down():
         entry = DelayProxy((link.server_addr, port), upstream_netns=link.client_ns)
         with ProxyThread([entry]):
             n, _, seconds = fetch(entry.port)
-        assert "tbf" in link.qdisc("server")
+        qdisc = link.qdisc("server")
     assert not names & set(namespaces())
+    # the kernel's own account: tbf at the rate asked for, and it held packets back (overlimits) while the
+    # payload went through; the transfer took at least the time the rate allows (a busy machine only adds)
+    sent = re.search(r"qdisc tbf [^\n]* rate 8Mbit [^\n]*\n\s*Sent (\d+) bytes \d+ pkt \(dropped \d+, overlimits (\d+)",
+                     qdisc)
+    assert sent and int(sent.group(1)) >= PAYLOAD and int(sent.group(2)) > 0, qdisc
     expected = (PAYLOAD - 16 * 1024) * 8 / (rate_mbit * 1e6)
-    assert n == PAYLOAD and 0.8 * expected <= seconds <= 1.4 * expected, (seconds, expected)
+    assert n == PAYLOAD and seconds >= 0.8 * expected, (seconds, expected)

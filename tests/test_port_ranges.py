@@ -27,9 +27,10 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
     ("--artifact-target", "127.0.0.1:99999")])
 def test_the_client_refuses_a_port_outside_the_range(flag, value):
     done = _run("breeze_client.cli", "health", flag, value, "--timeout", "5")
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr  # the client's every failure: `error: CODE: message`, exit 1
     port = value.rpartition(":")[2]
-    assert f"error: {flag} {value}: '{port}' is not a port; a port is a number from 1 to 65535" in done.stderr
+    assert (f"error: INVALID_ARGUMENT: {flag} {value}: '{port}' is not a port; a port is a number from 1 to 65535"
+            in done.stderr)
 
 
 @pytest.mark.parametrize("target", ["127.0.0.1:1", "[::1]:65535", "dns:///breeze.tts.svc:50051",

@@ -95,8 +95,9 @@ def test_a_commit_stall_outside_the_storage_calls_is_the_worker_not_the_volume(c
     verdict = run.diagnosis.verdict
     assert verdict.cause == "worker_busy", verdict.evidence
     assert "CPU" in verdict.fix and any("inside its storage calls" in e for e in verdict.evidence)
-    for t in run.timelines:
-        assert t.evidence["commit_storage_ns"] < 0.1 * DELAY * 1e9
+    for t in run.timelines:  # the stall lies outside the storage calls: the commit's time beside them holds it all
+        commit_s = {pt.phase.name: pt for pt in phase_times(t)}["commit"].seconds
+        assert commit_s - t.evidence["commit_storage_ns"] / 1e9 >= DELAY - 0.02, (commit_s, t.evidence)
 
 
 def test_a_stall_after_the_file_is_open_is_the_worker_not_the_volume(clean_faults):
@@ -276,7 +277,8 @@ def test_serve_warns_when_a_fault_delay_is_set(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "breeze_worker.cli", "serve", "--host", "127.0.0.1", "--port", "0",
              "--artifact-port", "0", "--artifact-dir", str(tmp_path / "art"), "--device", "cpu",
-             "--fault-commit-delay-s", "0.5"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+             "--fault-commit-delay-s", "0.5", "--artifact-grace-s", "0"], stdout=subprocess.PIPE, stderr=err, text=True,
+            env=env)
         timer = threading.Timer(240, proc.kill)
         timer.start()
         try:
@@ -297,7 +299,7 @@ def test_cli_diagnose_json_sweep_and_report(clean_faults, tmp_path, capsys):
     code = cli.main(["diagnose", "--target", worker.target, "--artifact-target", worker.artifact_target,
                      "--timeout", str(CALL_TIMEOUT_S), "-n", "2", "--max-frames", "8", "--chunk-sizes", "16k,0",
                      "--compressions", "none,zstd",
-                     "--json", "--report", str(report)])
+                     "--json", "-", "--report", str(report)])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["diagnosis"]["verdict"]["phase"] == "server_first_byte" and out["diagnosis"]["verdict"]["fix"]

@@ -119,12 +119,18 @@ def test_a_volume_writing_tens_of_kb_per_s_is_named_in_one_run(slow_storage_work
     # fault, the whole file
     synced = t.evidence["commit_bytes"]
     assert 64 * 1024 <= synced <= t.file_bytes + 4096, synced
+    # The limit bounds the commit from above: it cannot take longer than its bytes at the limit. Not from below:
+    # with cgroup v1 the kernel's flusher writes back, unthrottled, whatever pages it takes on its own (after
+    # the 30 s dirty expiry, which a job slowed by a busy host reaches, or when other writers push it past its
+    # dirty threshold), so the syncs can find less to write than was counted as they began, and the evidence's
+    # rate can come out above the limit. That the commit went through the limit at all: at least a page's time
+    # (unthrottled, the loop volume takes the whole file in milliseconds).
     expected = synced / WRITE_BPS
     commit = phases(t)["commit"].seconds
-    assert 0.8 * expected <= commit <= 1.3 * expected + 0.5, (commit, expected)
+    assert 4096 / WRITE_BPS <= commit <= 1.3 * expected + 0.5, (commit, expected)
     rate = synced / (t.evidence["commit_fsync_ns"] / 1e9)  # what the evidence reports
     print(f"commit: {synced:,} of {t.file_bytes:,} bytes still to write, in {commit:.2f} s; {rate:,.0f} B/s")
-    assert 0.75 * WRITE_BPS <= rate <= 1.3 * WRITE_BPS, rate
+    assert 0.75 * WRITE_BPS <= rate, rate
     durable = [e for e in verdict.evidence if "kB/s" in e and "made durable" in e]
     assert durable, verdict.evidence
     # the evidence says when part of the file had reached the volume before the commit
@@ -210,7 +216,10 @@ def test_a_buffering_proxy_is_named_with_the_rate_through_it(worker):
     transit = phases(t)["first_byte_transit"]
     assert held <= transit.seconds + transit.uncertainty_ns / 1e9 <= held + 0.06, (transit.seconds, held)
     delivered = delivery_rate(t)  # what the path carried, not the burst behind the buffer
-    assert 0.6 * rate_mbit / 8 * 1e6 <= delivered <= 1.3 * rate_mbit / 8 * 1e6, delivered
+    # the tbf limit bounds it from above; from below, what the proxy itself took in from the path (on a busy
+    # host the processes on the path cannot always keep a shaped link full, so the limit is no lower bound)
+    through_proxy = call["bytes"] / held
+    assert 0.6 * through_proxy <= delivered <= 1.3 * rate_mbit / 8 * 1e6, (delivered, through_proxy)
     assert transfer_rate(t) > 10 * delivered
     assert "buffering" in verdict.fix and "--artifact-target" in verdict.fix
 
@@ -397,7 +406,7 @@ def test_the_same_path_gets_the_same_cause_with_one_run_or_three(worker):
 
 def test_cli_json_carries_the_wait_and_the_clock(worker, capsys):
     code = cli.main(["diagnose", "--target", worker.target, "--artifact-target", worker.artifact_target,
-                     "--timeout", str(CALL_TIMEOUT_S), "-n", "1", "--max-frames", "8", "--json"])
+                     "--timeout", str(CALL_TIMEOUT_S), "-n", "1", "--max-frames", "8", "--json", "-"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     (run,) = out["runs"]

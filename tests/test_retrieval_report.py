@@ -4,13 +4,13 @@ the verdict coloured by severity; bars, axis and hatching valid when the clock m
 import dataclasses
 import os
 import re
-import shutil
 import struct
 import subprocess
 import tempfile
 import zlib
 from pathlib import Path
 
+from host_tools import need_tool
 from test_retrieval_phases import make_timeline
 
 from breeze_client.phases import PHASES, fetch_ns, format_seconds
@@ -23,9 +23,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, "headless Chromium is needed for the report test: apt-get install -y chromium"
-    return exe
+    return need_tool("chromium", "chromium-browser")
 
 
 def run_chromium(url: str, *extra: str) -> subprocess.CompletedProcess:

@@ -22,6 +22,7 @@ from breeze_client.errors import (
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
+    Unimplemented,
 )
 from breeze_client.sdk import BreezeClient, SynthesisStream
 from breeze_client.types import (
@@ -69,6 +70,7 @@ __all__ = [
     "SynthesisStream",
     "Unauthenticated",
     "Unavailable",
+    "Unimplemented",
     "WorkerInfo",
     "__version__",
 ]

@@ -176,6 +176,7 @@ class FetchReceiver:
         self._hash: HASH | None = None
         self.position = offset
         self.received = self.wire = self.chunks = self.resumes = 0
+        self._resuming = False  # a resumed attempt is under way and has not brought its first message yet
         self.write_ns = 0
         self.write_in_transfer_ns = 0  # write time between the first and the last byte received
         self._last_write_ns = 0  # the latest write's duration (inside the transfer once another chunk arrives)
@@ -240,6 +241,9 @@ class FetchReceiver:
 
     def on_message(self, msg: artifacts_pb2.FetchArtifactResponse, received_ns: int) -> int:
         """Handle one message; returns the file bytes it carried."""
+        if self._resuming:  # the stream continues: a resume (attempts that brought nothing are not one)
+            self._resuming = False
+            self.resumes += 1
         file = self._file if self._file is not None else self._open()
         if msg.HasField("info") and self.info is None:
             self.info = msg.info
@@ -306,7 +310,8 @@ class FetchReceiver:
                                              msg.read_ns, read_wait))
 
     def resumed(self) -> None:
-        self.resumes += 1
+        """A new attempt follows a break; it counts as a resume once its first message arrives."""
+        self._resuming = True
         self._t["last_sent"] = None
         self._prev_sent = None
 

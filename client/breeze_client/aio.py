@@ -19,7 +19,7 @@ from typing import BinaryIO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from breeze_client import _convert
+from breeze_client import _convert, fleet
 from breeze_client import clock as clock_exchange
 from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver, let_finish
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
@@ -77,6 +77,7 @@ class AsyncBreezeClient:
         self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
         self._control_synthesis = synthesis_pb2_grpc.SynthesisStub(self._control)
         self._info: WorkerInfo | None = None
+        self._holders: dict[str, str] = {}  # artifact id -> the artifact address of the fleet worker holding it
 
     async def close(self) -> None:
         await self._channel.close()
@@ -167,12 +168,37 @@ class AsyncBreezeClient:
         return stream.result
 
     # ---- artifacts ----
-    async def _artifacts(self, endpoint: str | None) -> tuple[str, artifacts_pb2_grpc.ArtifactsStub]:
-        target = await self.artifact_target(endpoint)
+    async def _artifacts(self, endpoint: str | None,
+                         artifact_id: str | None = None) -> tuple[str, artifacts_pb2_grpc.ArtifactsStub]:
+        """See BreezeClient._artifacts."""
+        if self.options.artifact_target or endpoint or artifact_id is None or not fleet.is_fleet(self.options.target):
+            target = await self.artifact_target(endpoint)
+        else:
+            target = self._holders.get(artifact_id) or await self._find_holder(artifact_id)
+            self._holders[artifact_id] = target
         return target, artifacts_pb2_grpc.ArtifactsStub(self._channel_for(target))
 
+    async def _find_holder(self, artifact_id: str) -> str:
+        """See BreezeClient._find_holder."""
+        workers = await asyncio.to_thread(fleet.members, self.options)  # a DNS lookup blocks
+
+        async def ask(member: fleet.Member) -> tuple[fleet.Member, str | None | BreezeClientError]:
+            try:
+                async with open_aio_channel(member.address, member.options) as control:
+                    info = await synthesis_pb2_grpc.SynthesisStub(control).GetWorkerInfo(
+                        synthesis_pb2.GetWorkerInfoRequest(), **member.options.call_kwargs())
+                async with open_aio_channel(info.artifact_endpoint, member.options) as channel:
+                    await artifacts_pb2_grpc.ArtifactsStub(channel).Stat(
+                        artifacts_pb2.StatArtifactRequest(artifact_id=artifact_id), **member.options.call_kwargs())
+                return member, info.artifact_endpoint
+            except grpc.RpcError as err:
+                return member, None if err.code() is grpc.StatusCode.NOT_FOUND else from_rpc_error(err)
+
+        answers = await asyncio.gather(*(ask(m) for m in workers))
+        return fleet.find_holder(self.options.target, artifact_id, answers)
+
     async def stat(self, artifact_id: str, endpoint: str | None = None) -> ArtifactRef:
-        target, stub = await self._artifacts(endpoint)
+        target, stub = await self._artifacts(endpoint, artifact_id)
         try:
             reply = await stub.Stat(artifacts_pb2.StatArtifactRequest(artifact_id=artifact_id), **self._kw())
         except grpc.RpcError as err:
@@ -180,7 +206,7 @@ class AsyncBreezeClient:
         return _convert.artifact_from_pb(reply, await self.clock(target))
 
     async def delete(self, artifact_id: str, endpoint: str | None = None) -> int:
-        _, stub = await self._artifacts(endpoint)
+        _, stub = await self._artifacts(endpoint, artifact_id)
         try:
             reply = await stub.Delete(artifacts_pb2.DeleteArtifactRequest(artifact_id=artifact_id), **self._kw())
         except grpc.RpcError as err:
@@ -196,7 +222,8 @@ class AsyncBreezeClient:
         if isinstance(artifact, ArtifactRef):
             endpoint = endpoint or artifact.endpoint
             artifact = artifact.artifact_id
-        target, stub = await self._artifacts(endpoint)
+        target, stub = await self._artifacts(endpoint, artifact)
+        answered = target not in self._clocks  # the clock exchange below reaches the worker, or raises
         mapping = await self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target,
                                  fixed_stream_window(self.options), self._channel_opened_ns.get(target))
@@ -213,7 +240,7 @@ class AsyncBreezeClient:
                             break
                     break
                 except grpc.RpcError as err:
-                    pause = policy.after_break(err, receiver.position, receiver.info is not None)
+                    pause = policy.after_break(err, receiver.position, answered or receiver.info is not None)
                     log.warning("fetch of %s broke at byte %d (%s); resuming when %s is reachable", artifact,
                                 receiver.position, err.details(), target)
                 await asyncio.sleep(min(pause, max(policy.time_left_s(), 0.0)))

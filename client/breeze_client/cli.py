@@ -1,14 +1,20 @@
 """`breeze-client`: one entry point, one module per subcommand under `breeze_client.commands`.
 
 Every subcommand gets the same connection flags (--target, --artifact-target, --tls-ca, --tls,
---tls-server-name, --tls-cert, --tls-key, --token, --timeout) and --json. A subcommand module defines
-`add_arguments(parser)` and `run(args, options) -> int`; to add one, write the module and add a line to
-COMMANDS. A failed call prints `error: CODE: message` on stderr and exits 1; Ctrl-C prints `interrupted` and exits 130.
+--tls-server-name, --tls-cert, --tls-key, --token, --timeout) and --json FILE (`-` for stdout: the convention of
+`jsonout.py`, which `breeze-worker` keeps too). A subcommand module defines `add_arguments(parser)` and
+`run(args, options) -> int`; to add one, write the module and add a line to COMMANDS.
+
+A failed call, and a local file that cannot be read or written (checked before the job starts), print
+`error: CODE: message` on stderr, the message saying what to change, and exit 1; a command line that does not
+parse exits 2 with the usage; Ctrl-C prints `interrupted` and exits 130. What a failed or interrupted command
+left behind (a partial WAV) is said on the lines after.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -16,6 +22,9 @@ import sys
 from pathlib import Path
 
 from breeze_client.channel import DEFAULT_TARGET, ConnectionOptions
+from breeze_client.commands._local import readable_file
+from breeze_client.commands._output import JSON_HELP
+from breeze_client.jsonout import stdout_for
 
 # subcommand -> (module under breeze_client.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,7 +49,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                         "dns:///name:port or ipv4:host:port,host:port (env BREEZE_TARGET; default %(default)s)")
     g.add_argument("--artifact-target", default=os.environ.get("BREEZE_ARTIFACT_TARGET"),
                    help="host:port of the Artifacts endpoint (default: the address the job's worker advertises; "
-                        "with a fleet --target, fetch needs it: the address synth printed)")
+                        "with a fleet --target, fetch by id asks each worker and uses the one that holds it)")
     g.add_argument("--tls-ca", type=Path, default=None, help="PEM roots to trust; turns TLS on")
     g.add_argument("--tls", action="store_true", help="TLS with the system's trusted roots")
     g.add_argument("--tls-server-name", default=None, help="name to check in the worker's certificate")
@@ -50,11 +59,15 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     g.add_argument("--token", default=os.environ.get("BREEZE_TOKEN"),
                    help="bearer token (prefer the environment variable BREEZE_TOKEN)")
-    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="deadline per call")
-    g.add_argument("--json", action="store_true", help="print one JSON object for machines")
+    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="deadline per call (default: none)")
+    g.add_argument("--json", default=None, metavar="FILE", help=JSON_HELP)
 
 
 def connection_options(args: argparse.Namespace) -> ConnectionOptions:
+    for flag in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, flag) is not None:
+            readable_file("--" + flag.replace("_", "-"), getattr(args, flag), "PEM file")
     return ConnectionOptions(target=args.target, artifact_target=args.artifact_target, tls_ca=args.tls_ca,
                              tls=args.tls, tls_server_name=args.tls_server_name, tls_cert=args.tls_cert,
                              tls_key=args.tls_key, token=args.token, timeout_s=args.timeout)
@@ -73,23 +86,46 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _error_line(code: str, message: str, exc: BaseException) -> str:
+    return f"error: {code}: {message}{_notes(exc)}"
+
+
+def _notes(exc: BaseException) -> str:
+    """What the command left behind, added to the exception on its way out (`add_note`), one line each."""
+    return "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))
+
+
+def _deadline_hint(args: argparse.Namespace) -> str:
+    if args.timeout is None:
+        return ""
+    return (f" (a call did not finish within --timeout {args.timeout:g} s: raise --timeout, or leave it out for no "
+            "deadline)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    from breeze_client.errors import BreezeClientError
+    from breeze_client.errors import BreezeClientError, DeadlineExceeded
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        return int(_load(args.command).run(args, connection_options(args)) or 0)
+        with stdout_for(args.json):
+            return int(_load(args.command).run(args, connection_options(args)) or 0)
     except BreezeClientError as exc:
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        hint = _deadline_hint(args) if isinstance(exc, DeadlineExceeded) else ""
+        print(_error_line(exc.code, exc.message + hint, exc), file=sys.stderr)
         return EXIT_FAILED_CALL
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:  # the subcommand's `with` blocks already hung up and closed its files
-        print("interrupted", file=sys.stderr)
+    except ValueError as exc:  # a flag's value the command refused
+        print(_error_line("INVALID_ARGUMENT", str(exc), exc), file=sys.stderr)
+        return EXIT_FAILED_CALL
+    except OSError as exc:  # a local file failed while the command ran (a full disk, ...): its errno names it
+        code = errno.errorcode.get(exc.errno or 0, "OS_ERROR")
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(_error_line(code, f"{where}{exc.strerror or exc}", exc), file=sys.stderr)
+        return EXIT_FAILED_CALL
+    except KeyboardInterrupt as exc:  # the subcommand's `with` blocks already hung up and closed its files
+        print(f"interrupted{_notes(exc)}", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -228,8 +228,11 @@ class _Exchanges:
         return out
 
 
-def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFactory | None = None) -> DiagnoseRun:
-    """Run the jobs (or take the artifacts), fetch them per configuration, and diagnose the first one."""
+def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFactory | None = None,
+                  progress: Callable[[str], None] | None = None) -> DiagnoseRun:
+    """Run the jobs (or take the artifacts), fetch them per configuration, and diagnose the first one;
+    `progress` hears of each run and each sweep configuration as it ends."""
+    say = progress or (lambda text: None)
     if not settings.configs:
         raise ValueError("at least one fetch configuration is needed")
     tmp = None
@@ -254,6 +257,7 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
                 stats.append((ref, now_ns()))
             refs = [ref for ref, _ in stats]
             fetched = fetch_many(client, refs, out_dir, primary, parallel=settings.parallel, dest_factory=dest_factory)
+            say(f"{len(refs)} artifact(s) fetched ({primary.label})")
             after = clocks.now("after the fetch")
             for (ref, stat_received), (result, timed) in zip(stats, fetched):
                 timelines.append(timeline_from_results(ref.artifact_id, result, artifact=ref, timed_file=timed,
@@ -270,6 +274,7 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
                     raise RuntimeError(f"job {result.job.job_id} ended without an artifact ({result.stats.end_reason})")
                 fetched, timed = fetch_timed(client, result.artifact, out_dir / f"{result.artifact.artifact_id}.wav",
                                              primary, dest_factory)
+                say(f"run {i + 1} of {settings.jobs}: {result.job.job_id} done, {result.artifact.artifact_id} fetched")
                 return result, fetched, timed, before + clocks.now(f"after fetch {i + 1}")
 
             if settings.parallel and settings.jobs > 1:
@@ -305,6 +310,7 @@ def run_diagnosis(client, settings: DiagnoseSettings, *, dest_factory: DestFacto
             if settings.parallel:
                 sweep_timelines = with_concurrency(sweep_timelines)
             run.sweep.append(SweepResult(config, diagnose(sweep_timelines), sweep_timelines))
+            say(f"sweep: {len(refs)} artifact(s) fetched again ({config.label})")
         if run.sweep:  # the primary configuration, on the same footing (fetch phases only)
             first = SweepResult(primary, run.diagnosis, timelines)
             run.sweep.insert(0, first)

@@ -72,6 +72,12 @@ class Internal(BreezeClientError):
     code = "INTERNAL"
 
 
+class Unimplemented(BreezeClientError):
+    """The address called does not serve the call: most often the worker's other port."""
+
+    code = "UNIMPLEMENTED"
+
+
 class IntegrityError(BreezeClientError):
     """Fetched bytes do not match the artifact's size or SHA-256."""
 
@@ -96,6 +102,7 @@ _BY_CODE: dict[grpc.StatusCode, type[BreezeClientError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.INTERNAL: Internal,
+    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
     grpc.StatusCode.DATA_LOSS: IntegrityError,
 }
 
@@ -115,5 +122,9 @@ def from_rpc_error(err: grpc.RpcError) -> BreezeClientError:
                            f"(loading its model, or draining); retry later or add workers ({details})")
     if code is grpc.StatusCode.UNAVAILABLE and ("connect" in details.lower() or "refused" in details.lower()):
         details = f"{details} (is the worker running, and are --target / --artifact-target right?)"
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return Unimplemented(f"{details}: the address called does not serve this call. A worker listens on two "
+                             "ports: --target takes its synthesis address (synthesis= in its ready line), "
+                             "--artifact-target its artifact address (artifacts=); check neither names the other")
     cls = _BY_CODE.get(code, BreezeClientError)
     return cls(details, None if cls is not BreezeClientError else code.name)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from breeze_client import _convert
+from breeze_client import _convert, fleet
 from breeze_client import clock as clock_exchange
 from breeze_client._receive import FetchReceiver, StreamHandle, SynthesisReceiver, let_finish
 from breeze_client._resume import DEFAULT_MAX_RESUMES, DEFAULT_RESUME_TIMEOUT_S, ResumePolicy
@@ -88,6 +89,7 @@ class BreezeClient:
         self._synthesis = synthesis_pb2_grpc.SynthesisStub(self._channel)
         self._control_synthesis = synthesis_pb2_grpc.SynthesisStub(self._control)
         self._info: WorkerInfo | None = None
+        self._holders: dict[str, str] = {}  # artifact id -> the artifact address of the fleet worker holding it
 
     # ---- lifecycle ----
     def close(self) -> None:
@@ -184,12 +186,38 @@ class BreezeClient:
         return stream.result
 
     # ---- artifacts ----
-    def _artifacts(self, endpoint: str | None) -> tuple[str, artifacts_pb2_grpc.ArtifactsStub]:
-        target = self.artifact_target(endpoint)
+    def _artifacts(self, endpoint: str | None,
+                   artifact_id: str | None = None) -> tuple[str, artifacts_pb2_grpc.ArtifactsStub]:
+        """The artifact address to call and its stub: --artifact-target, else `endpoint`, else (an id with a
+        fleet target) the worker that holds `artifact_id`, else what the worker advertises."""
+        if self.options.artifact_target or endpoint or artifact_id is None or not fleet.is_fleet(self.options.target):
+            target = self.artifact_target(endpoint)
+        else:
+            target = self._holders.get(artifact_id) or self._find_holder(artifact_id)
+            self._holders[artifact_id] = target
         return target, artifacts_pb2_grpc.ArtifactsStub(self._artifact_channel(target))
 
+    def _find_holder(self, artifact_id: str) -> str:
+        """Ask every worker the fleet target resolves to, at once, whether it holds `artifact_id` (fleet.py)."""
+        workers = fleet.members(self.options)
+
+        def ask(member: fleet.Member) -> tuple[fleet.Member, str | None | BreezeClientError]:
+            try:
+                with open_channel(member.address, member.options) as control:
+                    info = synthesis_pb2_grpc.SynthesisStub(control).GetWorkerInfo(
+                        synthesis_pb2.GetWorkerInfoRequest(), **member.options.call_kwargs())
+                with open_channel(info.artifact_endpoint, member.options) as channel:
+                    artifacts_pb2_grpc.ArtifactsStub(channel).Stat(
+                        artifacts_pb2.StatArtifactRequest(artifact_id=artifact_id), **member.options.call_kwargs())
+                return member, info.artifact_endpoint
+            except grpc.RpcError as err:
+                return member, None if err.code() is grpc.StatusCode.NOT_FOUND else from_rpc_error(err)
+
+        with ThreadPoolExecutor(max_workers=min(16, len(workers)), thread_name_prefix="find-artifact") as pool:
+            return fleet.find_holder(self.options.target, artifact_id, pool.map(ask, workers))
+
     def stat(self, artifact_id: str, endpoint: str | None = None) -> ArtifactRef:
-        target, stub = self._artifacts(endpoint)
+        target, stub = self._artifacts(endpoint, artifact_id)
         try:
             reply = stub.Stat(artifacts_pb2.StatArtifactRequest(artifact_id=artifact_id), **self._kw())
         except grpc.RpcError as err:
@@ -198,7 +226,7 @@ class BreezeClient:
 
     def delete(self, artifact_id: str, endpoint: str | None = None) -> int:
         """Delete an artifact on the worker; returns the bytes freed."""
-        _, stub = self._artifacts(endpoint)
+        _, stub = self._artifacts(endpoint, artifact_id)
         try:
             return stub.Delete(artifacts_pb2.DeleteArtifactRequest(artifact_id=artifact_id), **self._kw()).freed_bytes
         except grpc.RpcError as err:
@@ -220,7 +248,8 @@ class BreezeClient:
         if isinstance(artifact, ArtifactRef):
             endpoint = endpoint or artifact.endpoint
             artifact = artifact.artifact_id
-        target, stub = self._artifacts(endpoint)
+        target, stub = self._artifacts(endpoint, artifact)
+        answered = target not in self._clocks  # the clock exchange below reaches the worker, or raises
         mapping = self.clock(target)
         receiver = FetchReceiver(artifact, dest, offset, limit, chunk_size, compression, mapping, target,
                                  fixed_stream_window(self.options), self._channel_opened_ns.get(target))
@@ -237,7 +266,7 @@ class BreezeClient:
                             break
                     break
                 except grpc.RpcError as err:
-                    pause = policy.after_break(err, receiver.position, receiver.info is not None)
+                    pause = policy.after_break(err, receiver.position, answered or receiver.info is not None)
                     log.warning("fetch of %s broke at byte %d (%s); resuming when %s is reachable", artifact,
                                 receiver.position, err.details(), target)
                 time.sleep(min(pause, max(policy.time_left_s(), 0.0)))

@@ -265,7 +265,7 @@ class FetchResult(_Dict):
     chunks: int
     chunk_size: int
     compression: str
-    resumes: int  # how many times the stream broke and was resumed
+    resumes: int  # how many times the stream broke and then went on (attempts that brought nothing not counted)
     endpoint: str
     timing: FetchTiming
     data: bytes | None = field(default=None, repr=False)

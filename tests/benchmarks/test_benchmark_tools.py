@@ -155,12 +155,10 @@ def test_the_engine_sweep_runs_the_client_mix_with_clones_of_real_speech(tmp_pat
     """`breeze-worker bench --concurrency` with the serve bench's mix: every stream the given text, half with
     CFG, every 2nd from the first cloning an espeak-ng recording encoded as the worker encodes one; its
     length as soundfile reads the file (not our decoder) is what the JSON records."""
-    import shutil
-
     import soundfile
+    from host_tools import need_tool
 
-    espeak = shutil.which("espeak-ng")
-    assert espeak, "espeak-ng is not installed: apt-get install -y espeak-ng"
+    espeak = need_tool("espeak-ng")
     reference, words = tmp_path / "reference.wav", "Please call Stella. Ask her to bring these things."
     subprocess.run([espeak, "-w", str(reference), words], check=True, timeout=60)
     out = tmp_path / "sweep.json"

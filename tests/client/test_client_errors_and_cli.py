@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import numpy as np
 import pytest
@@ -56,14 +58,16 @@ def test_every_registered_subcommand_gets_the_connection_flags(command):
 
 
 @pytest.mark.parametrize("command", ["synth", "fetch", "health"])
-def test_every_subcommand_parses_the_same_connection_flags(command):
+def test_every_subcommand_parses_the_same_connection_flags(command, tmp_path):
     extra = {"synth": ["hello"], "fetch": ["art-x", "-o", "f.wav"], "health": []}[command]
-    argv = [command, *extra, "--target", "h:1", "--artifact-target", "h:2", "--tls-ca", "ca.pem",
-            "--token", "t", "--timeout", "3", "--json"]
+    ca = tmp_path / "ca.pem"
+    ca.write_text("roots")
+    argv = [command, *extra, "--target", "h:1", "--artifact-target", "h:2", "--tls-ca", str(ca),
+            "--token", "t", "--timeout", "3", "--json", "out.json"]
     args = cli.build_parser(argv).parse_args(argv)
     opts = cli.connection_options(args)
-    assert (opts.target, opts.artifact_target, str(opts.tls_ca), opts.token, opts.timeout_s, args.json) == \
-        ("h:1", "h:2", "ca.pem", "t", 3.0, True)
+    assert (opts.target, opts.artifact_target, opts.tls_ca, opts.token, opts.timeout_s, args.json) == \
+        ("h:1", "h:2", ca, "t", 3.0, "out.json")
     assert opts.uses_tls and opts.metadata == (("authorization", "Bearer t"),)
 
 
@@ -105,3 +109,47 @@ def test_streaming_wav_writer_produces_a_valid_wav_of_the_exact_pcm(tmp_path, en
     assert w.close() > 0
     data, rate = sf.read(tmp_path / "a.wav", dtype="int16" if encoding == "s16le" else "float32")
     assert rate == 24000 and data.tobytes() == pcm
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["synth", "Hi.", "--ref-audio", "{tmp}/missing.wav", "--ref-text", "hi"], "--ref-audio {tmp}/missing.wav"),
+    (["synth", "Hi.", "-o", "{tmp}/no-such-dir/out.wav"], "-o {tmp}/no-such-dir/out.wav"),
+    (["synth", "Hi.", "-o", "{tmp}"], "-o {tmp}: is a directory"),
+    (["fetch", "art-x", "-o", "{tmp}/no-such-dir/out.wav"], "-o {tmp}/no-such-dir/out.wav"),
+    (["bench", "--clone-every", "2", "--reference", "{tmp}/missing.wav", "--reference-text", "hi"],
+     "--reference {tmp}/missing.wav"),
+    (["bench", "--clone-every", "2"], "--clone-every needs --reference"),
+    (["diagnose", "--report", "{tmp}/no-such-dir/r.html"], "--report {tmp}/no-such-dir/r.html"),
+    (["health", "--tls-ca", "{tmp}/missing.pem"], "--tls-ca {tmp}/missing.pem: no such file"),
+])
+def test_local_files_are_checked_before_any_call(argv, flag, tmp_path, capsys):
+    """Nothing listens at the target: a refusal naming the flag (not UNAVAILABLE) shows the file was checked
+    first, so no job runs only to fail at the end; `error: CODE: message` and exit 1 as for a failed call."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code = cli.main([*argv, "--target", "127.0.0.1:1", "--timeout", "5"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: INVALID_ARGUMENT: "), err
+    assert flag.format(tmp=tmp_path) in err and "UNAVAILABLE" not in err
+
+
+def test_json_to_a_file_keeps_the_text_and_json_to_stdout_is_only_the_document(monkeypatch, capsys, tmp_path):
+    class Reporting:
+        @staticmethod
+        def add_arguments(parser):
+            pass
+
+        @staticmethod
+        def run(args, options):
+            from breeze_client.jsonout import write
+
+            write({"ok": True}, args.json)
+            print("a table for people")
+            return 0
+
+    monkeypatch.setattr(cli, "_load", lambda name: Reporting)
+    assert cli.main(["health", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr()
+    assert out.out == "a table for people\n" and json.loads((tmp_path / "r.json").read_text()) == {"ok": True}
+    assert cli.main(["health", "--json", "-"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"ok": True} and out.err == "a table for people\n"

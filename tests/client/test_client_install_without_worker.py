@@ -16,6 +16,8 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
@@ -78,3 +80,40 @@ def test_every_client_module_imports_without_the_worker_dependencies():
     assert {"breeze_client.sdk", "breeze_client.aio", "breeze_client.cli",
             "breeze_client.commands.synth", "breeze_client.commands.fetch"} <= set(report["modules"])
     assert report["leaked"] == []
+
+
+WORKER_CHILD = r"""
+import importlib.abc, json, sys
+
+blocked = set(json.loads(sys.argv[1]))
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:  # as Python reports a package that is not installed
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from breeze_worker.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--device", "cpu", "--port", "0", "--artifact-port", "0"],
+    ["doctor", "--device", "cpu"],
+    ["make-checkpoint", "--size", "tiny", "out"],
+    ["bench", "--help"],
+])
+def test_breeze_worker_without_the_worker_extra_says_what_to_install(argv, tmp_path):
+    """`pip install .` also installs the `breeze-worker` script: without the worker extra each command ends in
+    one line naming the missing package and the extra to install, not a traceback."""
+    blocked = _optional_only_modules()
+    paths = [str(ROOT / d) for d in ("worker", "client", "protos")]
+    proc = subprocess.run([sys.executable, "-c", WORKER_CHILD, json.dumps(blocked), *argv], capture_output=True,
+                          text=True, timeout=120, env={"PYTHONPATH": ":".join(paths), "PATH": "/usr/bin:/bin"},
+                          cwd=tmp_path)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "breeze-tts-serving[worker]" in proc.stderr and "no module named" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -94,4 +94,7 @@ def test_after_a_break_the_next_request_continues_where_the_bytes_stopped():
         r.on_message(m, 1)
     r.resumed()
     again = r.next_request()
-    assert (again.offset, again.limit, r.resumes) == (2000, 3000, 1)
+    assert (again.offset, again.limit, r.resumes) == (2000, 3000, 0)  # not yet: nothing came back
+    r.resumed()  # that attempt failed at once; the next one brings the stream back
+    r.on_message(_messages(FILE, 2000, 1000, False)[0], 2)
+    assert (r.position, r.resumes) == (3000, 1)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from host_tools import need_tool
 
 from breeze_worker.model.codec import Codec, load_codec, tiny_codec
 
@@ -23,20 +23,14 @@ def codec() -> Codec:
     return tiny_codec(seed=0)
 
 
-def _need(tool: str) -> str:
-    path = shutil.which(tool)
-    assert path, f"{tool} is not installed: apt-get install -y espeak-ng sox"
-    return path
-
-
 @pytest.fixture(scope="session")
 def speech_files(tmp_path_factory) -> dict[str, Path]:
     """espeak-ng speech (22.05 kHz mono) converted by sox to 16 kHz stereo WAV and 44.1 kHz mono FLAC."""
     folder = tmp_path_factory.mktemp("speech")
     source = folder / "espeak.wav"
-    subprocess.run([_need("espeak-ng"), "-w", str(source), SPEECH_TEXT], check=True, timeout=60)
+    subprocess.run([need_tool("espeak-ng"), "-w", str(source), SPEECH_TEXT], check=True, timeout=60)
     files = {"espeak": source, "stereo16k": folder / "stereo16k.wav", "mono44k": folder / "mono44k.flac"}
-    sox = _need("sox")
+    sox = need_tool("sox")
     subprocess.run([sox, str(source), "-r", "16000", "-c", "2", str(files["stereo16k"])], check=True, timeout=60)
     subprocess.run([sox, str(source), "-r", "44100", "-c", "1", str(files["mono44k"])], check=True, timeout=60)
     return files

@@ -42,3 +42,25 @@ def tiny_codec_for_layout():
     from breeze_worker.model.codec import tiny_codec
 
     return tiny_codec(seed=3)
+
+
+def test_building_the_encoder_reads_no_deprecated_mimi_attribute():
+    """transformers 5.18+ warns once a process when MimiModel's old flat attributes are read (every worker
+    start printed two such lines); the encoder is built without reading them."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from breeze_worker.model.codec import tiny_codec
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = hf_logging.get_logger("transformers.models.mimi.modeling_mimi")
+    logger.addHandler(handler)
+    hf_logging.warning_once.cache_clear()  # a warning already given in this process would be given again
+    try:
+        tiny_codec(seed=4)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records if "deprecated" in r.getMessage()] == []

@@ -13,6 +13,7 @@ import warnings
 import librosa
 import numpy as np
 import pytest
+from host_tools import need_tool
 
 from breeze_worker.engine.reference import decode_reference_audio
 from breeze_worker.model.codec.resample import resample
@@ -27,7 +28,8 @@ def rates(speech_files, tmp_path_factory):
                    "48k": ["-r", "48000", "-c", "1", "-b", "24"]}
     for name, args in conversions.items():
         # a little dither per channel (sox's default) keeps the stereo channels slightly different
-        subprocess.run(["sox", str(speech_files["espeak"]), *args, str(files[name])], check=True, timeout=60)
+        subprocess.run([need_tool("sox"), str(speech_files["espeak"]), *args, str(files[name])], check=True,
+                       timeout=60)
     return files
 
 

@@ -13,12 +13,12 @@ import asyncio
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 import aiohttp
+from host_tools import need_tool
 
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-quic", "--mute-audio",
@@ -92,9 +92,7 @@ class Browser:
     """Headless Chromium with a throwaway profile; `open(url)` -> a Page that has loaded `url`."""
 
     def __init__(self) -> None:
-        exe = shutil.which("chromium") or shutil.which("chromium-browser")
-        assert exe, "the page tests need headless Chromium: apt-get install -y chromium"
-        self._exe = exe
+        self._exe = need_tool("chromium", "chromium-browser")
         self._profile = tempfile.TemporaryDirectory(prefix="breeze-cdp-")
         self._proc: subprocess.Popen | None = None
         self._session: aiohttp.ClientSession | None = None

@@ -4,12 +4,12 @@ past the handshake. Certificates made by openssl, as tests/transport/test_mtls.p
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import requests
+from host_tools import need_tool
 from served_http import ServedHttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport"))
@@ -18,7 +18,7 @@ from test_mtls import _ca, _signed  # noqa: E402  (the transport tests' openssl 
 
 @pytest.fixture(scope="module")
 def mtls_http(tmp_path_factory):
-    assert shutil.which("openssl"), "the TLS tests need the openssl command"
+    need_tool("openssl")
     d = tmp_path_factory.mktemp("pki")
     trusted, stranger = _ca(d, "trusted-ca"), _ca(d, "stranger-ca")
     server = _signed(d, "worker", trusted, "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth")

@@ -7,6 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from host_tools import need_tool
 
 from breeze_worker.config import HttpSettings, ServerSettings, SettingsError, WorkerSettings
 from breeze_worker.engine.types import ReferenceInput
@@ -45,7 +46,7 @@ async def test_the_comparison_says_it_is_off_and_answers_501_with_the_setting():
 
 
 def sox_decode(data: bytes, kind: str) -> bytes:
-    out = subprocess.run(["sox", "-t", kind, "-", "-t", "raw", "-e", "signed", "-b", "16", "-c", "1", "-"],
+    out = subprocess.run([need_tool("sox"), "-t", kind, "-", "-t", "raw", "-e", "signed", "-b", "16", "-c", "1", "-"],
                          input=data, capture_output=True, timeout=120, check=True)
     return out.stdout
 

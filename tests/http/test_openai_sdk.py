@@ -15,6 +15,7 @@ import openai
 import pytest
 import requests
 import soundfile
+from host_tools import need_tool
 from http_helpers import AUTH, TOKEN, VOICE
 
 from breeze_client.sdk import BreezeClient
@@ -136,8 +137,8 @@ def test_streamed_wav_and_flac_decode_to_the_plain_audio(sdk):
 
 def read_stream(data: bytes) -> bytes:
     """A streamed FLAC's samples as sox (libFLAC) reads them: its header gives no length, which a stream may."""
-    out = subprocess.run(["sox", "-t", "flac", "-", "-t", "raw", "-e", "signed", "-b", "16", "-"], input=data,
-                         capture_output=True, timeout=120, check=True)
+    out = subprocess.run([need_tool("sox"), "-t", "flac", "-", "-t", "raw", "-e", "signed", "-b", "16", "-"],
+                         input=data, capture_output=True, timeout=120, check=True)
     return out.stdout
 
 

@@ -29,13 +29,15 @@ def worker_command(*args: str) -> list[str]:
 
 class ServedWorker:
     def __init__(self, artifact_dir: Path, *args: str, host: str = "127.0.0.1") -> None:
+        # no artifact grace at the stop unless `args` set one (a later flag wins): nothing fetches then
         self.command = worker_command("serve", "--device", "cpu", "--host", host, "--port", "0",
-                                      "--artifact-port", "0", "--artifact-dir", str(artifact_dir), *args)
+                                      "--artifact-port", "0", "--artifact-dir", str(artifact_dir),
+                                      "--artifact-grace-s", "0", *args)
         self.host = host
         self.proc: subprocess.Popen | None = None
         self._stderr: list[str] = []
         self._lock = threading.Lock()
-        self.target = self.artifact_target = ""
+        self.target = self.artifact_target = self.ready_line = ""
         self.metrics_port: int | None = None
         self.metrics_host: str | None = None
 
@@ -59,7 +61,8 @@ class ServedWorker:
                                      env=ENV)
         threading.Thread(target=self._drain, daemon=True).start()
         line = self.proc.stdout.readline()  # blocks until ready (or the process dies)
-        match = READY.match(line.strip())
+        self.ready_line = line.strip()
+        match = READY.match(self.ready_line)
         if not match:
             self.__exit__()
             raise AssertionError(f"no ready line, got {line!r}; stderr: {self.stderr_text()[-3000:]}")

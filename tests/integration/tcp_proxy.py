@@ -6,7 +6,9 @@
 Runs its own event loop in a thread. `drop_after_bytes` cuts the first `drops` connections once that
 many bytes went from the target to the client; `delay_s` holds every forwarded piece that long.
 `outage_s` makes each drop an outage: the proxy stops listening for that long (connections are
-refused), then listens on the same port again. `bytes_to_target` counts what the clients sent on.
+refused), then listens on the same port again. `stall_after_bytes` forwards that many bytes from the target
+to each client, then holds the rest (the connection stays open, nothing more arrives; `stalled` is set).
+`bytes_to_target` counts what the clients sent on.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import threading
 
 class TcpProxy:
     def __init__(self, target: str, *, drop_after_bytes: int | None = None, drops: int = 1,
-                 delay_s: float = 0.0, outage_s: float = 0.0) -> None:
+                 delay_s: float = 0.0, outage_s: float = 0.0, stall_after_bytes: int | None = None) -> None:
         host, port = target.rsplit(":", 1)
         self._target = (host, int(port))
         self.drop_after_bytes, self.drops_left, self.delay_s = drop_after_bytes, drops, delay_s
         self.outage_s = outage_s
+        self.stall_after_bytes = stall_after_bytes
+        self.stalled = threading.Event()  # a connection reached stall_after_bytes
         self.connections = 0
         self.dropped = 0
         self.bytes_to_target = 0  # bytes forwarded from clients to the target, all connections
@@ -29,6 +33,7 @@ class TcpProxy:
         self.address = ""
         self._tasks: set[asyncio.Task] = set()
         self._loop = asyncio.new_event_loop()
+        self._release = asyncio.Event()  # lets stalled connections end at exit
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tcp-proxy", daemon=True)
 
@@ -69,7 +74,7 @@ class TcpProxy:
             return
         done = asyncio.Event()
 
-        async def pump(reader, writer, cap):
+        async def pump(reader, writer, cap, stall=None):
             sent = 0
             try:
                 while not done.is_set():
@@ -78,6 +83,12 @@ class TcpProxy:
                         break
                     if self.delay_s:
                         await asyncio.sleep(self.delay_s)
+                    if stall is not None and sent + len(data) >= stall:
+                        writer.write(data[:max(stall - sent, 0)])
+                        await writer.drain()
+                        self.stalled.set()
+                        await self._release.wait()  # hold: nothing more goes to the client
+                        break
                     if cap is not None and sent + len(data) >= cap:
                         writer.write(data[:max(cap - sent, 0)])
                         self.dropped += 1
@@ -101,7 +112,8 @@ class TcpProxy:
                     if not w.is_closing():
                         w.close()
 
-        await asyncio.gather(pump(client_r, target_w, None), pump(target_r, client_w, limit))
+        await asyncio.gather(pump(client_r, target_w, None),
+                             pump(target_r, client_w, limit, self.stall_after_bytes))
 
     def __enter__(self) -> TcpProxy:
         self._thread.start()
@@ -110,6 +122,8 @@ class TcpProxy:
 
     def __exit__(self, *exc) -> None:
         async def close():
+            self._release.set()
+            await asyncio.sleep(0)  # the stalled connections end on their own
             self._server.close()
             for task in list(self._tasks):
                 task.cancel()

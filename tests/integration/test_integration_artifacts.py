@@ -71,7 +71,11 @@ def test_resume_after_the_connection_drops_mid_stream(client, worker, artifact, 
 
 
 def test_resume_waits_out_an_outage_of_seconds(client, worker, artifact, tmp_path):
-    """The stream breaks, then the endpoint refuses connections for 3 s: the fetch resumes once it is back."""
+    """The stream breaks, then the endpoint refuses connections for 3 s: the fetch resumes once it is back, in
+    one resume however busy the machine is. The proxy resets the connection, and a reset discards what the
+    client's kernel had not yet handed to gRPC: on a loaded machine that can be everything, even the stream's
+    first message (the fetch resumes anyway: its channel was connected), and the channel can still look
+    connected when the break is seen (the attempt made on it fails at once and is not a resume)."""
     ref, data = artifact
     with TcpProxy(worker.artifact_target, drop_after_bytes=30_000, outage_s=3.0) as proxy:
         out = tmp_path / "outage.wav"
@@ -90,19 +94,18 @@ async def test_async_resume_waits_out_an_outage(worker, artifact, tmp_path):
             r = await aclient.fetch(ref, tmp_path / "outage.wav", chunk_size=4096, compression="zstd",
                                     endpoint=proxy.address)
         assert proxy.dropped == 1 and proxy.outages == 1
-    # one resume, or two when the first resumed attempt breaks again as the endpoint comes back (seen once
-    # in a CI run of 511 tests on a 2-core machine; the client then resumes again, as it should)
-    assert 1 <= r.resumes <= 2 and r.verified and (tmp_path / "outage.wav").read_bytes() == data
+    assert r.resumes == 1 and r.verified and (tmp_path / "outage.wav").read_bytes() == data
 
 
 def test_an_outage_longer_than_resume_timeout_gives_up_and_keeps_the_bytes(client, worker, artifact, tmp_path):
     ref, data = artifact
     out = tmp_path / "gave-up.wav"
-    with TcpProxy(worker.artifact_target, drop_after_bytes=30_000, outage_s=20.0) as proxy:
+    with TcpProxy(worker.artifact_target, drop_after_bytes=30_000, outage_s=600.0) as proxy:
         t0 = time.monotonic()
         with pytest.raises(Unavailable, match="resume_timeout_s") as info:
             client.fetch(ref, out, chunk_size=4096, endpoint=proxy.address, resume_timeout_s=1.5)
-        assert 1.5 <= time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 >= 1.5  # it waited its resume_timeout_s ...
+        assert proxy.dropped == 1 and proxy.outages == 0  # ... and gave up before the endpoint came back
     kept = out.stat().st_size
     assert 0 < kept < len(data) and out.read_bytes() == data[:kept]
     assert f"offset {kept}" in info.value.message  # says where to continue

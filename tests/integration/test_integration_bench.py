@@ -37,11 +37,16 @@ def two_stream_worker(tmp_path_factory):
 def test_bench_concurrency_two_json(two_stream_worker):
     run = bench(two_stream_worker.target, "--labels", "short,chunk-4.80s",
                 "--frames", "3", "--warmup", "1", "--iterations", "2", "--concurrency", "2",
-                "--timeout", "120", "--json")
+                "--timeout", "120", "--json", "-")
     out = run.stdout
     assert run.returncode == 0, run.stderr
     doc = json.loads(out)
     assert doc["schema"] == "breeze-client-bench/1"
+    # stderr is no terminal here: each round is still reported, one line each; the table went to stderr too
+    progress = [line for line in run.stderr.splitlines() if line.startswith("bench: ")]
+    assert progress == [f"bench: {label}: {step}" for label in ("short", "chunk-4.80s")
+                        for step in ("warm-up 1/1", "iteration 1/2 x 2 clients", "iteration 2/2 x 2 clients")]
+    assert "TTFA ms" in run.stderr
     meta = doc["meta"]
     assert meta["concurrency"] == 2 and meta["iterations"] == 2 and meta["warmup"] == 1
     assert meta["worker_is_tiny_default"] is True and "frame limit" in meta["frame_limit_note"]
@@ -90,9 +95,10 @@ def test_bench_table_says_frames_are_limited(two_stream_worker):
     assert "tiny default" in run.stderr
 
 
-def test_unknown_label_is_a_usage_error(two_stream_worker):
+def test_unknown_label_is_refused_with_the_known_ones(two_stream_worker):
     run = bench(two_stream_worker.target, "--labels", "huge")
-    assert run.returncode == 2 and "unknown label" in run.stderr
+    assert run.returncode == 1 and run.stderr.startswith("error: INVALID_ARGUMENT: unknown label")
+    assert "chunk-7.36s" in run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +132,7 @@ def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker):
     """1 slot and 1 queue place for 3 clients at once: the third is refused (RESOURCE_EXHAUSTED); the bench
     goes on, counts it per label and keeps it out of the statistics."""
     run = bench(one_slot_worker.target, "--labels", "chunk-4.80s", "--frames", "40",
-                "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json")
+                "--warmup", "0", "--iterations", "2", "--concurrency", "3", "--timeout", "120", "--json", "-")
     out = run.stdout
     assert run.returncode == 0, run.stderr
     s = json.loads(out)["labels"][0]
@@ -144,15 +150,16 @@ def test_rejected_requests_are_reported_by_code_not_fatal(one_slot_worker):
 def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, tmp_path):
     """--cfg-every 2 --clone-every 4 over 4 clients: client 1 instruction + CFG, client 3 a clone with an
     instruction (direction), clients 0 and 2 plain; the worker's reported template says so."""
-    import shutil
     import subprocess
 
+    from host_tools import need_tool
+
     reference = tmp_path / "ref.wav"
-    subprocess.run([shutil.which("espeak-ng"), "-w", str(reference), "Please call Stella."], check=True, timeout=60)
+    subprocess.run([need_tool("espeak-ng"), "-w", str(reference), "Please call Stella."], check=True, timeout=60)
     run = bench(two_stream_worker.target, "--labels", "chunk-4.80s", "--frames", "2",
                 "--warmup", "0", "--iterations", "1", "--concurrency", "4", "--cfg-every", "2",
                 "--clone-every", "4", "--reference", str(reference), "--reference-text",
-                "Please call Stella.", "--timeout", "120", "--json")
+                "Please call Stella.", "--timeout", "120", "--json", "-")
     out = run.stdout
     assert run.returncode == 0, run.stderr
     doc = json.loads(out)
@@ -164,4 +171,4 @@ def test_a_request_mix_sends_cfg_and_clone_requests(two_stream_worker, tmp_path)
 
 def test_a_clone_mix_without_a_reference_is_refused(two_stream_worker):
     run = bench(two_stream_worker.target, "--clone-every", "4")
-    assert run.returncode == 2 and "--reference" in run.stderr
+    assert run.returncode == 1 and run.stderr.startswith("error: INVALID_ARGUMENT: ") and "--reference" in run.stderr

@@ -177,7 +177,7 @@ def test_a_non_loopback_listener_without_authentication_is_refused(tmp_path):
 ])
 def test_an_exposed_listener_warns_about_what_it_leaves_open(tmp_path, args, warning):
     proc = subprocess.Popen(worker_command("serve", "--host", "0.0.0.0", "--port", "0", "--artifact-port", "0",
-                                           "--artifact-dir", str(tmp_path), *args),
+                                           "--artifact-dir", str(tmp_path), "--artifact-grace-s", "0", *args),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         seen = []

@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import grpc
 import pytest
+from host_tools import need_tools
 
 from breeze_client.sdk import BreezeClient
 from breeze_tts_proto.v1 import artifacts_pb2, artifacts_pb2_grpc
@@ -39,7 +39,7 @@ def big_artifact(worker):
 
 @pytest.fixture(scope="session")
 def node_fetch() -> Path:
-    assert shutil.which("node") and shutil.which("npm"), "the grpc-js test needs Node.js and npm"
+    need_tools("node", "npm")
     if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js" / "package.json").exists():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=NODE_DIR, check=True,
                        capture_output=True, timeout=300)

@@ -3,8 +3,6 @@ and the tiny default."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from breeze_worker.model.lm.config import BreezeConfig
@@ -56,10 +54,9 @@ def test_logits_are_fp32_in_a_bf16_model():
     assert model.lm.depth_logits(torch.randn(2, 32, dtype=torch.bfloat16), 1).dtype == torch.float32
 
 
-def test_tiny_default_is_quick_seeded_and_the_same_architecture():
-    started = time.perf_counter()
+def test_tiny_default_is_small_seeded_and_the_same_architecture():
     a = tiny_model(seed=0, with_codec=False)
-    assert time.perf_counter() - started < 1.0
+    assert sum(p.numel() for p in a.lm.parameters()) < 5_000_000  # small enough to build at every start
     b, c = tiny_model(seed=0, with_codec=False), tiny_model(seed=1, with_codec=False)
     wa, wb, wc = (m.lm.lm_head.weight for m in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)

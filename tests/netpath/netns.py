@@ -15,21 +15,20 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
-import shutil
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from host_tools import need_root, need_tools
 
 CLONE_NEWNET = 0x40000000
 _counter = itertools.count()
 
 
 def require_root_and_iproute2() -> None:
-    """Raise with what to install when the harness cannot run (the tests fail rather than skip)."""
-    if os.geteuid() != 0:
-        raise RuntimeError("the network-namespace tests need root (CI runs as root)")
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        raise RuntimeError("the network-namespace tests need iproute2: apt-get install -y iproute2")
+    """Skip the test (fail it in CI) when the harness cannot run here (host_tools.py)."""
+    need_root("network namespaces")
+    need_tools("ip", "tc")
 
 
 def _run(*cmd: str) -> str:

@@ -22,7 +22,7 @@ import threading
 from contextlib import ExitStack
 
 from netpath.child import start_reporting_child
-from netpath.netns import VethLink
+from netpath.netns import VethLink, require_root_and_iproute2
 from netpath.proxy import DelayProxy, ProxyThread
 
 
@@ -74,6 +74,7 @@ class PathProcess:
         return "".join(out)
 
     def __enter__(self) -> PathProcess:
+        require_root_and_iproute2()  # here, in the test: the path process could only fail
         self.proc, ready = start_reporting_child(self.args, "path process")
         self.info = ready
         return self

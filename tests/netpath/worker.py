@@ -75,7 +75,8 @@ class WorkerProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "breeze_worker.cli", "serve", "--host", self.host, "--port", "0",
-             "--artifact-port", "0", "--artifact-dir", str(self.artifact_dir), "--device", "cpu", *self.args],
+             "--artifact-port", "0", "--artifact-dir", str(self.artifact_dir), "--device", "cpu",
+             "--artifact-grace-s", "0", *self.args],  # its stop waits for nothing (a later flag may set one)
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         timer = threading.Timer(self.startup_timeout_s, self.proc.kill)
         timer.start()

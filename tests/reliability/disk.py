@@ -7,12 +7,14 @@ import os
 import subprocess
 from pathlib import Path
 
+from host_tools import need_tool
+
 
 @contextlib.contextmanager
 def small_tmpfs(path: Path, size_bytes: int):
     """Mount a tmpfs of `size_bytes` at `path` for the block; writes past it fail with ENOSPC in the kernel."""
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
+    done = subprocess.run([need_tool("mount"), "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
                           capture_output=True, text=True)
     assert done.returncode == 0, f"mounting a tmpfs needs root: {done.stderr.strip()}"
     try:

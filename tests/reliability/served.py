@@ -36,9 +36,15 @@ def _ephemeral_low() -> int:
 def free_port() -> int:
     """A loopback port free now, for a worker that binds it later (and again after a restart). Picked below the
     kernel's range for outgoing connections, since any client socket may take a port from that range as its
-    own before the worker binds (a fleet test once failed so), and never the same port twice in a process."""
+    own before the worker binds (a fleet test once failed so), never the same port twice in a process, and
+    from a slice of the range of its own in each process of a parallel run (pytest-xdist names them gw0,
+    gw1, ...), so two test processes never pick the same port in the seconds before their workers bind."""
     low, rng = 20000, random.Random()
     high = max(low + 1000, _ephemeral_low())
+    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    span = (high - low) // max(processes, 1)
+    low, high = low + index * span, low + (index + 1) * span
     for _ in range(500):
         port = rng.randrange(low, high)
         if port in _HANDED_OUT:

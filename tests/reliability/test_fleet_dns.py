@@ -14,14 +14,13 @@ Needs root (unshare -m, mount --bind)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
 
 import pytest
+from host_tools import need_tool
 from served import ENV, ServedWorker, free_port, start_all
 
 pytestmark = pytest.mark.root
@@ -62,8 +61,7 @@ def _ask(probe: subprocess.Popen, jobs: int, frames: int = 2) -> list:
 
 
 def test_a_dns_name_spreads_jobs_and_finds_workers_added_later(tmp_path):
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        raise RuntimeError("this test needs root and unshare (CI runs as root)")
+    need_tool("unshare")  # and root: the module's mark
     port, artifact_port = free_port(), free_port()
     workers = [ServedWorker(tmp_path / f"w{i}", "--max-connection-age-s", str(CONNECTION_AGE_S),
                             "--max-active-streams", "2", host=f"127.0.0.{i + 1}", port=port,
@@ -97,13 +95,13 @@ def test_a_dns_name_spreads_jobs_and_finds_workers_added_later(tmp_path):
         assert probe.wait(30) == 0, probe.stderr.read()[-3000:]
 
         cli = _in_namespace(hosts, sys.executable, "-m", "breeze_client.cli", "synth", "Said through the CLI.",
-                            "--max-frames", "2", "--json", "--target", f"dns:///{NAME}:{port}")
+                            "--max-frames", "2", "--json", "-", "--target", f"dns:///{NAME}:{port}")
         out, err = cli.communicate(timeout=120)
         assert cli.returncode == 0, err
         artifact = json.loads(out)["artifact"]
         assert artifact["endpoint"] in {w.artifact_target for w in workers}
         fetch = subprocess.run([sys.executable, "-m", "breeze_client.cli", "fetch", artifact["artifact_id"],
-                                "-o", str(tmp_path / "cli.wav"), "--json", "--artifact-target",
+                                "-o", str(tmp_path / "cli.wav"), "--json", "-", "--artifact-target",
                                 artifact["endpoint"], "--target", workers[0].target],
                                env=ENV, capture_output=True, text=True, timeout=120)
         assert fetch.returncode == 0, fetch.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import subprocess
 
 import grpc
@@ -12,6 +11,7 @@ import pytest
 from fake_engine import FakeEngine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from host_tools import need_tool
 from transport_helpers import TOKEN, worker_settings
 
 from breeze_client.aio import AsyncBreezeClient
@@ -84,7 +84,7 @@ async def test_bearer_token_is_required_except_for_health(tmp_path):
 
 
 async def test_tls_on_both_ports(tmp_path):
-    assert shutil.which("openssl"), "the TLS test needs the openssl command"
+    need_tool("openssl")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],

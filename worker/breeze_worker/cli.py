@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from breeze_worker import logs
+from breeze_worker import jsonout, logs
 
 # subcommand -> (module under breeze_worker.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -55,15 +55,33 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_NOT_INSTALLED = 1
+WORKER_EXTRA = "pip install 'breeze-tts-serving[worker]'"
+
+
+def _missing_dependency(exc: ModuleNotFoundError) -> bool:
+    """Whether `exc` is a third-party package the worker needs that is not installed (not one of ours)."""
+    return bool(exc.name) and not str(exc.name).split(".")[0].startswith(("breeze_", "_breeze"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
     try:
-        logs.configure(args.log_level, args.log_format)  # the one place logging is configured
-    except ValueError as exc:
-        parser.error(str(exc))
-    return int(_load(args.command).run(args) or 0)
+        parser = build_parser(argv)  # imports the chosen command's module
+        args = parser.parse_args(argv)
+        try:
+            logs.configure(args.log_level, args.log_format)  # the one place logging is configured
+        except ValueError as exc:
+            parser.error(str(exc))
+        with jsonout.stdout_for(getattr(args, "json", None)):
+            return int(_load(args.command).run(args) or 0)
+    except ModuleNotFoundError as exc:  # `pip install .` is the client alone: the worker's stack is an extra
+        if not _missing_dependency(exc):
+            raise
+        print(f"breeze-worker: the worker's dependencies are not installed (no module named {exc.name!r}). "
+              f"Install the worker extra: {WORKER_EXTRA} (or scripts/install.sh, which installs the CPU build "
+              "of torch first; on a GPU host install the CUDA build of torch first, see README)", file=sys.stderr)
+        return EXIT_NOT_INSTALLED
 
 
 if __name__ == "__main__":

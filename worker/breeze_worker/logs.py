@@ -219,6 +219,13 @@ class BackgroundHandler(logging.Handler):
         super().close()
 
 
+def flush() -> None:
+    """Write what the handler still holds: before a command prints its last line to stderr itself, so the log's
+    lines and that line do not interleave (the handler writes from a thread of its own)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
 def dropped_records() -> int:
     """Records the installed handler dropped because stderr was not read fast enough (0 before configure)."""
     root = logging.getLogger()

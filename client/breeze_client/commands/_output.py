@@ -1,13 +1,15 @@
-"""Output helpers shared by the subcommands: JSON, aligned key/value lines, a terminal-only progress line."""
+"""Output helpers shared by the subcommands: the `--json` flag's help, aligned key/value lines, progress.
+
+The `--json` convention itself (`--json FILE`, `--json -`) is `breeze_client/jsonout.py`, which `breeze-worker`
+keeps too.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
+from typing import TextIO
 
-
-def print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=False, default=str))
+JSON_HELP = "write the result as one JSON document to FILE (- for stdout; the text then goes to stderr)"
 
 
 def print_rows(rows: list[tuple[str, str]]) -> None:
@@ -21,19 +23,31 @@ def ms(a: int | None, b: int | None) -> str:
 
 
 class Progress:
-    """A one-line progress display on stderr, only when stderr is a terminal (never in --json mode)."""
+    """Progress on stderr. `update` is a line rewritten in place, shown only on a terminal (many a second);
+    `step` marks a stage done (a run, a round): rewritten in place on a terminal, one line each elsewhere (a
+    log, CI), so a long command shows it is moving wherever its stderr goes."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
+    def __init__(self, prefix: str, stream: TextIO | None = None) -> None:
+        self.prefix = prefix
+        self.stream = stream if stream is not None else sys.stderr
+        self.terminal = self.stream.isatty()
         self._shown = False
 
     def update(self, text: str) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\033[K" + text)
-            sys.stderr.flush()
+        if self.terminal:
+            self.stream.write(f"\r\033[K{self.prefix}: {text}")
+            self.stream.flush()
             self._shown = True
+
+    def step(self, text: str) -> None:
+        if self.terminal:
+            self.update(text)
+        else:
+            self.stream.write(f"{self.prefix}: {text}\n")
+            self.stream.flush()
 
     def done(self) -> None:
         if self._shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self._shown = False

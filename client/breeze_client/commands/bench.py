@@ -14,9 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.bench import LABELS, RequestMix, run_bench
 from breeze_client.channel import ConnectionOptions
-from breeze_client.commands._output import Progress, print_json
+from breeze_client.commands._local import readable_file
+from breeze_client.commands._output import Progress
+from breeze_client.errors import InvalidArgument
 from breeze_client.sdk import BreezeClient
 
 
@@ -78,29 +81,29 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     mix = None
     if args.cfg_every or args.clone_every:
         if args.clone_every and not (args.reference and args.reference_text):
-            print("error: --clone-every needs --reference FILE and --reference-text", file=sys.stderr)
-            return 2
+            raise InvalidArgument("--clone-every needs --reference FILE (the audio to clone) and --reference-text "
+                                  "(its exact words)")
+        if args.reference:
+            readable_file("--reference", args.reference, "audio file (WAV, FLAC or OGG)")
         mix = RequestMix(cfg_every=args.cfg_every, clone_every=args.clone_every,
                          reference_audio=Path(args.reference).read_bytes() if args.reference else None,
                          reference_text=args.reference_text,
                          **({"cfg_scale": args.cfg_scale} if args.cfg_scale is not None else {}),
                          **({"instruction": args.instruction} if args.instruction else {}))
         extra = {}  # the mix decides each client's instruction and scale
-    progress = Progress(enabled=not args.json)
+    progress = Progress("bench")
     try:
         doc = run_bench(lambda: BreezeClient(options=options), labels, warmup=args.warmup,
                         iterations=args.iterations, concurrency=args.concurrency, seed=args.seed,
-                        frames=args.frames, options=extra, timeout_s=options.timeout_s, progress=progress.update,
+                        frames=args.frames, options=extra, timeout_s=options.timeout_s, progress=progress.step,
                         mix=mix)
     finally:
         progress.done()
-    if doc["meta"]["worker_is_tiny_default"] and not args.json:
+    if doc["meta"]["worker_is_tiny_default"]:
         print("warning: the worker serves the tiny default (random weights): timings are not Breeze TTS 2's",
               file=sys.stderr)
-    if args.json:
-        print_json(doc)
-    else:
-        print(table(doc))
+    jsonout.write(doc, args.json)
+    print(table(doc))
     if not any(s["requests"] for s in doc["labels"]):
         print("error: no request completed", file=sys.stderr)
         return 1

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.channel import ConnectionOptions
-from breeze_client.commands._output import print_json
+from breeze_client.commands._local import writable_dir, writable_file
+from breeze_client.commands._output import Progress
 from breeze_client.diagnose import DEFAULT_TEXT, DiagnoseSettings, format_text, run_diagnosis, sweep_configs
 from breeze_client.report import write_report
 from breeze_client.sdk import BreezeClient
@@ -70,21 +72,27 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         raise ValueError(f"--compressions takes none and/or zstd, not {','.join(bad)}")
     if args.jobs < 1:
         raise ValueError("--jobs must be at least 1")
+    if args.out_dir is not None:
+        writable_dir("--out-dir", args.out_dir)
+    if args.report is not None:
+        writable_file("--report", args.report)
     settings = DiagnoseSettings(jobs=args.jobs, text=args.text, artifact_ids=tuple(args.artifact_ids),
                                 max_frames=args.max_frames, seed=args.seed,
                                 configs=sweep_configs(args.chunk_sizes, compressions), out_dir=args.out_dir,
                                 parallel=args.parallel, encoding=args.encoding)
+    progress = Progress("diagnose")
     with BreezeClient(options=options) as client:
-        result = run_diagnosis(client, settings)
+        try:
+            result = run_diagnosis(client, settings, progress=progress.step)
+        finally:
+            progress.done()
     if args.report is not None:
         write_report(args.report, result.diagnosis, result.timelines, sweep=result.sweep_rows(),
                      meta={k: v for k, v in result.meta.items() if k != "date_unix_s"})
-    if args.json:
-        out = result.to_dict()
-        out["report"] = None if args.report is None else str(args.report)
-        print_json(out)
-    else:
-        print(format_text(result))
-        if args.report is not None:
-            print(f"\nreport: {args.report}")
+    out = result.to_dict()
+    out["report"] = None if args.report is None else str(args.report)
+    jsonout.write(out, args.json)
+    print(format_text(result))
+    if args.report is not None:
+        print(f"\nreport: {args.report}")
     return 0

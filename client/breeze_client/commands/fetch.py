@@ -10,8 +10,11 @@ import argparse
 import os
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.channel import ConnectionOptions
-from breeze_client.commands._output import print_json, print_rows
+from breeze_client.commands._local import writable_file
+from breeze_client.commands._output import print_rows
+from breeze_client.errors import BreezeClientError
 from breeze_client.sdk import BreezeClient
 
 
@@ -27,15 +30,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    writable_file("-o", args.output)
     offset = args.offset
     if args.resume and args.output.exists():
         offset = os.path.getsize(args.output)
     with BreezeClient(options=options) as client:
-        result = client.fetch(args.artifact_id, args.output, offset=offset, limit=args.limit,
-                              chunk_size=args.chunk_size, compression=args.compression, verify=not args.no_verify)
-    if args.json:
-        print_json(result.to_dict())
-        return 0
+        try:
+            result = client.fetch(args.artifact_id, args.output, offset=offset, limit=args.limit,
+                                  chunk_size=args.chunk_size, compression=args.compression,
+                                  verify=not args.no_verify)
+        except (BreezeClientError, KeyboardInterrupt) as exc:
+            kept = args.output.stat().st_size if args.output.is_file() else 0
+            if kept > offset:  # what arrived is kept where it belongs: the next fetch continues after it
+                exc.add_note(f"{args.output}: the first {kept} bytes of the artifact are kept; continue with "
+                             f"breeze-client fetch {args.artifact_id} -o {args.output} --resume")
+            raise
+    jsonout.write(result.to_dict(), args.json)
     t = result.timing
     t0 = t.request_sent_ns
     pm = f"(w, +-{t.clock_uncertainty_ns / 1e6:.3f} ms)"

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
+from breeze_client import jsonout
 from breeze_client.channel import ConnectionOptions
-from breeze_client.commands._output import print_json, print_rows
+from breeze_client.commands._output import print_rows
 from breeze_client.sdk import BreezeClient
 
 SYNTHESIS = "breeze.tts.v1.Synthesis"
@@ -27,11 +28,9 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         artifacts = client.health(ARTIFACTS, target=artifact_target)
         clock = client.sync_clock()
     ok = synthesis == "SERVING" and artifacts == "SERVING"
-    if args.json:
-        print_json({"ok": ok, "synthesis": {"target": options.target, "status": synthesis},
-                    "artifacts": {"target": artifact_target, "status": artifacts},
-                    "worker": info.to_dict(), "clock": clock.to_dict()})
-        return 0 if ok else 1
+    jsonout.write({"ok": ok, "synthesis": {"target": options.target, "status": synthesis},
+                "artifacts": {"target": artifact_target, "status": artifacts},
+                "worker": info.to_dict(), "clock": clock.to_dict()}, args.json)
     rows = [
         ("synthesis", f"{synthesis}  at {options.target}"),
         ("artifacts", f"{artifacts}  at {artifact_target}"),

@@ -12,8 +12,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from breeze_client import jsonout
 from breeze_client.channel import ConnectionOptions
-from breeze_client.commands._output import Progress, print_json, print_rows
+from breeze_client.commands._local import readable_file, writable_file
+from breeze_client.commands._output import Progress, print_rows
+from breeze_client.errors import BreezeClientError
 from breeze_client.sdk import BreezeClient
 from breeze_client.types import SynthesisRequest
 from breeze_client.wav import StreamingWavWriter, write_wav
@@ -59,16 +62,33 @@ def _guidance(job) -> str:
     return f"cfg {job.cfg_scale:g}"
 
 
+def _left_behind(output: Path | None, writer: StreamingWavWriter | None, stream: bool, sample_rate: int) -> str:
+    """What a job that failed or was interrupted left in `output`."""
+    if output is None:
+        return ""
+    if writer is None:
+        return (f"{output}: nothing was written (no audio had arrived)" if stream else
+                f"{output}: nothing was written (without --stream the WAV is written when the job ends)")
+    width = 2 if writer.encoding == "s16le" else 4
+    seconds = writer.data_bytes / width / max(sample_rate, 1)
+    return (f"{output}: a partial WAV of the {seconds:.2f} s of audio that arrived ({writer.data_bytes} bytes of "
+            "audio; its header is complete, so it plays)")
+
+
 def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    if args.ref_audio is not None:
+        readable_file("--ref-audio", args.ref_audio, "audio file (WAV, FLAC or OGG)")
+    if args.output is not None:
+        writable_file("-o", args.output)
     request = _request(args)
-    progress = Progress(enabled=not args.json)
+    progress = Progress("synth")
     with BreezeClient(options=options) as client:
         info = client.worker_info()
-        if info.warning and not args.json:
+        if info.warning:
             print(f"warning: {info.warning}", file=sys.stderr)
         writer = None
-        # leaving early (Ctrl-C, a write error) hangs up, so the worker frees the job's slot at once;
-        # the WAV written so far is closed with a valid header either way
+        # leaving early (Ctrl-C, a deadline, a write error) hangs up, so the worker frees the job's slot at once;
+        # the WAV written so far is closed with a valid header either way, and the error says what it holds
         with client.stream(request, collect_audio=not args.stream) as stream:
             try:
                 for chunk in stream:
@@ -78,6 +98,15 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                         writer.write(chunk.pcm)
                     seconds = (chunk.sample_offset + chunk.num_samples) / max(stream.job.sample_rate, 1)
                     progress.update(f"{stream.job.job_id}: {seconds:6.2f} s of audio, {chunk.sequence + 1} chunks")
+            except (BreezeClientError, KeyboardInterrupt) as exc:
+                progress.done()
+                if writer is not None:
+                    writer.close()
+                rate = stream.job.sample_rate if stream.job is not None else 0
+                note = _left_behind(args.output, writer, args.stream, rate)
+                if note:
+                    exc.add_note(note)
+                raise
             finally:
                 progress.done()
                 written_ns = writer.close() if writer is not None else None
@@ -88,12 +117,10 @@ def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             written_ns = write_wav(args.output, b"", result.job.encoding, result.job.sample_rate)
     timing = dataclasses.replace(result.timing, audio_written_ns=written_ns)
     result = dataclasses.replace(result, timing=timing)
-    if args.json:
-        out = result.to_dict()
-        out["output"] = str(args.output) if args.output else None
-        out["worker_warning"] = info.warning
-        print_json(out)
-        return 0
+    out = result.to_dict()
+    out["output"] = str(args.output) if args.output else None
+    out["worker_warning"] = info.warning
+    jsonout.write(out, args.json)
     s, job, a = result.stats, result.job, result.artifact
     ttfa = f"{timing.ttfa_ms:.1f} ms" if timing.ttfa_ms is not None else "- (no audio)"
     rows = [

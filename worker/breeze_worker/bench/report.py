@@ -15,11 +15,12 @@ more slowly than the device measured here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from breeze_worker import jsonout
 
 SCHEMA = "breeze-bench/1"
 T4_BANDWIDTH = 320e9
@@ -131,8 +132,7 @@ def table(doc: dict) -> str:
 
 def write_json(doc: dict, path: str | Path) -> None:
     clean = {**doc, "variants": [{k: v for k, v in var.items() if not k.startswith("_")} for var in doc["variants"]]}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(clean, indent=2, default=_json_default) + "\n")
+    jsonout.write(clean, path, default=_json_default)
 
 
 def _json_default(value):

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+from breeze_worker import jsonout
 from breeze_worker.bench import report
 from breeze_worker.bench.measure import copy_bandwidth, device_name, software_versions
 from breeze_worker.bench.runner import frames_equal, instrument_variant, make_request, mask_end_of_speech, time_variant
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="also check fast frames == eager frames (FP32 only)")
     parser.add_argument("--agreement", default="", help="policies to compare against fp32 (e.g. fp16-mixed,bf16)")
     parser.add_argument("--commit", default=None, help="commit id to record (default: $BREEZE_COMMIT)")
-    parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    jsonout.add_argument(parser, "write every figure as one JSON document to FILE, rewritten after each variant "
+                                 "(- for stdout, once at the end; the tables then go to stderr)")
     parser.add_argument("--trace", default=None, metavar="FILE.json",
                         help="Chrome / Perfetto trace of every variant's first timed request and its sync count run")
     from breeze_worker.commands import bench_concurrency  # the --concurrency sweep's options
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 doc["variants"].append(v)
                 print(f"[{name}] ms/frame {v['ms_per_frame']} ttfa_ms {v['ttfa_ms']} (lm {v['ttfa_lm_ms']}) "
                       f"first use s {v['first_use_s']} fallback {v['compile_fallback_reason']}", flush=True)
-                if args.json:  # a run cut short by a time limit still leaves what it measured
+                if jsonout.to_file(args.json):  # a run cut short by a time limit still leaves what it measured
                     report.write_json({**doc, "partial": True}, args.json)
             for path in paths:
                 if args.check and path != "eager" and ("eager", cfg) in results and (path, cfg) in results:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import platform
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from breeze_worker import jsonout
 from breeze_worker.bench import concurrency as sweep
 from breeze_worker.bench.measure import device_name, software_versions
 from breeze_worker.bench.runner import mask_end_of_speech
@@ -125,9 +125,8 @@ def run(args: argparse.Namespace) -> int:
     def save(rows=None) -> None:
         if rows is not None:
             doc["rows"] = rows
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        if jsonout.to_file(args.json):  # rewritten after each phase; `--json -` gets the document once, at the end
+            jsonout.write(doc, args.json)
 
     rows = doc["rows"] = sweep.measure_concurrency(model, device, levels, frames=args.frames, seed=args.seed,
                                                    stepper=stepper, compare_overlap=args.compare_overlap,

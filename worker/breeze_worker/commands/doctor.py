@@ -22,6 +22,8 @@ import time
 
 import torch
 
+from breeze_worker import jsonout
+
 EXIT_OK, EXIT_USAGE, EXIT_INCOMPLETE = 0, 2, 3
 
 
@@ -32,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random-weight model size without --model (full = the released architecture)")
     parser.add_argument("--device", default="auto",
                         help="auto | cpu | cuda | cuda:N (auto: the first GPU, else the CPU)")
-    parser.add_argument("--json", default=None, metavar="FILE",
-                        help="write the report as JSON (schema breeze-doctor/1)")
+    jsonout.add_argument(parser, "write the report as one JSON document (schema breeze-doctor/1) to FILE (- for "
+                                 "stdout; the text report then goes to stderr)")
     parser.add_argument("--price-per-hour", default=None, metavar="X|CLASS=X,...",
                         help="hourly price of this host's GPU (a number), and/or of GPU classes for the cost table "
                              "(T4=0.526,L4=0.80,...)")

@@ -13,8 +13,9 @@ import sys
 
 import torch
 
+from breeze_worker import jsonout
 from breeze_worker.errors import BreezeError
-from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta, write_json
+from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also decode the teacher frames with the codec in fp32 and in fp16-mixed (FP16 "
                              "convolutions), one-shot and streamed, and report the SNR against FP32 (the "
                              "--codec-precision fp16-mixed check; threshold 40 dB)")
-    parser.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON (- for stdout)")
+    jsonout.add_argument(parser)
 
 
 def check(args: argparse.Namespace) -> dict:
@@ -132,6 +133,6 @@ def run(args: argparse.Namespace) -> int:
     except (BreezeError, ValueError) as exc:  # a bad flag, checkpoint or request: one line, usage exit
         print(f"breeze-worker precision-check: {exc}", file=sys.stderr)
         return 2
-    print(table(doc, args.per_step), file=sys.stderr if args.json == "-" else sys.stdout)
-    write_json(doc, args.json)
+    print(table(doc, args.per_step))
+    jsonout.write(doc, args.json)
     return 0

@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 
+from breeze_worker import logs
 from breeze_worker.config import ServerSettings, SettingField, SettingsError, WorkerSettings, setting_fields
 from breeze_worker.errors import BreezeError
 
@@ -270,5 +271,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(serve(settings))
     except OSError as exc:  # a port in use, an unwritable artifact directory, an unreadable TLS file
+        logs.flush()  # the log's lines first, then this one, whole
         print(f"breeze-worker serve: {exc}", file=sys.stderr)
         return 1

@@ -13,8 +13,9 @@ import sys
 
 import torch
 
+from breeze_worker import jsonout
 from breeze_worker.errors import BreezeError
-from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta, write_json
+from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, metavar="FILE.json", help="where to write the trace")
     parser.add_argument("--no-sync-marks", action="store_true",
                         help="no gpu_sync marks (the sync detector slows every tensor operation down)")
-    parser.add_argument("--json", default=None, metavar="FILE", help="write the span summary as JSON (- for stdout)")
+    jsonout.add_argument(parser, "write the span summary as one JSON document to FILE (- for stdout; the table "
+                                 "then goes to stderr)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
     print(table(rows), file=sys.stderr if args.json == "-" else sys.stdout)
     print(f"wrote {args.trace} ({len(tracer.events)} events, {frames} frames)",
           file=sys.stderr if args.json == "-" else sys.stdout)
-    write_json({"schema": "breeze-trace-summary/1", "meta": meta, "trace": args.trace, "spans": rows}, args.json)
+    jsonout.write({"schema": "breeze-trace-summary/1", "meta": meta, "trace": args.trace, "spans": rows}, args.json)
     return 0

@@ -4,10 +4,9 @@ recorded figures)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
-from pathlib import Path
 
+from breeze_worker import jsonout
 from breeze_worker.doctor import footprint
 from breeze_worker.doctor.facts import DeviceFacts
 from breeze_worker.doctor.figures import (
@@ -179,8 +178,7 @@ def build(*, meta: dict, facts: DeviceFacts, policy: dict, config, measured: dic
 
 
 def write_json(doc: dict, path: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    jsonout.write(doc, path)
 
 
 # ---------------------------------------------------------------- text

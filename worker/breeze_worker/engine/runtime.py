@@ -64,6 +64,13 @@ def codec_compile_slots(settings: EngineSettings, device: torch.device) -> int:
     return settings.codec_compile_slots if device.type == "cuda" else 0
 
 
+TINY_DEFAULT_WARNING = ("this worker serves the TINY EMBEDDED DEFAULT model (random weights): its audio is NOT "
+                        "speech; start it with --model DIR for real synthesis")
+SYNTHETIC_WARNING = ("this worker serves a SYNTHETIC checkpoint (random weights, written by breeze-worker "
+                     "make-checkpoint): its audio is NOT speech, its timings are the real shapes'; start it with "
+                     "--model DIR of a Breeze TTS 2 download for real synthesis")
+
+
 class Runtime:
     """The loaded model, codec and decode path for one worker process."""
 
@@ -89,6 +96,13 @@ class Runtime:
     def is_tiny_default(self) -> bool:
         return bool(self.model.is_tiny_default)
 
+    @property
+    def not_speech_warning(self) -> str:
+        """What users are told when the weights are random, so the audio is not speech ("" otherwise)."""
+        if self.model.is_tiny_default:
+            return TINY_DEFAULT_WARNING
+        return SYNTHETIC_WARNING if self.model.synthetic else ""
+
     @classmethod
     def load(cls, settings: EngineSettings) -> Runtime:
         from breeze_worker.engine.precision import choose_policy
@@ -106,7 +120,8 @@ class Runtime:
             from breeze_worker.model.loader import load_checkpoint
 
             model = load_checkpoint(settings.model_dir, device=device, dtype=policy.weight_dtype)
-            description = f"Breeze TTS 2 checkpoint {settings.model_dir}"
+            description = (f"synthetic checkpoint {settings.model_dir} (random weights: its audio is NOT speech)"
+                           if model.synthetic else f"Breeze TTS 2 checkpoint {settings.model_dir}")
         kept = _apply_precision(model, policy, device)
         description += f"; precision {policy.name}" + (f" ({len(kept)} layers kept in FP32)" if kept else "")
         if model.codec is not None and settings.codec_precision != "fp32":  # the codec_precision setting

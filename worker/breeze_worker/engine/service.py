@@ -67,9 +67,8 @@ class Engine:
         self.scheduler.start()
         self.ready = True
         self.runtime.start_background(on_progress=self._startup_progress)
-        if self.is_tiny_default:
-            log.warning("serving the TINY EMBEDDED DEFAULT model: random weights, its audio is NOT speech. "
-                        "Pass --model DIR with a Breeze TTS 2 checkpoint for real synthesis.")
+        if self.not_speech_warning:
+            log.warning("%s", self.not_speech_warning)
         ready = self.runtime.ready_streams
         log.info("engine ready in %.2f s (%s); %d of %d streams ready%s", self.load_s, self.model_description, ready,
                  self.settings.max_active_streams, "" if ready >= self.settings.max_active_streams
@@ -140,6 +139,11 @@ class Engine:
     @property
     def is_tiny_default(self) -> bool:
         return self.runtime is not None and self.runtime.is_tiny_default
+
+    @property
+    def not_speech_warning(self) -> str:
+        """Why the audio is not speech (the tiny default, a synthetic checkpoint), for logs and clients; ""."""
+        return self.runtime.not_speech_warning if self.runtime else ""
 
     @property
     def model_description(self) -> str:

@@ -14,6 +14,9 @@ from breeze_worker.model.lm.config import BreezeConfig
 from breeze_worker.model.tokenizer import BreezeTokenizer
 
 FRAME_RATE_HZ = 12.5  # codec frames per second
+# the file `breeze-worker make-checkpoint` writes into a synthetic checkpoint (random weights): its presence
+# tells the loader that the checkpoint's audio is not speech
+SYNTHETIC_NOTICE = "SYNTHETIC.txt"
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class LoadedModel:
     generation_defaults: GenerationDefaults
     codec: Any = None  # breeze_worker.model.codec object, None when no codec is available
     is_tiny_default: bool = False
+    synthetic: bool = False  # a checkpoint of random weights from make-checkpoint (SYNTHETIC_NOTICE): not speech
 
     @property
     def device(self) -> torch.device:

@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from breeze_worker.errors import CheckpointError
 from breeze_worker.model.codec import load_codec, write_codec_checkpoint
 from breeze_worker.model.lm.breeze import BreezeLM
 from breeze_worker.model.lm.config import BreezeConfig
-from breeze_worker.model.loaded import GenerationDefaults, LoadedModel
+from breeze_worker.model.loaded import SYNTHETIC_NOTICE, GenerationDefaults, LoadedModel
 from breeze_worker.model.meta import materialize, no_init
 from breeze_worker.model.tokenizer import BreezeTokenizer
+from breeze_worker.model.weights_file import save_weights
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,8 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     skipped = sum(1 for n in weight_map if n.startswith(DEAD_PREFIXES))
     log.info("loaded %d tensors from %s (%d dead tensors skipped unread)", len(expected), directory, skipped)
     return LoadedModel(config=config, lm=lm, tokenizer=tokenizer, generation_defaults=defaults,
-                       codec=_load_codec(codec_dir, device), is_tiny_default=False)
+                       codec=_load_codec(codec_dir, device), is_tiny_default=False,
+                       synthetic=(directory / SYNTHETIC_NOTICE).is_file())
 
 
 def _load_codec(audio_tokenizer_dir: Path, device):
@@ -290,7 +291,7 @@ def write_checkpoint(model: LoadedModel, directory: str | Path, *, dtype: torch.
     weight_map = {}
     for i, shard in enumerate(shards, start=1):
         file = f"model-{i:05d}-of-00002.safetensors"
-        save_file(shard, str(directory / file), metadata={"format": "pt"})
+        save_weights(shard, directory / file, like=directory / "config.json")
         weight_map.update({name: file for name in shard})
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2), encoding="utf-8")

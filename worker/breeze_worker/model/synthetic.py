@@ -29,7 +29,7 @@ from breeze_worker.model.codec.config import CodecConfig, released_decoder_confi
 from breeze_worker.model.codec.tiny import codec_from_config, tiny_codec
 from breeze_worker.model.lm.breeze import BreezeLM
 from breeze_worker.model.lm.config import BreezeConfig
-from breeze_worker.model.loaded import GenerationDefaults, LoadedModel
+from breeze_worker.model.loaded import SYNTHETIC_NOTICE, GenerationDefaults, LoadedModel
 from breeze_worker.model.loader import write_checkpoint
 from breeze_worker.model.tokenizer import BreezeTokenizer
 
@@ -57,7 +57,7 @@ desk Your request received technician contact within full working days Please ke
 call Turn next junction continue straight ahead three hundred metres until bridge package delivered front
 door Stella Ask things store Speak clearly naturally short sentence warm model Hello serve benchmark
 """.split()
-NOTICE = "SYNTHETIC.txt"
+NOTICE = SYNTHETIC_NOTICE  # the loader reads it: the worker then says its audio is not speech
 _CHUNK = 1 << 24  # elements drawn at a time in float32 before the cast (64 MB)
 
 

@@ -104,9 +104,13 @@ def table(doc: dict) -> str:
     lines = []
     for result in doc["paths"]:
         emulated = " (CPU: device syncs emulated)" if result["emulated_device"] else ""
-        budget = "" if result["budget"] is None else (
-            f"  budget {result['budget']}: " + ("ok" if result["within_budget"] else
-                                                f"EXCEEDED in frames {result['frames_over_budget']}"))
+        if result["budget"] is not None:
+            budget = f"  budget {result['budget']}: " + ("ok" if result["within_budget"] else
+                                                         f"EXCEEDED in frames {result['frames_over_budget']}")
+        elif doc["meta"].get("budget") is not None:
+            budget = "  (reported only: the budget is the fast path's)"
+        else:
+            budget = ""
         lines.append(f"[{result['path']}] {result['frames']} frames{emulated}: syncs per frame "
                      f"max {result['max_syncs_per_frame']} mean {result['mean_syncs_per_frame']:.1f}, "
                      f"setup {result['setup_syncs']}{budget}")

@@ -9,10 +9,7 @@ runs exactly its frame limit.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
-from pathlib import Path
 
 import torch
 
@@ -103,18 +100,6 @@ def parse_paths(value: str) -> list[str]:
     if bad:
         raise ValueError(f"--path must be eager, fast or both; not {','.join(bad)}")
     return paths
-
-
-def write_json(doc: dict, destination: str | None) -> None:
-    """`--json FILE` writes the document there; `--json -` prints it on stdout."""
-    if not destination:
-        return
-    text = json.dumps(doc, indent=2, default=str) + "\n"
-    if destination == "-":
-        sys.stdout.write(text)
-        return
-    Path(destination).parent.mkdir(parents=True, exist_ok=True)
-    Path(destination).write_text(text)
 
 
 def device_meta(device: torch.device) -> dict:

@@ -38,8 +38,9 @@ from breeze_worker.transport.auth import AuthThrottle, BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
 from breeze_worker.transport.health import BoundedHealthServicer
+from breeze_worker.transport.preflight import check_tls_files, in_use_error, port_in_use
 from breeze_worker.transport.stream_relay import SlowReaderBounds
-from breeze_worker.transport.synthesis_servicer import TINY_DEFAULT_WARNING, SynthesisServicer
+from breeze_worker.transport.synthesis_servicer import SynthesisServicer
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def _credentials(settings: WorkerSettings) -> grpc.ServerCredentials | None:
     if s.tls_cert is None:
         return None
     assert s.tls_key is not None  # settings.validate() (before this): tls_cert and tls_key come together
+    check_tls_files(s)
     client_ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca is not None else None
     return grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())],
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)
@@ -120,8 +122,10 @@ def warn_about_exposure(settings: WorkerSettings) -> None:
                     "certificates)", s.host)
 
 
-def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
+def _bind(server: grpc.aio.Server, host: str, port: int, credentials, flag: str) -> int:
     address = host_port(host, port)
+    if port_in_use(host, port):
+        raise in_use_error(address, port, flag)
     try:
         bound = (server.add_secure_port(address, credentials) if credentials is not None
                  else server.add_insecure_port(address))
@@ -195,7 +199,7 @@ def _worker_info(settings: WorkerSettings, engine, endpoint: str, store: Artifac
     return synthesis_pb2.WorkerInfo(
         model_description=str(getattr(engine, "model_description", "")),
         is_tiny_default=tiny,
-        warning=TINY_DEFAULT_WARNING if tiny else "",
+        warning=str(getattr(engine, "not_speech_warning", "")),
         sample_rate=int(getattr(engine, "sample_rate", 24000)),
         artifact_endpoint=endpoint,
         ready=bool(getattr(engine, "ready", False)),
@@ -254,8 +258,8 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     artifact_server = grpc.aio.server(interceptors=interceptors,
                                       options=_options(s, _ARTIFACT_REQUEST_BYTES, MAX_MESSAGE_BYTES),
                                       maximum_concurrent_rpcs=s.max_calls)
-    synthesis_port = _bind(synthesis_server, s.host, s.port, credentials)
-    artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials)
+    synthesis_port = _bind(synthesis_server, s.host, s.port, credentials, "--port")
+    artifact_port = _bind(artifact_server, s.host, s.artifact_port, credentials, "--artifact-port")
     endpoint = advertised_artifact_endpoint(settings, artifact_port)
 
     slow_readers = SlowReaderBounds(s.max_stream_buffer_bytes, s.max_buffered_audio_bytes, s.reader_stall_s)

@@ -28,9 +28,6 @@ from breeze_worker.transport.stream_relay import SlowReaderBounds, relay
 
 log = logging.getLogger(__name__)
 
-TINY_DEFAULT_WARNING = ("this worker serves the TINY EMBEDDED DEFAULT model (random weights): its audio is NOT "
-                        "speech; start it with --model DIR for real synthesis")
-
 
 def request_too_large(size: int, limit: int) -> ResourceExhausted:
     return ResourceExhausted(

@@ -75,8 +75,11 @@ class ReferenceEncoder(nn.Module):
         super().__init__()
         self.mimi_config = mimi_config(encoder_config)
         self.mimi = MimiModel(self.mimi_config)
-        for decoder_part in ("upsample", "decoder_transformer", "decoder"):  # built by transformers <= 5.17
-            if getattr(self.mimi, decoder_part, None) is not None:
+        # transformers <= 5.17 builds the decoder half as submodules of MimiModel; later versions build it as
+        # `decoder` (None here) and keep `upsample` and `decoder_transformer` as deprecated properties that
+        # warn when read, so only registered submodules are looked at
+        for decoder_part in ("upsample", "decoder_transformer", "decoder"):
+            if self.mimi._modules.get(decoder_part) is not None:
                 setattr(self.mimi, decoder_part, None)  # encoding never uses them; the checkpoint has none
         self.mimi.eval()
         self.valid_quantizers = valid_quantizers

@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from breeze_worker.model.codec.codec import Codec, require_fp32
 from breeze_worker.model.codec.config import CodecConfig, tiny_codec_config
 from breeze_worker.model.codec.loader import CONFIG_FILE, WEIGHTS_FILE, build_codec_modules, checkpoint_tensors
+from breeze_worker.model.weights_file import save_weights
 
 _TRANSPOSED = re.compile(r"^decoder\.(upsample\.\d+\.0|decoder\.\d+\.block\.1)\.conv\.weight$")
 
@@ -94,5 +94,5 @@ def write_codec_checkpoint(codec: Codec, directory: str | Path) -> Path:
         name: t.detach().to("cpu", torch.float32).contiguous()
         for name, t in checkpoint_tensors(codec.decoder, codec.encoder).items()
     }
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_weights(tensors, directory / WEIGHTS_FILE, like=directory / CONFIG_FILE)
     return directory
