@@ -8,7 +8,8 @@ many bytes went from the target to the client; `delay_s` holds every forwarded p
 `outage_s` makes each drop an outage: the proxy stops listening for that long (connections are
 refused), then listens on the same port again. `stall_after_bytes` forwards that many bytes from the target
 to each client, then holds the rest (the connection stays open, nothing more arrives; `stalled` is set).
-`bytes_to_target` counts what the clients sent on.
+`cut()` breaks every open connection at once, as a drop does (with its outage): for a test that cuts only
+once the client has shown progress. `bytes_to_target` counts what the clients sent on.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class TcpProxy:
         self.outages = 0  # outages over (the proxy listens again)
         self.address = ""
         self._tasks: set[asyncio.Task] = set()
+        self._live: set[tuple] = set()  # (client writer, target writer) of each open connection
         self._loop = asyncio.new_event_loop()
         self._release = asyncio.Event()  # lets stalled connections end at exit
         self._started = threading.Event()
@@ -73,6 +75,8 @@ class TcpProxy:
             client_w.close()
             return
         done = asyncio.Event()
+        pair = (client_w, target_w)
+        self._live.add(pair)
 
         async def pump(reader, writer, cap, stall=None):
             sent = 0
@@ -91,13 +95,7 @@ class TcpProxy:
                         break
                     if cap is not None and sent + len(data) >= cap:
                         writer.write(data[:max(cap - sent, 0)])
-                        self.dropped += 1
-                        if self.outage_s:  # stop listening BEFORE the cut: no reconnect can slip in between
-                            port = self._server.sockets[0].getsockname()[1]
-                            self._server.close()
-                            self._tasks.add(asyncio.create_task(self._outage(port)))
-                        for w in (client_w, target_w):
-                            w.transport.abort()
+                        self._drop([pair])
                         break
                     writer.write(data)
                     await writer.drain()
@@ -112,8 +110,29 @@ class TcpProxy:
                     if not w.is_closing():
                         w.close()
 
-        await asyncio.gather(pump(client_r, target_w, None),
-                             pump(target_r, client_w, limit, self.stall_after_bytes))
+        try:
+            await asyncio.gather(pump(client_r, target_w, None),
+                                 pump(target_r, client_w, limit, self.stall_after_bytes))
+        finally:
+            self._live.discard(pair)
+
+    def _drop(self, pairs) -> None:
+        """Break these connections (on the loop), starting the outage first: no reconnect can slip in between."""
+        self.dropped += 1
+        if self.outage_s:
+            port = self._server.sockets[0].getsockname()[1]
+            self._server.close()
+            self._tasks.add(asyncio.create_task(self._outage(port)))
+        for pair in pairs:
+            for w in pair:
+                w.transport.abort()
+
+    def cut(self) -> None:
+        """Break every open connection now, as a drop does (one drop, its outage included)."""
+        async def cut_now():
+            self._drop(list(self._live))
+
+        asyncio.run_coroutine_threadsafe(cut_now(), self._loop).result(10)
 
     def __enter__(self) -> TcpProxy:
         self._thread.start()
