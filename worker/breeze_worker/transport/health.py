@@ -16,6 +16,7 @@ import logging
 
 import grpc
 from grpc_health.v1 import health
+from prometheus_client.core import GaugeMetricFamily
 
 from breeze_worker.transport.refusals import RefusalLog, peer_address
 
@@ -27,12 +28,13 @@ class BoundedHealthServicer(health.aio.HealthServicer):
         super().__init__()
         self.max_watchers = max_watchers
         self._by_peer: dict[str, dict[asyncio.Task, None]] = {}  # each peer's watcher tasks, oldest first
+        self._count = 0  # watchers open: kept as one int, which a metrics scrape reads from its own thread
         self._evicted: set[asyncio.Task] = set()
         self._refusals = RefusalLog(log)
 
     @property
     def watchers(self) -> int:
-        return sum(len(tasks) for tasks in self._by_peer.values())
+        return self._count
 
     def _admit(self, peer: str) -> bool:
         """Make room for one more watcher of `peer`; False when it is the busiest peer of a full servicer."""
@@ -52,7 +54,9 @@ class BoundedHealthServicer(health.aio.HealthServicer):
 
     def _forget(self, peer: str, task: asyncio.Task) -> None:
         tasks = self._by_peer.get(peer, {})
-        tasks.pop(task, None)
+        if task in tasks:
+            del tasks[task]
+            self._count -= 1
         if not tasks:
             self._by_peer.pop(peer, None)
 
@@ -68,6 +72,7 @@ class BoundedHealthServicer(health.aio.HealthServicer):
                                 f"this worker serves at most {self.max_watchers} health watchers at once, and your "
                                 "address holds the most of them; use Check, or close a watcher")
         self._by_peer.setdefault(peer, {})[task] = None
+        self._count += 1
         try:
             await super().Watch(request, context)
         except asyncio.CancelledError:
@@ -81,3 +86,15 @@ class BoundedHealthServicer(health.aio.HealthServicer):
         finally:
             self._evicted.discard(task)
             self._forget(peer, task)
+
+
+class WatcherCollector:
+    """The health watchers open now, for the metrics (`breeze_health_watchers`), read at each scrape."""
+
+    def __init__(self, servicer: BoundedHealthServicer) -> None:
+        self._servicer = servicer
+
+    def collect(self):
+        yield GaugeMetricFamily("breeze_health_watchers", "grpc.health.v1 Watch calls open now, both ports "
+                                f"(at most --health-max-watchers, {self._servicer.max_watchers})",
+                                value=self._servicer.watchers)

@@ -37,7 +37,7 @@ from breeze_worker.transport.artifact_servicer import MAX_MESSAGE_BYTES, Artifac
 from breeze_worker.transport.auth import AuthThrottle, BearerTokenInterceptor
 from breeze_worker.transport.calls import CallInterceptor
 from breeze_worker.transport.clock_servicer import ClockServicer
-from breeze_worker.transport.health import BoundedHealthServicer
+from breeze_worker.transport.health import BoundedHealthServicer, WatcherCollector
 from breeze_worker.transport.preflight import check_tls_files, in_use_error, port_in_use
 from breeze_worker.transport.stream_relay import SlowReaderBounds
 from breeze_worker.transport.synthesis_servicer import SynthesisServicer
@@ -285,6 +285,12 @@ async def create_server(settings: WorkerSettings, engine, store: ArtifactStore |
     running._tasks.append(asyncio.create_task(_store_upkeep_loop(store, interval)))
     if getattr(engine, "metrics", None) is not None:
         running._tasks.append(asyncio.create_task(_watch_loop_lag(engine.metrics)))
+        # one collector per engine: servers started again on the same engine (tests) replace the last one's
+        previous = getattr(engine.metrics, "health_watchers", None)
+        if previous is not None:
+            engine.metrics.registry.unregister(previous)
+        engine.metrics.health_watchers = WatcherCollector(health_servicer)
+        engine.metrics.registry.register(engine.metrics.health_watchers)
     log.info("listening: synthesis %s, artifacts %s (advertised as %s)%s%s%s",
              host_port(s.host, synthesis_port), host_port(s.host, artifact_port), endpoint,
              ", TLS" if credentials else "", ", client certificates required" if s.tls_client_ca else "",
