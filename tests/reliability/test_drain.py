@@ -131,12 +131,13 @@ def test_the_worker_reports_what_its_own_process_costs(tmp_path):
         before = worker.metrics()
         with BreezeClient(worker.target, timeout_s=120) as client:
             result = client.synthesize("Counting messages.", max_frames=5, seed=2)
-        time.sleep(0.3)  # a few lag samples and an idle stretch after the job
-        # the client ends a job at its final message, which the worker may count a moment after sending it
-        want = before.get("breeze_stream_messages_total", 0.0) + result.stats.frames + 2
-        deadline = time.monotonic() + 60  # a hang guard only
-        while (after := worker.metrics())["breeze_stream_messages_total"] < want and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.3)  # a few lag samples and an idle stretch after the job
+            # the client ends a job at its final message, which the worker counts once its write returns; the
+            # channel stays open until then (closing it would cancel the call and that last write with it)
+            want = before.get("breeze_stream_messages_total", 0.0) + result.stats.frames + 2
+            deadline = time.monotonic() + 60  # a hang guard only
+            while (after := worker.metrics())["breeze_stream_messages_total"] < want and time.monotonic() < deadline:
+                time.sleep(0.05)
     finally:
         worker.stop()
     sent = after["breeze_stream_messages_total"] - before.get("breeze_stream_messages_total", 0.0)
