@@ -73,13 +73,16 @@ def batched_against_alone(model, device, settings: FastPathSettings) -> dict:
     requests = [_request(model, kind, 99 + i, 16) for i, kind in enumerate(kinds)]
     stepper = BatchedStepper(model, 8, device, eos_masked=True, settings=settings)
     alone = alone_frames(stepper, requests, device)
-    out = {"rows": sum(q.branches for q in requests)}
+    out = {"rows": sum(q.branches for q in requests), "kinds": kinds}
     for mode in ("batched", "per-stream"):
         stepper.batch_joins = mode == "batched"
         together = run_burst(stepper, None, requests, device)["frames"]
-        same = [torch.equal(a, b) for k in range(len(requests)) for a, b in zip(alone[k], together[k])]
-        out[mode] = {"identical_fraction": sum(same) / (16 * len(requests)), "frames": [len(together[k])
-                                                                                         for k in range(8)]}
+        same = [[torch.equal(a, b) for a, b in zip(alone[k], together[k])] for k in range(len(requests))]
+        out[mode] = {"identical_fraction": sum(map(sum, same)) / (16 * len(requests)),
+                     "frames": [len(together[k]) for k in range(8)],
+                     # which stream parts from its frames alone, and where: a row-count-dependent GEMM shows
+                     # as the multi-row streams parting, a slot or mask fault as any stream at its join
+                     "first_differing_frame": [next((i for i, s in enumerate(row) if not s), None) for row in same]}
     return out
 
 
