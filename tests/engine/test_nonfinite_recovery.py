@@ -1,7 +1,7 @@
 """A frame whose values go non-finite is recomputed at a safe precision and the stream goes on
 (engine/fastpath/recovery.py through engine/batching.py), on the tiny model on the CPU:
 
-- the massive-activation stress (profiling/precision.py's: the first backbone MLP's gate and up projections
+- the massive-activation stress (measure/agreement.py's: the first backbone MLP's gate and up projections
   scaled, so the down projection's input passes FP16's 65,504) under fp16-mixed, with the start-up probe's
   keep-in-FP32 list empty as if the probe's prompt had not shown it: every frame the stepper emits equals the
   eager reference (engine/eager.py) run entirely at the safe precision, the layer that overflowed is named;

@@ -60,8 +60,8 @@ _INSTANCE_STATE = ("_fastpath_packed", "backbone_logits", "_bench_eos_masked", "
 
 @contextlib.contextmanager
 def eos_masked(model: LoadedModel):
-    """End of speech unreachable inside the block (bench.runner's mask), restored after."""
-    from breeze_worker.bench.runner import mask_end_of_speech
+    """End of speech unreachable inside the block (runner.py's mask), restored after."""
+    from breeze_worker.measure.runner import mask_end_of_speech
 
     already = getattr(model.lm, "_bench_eos_masked", False)
     mask_end_of_speech(model)
