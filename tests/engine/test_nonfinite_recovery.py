@@ -92,7 +92,7 @@ def test_an_fp16_overflow_is_recomputed_at_the_safe_precision_and_the_streams_go
     model = stressed_model
     requests = {"cfg": _request(model, "hello there", True, 1, 6), "plain": _request(model, "short one", False, 2, 5)}
     # without recovery: the served precision's own reference turns the overflow into NaN logits
-    from breeze_worker.bench.agreement import first_frame_logits
+    from breeze_worker.measure.agreement import first_frame_logits
 
     assert not torch.isfinite(first_frame_logits(model, requests["cfg"])[0]).all()
     if half_kv:  # the reference stores its backbone keys/values in FP16 as the stepper's cache then does

@@ -25,7 +25,6 @@ from dataclasses import replace
 
 import torch
 
-from breeze_worker.bench.agreement import first_frame_logits
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import clear_runners
@@ -33,7 +32,7 @@ from breeze_worker.engine.precision import make_policy
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.sampling import RowSampling, filter_rows, sample_rows
 from breeze_worker.engine.types import EndReason, SamplingOverrides, SynthesisRequest
-from breeze_worker.measure.agreement import compare, teacher_forced_logits
+from breeze_worker.measure.agreement import compare, first_frame_logits, teacher_forced_logits
 from breeze_worker.measure.models import random_model
 from breeze_worker.measure.runner import INSTRUCTION, SENTENCE, mask_end_of_speech
 

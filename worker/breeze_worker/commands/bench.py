@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _agreement(model, other: str, args) -> dict:
-    from breeze_worker.bench.agreement import precision_agreement
+    from breeze_worker.measure.agreement import precision_agreement
 
     request = make_request(model, True, 4, args.seed)
     return precision_agreement(model, request, other)
