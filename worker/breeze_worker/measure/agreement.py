@@ -1,6 +1,7 @@
 """Precision agreement: policies against an FP32 reference on the same weights, teacher-forced.
 
-`precision_check` (`breeze-worker precision-check`, the doctor, the listening page's comparison):
+`precision_check` (`breeze-worker precision-check` and the doctor; the listening page's comparison, rendering.py,
+forces its frames through `teacher_forced_logits` and scores them with `agreement`):
 
 1. The FP32 model generates `frames` frames (eager path, end of speech masked): the teacher codes.
 2. For each policy, a copy of the FP32 model is converted with engine/precision.py (`apply_policy`; for
