@@ -7,7 +7,7 @@ the bandwidth floor (weight bytes a frame over the measured copy bandwidth) and 
 
 This is `breeze-worker bench` (worker/breeze_worker/commands/bench.py), run from a checkout without an
 install; `--json FILE` writes every figure with the device, commit, torch and Python versions (schema in
-worker/breeze_worker/bench/report.py). The concurrency sweep is benchmarks/concurrency_sweep.py.
+worker/breeze_worker/measure/report.py). The concurrency sweep is benchmarks/concurrency_sweep.py.
 
     python benchmarks/engine_bench.py --device cuda --size full --precision bf16 --cfg on \\
         --paths eager,fast --frames 64 --eager-frames 8 --capacity 256 --json engine.json

@@ -76,7 +76,7 @@ def _rows(requests) -> int:
 
 
 def _batch1(model, device, kind: str, frames: int, repeats: int, seed: int, settings) -> dict:
-    from breeze_worker.bench.runner import run_once
+    from breeze_worker.measure.runner import run_once
 
     [request] = _requests(model, kind, 1, frames, seed)
     t0 = time.perf_counter()
@@ -91,7 +91,7 @@ def _batch1(model, device, kind: str, frames: int, repeats: int, seed: int, sett
 
 
 def _burst(stepper, codec, requests, device) -> dict:
-    from breeze_worker.bench.concurrency import run_burst
+    from breeze_worker.measure.concurrency import run_burst
 
     r = run_burst(stepper, codec, requests, device)
     audio = sum(len(f) for f in r["frames"].values()) / 12.5
@@ -107,13 +107,13 @@ def measure(args) -> dict:
     """Every figure of this process's source tree; rewritten to `args.part` after each one."""
     import torch
 
-    from breeze_worker.bench.models import random_model
-    from breeze_worker.bench.runner import mask_end_of_speech
     from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import codec_compile_slots, configure_codec_convolutions, pick_device
     from breeze_worker.engine.types import SynthesisRequest
+    from breeze_worker.measure.models import random_model
+    from breeze_worker.measure.runner import mask_end_of_speech
 
     device = pick_device(args.device)
     served = WorkerSettings.from_env().engine

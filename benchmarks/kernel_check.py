@@ -289,9 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     bench_env.use_source_tree()
     import torch
 
-    from breeze_worker.bench.measure import copy_bandwidth
-    from breeze_worker.bench.models import random_model
     from breeze_worker.engine.precision import make_policy
+    from breeze_worker.measure.instruments import copy_bandwidth
+    from breeze_worker.measure.models import random_model
 
     device = torch.device(args.device)
     torch.manual_seed(args.seed)

@@ -676,7 +676,7 @@ def _t4(one: dict, args: argparse.Namespace) -> dict:
     if bandwidth is None:
         import torch
 
-        from breeze_worker.bench.measure import copy_bandwidth
+        from breeze_worker.measure.instruments import copy_bandwidth
 
         bandwidth = copy_bandwidth(torch.device("cuda"))
     floor_ms = args.bytes_per_frame / bandwidth * 1e3

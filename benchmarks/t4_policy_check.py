@@ -2,10 +2,10 @@
 """The T4 policy check: on any CUDA GPU forced to what a T4 serves (fp16-mixed language model, strict FP32
 codec convolutions: no TF32), what the two 16-bit options change, in one JSON and a short table.
 
-1. precision: `precision-check`'s teacher-forced comparison (profiling/precision.py) of fp16-mixed and
+1. precision: `precision-check`'s teacher-forced comparison (measure/agreement.py) of fp16-mixed and
    fp16-mixed-kv16 (the backbone's keys and values stored in FP16) against FP32, with CFG, and the FP32
    reference's largest key and value per backbone layer beside the bound its q/k norms put on the keys;
-2. the half-precision codec (`--codec-precision fp16-mixed`) against FP32 (profiling/codec_precision.py, SNR,
+2. the half-precision codec (`--codec-precision fp16-mixed`) against FP32 (measure/codec_precision.py, SNR,
    threshold 40 dB): on the codec goldens (tests/fixtures/codec_golden: codes and the audio the reference
    implementation decoded from them) and on the model's own codec, one-shot and streamed one frame at a time,
    over the teacher frames and random codes;
@@ -74,8 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def precision_part(model, args) -> tuple[dict, dict, object]:
     """The teacher-forced check of fp16-mixed and fp16-mixed-kv16; (its figures, the layers fp16-mixed keeps in
     FP32, the teacher codes [N, 16])."""
-    from breeze_worker.profiling.precision import precision_check
-    from breeze_worker.profiling.setup import make_request
+    from breeze_worker.measure.agreement import precision_check
+    from breeze_worker.measure.setup import make_request
 
     request = make_request(model, "The quick brown fox jumps over the lazy dog, and the weather is clear.", True,
                            args.frames, args.seed)
@@ -92,8 +92,8 @@ def codec_snr_part(model, teacher, device, seed: int) -> dict:
     import numpy as np
     import torch
 
+    from breeze_worker.measure.codec_precision import codec_precision_check
     from breeze_worker.model.codec import load_codec
-    from breeze_worker.profiling.codec_precision import codec_precision_check
 
     golden = dict(np.load(GOLDEN / "golden.npz"))
     golden_codec = load_codec(GOLDEN / "audio_tokenizer", device=device)
@@ -132,10 +132,10 @@ def engine_part(served, device, args) -> dict:
 
     import torch
 
-    from breeze_worker.bench.concurrency import burst_need, stream_requests
     from breeze_worker.config import FastPathSettings
     from breeze_worker.engine.batching import BatchedStepper
     from breeze_worker.engine.precision import half_kv_refusal
+    from breeze_worker.measure.concurrency import burst_need, stream_requests
 
     frames_needed = 2 + args.steps + 2
     defaults = served.generation_defaults
@@ -192,7 +192,7 @@ def codec_time_part(codec, device, rows_list: list[int], repeats: int) -> list[d
     """The codec's streamed one-frame step, FP32 and fp16-mixed, at each row count: median ms a call."""
     import torch
 
-    from breeze_worker.profiling.codec_precision import half_copy
+    from breeze_worker.measure.codec_precision import half_copy
 
     if codec is None:
         return []
@@ -217,7 +217,7 @@ def codec_time_part(codec, device, rows_list: list[int], repeats: int) -> list[d
 def served_model(fp32, keep: dict, device):
     """The fp16-mixed model as the worker serves it (the layers the check found near FP16's limit kept FP32),
     built from the FP32 reference (which the check left on the host)."""
-    from breeze_worker.profiling.precision import policy_model
+    from breeze_worker.measure.agreement import policy_model
 
     model, _ = policy_model(fp32, "fp16-mixed", keep, device)
     if model.codec is not None:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from breeze_worker.doctor.report import t4_options
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
-    from breeze_worker.profiling.setup import load_model
+    from breeze_worker.measure.setup import load_model
 
     args = parse_args(argv)
     started = time.perf_counter()

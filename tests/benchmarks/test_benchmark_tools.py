@@ -181,8 +181,8 @@ def test_the_engine_sweep_runs_the_client_mix_with_clones_of_real_speech(tmp_pat
 def test_stream_requests_clone_the_cfg_streams_and_speak_one_text():
     import numpy as np
 
-    from breeze_worker.bench.concurrency import StreamMix, stream_requests
     from breeze_worker.engine.types import ResolvedReference
+    from breeze_worker.measure.concurrency import StreamMix, stream_requests
     from breeze_worker.model.tiny import tiny_model
 
     model = tiny_model(seed=0, with_codec=False)

@@ -1,7 +1,7 @@
 """The codec's fp16-mixed precision (FP16 convolutions, everything else FP32; model/codec/codec.py) on the CPU:
 
 - on the golden fixture (codes decoded by the reference implementation, qwen-tts, in FP32): one-shot and
-  streamed one frame at a time, the fp16-mixed audio is within profiling/codec_precision.py's 40 dB SNR of the
+  streamed one frame at a time, the fp16-mixed audio is within measure/codec_precision.py's 40 dB SNR of the
   reference's audio, and so is FP32's (far above it);
 - `codec_precision_check` measures it on other codes, leaving the FP32 codec as it was;
 - what stays FP32: the stream state, the output, SnakeBeta's parameters; the weights cannot silently go back;
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from breeze_worker.profiling.codec_precision import SNR_THRESHOLD_DB, codec_precision_check, half_copy, snr_db
+from breeze_worker.measure.codec_precision import SNR_THRESHOLD_DB, codec_precision_check, half_copy, snr_db
 
 
 def test_snr_arithmetic():

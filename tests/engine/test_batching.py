@@ -98,7 +98,7 @@ def test_a_stream_that_leaves_frees_its_slot_for_the_next_join(model, requests):
 
 
 def test_concurrency_sweep_measures_every_level_and_agreement(model):
-    from breeze_worker.bench import concurrency
+    from breeze_worker.measure import concurrency
 
     stepper = BatchedStepper(model, 2, "cpu")
     saved = []
@@ -253,8 +253,8 @@ def test_the_default_batched_form_serves_the_t4_policy(model, requests, monkeypa
 
 
 def test_bucket_shapes_are_few_and_fit_half_cfg_bursts():
-    from breeze_worker.bench.concurrency import sweep_shapes
     from breeze_worker.engine.batching import bucket_shapes, pick_shape
+    from breeze_worker.measure.concurrency import sweep_shapes
 
     shapes = bucket_shapes(32)
     assert sorted(shapes) == [(1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 48), (32, 64)]
@@ -305,7 +305,7 @@ def test_rows_far_into_the_cache_beside_a_young_stream_stay_inside_the_attention
 def test_concurrency_sweep_with_the_codec_both_overlap_modes():
     """With a codec: each burst runs in the engine's order with the overlap on and, compared, off; the frames
     and the number of audio deliveries are the same, and every stream gets first audio before it is done."""
-    from breeze_worker.bench import concurrency
+    from breeze_worker.measure import concurrency
     from breeze_worker.model.tiny import tiny_model
 
     model = tiny_model(seed=0)

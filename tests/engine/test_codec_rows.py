@@ -9,7 +9,7 @@ import torch
 
 from breeze_worker.engine.codec_graphs import SlotBatch, bucket_for, pool_for
 from breeze_worker.engine.codec_rows import CodecRows, stack_frames
-from breeze_worker.engine.syncaudit import SyncDetector
+from breeze_worker.measure.syncaudit import SyncDetector
 from breeze_worker.model.codec import DecoderStreamState, tiny_codec
 
 

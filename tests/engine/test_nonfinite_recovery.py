@@ -1,7 +1,7 @@
 """A frame whose values go non-finite is recomputed at a safe precision and the stream goes on
 (engine/fastpath/recovery.py through engine/batching.py), on the tiny model on the CPU:
 
-- the massive-activation stress (profiling/precision.py's: the first backbone MLP's gate and up projections
+- the massive-activation stress (measure/agreement.py's: the first backbone MLP's gate and up projections
   scaled, so the down projection's input passes FP16's 65,504) under fp16-mixed, with the start-up probe's
   keep-in-FP32 list empty as if the probe's prompt had not shown it: every frame the stepper emits equals the
   eager reference (engine/eager.py) run entirely at the safe precision, the layer that overflowed is named;
@@ -92,7 +92,7 @@ def test_an_fp16_overflow_is_recomputed_at_the_safe_precision_and_the_streams_go
     model = stressed_model
     requests = {"cfg": _request(model, "hello there", True, 1, 6), "plain": _request(model, "short one", False, 2, 5)}
     # without recovery: the served precision's own reference turns the overflow into NaN logits
-    from breeze_worker.bench.agreement import first_frame_logits
+    from breeze_worker.measure.agreement import first_frame_logits
 
     assert not torch.isfinite(first_frame_logits(model, requests["cfg"])[0]).all()
     if half_kv:  # the reference stores its backbone keys/values in FP16 as the stepper's cache then does

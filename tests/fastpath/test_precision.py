@@ -8,7 +8,6 @@ import copy
 import pytest
 import torch
 
-from breeze_worker.bench.agreement import first_frame_logits
 from breeze_worker.engine.precision import (
     HalfLinear,
     UnsupportedPrecision,
@@ -19,6 +18,7 @@ from breeze_worker.engine.precision import (
     policy_for_capability,
     resolve_policy,
 )
+from breeze_worker.measure.agreement import first_frame_logits
 from breeze_worker.model.tiny import tiny_model
 
 

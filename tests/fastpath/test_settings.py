@@ -103,7 +103,7 @@ def test_the_runtime_passes_its_settings_down(monkeypatch):
 
 
 def test_a_bench_path_names_compilation_form_and_sampler():
-    from breeze_worker.bench.runner import fast_settings
+    from breeze_worker.measure.runner import fast_settings
 
     base = FastPathSettings(read_overlap=False)
     got = fast_settings("fast-compiled::torch", base)

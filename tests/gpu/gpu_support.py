@@ -39,9 +39,9 @@ def fp32_mid_model(device: torch.device, capacity: int):
     backbone slots and end of speech masked, for a module-scoped fixture (it yields the model, then frees it)."""
     from dataclasses import replace
 
-    from breeze_worker.bench.models import random_model
-    from breeze_worker.bench.runner import mask_end_of_speech
     from breeze_worker.engine.precision import make_policy
+    from breeze_worker.measure.models import random_model
+    from breeze_worker.measure.runner import mask_end_of_speech
 
     model = random_model("mid", 1234, device, make_policy("fp32", "GPU suite"), with_codec=False)
     model.generation_defaults = replace(model.generation_defaults, max_sequence=capacity)

@@ -1,12 +1,12 @@
 """How far the half-precision fast paths (bf16, fp16-mixed) agree with the FP32 eager path on one model.
 
-One seeded random model (bench/models.py `random_model`; each policy's copy is built from the same seed, so
+One seeded random model (measure/models.py `random_model`; each policy's copy is built from the same seed, so
 its weights are FP32's rounded by the policy), CFG on (scale 2), end of speech masked:
 
 - greedy decoding (temperature 0), free-running: FP32 eager's frames against each fast path's: the first
   (frame, codebook) where they differ, the codes before it, and each codebook's agreement over all frames
   (after the first difference the two run on different histories, so that part is only indicative);
-- greedy, teacher-forced on FP32 eager's frames (profiling/precision.py `teacher_forced_logits`): per
+- greedy, teacher-forced on FP32 eager's frames (measure/agreement.py `teacher_forced_logits`): per
   codebook, arg-max agreement, KL(p_fp32 || p_policy) over the drawable classes, non-finite logits;
 - sampling (the request's defaults: temperature 0.9, top-k 50, top-p 1), codebook 0 of frame 0 over many
   seeds: each seed's code from each fast path against FP32's exact draw for that seed's noise (the race over
@@ -25,9 +25,6 @@ from dataclasses import replace
 
 import torch
 
-from breeze_worker.bench.agreement import first_frame_logits
-from breeze_worker.bench.models import random_model
-from breeze_worker.bench.runner import INSTRUCTION, SENTENCE, mask_end_of_speech
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.fastpath.graph import clear_runners
@@ -35,7 +32,9 @@ from breeze_worker.engine.precision import make_policy
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.sampling import RowSampling, filter_rows, sample_rows
 from breeze_worker.engine.types import EndReason, SamplingOverrides, SynthesisRequest
-from breeze_worker.profiling.precision import compare, teacher_forced_logits
+from breeze_worker.measure.agreement import compare, first_frame_logits, teacher_forced_logits
+from breeze_worker.measure.models import random_model
+from breeze_worker.measure.runner import INSTRUCTION, SENTENCE, mask_end_of_speech
 
 CFG_SCALE = 2.0
 TOP_K_OVERLAP = 50  # the sampler's default top-k: the overlap of the kept sets

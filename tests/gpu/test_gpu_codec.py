@@ -17,8 +17,8 @@ import pytest
 import torch
 from gpu_support import release_device_memory
 
-from breeze_worker.bench.models import decoder_only_codec
 from breeze_worker.engine.codec_graphs import SlotBatch
+from breeze_worker.measure.models import decoder_only_codec
 
 pytestmark = pytest.mark.gpu
 

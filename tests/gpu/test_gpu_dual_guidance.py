@@ -17,14 +17,14 @@ import pytest
 import torch
 from gpu_support import release_device_memory
 
-from breeze_worker.bench.models import random_model
-from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.precision import make_policy
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import ReferenceInput, ResolvedReference, SynthesisRequest
+from breeze_worker.measure.models import random_model
+from breeze_worker.measure.runner import mask_end_of_speech
 
 FRAMES = 12
 CAPACITY = 256
@@ -66,8 +66,8 @@ def batch1_against_eager(model, device, settings: FastPathSettings) -> dict:
 
 
 def batched_against_alone(model, device, settings: FastPathSettings) -> dict:
-    from breeze_worker.bench.concurrency import alone_frames, run_burst
     from breeze_worker.engine.batching import BatchedStepper
+    from breeze_worker.measure.concurrency import alone_frames, run_burst
 
     kinds = ["dual", "plain", "cfg", "plain", "dual", "plain", "cfg", "plain"]
     requests = [_request(model, kind, 99 + i, 16) for i, kind in enumerate(kinds)]

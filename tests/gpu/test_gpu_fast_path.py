@@ -18,11 +18,11 @@ import pytest
 import torch
 from gpu_support import fp32_mid_model
 
-from breeze_worker.bench.runner import make_request
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.fastpath.generator import FastFrameGenerator
 from breeze_worker.engine.types import EndReason
+from breeze_worker.measure.runner import make_request
 
 pytestmark = pytest.mark.gpu
 
@@ -72,8 +72,8 @@ def test_fast_frames_equal_eager_in_fp32(mid_model, eager_frames, cuda, cfg, var
 
 
 def _agreement(model, cuda, compile: bool, shapes=None, dynamic_shapes: bool = False) -> dict:
-    from breeze_worker.bench.concurrency import agreement, alone_frames, stream_requests
     from breeze_worker.engine.batching import BatchedStepper
+    from breeze_worker.measure.concurrency import agreement, alone_frames, stream_requests
 
     stepper = BatchedStepper(model, 8, cuda, eos_masked=True, shapes=shapes,
                              settings=FastPathSettings(compile="on" if compile else "off",

@@ -19,12 +19,12 @@ import pytest
 import torch
 from gpu_support import release_device_memory
 
-from breeze_worker.bench.models import random_model
-from breeze_worker.bench.runner import make_request, mask_end_of_speech
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.precision import make_policy, widened
+from breeze_worker.measure.models import random_model
+from breeze_worker.measure.runner import make_request, mask_end_of_speech
 from breeze_worker.model.lm.layers import RoundingKVCache
 
 pytestmark = pytest.mark.gpu

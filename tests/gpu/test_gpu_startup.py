@@ -28,9 +28,9 @@ import pytest
 import torch
 from gpu_support import fp32_mid_model
 
-from breeze_worker.bench.runner import make_request
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
+from breeze_worker.measure.runner import make_request
 
 pytestmark = pytest.mark.gpu
 
@@ -170,8 +170,8 @@ def test_a_progressive_build_runs_the_programs_of_a_whole_build(mid_model, cuda,
     view eagerly after the build compiles nothing (error_on_recompile)."""
     from torch._dynamo.utils import counters
 
-    from breeze_worker.bench.concurrency import stream_requests
     from breeze_worker.engine.batching import BatchedStepper
+    from breeze_worker.measure.concurrency import stream_requests
 
     requests = stream_requests(mid_model, STREAMS, 24, 99)
     whole = BatchedStepper(mid_model, STREAMS, cuda, eos_masked=True, buckets=True, settings=FastPathSettings())
@@ -209,9 +209,9 @@ def test_codec_batches_built_in_the_background_decode_as_the_codec_does(cuda, wr
 
     import numpy as np
 
-    from breeze_worker.bench.models import decoder_only_codec
     from breeze_worker.engine.codec_graphs import pool_for
     from breeze_worker.engine.codec_rows import CodecRows
+    from breeze_worker.measure.models import decoder_only_codec
 
     # strict FP32 convolutions on both sides (the default lets cuDNN use TF32, which the graphed step's
     # tuned forms and the plain decode would use differently): the comparison is of the same arithmetic

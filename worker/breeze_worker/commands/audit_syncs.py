@@ -4,7 +4,7 @@ request exits 2 with one line on stderr. The budget is the fast path's: the eage
 reference, which syncs many times a frame by design, so its counts are reported and never fail the run.
 
 Runs one request per decode path (`--path eager|fast|both`) on the model the flags name (default: the
-tiny embedded model on the CPU, where device syncs are emulated: see engine/syncaudit.py). Prints a table;
+tiny embedded model on the CPU, where device syncs are emulated: see measure/syncaudit.py). Prints a table;
 `--json FILE` (or `-` for stdout) writes the full result with every sync event.
 
     breeze-worker audit-syncs --path both --budget 1     # the fast path within 1; the eager path reported
@@ -21,7 +21,7 @@ import torch
 
 from breeze_worker import jsonout
 from breeze_worker.errors import BreezeError
-from breeze_worker.profiling.setup import (
+from breeze_worker.measure.setup import (
     add_model_arguments,
     add_request_arguments,
     device_meta,
@@ -50,8 +50,8 @@ def audit(args: argparse.Namespace) -> dict:
     """Run the audit the flags describe; the JSON document (`breeze-audit-syncs/1`)."""
     from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
-    from breeze_worker.profiling.audit import SCHEMA, audit_path
-    from breeze_worker.profiling.setup import load_model, make_request
+    from breeze_worker.measure.audit import SCHEMA, audit_path
+    from breeze_worker.measure.setup import load_model, make_request
 
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be 0 or more host syncs per frame, not {args.budget}")
@@ -85,7 +85,7 @@ def audit(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from breeze_worker.profiling.audit import table
+    from breeze_worker.measure.audit import table
 
     torch.set_grad_enabled(False)
     try:

@@ -1,7 +1,7 @@
 """`breeze-worker bench`: the engine benchmark. Eager reference and fast path in the same run, with and
 without CFG, on the full-size Breeze architecture with seeded random weights built on the device (no
 download), a smaller size, or a real checkpoint (`--model DIR`). End of speech is masked so every request
-runs `--frames` frames. Prints a table; `--json FILE` writes everything (schema in bench/report.py);
+runs `--frames` frames. Prints a table; `--json FILE` writes everything (schema in measure/report.py);
 `--trace FILE.json` writes a Chrome / Perfetto trace of each variant's first timed request (spans only) and
 of its untimed host-sync count request (with a gpu_sync mark at every sync).
 """
@@ -17,11 +17,17 @@ from dataclasses import replace
 import torch
 
 from breeze_worker import jsonout
-from breeze_worker.bench import report
-from breeze_worker.bench.measure import copy_bandwidth, device_name, software_versions
-from breeze_worker.bench.runner import frames_equal, instrument_variant, make_request, mask_end_of_speech, time_variant
+from breeze_worker.measure import report
+from breeze_worker.measure.instruments import copy_bandwidth, device_name, software_versions
+from breeze_worker.measure.runner import (
+    frames_equal,
+    instrument_variant,
+    make_request,
+    mask_end_of_speech,
+    time_variant,
+)
 
-log = logging.getLogger("breeze_worker.bench")
+log = logging.getLogger("breeze_worker.measure")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
         from breeze_worker.commands import bench_concurrency
 
         return bench_concurrency.run(args)
-    from breeze_worker.bench.models import checkpoint_model, random_model
     from breeze_worker.config import WorkerSettings, recorded_commit
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
+    from breeze_worker.measure.models import checkpoint_model, random_model
 
     device = pick_device(args.device)
     served = WorkerSettings.from_env().engine  # what the worker would serve with (its environment)
@@ -174,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _agreement(model, other: str, args) -> dict:
-    from breeze_worker.bench.agreement import precision_agreement
+    from breeze_worker.measure.agreement import precision_agreement
 
     request = make_request(model, True, 4, args.seed)
     return precision_agreement(model, request, other)

@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 
 from breeze_worker import jsonout
-from breeze_worker.bench import concurrency as sweep
-from breeze_worker.bench.measure import device_name, software_versions
-from breeze_worker.bench.runner import mask_end_of_speech
 from breeze_worker.config import WorkerSettings, recorded_commit
+from breeze_worker.measure import concurrency as sweep
+from breeze_worker.measure.instruments import device_name, software_versions
+from breeze_worker.measure.runner import mask_end_of_speech
 
-log = logging.getLogger("breeze_worker.bench")
+log = logging.getLogger("breeze_worker.measure")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,11 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from breeze_worker.bench.models import checkpoint_model, random_model
     from breeze_worker.engine.batching import BatchedStepper
     from breeze_worker.engine.codec_graphs import pool_for
     from breeze_worker.engine.precision import choose_policy
     from breeze_worker.engine.runtime import codec_compile_slots, configure_codec_convolutions, pick_device
+    from breeze_worker.measure.models import checkpoint_model, random_model
 
     device = pick_device(args.device)
     served = WorkerSettings.from_env().engine  # what the worker would serve with (its environment)
@@ -181,7 +181,7 @@ def _mix(args: argparse.Namespace, model) -> sweep.StreamMix:
 
 def _profile(model, stepper, device: torch.device, streams: int, seed: int, frames: int = 16) -> dict:
     """One codec-less burst of `streams` streams under torch.profiler: busy fraction and kernels by time."""
-    from breeze_worker.bench.measure import gpu_busy_fraction
+    from breeze_worker.measure.instruments import gpu_busy_fraction
 
     requests = sweep.stream_requests(model, streams, frames, seed)
     profiled = gpu_busy_fraction(device, lambda: sweep.run_burst(stepper, None, requests, device))
@@ -201,7 +201,7 @@ def _fmt(value: float | None) -> str:
 def _batch1(model, device: torch.device, frames: int, seed: int, settings, repeats: int = 2) -> dict:
     """The batch-1 fast path (engine/fastpath, with the fast path's `settings`), CFG on, no codec: the median
     inter-frame time over `repeats` requests after one warm-up."""
-    from breeze_worker.bench.runner import make_request, run_once
+    from breeze_worker.measure.runner import make_request, run_once
 
     lm_only = replace(model, codec=None)
     request = make_request(lm_only, True, frames, seed)

@@ -1,6 +1,6 @@
 """`breeze-worker precision-check [--model DIR]`: teacher-forced frames through each precision policy
 against an FP32 reference; per-step KL divergence, top-k agreement and non-finite counts, so a user can
-decide on their own checkpoint whether `fp16-mixed` is safe for them (method: profiling/precision.py).
+decide on their own checkpoint whether `fp16-mixed` is safe for them (method: measure/agreement.py).
 
     breeze-worker precision-check --model /ckpt/Breeze-TTS-2 --frames 32 --json precision.json
 """
@@ -15,7 +15,7 @@ import torch
 
 from breeze_worker import jsonout
 from breeze_worker.errors import BreezeError
-from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta
+from breeze_worker.measure.setup import add_model_arguments, add_request_arguments, device_meta
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> dict:
     from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
-    from breeze_worker.profiling.precision import POLICIES, SCHEMA, precision_check
-    from breeze_worker.profiling.setup import load_model, make_request
+    from breeze_worker.measure.agreement import POLICIES, SCHEMA, precision_check
+    from breeze_worker.measure.setup import load_model, make_request
 
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in POLICIES]
@@ -58,7 +58,7 @@ def check(args: argparse.Namespace) -> dict:
     model = load_model(args, device, precision="fp32")
     injected = None
     if args.massive_activation is not None:
-        from breeze_worker.profiling.precision import inject_massive_activation
+        from breeze_worker.measure.agreement import inject_massive_activation
 
         injected = inject_massive_activation(model, args.massive_activation)
     request = make_request(model, args.text, args.cfg, args.frames, args.seed)
@@ -67,7 +67,7 @@ def check(args: argparse.Namespace) -> dict:
     codes: list = []
     result = precision_check(model, request, policies, top_k=args.top_k, codes_out=codes)
     if args.codec:
-        from breeze_worker.profiling.codec_precision import codec_precision_check
+        from breeze_worker.measure.codec_precision import codec_precision_check
 
         result["codec"] = codec_precision_check(model.codec, codes[0].t()[None])
     meta = {**device_meta(device), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -15,7 +15,7 @@ import torch
 
 from breeze_worker import jsonout
 from breeze_worker.errors import BreezeError
-from breeze_worker.profiling.setup import add_model_arguments, add_request_arguments, device_meta
+from breeze_worker.measure.setup import add_model_arguments, add_request_arguments, device_meta
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from breeze_worker.config import WorkerSettings
     from breeze_worker.engine.runtime import configure_codec_convolutions, pick_device
     from breeze_worker.engine.tracing import Tracer
-    from breeze_worker.profiling.setup import frame_source, load_model, make_request
-    from breeze_worker.profiling.trace import summarize, table, trace_request
+    from breeze_worker.measure.setup import frame_source, load_model, make_request
+    from breeze_worker.measure.trace import summarize, table, trace_request
 
     torch.set_grad_enabled(False)
     try:

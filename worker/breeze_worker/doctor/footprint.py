@@ -30,7 +30,7 @@ _FIGURES: dict[tuple[str, str], tuple[int, int]] = {}  # (repr of the config, po
 def _lm_figures(config: BreezeConfig, policy: str) -> tuple[int, int]:
     """(weight bytes, bytes per frame), built once per configuration and policy (the configs hold dicts, so
     they are keyed by their repr)."""
-    from breeze_worker.bench.report import bytes_per_frame
+    from breeze_worker.measure.report import bytes_per_frame
 
     key = (repr(config), policy)
     if key not in _FIGURES:
@@ -46,7 +46,7 @@ def weight_bytes(config: BreezeConfig, policy: str) -> int:
 
 
 def frame_bytes(config: BreezeConfig, policy: str) -> int:
-    """Weight bytes one frame streams under `policy` (bench/report.py `bytes_per_frame`)."""
+    """Weight bytes one frame streams under `policy` (measure/report.py `bytes_per_frame`)."""
     return _lm_figures(config, policy)[1]
 
 

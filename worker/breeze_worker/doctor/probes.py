@@ -2,7 +2,7 @@
 which reaches the report verbatim; `measure` runs them in order on one device within a time budget.
 
 Order and why: copy bandwidth; the precision check, first because its FP32 reference is the largest thing
-the doctor puts on the device (it runs profiling/precision.py's teacher-forced comparison on a few frames,
+the doctor puts on the device (it runs measure/agreement.py's teacher-forced comparison on a few frames,
 eager code that caches nothing); then the serving model is loaded as the worker loads it (for fp16-mixed:
 FP32 first, the overflow probe, then the conversion) and its byte floor computed; start-up builds the worker's
 own engine for one stream (`Runtime.stepper_for` + `warm_up`: compile, graph capture, codec graphs) while the
@@ -128,7 +128,7 @@ def _free(device: torch.device) -> int | None:
 
 
 def probe_bandwidth(device: torch.device) -> dict:
-    from breeze_worker.bench.measure import copy_bandwidth
+    from breeze_worker.measure.instruments import copy_bandwidth
 
     if device.type != "cuda":
         raise NotMeasured("no CUDA device: copy bandwidth is a GPU figure")
@@ -138,12 +138,12 @@ def probe_bandwidth(device: torch.device) -> dict:
                           f"{2 * BANDWIDTH_MB / 1024:.0f} GiB)")
     rate = copy_bandwidth(device, megabytes=BANDWIDTH_MB)
     return {"bytes_per_s": rate, "megabytes": BANDWIDTH_MB,
-            "method": "device-to-device copy, bytes read + written per second (bench/measure.py)"}
+            "method": "device-to-device copy, bytes read + written per second (measure/instruments.py)"}
 
 
 def probe_floor(lm, bandwidth: float | None, source: str) -> dict:
-    """The loaded model's bytes per frame (bench/report.py) and the floor at the measured bandwidth."""
-    from breeze_worker.bench.report import bytes_per_frame
+    """The loaded model's bytes per frame (measure/report.py) and the floor at the measured bandwidth."""
+    from breeze_worker.measure.report import bytes_per_frame
 
     weights = bytes_per_frame(lm)
     return {"bytes_per_frame": weights, "floor_ms": None if not bandwidth else 1000.0 * weights["total"] / bandwidth,
@@ -162,11 +162,11 @@ def load_model(spec: ModelSpec, device: torch.device, policy_name: str, with_cod
     load_as = make_policy("fp32", "doctor") if policy.mixed else policy
     t0 = time.perf_counter()
     if spec.model_dir is not None:
-        from breeze_worker.bench.models import checkpoint_model
+        from breeze_worker.measure.models import checkpoint_model
 
         model = checkpoint_model(spec.model_dir, device, load_as)
     else:
-        from breeze_worker.bench.models import random_model
+        from breeze_worker.measure.models import random_model
 
         model = random_model(spec.size, spec.seed, device, load_as, with_codec=with_codec)
     if device.type == "cuda":
@@ -174,7 +174,7 @@ def load_model(spec: ModelSpec, device: torch.device, policy_name: str, with_cod
     info: dict[str, object] = {"load_s": time.perf_counter() - t0, "overflow_probe_s": None, "kept_fp32": []}
     if policy.mixed:
         from breeze_worker.engine.eager import EagerFrameGenerator
-        from breeze_worker.profiling.setup import DEFAULT_TEXT, make_request
+        from breeze_worker.measure.setup import DEFAULT_TEXT, make_request
 
         t1 = time.perf_counter()
         probe = make_request(model, DEFAULT_TEXT, False, 4, spec.seed)
@@ -287,17 +287,17 @@ def probe_memory(model, device: torch.device, policy: str, engine_reserved: int,
 
 def probe_fast_path(model, device: torch.device, floor: float | None, frames: int, repeats: int, seed: int,
                     capacity: int = 256) -> dict:
-    """Batch-1 requests through the bench's runner (bench/runner.py `time_variant`: one warm-up, `repeats`
+    """Batch-1 requests through the bench's runner (measure/runner.py `time_variant`: one warm-up, `repeats`
     timed), CFG on and off, end of speech masked so every request runs `frames` frames. The runner's cache holds
     `capacity` positions, as in the recorded bench runs: a frame attends over its own attention bucket whatever
     the capacity, and each larger bucket would add a compile and graph captures to the probe."""
-    from breeze_worker.bench.runner import mask_end_of_speech, time_variant
+    from breeze_worker.measure.runner import mask_end_of_speech, time_variant
 
     mask_end_of_speech(model)
     defaults = model.generation_defaults
     model.generation_defaults = dataclasses.replace(defaults, max_sequence=min(capacity, defaults.max_sequence))
     out = {"frames": frames, "repeats": repeats, "capacity": model.generation_defaults.max_sequence,
-           "path": "fast (bench/runner.py, batch 1)"}
+           "path": "fast (measure/runner.py, batch 1)"}
     for cfg in (True, False):
         name = "cfg" if cfg else "nocfg"
         v = time_variant(f"fast/{name}", "fast", cfg, model, device, frames=frames, repeats=repeats, seed=seed)
@@ -323,10 +323,10 @@ def precision_policies(auto_policy: str) -> list[str]:
 
 
 def probe_precision(spec: ModelSpec, device: torch.device, policies: list[str], frames: int) -> dict:
-    """profiling/precision.py's teacher-forced check (KL, top-1, top-k, non-finite) on `frames` frames with CFG,
+    """measure/agreement.py's teacher-forced check (KL, top-1, top-k, non-finite) on `frames` frames with CFG,
     against the FP32 model, which is loaded for it (and moved to the host once its reference is computed)."""
-    from breeze_worker.profiling.precision import precision_check
-    from breeze_worker.profiling.setup import DEFAULT_TEXT, make_request
+    from breeze_worker.measure.agreement import precision_check
+    from breeze_worker.measure.setup import DEFAULT_TEXT, make_request
 
     config = spec.config()
     fp32 = footprint.weight_bytes(config, "fp32")
@@ -351,7 +351,7 @@ def probe_precision(spec: ModelSpec, device: torch.device, policies: list[str], 
         rows.append({k: p.get(k) for k in ("policy", "applied", "emulated", "note", "kept_fp32", "recipe", "error",
                                            "summary")})
     return {"frames": result["frames"], "top_k": result["top_k"], "cfg": True, "reference": "fp32",
-            "policies": rows, "method": "profiling/precision.py (teacher-forced, the FP32 model's own frames)"}
+            "policies": rows, "method": "measure/agreement.py (teacher-forced, the FP32 model's own frames)"}
 
 
 # ---------------------------------------------------------------- the whole run
@@ -421,7 +421,7 @@ def measure(device: torch.device, spec: ModelSpec, policy: str, *, busy_reasons:
         return measured, missing
     model_bytes = _allocated(device) - alloc0
     measured["load"] = {**load_info, "policy": policy, "model": spec.label, "model_bytes": model_bytes}
-    run("floor", probe_floor, model.lm, bandwidth, "the loaded model (bench/report.py bytes_per_frame)")
+    run("floor", probe_floor, model.lm, bandwidth, "the loaded model (measure/report.py bytes_per_frame)")
     engine: dict = {}
     run("startup", probe_startup, model, device, load_info, engine)
     if "startup" in measured:

@@ -113,7 +113,7 @@ class FastFrameGenerator:
     def _run(self):
         model, request = self.model, self.request
         t0 = time.perf_counter()
-        with tracing.span("text_encode"):  # setup, not a frame (engine/syncaudit.py)
+        with tracing.span("text_encode"):  # setup, not a frame (measure/syncaudit.py)
             encoder = text_encoder_graphs(model.lm, self.device)
             layouts = prompt_layouts(model, request)  # the request's own, laid out when it was resolved
             prompt = prepare_prompt_embeddings(model, request, encoded=encoder.encode_segments(

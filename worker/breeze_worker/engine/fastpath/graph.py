@@ -290,7 +290,7 @@ class FrameRunner:
         """The host copy of the frame launched into `slot` (the frame's one host read)."""
         buffer, event = self._ring[slot]
         if event is None:
-            return buffer.cpu()  # the CPU's read (engine/syncaudit.py counts it)
+            return buffer.cpu()  # the CPU's read (measure/syncaudit.py counts it)
         event.synchronize()
         return buffer.clone()
 

@@ -85,7 +85,7 @@ class Codec:
     def set_precision(self, name: str) -> list[str]:
         """Run the decoder in `name` (module docstring); returns the convolutions whose weights are FP16 now.
         One way: rounding the weights to FP16 loses their FP32 values, so fp16-mixed cannot go back to fp32 (a
-        comparison decodes with a copy: profiling/codec_precision.py)."""
+        comparison decodes with a copy: measure/codec_precision.py)."""
         if name not in CODEC_PRECISIONS:
             raise ValueError(f"codec precision must be one of {', '.join(CODEC_PRECISIONS)}, not {name!r}")
         if self.precision != "fp32" and name != self.precision:

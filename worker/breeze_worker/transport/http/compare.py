@@ -1,5 +1,5 @@
 """The listening page's side-by-side: a served job rendered again by the FP32 reference copy, with the agreement
-figures `breeze-worker precision-check` computes (profiling/rendering.py does the work).
+figures `breeze-worker precision-check` computes (measure/rendering.py does the work).
 
 `POST /v1/compare {"job_id": ...}` takes a recent HTTP job (its resolved request: text, template, seed, CFG
 scale, reference codes), renders it on the FP32 copy, forces the copy's frames through the serving model and
@@ -27,7 +27,7 @@ from breeze_worker.transport.http.errors import HttpError
 from breeze_worker.transport.http.jobs import RecentJobs
 
 if TYPE_CHECKING:
-    from breeze_worker.profiling.rendering import ReferenceRenderer
+    from breeze_worker.measure.rendering import ReferenceRenderer
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Comparison:
             self._loading = asyncio.create_task(self._load())
 
     async def _load(self) -> None:
-        from breeze_worker.profiling.rendering import ReferenceRenderer
+        from breeze_worker.measure.rendering import ReferenceRenderer
 
         try:
             loop = asyncio.get_running_loop()
@@ -82,7 +82,7 @@ class Comparison:
         return data[header_size(PcmEncoding.S16LE):] if data[:4] == b"RIFF" else None
 
     async def compare(self, job_id: object) -> dict:
-        from breeze_worker.profiling.rendering import waveform_difference
+        from breeze_worker.measure.rendering import waveform_difference
 
         if not self.enabled:
             raise HttpError(501, self.describe()["description"])

@@ -12,8 +12,8 @@ import torch
 from breeze_worker.cli import main as worker_main
 from breeze_worker.engine import tracing
 from breeze_worker.engine.eager import EagerFrameGenerator
-from breeze_worker.profiling.setup import make_request
-from breeze_worker.profiling.trace import trace_request
+from breeze_worker.measure.setup import make_request
+from breeze_worker.measure.trace import trace_request
 
 
 def test_off_records_nothing_and_allocates_no_span():
@@ -78,7 +78,7 @@ def _partial_overlaps(spans: list[dict]) -> list[tuple[str, str]]:
 
 
 def test_trace_command_writes_chrome_json_with_nested_spans(tmp_path, tiny_with_codec, monkeypatch):
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model",
+    monkeypatch.setattr("breeze_worker.measure.setup.load_model",
                         lambda args, device, precision=None: tiny_with_codec)
     path = tmp_path / "trace.json"
     summary = tmp_path / "summary.json"

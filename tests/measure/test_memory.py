@@ -1,4 +1,4 @@
-"""Peak memory per measured section (profiling/memory.py), as `breeze-worker bench` reports it.
+"""Peak memory per measured section (measure/memory.py), as `breeze-worker bench` reports it.
 
 The sections are measured in a fresh interpreter: in the test process, whatever earlier tests left mapped (a
 worker, a model, memory the allocator kept) decides whether a new allocation raises the resident set at all."""
@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from breeze_worker.profiling.memory import PeakMemory
+from breeze_worker.measure.memory import PeakMemory
 
 with PeakMemory(torch.device("cpu")) as baseline:
     pass

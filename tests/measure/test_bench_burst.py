@@ -7,9 +7,9 @@ import time
 
 import torch
 
-from breeze_worker.bench import concurrency
 from breeze_worker.engine.stepper import StepOutcome
 from breeze_worker.engine.types import EndReason
+from breeze_worker.measure import concurrency
 
 
 class _SlowJoin:

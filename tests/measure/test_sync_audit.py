@@ -1,4 +1,4 @@
-"""Host-sync detection (engine/syncaudit.py) and `breeze-worker audit-syncs`: the JSON schema, the known
+"""Host-sync detection (measure/syncaudit.py) and `breeze-worker audit-syncs`: the JSON schema, the known
 per-frame counts of both decode paths on the CPU (emulated device), and a deliberately added sync caught
 with a non-zero exit and its source line named."""
 
@@ -12,7 +12,7 @@ import torch
 
 from breeze_worker.cli import main as worker_main
 from breeze_worker.engine import eager
-from breeze_worker.engine.syncaudit import SyncDetector
+from breeze_worker.measure.syncaudit import SyncDetector
 
 RUN_KEYS = {"path", "frames", "emulated_device", "setup_syncs", "syncs_per_frame", "max_syncs_per_frame",
             "mean_syncs_per_frame", "after_last_frame", "budget", "frames_over_budget", "within_budget", "sites",
@@ -22,7 +22,7 @@ EVENT_KEYS = {"op", "site", "function", "code", "origin", "setup", "frame"}
 
 @pytest.fixture
 def use_tiny(monkeypatch, tiny_for_runs):
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model",
+    monkeypatch.setattr("breeze_worker.measure.setup.load_model",
                         lambda args, device, precision=None: tiny_for_runs)
     return tiny_for_runs
 

@@ -29,9 +29,9 @@ def now(device: torch.device) -> float:
 @contextlib.contextmanager
 def explicit_waits() -> Iterator[dict]:
     """Count the explicit waits for the device (`torch.cuda.synchronize`, `Stream.synchronize`,
-    `Event.synchronize`: engine/syncaudit.py `watch_waits`) made inside the block on this thread, into the
+    `Event.synchronize`: measure/syncaudit.py `watch_waits`) made inside the block on this thread, into the
     yielded dict's "n": CUDA's sync debug mode warns only on the ATen operators that synchronize."""
-    from breeze_worker.engine.syncaudit import watch_waits
+    from breeze_worker.measure.syncaudit import watch_waits
 
     waits = {"n": 0}
 
@@ -48,7 +48,7 @@ class SyncCounter:
 
     On CUDA: PyTorch's CUDA sync debug mode, which warns on every synchronizing ATen call (the ground truth),
     plus the explicit waits it does not see (`explicit_waits`: the fast path's per-frame read waits on an event).
-    On the CPU: engine/syncaudit.py's `SyncDetector`, which emulates a device (it counts what would synchronize
+    On the CPU: measure/syncaudit.py's `SyncDetector`, which emulates a device (it counts what would synchronize
     on a GPU; it slows every tensor operation down, so count in a run that is not timed). `on_sync(event)`
     (e.g. a trace mark) is called for every sync the detector sees; on CUDA a detector runs for it alongside
     the debug mode, which alone is counted."""
@@ -58,7 +58,7 @@ class SyncCounter:
         self.on_sync = on_sync
         self.counts: dict[str, int] = {}
         self.source = ("cuda sync debug mode + explicit waits" if device.type == "cuda"
-                       else "emulated (engine/syncaudit.py)")
+                       else "emulated (measure/syncaudit.py)")
         self._total: Callable[[], int] | None = None
 
     @property
@@ -68,7 +68,7 @@ class SyncCounter:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[SyncCounter]:
-        from breeze_worker.engine.syncaudit import SyncDetector
+        from breeze_worker.measure.syncaudit import SyncDetector
 
         if self.device.type != "cuda":
             with SyncDetector(self.device, on_sync=self.on_sync) as detector:

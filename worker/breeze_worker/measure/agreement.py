@@ -1,4 +1,7 @@
-"""Teacher-forced comparison of precision policies against an FP32 reference (`breeze-worker precision-check`).
+"""Precision agreement: policies against an FP32 reference on the same weights, teacher-forced.
+
+`precision_check` (`breeze-worker precision-check` and the doctor; the listening page's comparison, rendering.py,
+forces its frames through `teacher_forced_logits` and scores them with `agreement`):
 
 1. The FP32 model generates `frames` frames (eager path, end of speech masked): the teacher codes.
 2. For each policy, a copy of the FP32 model is converted with engine/precision.py (`apply_policy`; for
@@ -22,6 +25,11 @@ contrast). With `fp16-mixed-kv16` the FP32 reference's largest key and value per
 (`kv_ranges`) beside the bound the q/k norms put on the keys. A policy this device would refuse is computed
 anyway, with the refusal in its `note`; one whose operators fail here is emulated (weights rounded to FP16/BF16,
 arithmetic in FP32) and says so.
+
+`precision_agreement` (`breeze-worker bench --agreement`) is the quick form: the first frame alone, no teacher
+codes. The backbone prefill of one prompt and the depth decoder's first position pair (codebook 0 forced to 0)
+run per row (`first_frame_logits`), and the codebook-0 and codebook-1 logits of a policy's copy are compared with
+FP32's: relative L2 error, whether all are finite, whether the arg-max agrees.
 """
 
 from __future__ import annotations
@@ -60,8 +68,8 @@ _INSTANCE_STATE = ("_fastpath_packed", "backbone_logits", "_bench_eos_masked", "
 
 @contextlib.contextmanager
 def eos_masked(model: LoadedModel):
-    """End of speech unreachable inside the block (bench.runner's mask), restored after."""
-    from breeze_worker.bench.runner import mask_end_of_speech
+    """End of speech unreachable inside the block (runner.py's mask), restored after."""
+    from breeze_worker.measure.runner import mask_end_of_speech
 
     already = getattr(model.lm, "_bench_eos_masked", False)
     mask_end_of_speech(model)
@@ -122,6 +130,26 @@ def teacher_forced_logits(model: LoadedModel, request, codes: torch.Tensor) -> t
     return logits0, depth
 
 
+@torch.no_grad()
+def first_frame_logits(model: LoadedModel, request) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codebook-0 logits [R, V+1], codebook-1 logits [R, V]) of the first frame, codebook 0 forced to 0."""
+    lm = model.lm
+    prompt = prepare_prompt_embeddings(model, request)
+    length = prompt.length
+    device = prompt.inputs_embeds.device
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    allowed = causal[None, None] & prompt.attention_mask[:, None, None, :]
+    dtype = prompt.inputs_embeds.dtype
+    hidden = lm.backbone(prompt.inputs_embeds, prompt.positions, additive_mask(allowed, dtype),
+                         lm.new_backbone_cache())[:, -1]
+    logits0 = lm.backbone_logits(hidden)
+    rows = hidden.shape[0]
+    inputs = lm.depth_prefill_inputs(hidden, torch.zeros(rows, dtype=torch.int64, device=device))
+    mask = additive_mask(torch.ones(2, 2, dtype=torch.bool, device=device).tril()[None, None], inputs.dtype)
+    depth_hidden = lm.depth_decoder(inputs, torch.arange(2, device=device), mask, lm.new_depth_cache())[:, -1]
+    return logits0.float(), lm.depth_logits(depth_hidden, 1).float()
+
+
 def compare(ref: torch.Tensor, test: torch.Tensor, blocked: torch.Tensor, top_k: int) -> dict[str, torch.Tensor]:
     """Per row of [..., V] logits: KL(ref || test) over unblocked classes, arg-max agreement, top-k overlap,
     non-finite count (of the unblocked test logits)."""
@@ -138,6 +166,14 @@ def compare(ref: torch.Tensor, test: torch.Tensor, blocked: torch.Tensor, top_k:
         k, dim=-1).indices, True)
     return {"kl": kl, "top1": (ref.argmax(-1) == test.nan_to_num(float("-inf")).argmax(-1)),
             "topk": (top_ref & top_test).sum(-1).float() / k, "nonfinite": nonfinite}
+
+
+def logit_error(test: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Whole-tensor figures of `test` logits against `ref`: all finite, relative L2 error, arg-max agreement."""
+    finite = bool(torch.isfinite(test).all())
+    rel = float((test - ref).norm() / ref.norm()) if finite else float("inf")
+    return {"finite": finite, "rel_error": rel,
+            "argmax_agree": bool(finite and torch.equal(test.argmax(-1), ref.argmax(-1)))}
 
 
 MASSIVE_LAYER = "backbone_model.layers.0.mlp"
@@ -372,3 +408,16 @@ def precision_check(fp32: LoadedModel, request, policies: list[str], top_k: int 
     return {"frames": int(codes.shape[0]), "top_k": top_k, "fp16_limit": FP16_MAX,
             "activation_peaks": {name: peak for name, peak in sorted(keep.items())}, "kv_ranges": ranges,
             "policies": results}
+
+
+def precision_agreement(fp32_model: LoadedModel, request, policy_name: str, find_overflow: bool = True) -> dict:
+    """`policy_name` against FP32 on the first frame (`first_frame_logits`): a converted copy of the FP32 model
+    (fp16-mixed: with the layers the overflow finder flags on the FP32 reference kept FP32)."""
+    ref0, ref1 = first_frame_logits(fp32_model, request)
+    keep = {}
+    if policy_name == "fp16-mixed" and find_overflow:
+        keep = find_overflowing_layers(fp32_model.lm, lambda: first_frame_logits(fp32_model, request))
+    test_model, _ = policy_model(fp32_model, policy_name, keep)
+    got0, got1 = first_frame_logits(test_model, request)
+    return {"policy": policy_name, "kept_fp32": sorted(keep), "codebook0": logit_error(got0, ref0),
+            "codebook1": logit_error(got1, ref1)}

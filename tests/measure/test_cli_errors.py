@@ -44,7 +44,7 @@ def test_zero_frames_is_a_usage_error(command, tmp_path, capsys):
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_an_invalid_request_is_one_line_and_exit_2(command, tmp_path, capsys, monkeypatch, tiny_for_runs):
     """The request is refused by resolve_request (InvalidRequest, a BreezeError), not by a flag check."""
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model",
+    monkeypatch.setattr("breeze_worker.measure.setup.load_model",
                         lambda args, device, precision=None: tiny_for_runs)
     assert _run(command, tmp_path, "--frames", "2", "--text", "   ") == 2
     assert "text is empty" in _one_line(capsys, command)

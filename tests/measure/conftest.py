@@ -1,4 +1,4 @@
-"""Fixtures for the profiling tools' tests: the tiny model (seeded random weights), built once."""
+"""Fixtures for the measurement tools' tests: the tiny model (seeded random weights), built once."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""bench/measure.py `explicit_waits`: the waits CUDA's sync debug mode does not report (the fast path's
+"""measure/instruments.py `explicit_waits`: the waits CUDA's sync debug mode does not report (the fast path's
 per-frame read waits on an event) are counted while the block is open, and the originals come back after."""
 
 from __future__ import annotations
 
 import torch
 
-from breeze_worker.bench.measure import explicit_waits
+from breeze_worker.measure.instruments import explicit_waits
 
 
 def test_explicit_waits_are_counted_and_restored(monkeypatch):

@@ -1,7 +1,7 @@
 """What every profiling command needs: common flags, the model to profile, a request, a frame source.
 
 Models: `--model DIR` (a checkpoint), else `--size tiny` (the embedded default, the CPU's size) or `mid` /
-`full` (the Breeze architecture with seeded random weights, built by `breeze_worker.bench.models`). Random
+`full` (the Breeze architecture with seeded random weights, built by `breeze_worker.measure.models`). Random
 weights end speech at random, so `frame_source(..., mask_eos=True)` masks end of speech and every request
 runs exactly its frame limit.
 """
@@ -48,7 +48,7 @@ def load_model(args: argparse.Namespace, device: torch.device, precision: str | 
     name = precision or getattr(args, "precision", None) or "fp32"
     policy = choose_policy(name, device, force=getattr(args, "force_precision", False))
     if args.model:
-        from breeze_worker.bench.models import checkpoint_model
+        from breeze_worker.measure.models import checkpoint_model
 
         return checkpoint_model(args.model, device, policy)
     if args.size == "tiny":
@@ -64,7 +64,7 @@ def load_model(args: argparse.Namespace, device: torch.device, precision: str | 
         except Exception as exc:
             log.warning("no codec (%s: %s); codec_decode is not measured", type(exc).__name__, exc)
         return model
-    from breeze_worker.bench.models import random_model
+    from breeze_worker.measure.models import random_model
 
     return random_model(args.size, args.seed, device, policy)
 
@@ -80,7 +80,7 @@ def frame_source(path: str, model: LoadedModel, request: ResolvedRequest, device
     """An eager or fast frame generator (iterator of int64 [16] frames with `.timings`); `settings`: the fast
     path's (breeze_worker/config.py FastPathSettings; None: the defaults)."""
     if mask_eos:
-        from breeze_worker.bench.runner import mask_end_of_speech
+        from breeze_worker.measure.runner import mask_end_of_speech
 
         mask_end_of_speech(model)
     if path == "fast":
@@ -103,6 +103,6 @@ def parse_paths(value: str) -> list[str]:
 
 
 def device_meta(device: torch.device) -> dict:
-    from breeze_worker.bench.measure import device_name
+    from breeze_worker.measure.instruments import device_name
 
     return {"device": device_name(device), "device_type": device.type, "torch": torch.__version__}

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from breeze_worker.bench.measure import peak_memory_bytes, reset_peak_memory, synchronize
-from breeze_worker.bench.runner import INSTRUCTION
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine.batching import BatchedStepper, bucket_shapes, pick_shape
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import ReferenceInput, ResolvedReference, SynthesisRequest
+from breeze_worker.measure.instruments import peak_memory_bytes, reset_peak_memory, synchronize
+from breeze_worker.measure.runner import INSTRUCTION
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ argument or with the literal `"cpu"`, those produced by a host copy (`.cpu()`, `
 made real when PyTorch would return the same object), and the results of operations on host tensors only.
 A `torch.device` object, or any device value other than the string "cpu", names the device. So the same
 code gives the same counts on the CPU as on a GPU. `torch.cuda.set_sync_debug_mode` is the ground truth on
-CUDA (profiling/audit.py cross-checks with it; on an H200 both count 18 per eager frame and 1 per fast one).
+CUDA (measure/audit.py cross-checks with it; on an H200 both count 18 per eager frame and 1 per fast one).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A served job reports the request it ran (`JobStarted.params`: text, template, se
 `ReferenceRenderer.render` generates that request's frames on the FP32 copy with the eager generator (the
 numerical reference of the fast path) and decodes them with the copy's codec through its streaming decode, as
 the engine does. `ReferenceRenderer.agreement` forces those frames through both models, teacher-forced
-(profiling/precision.py `teacher_forced_logits`), and compares the serving model's logits with the FP32 ones
+(measure/agreement.py `teacher_forced_logits`), and compares the serving model's logits with the FP32 ones
 (`precision.agreement`: KL, top-1 agreement, top-k overlap, non-finite counts per frame and codebook), the
 figures `breeze-worker precision-check` prints for a policy.
 
@@ -28,8 +28,8 @@ from breeze_worker.config import EngineSettings
 from breeze_worker.engine.eager import EagerFrameGenerator
 from breeze_worker.engine.session import encode_pcm
 from breeze_worker.engine.types import PcmEncoding, ResolvedRequest
+from breeze_worker.measure.agreement import agreement, blocked_classes, teacher_forced_logits
 from breeze_worker.model.loaded import LoadedModel
-from breeze_worker.profiling.precision import agreement, blocked_classes, teacher_forced_logits
 
 log = logging.getLogger(__name__)
 

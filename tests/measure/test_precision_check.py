@@ -11,8 +11,8 @@ import torch
 
 from breeze_worker.cli import main as worker_main
 from breeze_worker.engine.types import SamplingParams
-from breeze_worker.profiling.precision import precision_check, teacher_codes, teacher_forced_logits
-from breeze_worker.profiling.setup import make_request
+from breeze_worker.measure.agreement import precision_check, teacher_codes, teacher_forced_logits
+from breeze_worker.measure.setup import make_request
 
 SUMMARY_KEYS = {"kl_mean", "kl_max", "top1_agreement", "topk_overlap", "nonfinite", "steps_with_nonfinite"}
 
@@ -65,7 +65,7 @@ def test_plain_fp16_overflow_is_counted_where_fp16_mixed_stays_finite(tiny_lm):
 
 
 def test_cli_json_schema(tmp_path, tiny_lm, monkeypatch):
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: tiny_lm)
+    monkeypatch.setattr("breeze_worker.measure.setup.load_model", lambda args, device, precision=None: tiny_lm)
     out = tmp_path / "precision.json"
     assert worker_main(["precision-check", "--device", "cpu", "--frames", "2", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -89,10 +89,10 @@ def test_policy_models_are_built_from_the_host_copy_one_at_a_time(tiny_lm, monke
     import gc
     import weakref
 
-    from breeze_worker.profiling import precision
+    from breeze_worker.measure import agreement
 
     built: list[weakref.ref] = []
-    original = precision.policy_model
+    original = agreement.policy_model
     fp32_weights = {n: p.detach().clone() for n, p in tiny_lm.lm.named_parameters()}
 
     def tracked(fp32, name, keep, device=None):
@@ -104,7 +104,7 @@ def test_policy_models_are_built_from_the_host_copy_one_at_a_time(tiny_lm, monke
         built.append(weakref.ref(model.lm))
         return model, recipe
 
-    monkeypatch.setattr(precision, "policy_model", tracked)
+    monkeypatch.setattr(agreement, "policy_model", tracked)
     request = make_request(tiny_lm, "hello there world", False, 2, 5)
     result = precision_check(tiny_lm, request, ["fp32", "fp16-mixed", "fp16"])
     assert [p["policy"] for p in result["policies"]] == ["fp32", "fp16-mixed", "fp16"] and len(built) == 3
@@ -115,7 +115,7 @@ def test_policy_models_are_built_from_the_host_copy_one_at_a_time(tiny_lm, monke
 
 
 def test_move_to_host_leaves_a_cpu_model_where_it_is(tiny_lm):
-    from breeze_worker.profiling.precision import move_to_host
+    from breeze_worker.measure.agreement import move_to_host
 
     weight = tiny_lm.lm.lm_head.weight
     assert move_to_host(tiny_lm) == torch.device("cpu") and tiny_lm.lm.lm_head.weight is weight
@@ -127,7 +127,7 @@ def test_cli_massive_activation_shows_where_plain_fp16_overflows(tmp_path, monke
     from breeze_worker.model.tiny import tiny_model
 
     model = tiny_model(seed=0, with_codec=False)  # changed in place by the stress: not the shared fixture
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: model)
+    monkeypatch.setattr("breeze_worker.measure.setup.load_model", lambda args, device, precision=None: model)
     out = tmp_path / "stress.json"
     assert worker_main(["precision-check", "--device", "cpu", "--frames", "2", "--policies", "fp16-mixed,fp16",
                         "--massive-activation", "1000", "--json", str(out)]) == 0
@@ -172,7 +172,7 @@ def test_cli_codec_check(tmp_path, monkeypatch, capsys):
     from breeze_worker.model.tiny import tiny_model
 
     model = tiny_model(seed=0)  # with its codec
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: model)
+    monkeypatch.setattr("breeze_worker.measure.setup.load_model", lambda args, device, precision=None: model)
     out = tmp_path / "precision.json"
     assert worker_main(["precision-check", "--device", "cpu", "--frames", "3", "--policies", "fp16-mixed",
                         "--codec", "--json", str(out)]) == 0
@@ -182,5 +182,5 @@ def test_cli_codec_check(tmp_path, monkeypatch, capsys):
     assert "codec fp16-mixed vs fp32 (3 frames" in capsys.readouterr().out
     assert model.codec.precision == "fp32"  # the check decodes with a copy
     no_codec = tiny_model(seed=0, with_codec=False)
-    monkeypatch.setattr("breeze_worker.profiling.setup.load_model", lambda args, device, precision=None: no_codec)
+    monkeypatch.setattr("breeze_worker.measure.setup.load_model", lambda args, device, precision=None: no_codec)
     assert worker_main(["precision-check", "--device", "cpu", "--frames", "2", "--codec"]) == 2

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from breeze_worker.bench.measure import SyncCounter, gpu_busy_fraction, now, peak_memory_bytes, reset_peak_memory
 from breeze_worker.config import FastPathSettings
 from breeze_worker.engine import tracing
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.request import resolve_request
 from breeze_worker.engine.types import SynthesisRequest
+from breeze_worker.measure.instruments import SyncCounter, gpu_busy_fraction, now, peak_memory_bytes, reset_peak_memory
 from breeze_worker.model.loaded import FRAME_RATE_HZ, LoadedModel
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def run_once(path: str, model: LoadedModel, request, device: torch.device, count
              on_sync=None, settings: FastPathSettings | None = None) -> RunResult:
     """One request: frames, wall time, time to first audio (first frame decoded by the codec when there is
     one), stage split, per-frame times. With `count_syncs`, host syncs per frame after the first, split into
-    the language model's and the codec's (measure.SyncCounter: slows the run down on the CPU, so not a timed
+    the language model's and the codec's (instruments.SyncCounter: slows the run down on the CPU, so not a timed
     run); `on_sync(event)` sees each of them (trace marks)."""
     codec = model.codec
     rows = None
@@ -196,7 +196,7 @@ def time_variant(name: str, path: str, cfg: bool, model: LoadedModel, device: to
     warm = run_once(path, model, request, device, settings=settings)  # first use: graph capture for the fast path
     warmup_s = time.perf_counter() - warm_t0
     reset_peak_memory(device)
-    from breeze_worker.profiling.memory import PeakMemory  # reserved GPU memory and host peak RSS too
+    from breeze_worker.measure.memory import PeakMemory  # reserved GPU memory and host peak RSS too
 
     runs = []
     with PeakMemory(device) as peaks:

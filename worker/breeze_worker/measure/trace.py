@@ -1,7 +1,7 @@
 """Trace one streaming request into a Chrome / Perfetto trace (engine/tracing.py).
 
 Spans: request > text_encode, prefill, frame > ...; with `sync_marks` an instant `gpu_sync` mark (op and
-source line) at every host sync, found by engine/syncaudit.py (which adds Python overhead to every tensor
+source line) at every host sync, found by measure/syncaudit.py (which adds Python overhead to every tensor
 operation: turn the marks off to read span durations).
 
 Both decode paths record their own spans; this module adds the request and the consumer's work per frame
@@ -26,9 +26,9 @@ import torch
 from breeze_worker.engine import tracing
 from breeze_worker.engine.codec_rows import CodecRows
 from breeze_worker.engine.session import encode_pcm
-from breeze_worker.engine.syncaudit import SyncDetector
 from breeze_worker.engine.types import PcmEncoding
-from breeze_worker.profiling.setup import frame_source
+from breeze_worker.measure.setup import frame_source
+from breeze_worker.measure.syncaudit import SyncDetector
 
 
 def _decode(rows: CodecRows, frame: torch.Tensor) -> np.ndarray:

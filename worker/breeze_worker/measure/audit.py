@@ -17,8 +17,8 @@ import warnings
 import torch
 
 from breeze_worker.engine import tracing
-from breeze_worker.engine.syncaudit import SyncDetector, SyncEvent
-from breeze_worker.profiling.setup import frame_source
+from breeze_worker.measure.setup import frame_source
+from breeze_worker.measure.syncaudit import SyncDetector, SyncEvent
 
 SCHEMA = "breeze-audit-syncs/1"
 

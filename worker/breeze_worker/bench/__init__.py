@@ -1,1 +1,0 @@
-"""Engine benchmark: models with random weights, measuring instruments, variants, report."""
