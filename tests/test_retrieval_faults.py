@@ -379,8 +379,11 @@ def test_a_worker_clock_running_fast_is_a_broken_mapping_never_a_measurement(clo
     assert "chrony" in verdict.fix
     for t in run.timelines:
         assert t.clock_status == "broken"
-        ppm = [m["ppm"] for m in t.clock["moves"] if m["excess_ns"]]
-        assert ppm and all(40_000 <= p <= 60_000 for p in ppm), ppm  # the drift, measured
+        moved = [m for m in t.clock["moves"] if m["excess_ns"]]
+        # the drift, measured: each move is the 5% of its interval that the clock gained, within the two
+        # exchanges' own uncertainty (half a round trip each: a loaded machine's long round trips widen it)
+        assert moved and all(abs(abs(m["delta_ns"]) - 0.05 * m["seconds"] * 1e9) <= 1.1 * m["uncertainty_ns"]
+                             for m in moved), moved
         times = phases(t)
         assert times["notify"].duration_ns is None and "clock mapping broken" in times["notify"].why
         assert times["transfer"].known and times["client_write"].known  # one clock: still measured

@@ -120,9 +120,15 @@ class Move:
     def ppm(self) -> float:
         return abs(self.delta_ns) / 1e3 / self.seconds
 
+    @property
+    def uncertainty_ns(self) -> int:
+        """How far `delta_ns` may be from the clocks' true move: the two exchanges' uncertainties together."""
+        return self.first.uncertainty_ns + self.second.uncertainty_ns
+
     def to_dict(self) -> dict:
         return {"from": self.first.label, "to": self.second.label, "delta_ns": self.delta_ns,
-                "excess_ns": self.excess_ns, "seconds": self.seconds, "ppm": self.ppm}
+                "uncertainty_ns": self.uncertainty_ns, "excess_ns": self.excess_ns, "seconds": self.seconds,
+                "ppm": self.ppm}
 
 
 @dataclass(frozen=True)

@@ -118,19 +118,22 @@ def test_synth_with_two_guidance_scales(served, tmp_path):
     assert "cfg_scale_reference was set without cfg_scale_instruction" in alone.stderr
 
 
-def _interruptible() -> None:
-    """Ctrl-C's default disposition in the client, as in a terminal: a test run started as a background job of
-    a non-interactive shell ignores SIGINT, and children inherit that (Python then installs no handler)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Ctrl-C's default disposition in the client, as in a terminal: a test run started as a background job of a
+# non-interactive shell ignores SIGINT, children inherit that, and Python then installs no handler. The child
+# restores Python's own handler before the CLI starts. Not with a preexec_fn: that makes subprocess fork (not
+# vfork) this gRPC-using process, gRPC's fork handler (grpcio 1.81 and later) restarts its poller in the child,
+# and close_fds then closes the poller's epoll descriptor: a loaded run saw the child abort before it ran
+INTERRUPTIBLE = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                 "sys.argv[0] = 'breeze-client'; runpy.run_module('breeze_client.cli', run_name='__main__')")
 
 
 def test_ctrl_c_during_synth_stream_exits_130_with_a_valid_wav(served, tmp_path):
     _, target, _, _, _ = served
     out = tmp_path / "interrupted.wav"
-    proc = subprocess.Popen([sys.executable, "-m", "breeze_client.cli", "synth", "A long sentence, cut short.",
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, "synth", "A long sentence, cut short.",
                              "--stream", "-o", str(out), "--max-frames", "1500", "--seed", "3", "--temperature",
                              "0", "--target", target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV, preexec_fn=_interruptible)
+                            env=ENV)
     try:
         deadline = time.monotonic() + 60
         while not (out.exists() and out.stat().st_size >= 44 + 2 * 2 * 1920) and time.monotonic() < deadline:
