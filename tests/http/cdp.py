@@ -93,7 +93,9 @@ class Browser:
 
     def __init__(self) -> None:
         self._exe = need_tool("chromium", "chromium-browser")
-        self._profile = tempfile.TemporaryDirectory(prefix="breeze-cdp-")
+        # a helper process of the browser can still write its profile after the main one exited: a file left in
+        # /tmp then is no verdict on the page
+        self._profile = tempfile.TemporaryDirectory(prefix="breeze-cdp-", ignore_cleanup_errors=True)
         self._proc: subprocess.Popen | None = None
         self._session: aiohttp.ClientSession | None = None
         self._port = 0
