@@ -48,8 +48,10 @@ def _own_stream(device):
 
 
 def _sync(device) -> None:
+    """Wait for this thread's stream only: a device-wide synchronize would also wait on the builder's stream,
+    which CUDA refuses while that stream captures a graph (the worker's threads never synchronize the device)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _eager(model, request, cuda) -> list[torch.Tensor]:

@@ -306,7 +306,9 @@ class SlotBatch:
         elif self.compile:
             self._compile()
         if self.device.type == "cuda":  # the zero-fills above ran on this thread's stream; the batch may be
-            torch.cuda.synchronize(self.device)  # used on another one (engine/codec_rows.py's codec stream)
+            # used on another one (engine/codec_rows.py's codec stream). This stream only: a device-wide
+            # synchronize fails while another thread captures a graph (a batch built on demand while serving)
+            torch.cuda.current_stream(self.device).synchronize()
 
     @property
     def graphed(self) -> bool:

@@ -98,17 +98,21 @@ if importlib.util.find_spec("triton") is not None:
                     sin2 = tl.load(sin_ptr + t * HEAD_DIM + HALF + pairs).to(tl.float32)
                     o1 = a1 * cos1 - a2 * sin1
                     o2 = a2 * cos2 + a1 * sin2
+                    # q and the cache are pointers of different types where the cache is kept in another
+                    # dtype, so each branch stores through its own pointer, rounded to its own dtype
                     if head < HEADS:
-                        dst = q_ptr + i * (HEADS * HEAD_DIM) + head * HEAD_DIM + pairs
+                        q_dst = q_ptr + i * (HEADS * HEAD_DIM) + head * HEAD_DIM + pairs
+                        tl.store(q_dst, o1.to(out_ty))
+                        tl.store(q_dst + HALF, o2.to(out_ty))
                     else:
-                        dst = k_ptr + r * stride_cr + (head - HEADS) * stride_ck + (start + t) * stride_cl + pairs
-                    tl.store(dst, o1.to(out_ty))
-                    tl.store(dst + HALF, o2.to(out_ty))
+                        k_dst = k_ptr + r * stride_cr + (head - HEADS) * stride_ck + (start + t) * stride_cl + pairs
+                        tl.store(k_dst, o1.to(k_ptr.dtype.element_ty))
+                        tl.store(k_dst + HALF, o2.to(k_ptr.dtype.element_ty))
                 else:
-                    dst = (v_ptr + r * stride_cr + (head - HEADS - KV_HEADS) * stride_ck
-                           + (start + t) * stride_cl + pairs)
-                    tl.store(dst, a1.to(out_ty))
-                    tl.store(dst + HALF, a2.to(out_ty))
+                    v_dst = (v_ptr + r * stride_cr + (head - HEADS - KV_HEADS) * stride_ck
+                             + (start + t) * stride_cl + pairs)
+                    tl.store(v_dst, a1.to(v_ptr.dtype.element_ty))
+                    tl.store(v_dst + HALF, a2.to(v_ptr.dtype.element_ty))
 
         @triton.jit
         def _depth_slots(k_ptr, v_ptr, i, kv_head, start, stride_cr, stride_ck, stride_cl, T: tl.constexpr,
@@ -266,16 +270,21 @@ if importlib.util.find_spec("triton") is not None:
                 sin2 = tl.load(sin_ptr + rope + HALF + d).to(tl.float32)
                 o1 = a1 * cos1 - a2 * sin1
                 o2 = a2 * cos2 + a1 * sin2
+                # q and the cache are pointers of different types where the cache is kept in another dtype
+                # (FP16 beside an FP32 residual stream, engine/precision.py backbone_kv_dtype): each branch
+                # stores through its own pointer, rounded once from FP32 to its own dtype (as write_cache)
                 if head < HEADS:
-                    dst = q_ptr + i * (HEADS * HEAD_DIM) + head * HEAD_DIM + d
+                    q_dst = q_ptr + i * (HEADS * HEAD_DIM) + head * HEAD_DIM + d
+                    tl.store(q_dst, o1.to(ty))
+                    tl.store(q_dst + HALF, o2.to(ty))
                 else:
-                    dst = k_ptr + r * stride_cr + (head - HEADS) * stride_ck + slot * stride_cl + d
-                tl.store(dst, o1.to(ty))
-                tl.store(dst + HALF, o2.to(ty))
+                    k_dst = k_ptr + r * stride_cr + (head - HEADS) * stride_ck + slot * stride_cl + d
+                    tl.store(k_dst, o1.to(k_ptr.dtype.element_ty))
+                    tl.store(k_dst + HALF, o2.to(k_ptr.dtype.element_ty))
             else:
-                dst = v_ptr + r * stride_cr + (head - HEADS - KV_HEADS) * stride_ck + slot * stride_cl + d
-                tl.store(dst, a1.to(ty))
-                tl.store(dst + HALF, a2.to(ty))
+                v_dst = v_ptr + r * stride_cr + (head - HEADS - KV_HEADS) * stride_ck + slot * stride_cl + d
+                tl.store(v_dst, a1.to(v_ptr.dtype.element_ty))
+                tl.store(v_dst + HALF, a2.to(v_ptr.dtype.element_ty))
 
         @triton.jit
         def _down_tile(w_ptr, cols, ks, N, K, EVICT: tl.constexpr):

@@ -47,7 +47,9 @@ def run_on_side_stream(device: torch.device, work) -> None:
     with torch.cuda.stream(side):
         work()
     torch.cuda.current_stream(device).wait_stream(side)
-    torch.cuda.synchronize(device)
+    # the side stream waited for this thread's earlier work, so its end is the end of both; a device-wide
+    # synchronize would also wait on another thread's stream, which CUDA refuses while that stream captures
+    side.synchronize()
 
 
 def capture_graph(work: Callable[[], T], stream: torch.cuda.Stream,
