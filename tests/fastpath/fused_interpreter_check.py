@@ -20,8 +20,10 @@ from breeze_worker.engine.fastpath import fused
 
 
 def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch.dtype, seed: int,
-          plans: dict) -> dict:
-    """`plans`: the case's launch-plan overrides (fused.KernelSettings.plans), the same in both modes."""
+          plans: dict, backbone_cache: torch.dtype | None = None) -> dict:
+    """`plans`: the case's launch-plan overrides (fused.KernelSettings.plans), the same in both modes.
+    `backbone_cache`: the backbone's cache dtype where it differs from the activations' (FP16 beside FP32
+    under fp16-mixed)."""
     g = torch.Generator().manual_seed(seed)
     heads, kv, d, hidden, inter, slots = 4, 2, 16, 64, 96, 16
 
@@ -77,7 +79,7 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         # the "fused+chain+all" form's backbone kernels: norm + q/k/v, then q/k norm + RoPE + a write at each
         # row's own slot (per-row positions and RoPE tables)
         proj = fused.norm_linear(x, w_in, 1e-5, qkv, kernels=ks)
-        kb, vb = stale.clone(), stale.clone()
+        kb, vb = stale.to(backbone_cache or dtype, copy=True), stale.to(backbone_cache or dtype, copy=True)
         qb = fused.qk_norm_rope(proj, qk_gain, 1e-6, cos_rows, sin_rows, kb, vb, row_slots, heads=heads, kv_heads=kv,
                                 head_dim=d, kernels=ks)
         # the "gemm+attention" form's depth call: one RoPE table and slot list for every row (read with a row
@@ -86,12 +88,13 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         shared_slots = ((start + torch.arange(t)) % slots)[None]
         qd = fused.qk_norm_rope(proj, None, 0.0, cos[None, None], sin[None, None], kd, vd, shared_slots, heads=heads,
                                 kv_heads=kv, head_dim=d, kernels=ks)
-        kp, vp = stale.clone(), stale.clone()
+        kp, vp = stale.to(backbone_cache or dtype, copy=True), stale.to(backbone_cache or dtype, copy=True)
         qp = fused.qk_norm_rope(proj_prompt, qk_gain, 1e-6, cos_prompt, sin_prompt, kp, vp,
                                 torch.arange(prompt)[None], heads=heads, kv_heads=kv, head_dim=d, kernels=ks)
         results[mode] = (q, k_cache, v_cache, attn, *by_kernel, x2, h, y, proj, qb, kb, vb, qd, kd, vd, qp, kp, vp)
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
+              "backbone_cache": str(backbone_cache or dtype),
               "down_splits": fused.plan("down_residual", inter, fused.KernelSettings(plans=plans))["splits"],
               "o_splits": fused.plan("o_residual", heads * d, fused.KernelSettings(plans=plans))["splits"]}
     for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "attention_grouped", "attention_per_head",
@@ -120,10 +123,12 @@ def main() -> int:
     cases = [(1, 1, 5, f32, f32, 32), (2, 1, 9, f32, f32, 8), (2, 2, 0, f32, f32, 16), (3, 1, 15, f32, f32, 8),
              (5, 1, 3, f16, f16, 8), (4, 2, 0, f32, f16, 32), (2, 1, 7, bf16, bf16, 16)]
     for i, (rows, t, start, dtype, weight_dtype, chunk) in enumerate(cases):
+        # fp16-mixed (FP32 activations, FP16 weights): the backbone's cache in FP16, as `half_kv` keeps it
+        backbone_cache = f16 if (dtype, weight_dtype) == (f32, f16) else None
         # K = 96 in chunks of 32, 16 or 8 (3, 6, 12 splits) or one chunk of 96's largest power-of-two divisor
         plans = {"down_residual": {"chunk": chunk, "block_n": 16, "evict": i % 2 == 1}, "qkv_rope": {"block_p": 4},
                  "norm_gate_up": {"block_n": 32, "evict": i % 2 == 0}, "o_residual": {"chunk": 2 * chunk, "block_n": 8}}
-        report = _case(rows, t, start, dtype, weight_dtype, seed=i, plans=plans)
+        report = _case(rows, t, start, dtype, weight_dtype, seed=i, plans=plans, backbone_cache=backbone_cache)
         print(json.dumps(report), flush=True)
         failed += not report["ok"]
     return 1 if failed else 0

@@ -18,6 +18,8 @@ def test_fused_kernels_match_their_torch_stages_in_the_interpreter(interpreter_c
     assert {c["down_splits"] for c in cases} >= {3, 6, 12}  # the ordered split-K sum at several splits
     assert {c["o_splits"] for c in cases} >= {1, 2}  # the output projection: one chunk, and split
     assert all(c["workspace_reused_identical"] for c in cases)  # counters reset by the last arrival
+    # fp16-mixed's backbone cache in FP16 beside FP32 activations: keys and values rounded once into it
+    assert any(c["dtype"] == "torch.float32" and c["backbone_cache"] == "torch.float16" for c in cases)
 
 
 def test_depth_head_kernel_matches_its_torch_form_in_the_interpreter(interpreter_check):
@@ -47,6 +49,55 @@ def test_depth_head_kernel_compiles_for_hopper():
                        constexprs={"STREAMS": 4, "BLOCK_V": 8, "HP": 1024, "USE_PDL": True})
     built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     assert "_depth_head_kernel" in built.asm["ptx"] and len(built.asm["cubin"]) > 1000
+
+
+def _backbone_dtype_pairs(policy_names) -> list[tuple[str, str, str]]:
+    """(policy, residual stream's dtype, backbone cache's dtype) for each policy: the cache in the residual's
+    dtype, and under fp16-mixed also in FP16 beside the FP32 residual (engine/precision.py backbone_kv_dtype,
+    the `half_kv` default)."""
+    from breeze_worker.engine.precision import make_policy
+
+    names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+    pairs = []
+    for name in policy_names:
+        policy = make_policy(name, "test")
+        residual = names[str(policy.weight_dtype)]
+        pairs.append((name, residual, residual))
+        if policy.mixed:
+            pairs.append((name, residual, names[str(policy.gemm_dtype)]))
+    return pairs
+
+
+def test_backbone_rope_kernel_compiles_for_every_policys_cache():
+    """Triton's compiler builds the backbone's q/k norm + RoPE kernel (q into a buffer of the residual's dtype,
+    k and v into the cache) for every precision policy's pair of dtypes, on sm_90 with chained launches and on
+    the T4's sm_75 for the policy `auto` picks there. The interpreter runs Python and accepts a kernel whose two
+    branches assign pointers of different element types; the compiler refuses it, as it did for the FP16 cache
+    beside FP32 activations."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from breeze_worker.engine.fastpath import fused_kernels
+    from breeze_worker.engine.precision import PRECISIONS, policy_for_capability
+
+    targets = [(90, True, PRECISIONS), (75, False, (policy_for_capability((7, 5)),))]
+    built = []
+    for arch, chained, policies in targets:
+        for policy, residual, cache in _backbone_dtype_pairs(policies):
+            signature = {"p_ptr": f"*{residual}", "qkn_ptr": f"*{residual}", "cos_ptr": f"*{residual}",
+                         "sin_ptr": f"*{residual}", "slot_ptr": "*i64", "q_ptr": f"*{residual}",
+                         "k_ptr": f"*{cache}", "v_ptr": f"*{cache}", "eps": "fp32", "stride_rope": "i32",
+                         "stride_slot": "i32", "stride_cr": "i32", "stride_ck": "i32", "stride_cl": "i32",
+                         "T": "i32", "HEADS": "constexpr", "KV_HEADS": "constexpr", "HEAD_DIM": "constexpr",
+                         "HAS_NORM": "constexpr", "USE_PDL": "constexpr"}
+            source = ASTSource(fn=fused_kernels._qk_norm_rope_kernel, signature=signature,
+                               constexprs={"HEADS": 16, "KV_HEADS": 8, "HEAD_DIM": 128, "HAS_NORM": True,
+                                           "USE_PDL": chained})
+            kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1})
+            assert len(kernel.asm["cubin"]) > 1000, (arch, policy, residual, cache)
+            built.append((arch, policy, residual, cache))
+    assert (75, "fp16-mixed", "fp32", "fp16") in built and (90, "bf16", "bf16", "bf16") in built
 
 
 def test_launch_plans_fit_the_tile_budget_and_split_k_exactly():
