@@ -54,6 +54,7 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
     sin_prompt = torch.cat([prompt_angles.sin(), prompt_angles.sin()], -1).to(dtype)
     mask = torch.where(torch.arange(slots)[None, :] <= start + torch.arange(t)[:, None], 0.0,
                        torch.finfo(torch.float32).min)[None, None]
+    cache_dtype = backbone_cache or dtype  # the backbone cache's dtype
     results = {}
     for mode in ("torch", "kernel"):
         ks = fused.KernelSettings(plans=plans, use_triton=mode == "kernel")
@@ -79,7 +80,7 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         # the "fused+chain+all" form's backbone kernels: norm + q/k/v, then q/k norm + RoPE + a write at each
         # row's own slot (per-row positions and RoPE tables)
         proj = fused.norm_linear(x, w_in, 1e-5, qkv, kernels=ks)
-        kb, vb = stale.to(backbone_cache or dtype, copy=True), stale.to(backbone_cache or dtype, copy=True)
+        kb, vb = stale.to(cache_dtype, copy=True), stale.to(cache_dtype, copy=True)
         qb = fused.qk_norm_rope(proj, qk_gain, 1e-6, cos_rows, sin_rows, kb, vb, row_slots, heads=heads, kv_heads=kv,
                                 head_dim=d, kernels=ks)
         # the "gemm+attention" form's depth call: one RoPE table and slot list for every row (read with a row
@@ -88,13 +89,13 @@ def _case(rows: int, t: int, start: int, dtype: torch.dtype, weight_dtype: torch
         shared_slots = ((start + torch.arange(t)) % slots)[None]
         qd = fused.qk_norm_rope(proj, None, 0.0, cos[None, None], sin[None, None], kd, vd, shared_slots, heads=heads,
                                 kv_heads=kv, head_dim=d, kernels=ks)
-        kp, vp = stale.to(backbone_cache or dtype, copy=True), stale.to(backbone_cache or dtype, copy=True)
+        kp, vp = stale.to(cache_dtype, copy=True), stale.to(cache_dtype, copy=True)
         qp = fused.qk_norm_rope(proj_prompt, qk_gain, 1e-6, cos_prompt, sin_prompt, kp, vp,
                                 torch.arange(prompt)[None], heads=heads, kv_heads=kv, head_dim=d, kernels=ks)
         results[mode] = (q, k_cache, v_cache, attn, *by_kernel, x2, h, y, proj, qb, kb, vb, qd, kd, vd, qp, kp, vp)
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 5e-2}[max(dtype, weight_dtype, key=_coarser)]
     report = {"rows": rows, "t": t, "start": start, "dtype": str(dtype), "weights": str(weight_dtype),
-              "backbone_cache": str(backbone_cache or dtype),
+              "backbone_cache": str(cache_dtype),
               "down_splits": fused.plan("down_residual", inter, fused.KernelSettings(plans=plans))["splits"],
               "o_splits": fused.plan("o_residual", heads * d, fused.KernelSettings(plans=plans))["splits"]}
     for name, a, b in zip(("q", "k_cache", "v_cache", "attention", "attention_grouped", "attention_per_head",

@@ -49,7 +49,8 @@ def _own_stream(device):
 
 def _sync(device) -> None:
     """Wait for this thread's stream only: a device-wide synchronize would also wait on the builder's stream,
-    which CUDA refuses while that stream captures a graph (the worker's threads never synchronize the device)."""
+    which CUDA refuses while that stream captures a graph (the worker's serving paths wait for their own
+    stream in the same way)."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
 
